@@ -1,0 +1,39 @@
+"""asynctrace: log RL rollout traces from asynchronous trainers without slowing them down."""
+
+from __future__ import annotations
+
+from . import testing
+from ._record import Sample, TraceRecord
+from ._retry import RetryPolicy
+from ._sampling import FirstSampler, ReservoirSampler, Sampler, StepSelection, TopBottomSampler
+from ._session import SyncTraceSession, TraceSession
+from ._stats import SessionStats, SinkStats
+from .exceptions import AsyncTraceError, PermanentSinkError, RecordError, SessionClosedError
+from .sinks import ConsoleSink, JsonlSink, Sink, TrackioSink
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncTraceError",
+    "ConsoleSink",
+    "FirstSampler",
+    "JsonlSink",
+    "PermanentSinkError",
+    "RecordError",
+    "ReservoirSampler",
+    "RetryPolicy",
+    "Sample",
+    "Sampler",
+    "SessionClosedError",
+    "SessionStats",
+    "Sink",
+    "SinkStats",
+    "StepSelection",
+    "SyncTraceSession",
+    "TopBottomSampler",
+    "TraceRecord",
+    "TraceSession",
+    "TrackioSink",
+    "__version__",
+    "testing",
+]

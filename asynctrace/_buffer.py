@@ -1,0 +1,398 @@
+"""The bounded buffer and its ledger: every sample is counted from submission until it is resolved.
+
+One `threading.Lock` guards the queue, the gate and every counter, so a stats snapshot is
+consistent at every moment and caps are exact whichever threads and tasks submit.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import anyio
+
+from ._record import TraceRecord
+from ._sampling import EVICTED, HELD, RELEASED, Entry, Gate, GateResult
+from ._stats import SessionStats, SinkStats
+from .exceptions import SessionClosedError
+
+__all__ = ["Batch", "Buffer", "Marker", "MetricsItem"]
+
+OnFull = Literal["block", "drop_newest", "drop_oldest"]
+
+
+class Batch:
+    """Records dispatched together to every sink; resolved when every sink is done with them."""
+
+    __slots__ = ("failed", "lanes_left", "nbytes", "records")
+
+    def __init__(self, records: list[TraceRecord], lanes: int) -> None:
+        self.records = records
+        self.nbytes = sum(r.nbytes for r in records)
+        self.lanes_left = lanes
+        self.failed = False
+
+
+class Marker:
+    """A flush marker: set once every sink has handled everything queued before it."""
+
+    __slots__ = ("done", "lanes_left")
+
+    def __init__(self, lanes: int) -> None:
+        self.lanes_left = lanes
+        self.done = anyio.Event()
+
+    def arrive(self) -> None:
+        self.lanes_left -= 1
+        if self.lanes_left <= 0:
+            self.done.set()
+
+
+@dataclass(slots=True)
+class MetricsItem:
+    step: int
+    metrics: Mapping[str, float]
+
+
+@dataclass(slots=True)
+class _SinkCounters:
+    written: int = 0
+    failed: int = 0
+    retries: int = 0
+    metrics_failed: int = 0
+    last_error: str | None = None
+
+
+@dataclass(slots=True)
+class Admission:
+    """What happened to one submission."""
+
+    accepted: int = 0
+    waiting: list[TraceRecord] = field(default_factory=list)  # block policy: no room yet
+    wake: bool = False
+
+
+QueueItem = TraceRecord | Marker | MetricsItem
+
+
+class Buffer:
+    """Bounded by records and encoded bytes; counts every sample by outcome."""
+
+    def __init__(
+        self,
+        *,
+        queue_size: int,
+        max_bytes: int,
+        on_full: OnFull,
+        batch_size: int,
+        gate: Gate | None,
+        sink_names: Sequence[str],
+        clock: Callable[[], float],
+    ) -> None:
+        self.queue_size = queue_size
+        self.max_bytes = max_bytes
+        self.on_full = on_full
+        self.batch_size = batch_size
+        self.gate = gate
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.room = threading.Condition(self.lock)
+        self.sink_names = list(sink_names)
+        self.sinks = [_SinkCounters() for _ in sink_names]
+        self.submitted = 0
+        self.accepted = 0
+        self.written = 0
+        self.failed = 0
+        self.pending = 0
+        self.dropped: Counter[str] = Counter()
+        # Unresolved records that hold buffer room: queued or dispatched, not yet resolved.
+        self.depth = 0
+        self.nbytes = 0
+        self.queue: deque[QueueItem] = deque()
+        self.undispatched = 0
+        self.first_undispatched_at: float | None = None
+        self.control_items = 0
+        self.closed = False
+        self.thread_waiters = 0
+        self._entry_seq = 0
+        self.on_drop: Callable[[str, int], None] | None = None
+
+    # -- submission (any thread) -------------------------------------------------------
+
+    def _drop(self, reason: str, n: int) -> None:
+        if n:
+            self.dropped[reason] += n
+            self.pending -= n
+            if self.on_drop is not None:
+                self.on_drop(reason, n)
+
+    def count_dropped(self, reason: str, n: int) -> None:
+        """Count samples that were submitted and dropped before entering the pipeline."""
+        with self.lock:
+            self.submitted += n
+            self.pending += n
+            self._drop(reason, n)
+
+    def _fits(self, nbytes: int) -> bool:
+        return self.depth < self.queue_size and self.nbytes + nbytes <= self.max_bytes
+
+    def _push(self, record: TraceRecord) -> bool:
+        """Append one record; True when the writer should be woken."""
+        self.queue.append(record)
+        self.depth += 1
+        self.nbytes += record.nbytes
+        self.undispatched += 1
+        if self.undispatched == 1:
+            self.first_undispatched_at = self.clock()
+            return True
+        return self.undispatched == self.batch_size
+
+    def _evict_oldest_for(self, nbytes: int) -> bool:
+        """drop_oldest: remove the oldest undispatched records until `nbytes` fits."""
+        while not self._fits(nbytes):
+            for i, item in enumerate(self.queue):
+                if isinstance(item, TraceRecord):
+                    del self.queue[i]
+                    self.depth -= 1
+                    self.nbytes -= item.nbytes
+                    self.undispatched -= 1
+                    self._drop("queue_full", 1)
+                    break
+            else:
+                return False
+        return True
+
+    def _enqueue(self, records: Sequence[TraceRecord], out: Admission) -> None:
+        """Admit records in order under the bound and the on_full policy."""
+        for i, record in enumerate(records):
+            if not self._fits(record.nbytes):
+                if self.on_full == "block":
+                    out.waiting = list(records[i:])
+                    return
+                if self.on_full == "drop_oldest" and self._evict_oldest_for(record.nbytes):
+                    pass
+                else:
+                    self._drop("queue_full", 1)
+                    out.accepted -= 1
+                    self.accepted -= 1
+                    continue
+            out.wake |= self._push(record)
+
+    def _release(self, entries: list[Entry]) -> bool:
+        # Entries of a closed step were counted against the sampler's O(k) bound, not the
+        # buffer's; they go on even past the bound so a closing step never blocks a caller.
+        wake = False
+        for e in entries:
+            if e.record is not None:
+                wake |= self._push(e.record)
+        return wake
+
+    def _apply_gate(self, result: GateResult) -> tuple[list[TraceRecord], bool]:
+        self._drop("capped", result.capped + len(result.evicted))
+        self._drop("late", result.late)
+        wake = self._release(result.released)
+        return [e.record for e in result.passed if e.record is not None], wake
+
+    def admit(
+        self,
+        records: Sequence[TraceRecord],
+        *,
+        split: str,
+        step: int,
+        nowait: bool,
+        invalid: int = 0,
+    ) -> Admission:
+        """Count and admit one submission (records of one split and step)."""
+        out = Admission()
+        with self.lock:
+            if self.closed:
+                if not nowait:
+                    raise SessionClosedError("the session is finished; it accepts no more samples")
+                self.submitted += len(records) + invalid
+                self.pending += len(records) + invalid
+                self._drop("closed", len(records) + invalid)
+                return out
+            n = len(records)
+            self.submitted += n + invalid
+            self.pending += n + invalid
+            self._drop("invalid", invalid)
+            if self.gate is None:
+                passed: Sequence[TraceRecord] = records
+                out.accepted = n
+            else:
+                entries = []
+                for r in records:
+                    self._entry_seq += 1
+                    entries.append(Entry(r.score, self._entry_seq, r))
+                result = self.gate.offer(split, step, entries, self.clock())
+                passed, out.wake = self._apply_gate(result)
+                out.accepted = len(passed) + result.held
+            self.accepted += out.accepted
+            self._enqueue(passed, out)
+            if out.waiting and nowait:
+                # log_samples_nowait never blocks: "block" behaves as drop_newest there.
+                self._drop("queue_full", len(out.waiting))
+                out.accepted -= len(out.waiting)
+                self.accepted -= len(out.waiting)
+                out.waiting = []
+        return out
+
+    def admit_waiting(self, records: Sequence[TraceRecord]) -> Admission:
+        """Retry records that were waiting for room (block policy)."""
+        out = Admission(accepted=len(records))
+        with self.lock:
+            self._enqueue(records, out)
+        return out
+
+    def give_up_waiting(self, records: Sequence[TraceRecord], reason: str) -> None:
+        with self.lock:
+            self.accepted -= len(records)
+            self._drop(reason, len(records))
+
+    # -- reservations for log_rollouts ---------------------------------------------------
+
+    def reserve(
+        self, scores: Sequence[float | None], *, split: str, step: int
+    ) -> list[Entry | None]:
+        """Ask the gate which rows can be kept before they are decoded; counts the rest."""
+        with self.lock:
+            if self.closed:
+                raise SessionClosedError("the session is finished; it accepts no more samples")
+            n = len(scores)
+            self.submitted += n
+            self.pending += n
+            entries: list[Entry] = []
+            for s in scores:
+                self._entry_seq += 1
+                entries.append(Entry(s, self._entry_seq))
+            if self.gate is None:
+                for e in entries:
+                    e.state = RELEASED
+                self.accepted += n
+                return list(entries)
+            result = self.gate.offer(split, step, entries, self.clock())
+            self._apply_gate(result)
+            self.accepted += len(result.passed) + result.held
+            return [e if e.state != EVICTED else None for e in entries]
+
+    def fill(self, entries: Sequence[Entry], records: Sequence[TraceRecord]) -> Admission:
+        """Attach decoded records to reserved entries; released ones go to the queue now."""
+        out = Admission()
+        ready: list[TraceRecord] = []
+        with self.lock:
+            for e, r in zip(entries, records, strict=True):
+                if e.state == HELD:
+                    e.record = r
+                elif e.state == RELEASED:
+                    ready.append(r)
+                # EVICTED: already counted as capped.
+            out.accepted = len(ready)
+            self._enqueue(ready, out)
+        return out
+
+    def cancel(self, entries: Sequence[Entry], reason: str) -> None:
+        """Resolve reserved entries that could not be filled (their decoding failed)."""
+        with self.lock:
+            n = 0
+            for e in entries:
+                if e.state != EVICTED:
+                    e.state = EVICTED
+                    n += 1
+            self.accepted -= n
+            self._drop(reason, n)
+
+    # -- steps ---------------------------------------------------------------------------
+
+    def close_steps(self, *, idle_only: bool = False) -> bool:
+        if self.gate is None:
+            return False
+        with self.lock:
+            entries = self.gate.close_idle(self.clock()) if idle_only else self.gate.close_all()
+            return self._release(entries)
+
+    # -- writer side (event-loop thread) -------------------------------------------------
+
+    def push_item(self, item: Marker | MetricsItem) -> None:
+        with self.lock:
+            self.queue.append(item)
+            self.control_items += 1
+
+    def take(self) -> Batch | Marker | MetricsItem | None:
+        """Pop the next batch (up to batch_size records) or control item."""
+        with self.lock:
+            if not self.queue:
+                return None
+            head = self.queue[0]
+            if not isinstance(head, TraceRecord):
+                self.queue.popleft()
+                self.control_items -= 1
+                return head
+            records: list[TraceRecord] = []
+            queue = self.queue
+            while queue and len(records) < self.batch_size and isinstance(queue[0], TraceRecord):
+                records.append(queue.popleft())  # type: ignore[arg-type]
+            self.undispatched -= len(records)
+            self.first_undispatched_at = self.clock() if self.undispatched else None
+            return Batch(records, len(self.sinks))
+
+    def resolve(self, batch: Batch, lane: int, ok: bool, retries: int, error: str | None) -> bool:
+        """One sink is done with a batch; True when buffer room was freed."""
+        n = len(batch.records)
+        with self.lock:
+            sink = self.sinks[lane]
+            sink.retries += retries
+            if ok:
+                sink.written += n
+            else:
+                sink.failed += n
+                sink.last_error = error
+                batch.failed = True
+            batch.lanes_left -= 1
+            if batch.lanes_left:
+                return False
+            self.depth -= n
+            self.nbytes -= batch.nbytes
+            self.pending -= n
+            if batch.failed:
+                self.failed += n
+            else:
+                self.written += n
+            if self.thread_waiters:
+                self.room.notify_all()
+            return True
+
+    def note_retries(self, lane: int, retries: int) -> None:
+        with self.lock:
+            self.sinks[lane].retries += retries
+
+    def note_metrics_failure(self, lane: int, error: str) -> None:
+        with self.lock:
+            self.sinks[lane].metrics_failed += 1
+            self.sinks[lane].last_error = error
+
+    def snapshot(self) -> SessionStats:
+        with self.lock:
+            return SessionStats(
+                submitted=self.submitted,
+                accepted=self.accepted,
+                written=self.written,
+                dropped=dict(self.dropped),
+                failed=self.failed,
+                retries=sum(s.retries for s in self.sinks),
+                pending=self.pending,
+                queue_depth=self.depth,
+                queue_bytes=self.nbytes,
+                sinks={
+                    name: SinkStats(
+                        written=s.written,
+                        failed=s.failed,
+                        retries=s.retries,
+                        metrics_failed=s.metrics_failed,
+                        last_error=s.last_error,
+                    )
+                    for name, s in zip(self.sink_names, self.sinks, strict=True)
+                },
+            )

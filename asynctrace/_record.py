@@ -1,0 +1,333 @@
+"""Records: what a caller logs (`Sample`), how it is checked and encoded once, and what sinks receive."""
+
+from __future__ import annotations
+
+import math
+import os
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from .exceptions import RecordError
+
+__all__ = ["Sample", "SampleLike", "TraceRecord"]
+
+_DUMPS_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+_RESERVED_MAPPING_KEYS = frozenset({"messages", "prompt", "response", "spans", "score", "metadata"})
+
+
+@dataclass(slots=True)
+class Sample:
+    """One rollout sample: chat messages plus JSON-able metadata, the unit that is capped, queued and written."""
+
+    messages: list[dict[str, Any]]
+    metadata: dict[str, Any] = field(default_factory=dict)
+    spans: list[dict[str, Any]] | None = None
+    score: float | None = None
+
+    def ranking_score(self) -> float | None:
+        """The key samplers rank by: `score`, else `metadata["reward"]`; None when missing or not finite."""
+        return _finite_or_none(self.score if self.score is not None else self.metadata.get("reward"))
+
+
+SampleLike = Sample | Mapping[str, Any]
+
+
+class TraceRecord:
+    """An accepted sample as sinks see it: a stable id, where it belongs, and its encoded form.
+
+    The sample is kept only as the JSON encoded at submission (`payload`), so what the
+    byte bound counts is what is held; `sample` decodes it on access.
+    """
+
+    __slots__ = ("id", "key", "payload", "score", "split", "step", "timestamp")
+
+    def __init__(
+        self,
+        id: str,
+        step: int,
+        split: str,
+        key: str,
+        payload: bytes,
+        timestamp: float,
+        score: float | None = None,
+    ) -> None:
+        self.id = id
+        self.step = step
+        self.split = split
+        self.key = key
+        self.payload = payload
+        self.timestamp = timestamp
+        self.score = score
+
+    @property
+    def sample(self) -> Sample:
+        """The sample, decoded from its encoded form."""
+        data = orjson.loads(self.payload)
+        return Sample(
+            messages=data["messages"],
+            metadata=data.get("metadata", {}),
+            spans=data.get("spans"),
+            score=data.get("score"),
+        )
+
+    @property
+    def nbytes(self) -> int:
+        """Encoded size of the sample: what the byte bound counts."""
+        return len(self.payload)
+
+    def to_json(self) -> bytes:
+        """One JSON object holding the record's fields and its sample, without re-encoding the sample."""
+        head = orjson.dumps(
+            {
+                "id": self.id,
+                "step": self.step,
+                "split": self.split,
+                "key": self.key,
+                "timestamp": self.timestamp,
+            }
+        )
+        return head[:-1] + b',"sample":' + self.payload + b"}"
+
+    def __repr__(self) -> str:
+        return (
+            f"TraceRecord(id={self.id!r}, step={self.step}, split={self.split!r}, "
+            f"key={self.key!r}, nbytes={len(self.payload)})"
+        )
+
+
+class IdFactory:
+    """Unique record ids: a per-session random prefix and a counter (cheap, stable across retries)."""
+
+    __slots__ = ("_n", "_prefix")
+
+    def __init__(self) -> None:
+        self._prefix = uuid.uuid4().hex[:12]
+        self._n = 0
+
+    def next_ids(self, count: int) -> range:
+        start = self._n
+        self._n += count
+        return range(start, start + count)
+
+    def format(self, n: int) -> str:
+        return f"{self._prefix}-{n}"
+
+
+def _finite_or_none(value: Any) -> float | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _coerce(obj: Any) -> Any:
+    """orjson `default`: coerce values whose JSON meaning is unambiguous; refuse everything else."""
+    module = type(obj).__module__
+    if module.startswith("torch"):
+        dim = getattr(obj, "dim", None)
+        if callable(dim) and dim() == 0:
+            return obj.item()
+        if callable(dim):
+            raise TypeError(
+                f"torch tensor of shape {tuple(obj.shape)} is not a scalar; convert it with .tolist()"
+            )
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    if isinstance(obj, (set, frozenset)):
+        raise TypeError(f"{type(obj).__name__} has no order; pass a list")
+    raise TypeError(f"Type is not JSON serializable: {type(obj).__name__}")
+
+
+def _json_ok(value: Any) -> str | None:
+    try:
+        orjson.dumps(value, default=_coerce, option=_DUMPS_OPTIONS)
+    except TypeError as exc:
+        return str(exc)
+    return None
+
+
+def _find_bad_path(value: Any, path: str, depth: int = 0) -> tuple[str, str]:
+    """Walk a value that failed to encode and name the first field that cannot be encoded."""
+    if depth > 200:
+        return path, "nested too deeply"
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return path, f"key {key!r} is a {type(key).__name__}, keys must be str"
+            sub = f"{path}.{key}" if path else key
+            if _json_ok(item) is not None:
+                return _find_bad_path(item, sub, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            if _json_ok(item) is not None:
+                return _find_bad_path(item, f"{path}[{i}]", depth + 1)
+    return path, _json_ok(value) or "cannot be encoded"
+
+
+def _check_messages(messages: Any, index: int) -> None:
+    if not isinstance(messages, list):
+        raise RecordError(
+            f"sample {index}: messages: expected a list of dicts, got {type(messages).__name__}",
+            index=index,
+            path="messages",
+        )
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise RecordError(
+                f"sample {index}: messages[{i}]: expected a dict, got {type(message).__name__}",
+                index=index,
+                path=f"messages[{i}]",
+            )
+        role = message.get("role")
+        if not isinstance(role, str):
+            raise RecordError(
+                f"sample {index}: messages[{i}].role: expected a str, got {type(role).__name__}",
+                index=index,
+                path=f"messages[{i}].role",
+            )
+        content = message.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise RecordError(
+                f"sample {index}: messages[{i}].content: expected a str or a list of parts, "
+                f"got {type(content).__name__}",
+                index=index,
+                path=f"messages[{i}].content",
+            )
+
+
+def _from_mapping(obj: Mapping[str, Any], index: int) -> dict[str, Any]:
+    """Normalise `{"messages": ...}` or `{"prompt": ..., "response": ...}` plus metadata keys."""
+    if "messages" in obj:
+        messages = obj["messages"]
+    elif "prompt" in obj or "response" in obj:
+        prompt = obj.get("prompt")
+        if isinstance(prompt, str):
+            messages = [{"role": "user", "content": prompt}]
+        elif isinstance(prompt, list):
+            messages = list(prompt)
+        elif prompt is None:
+            messages = []
+        else:
+            raise RecordError(
+                f"sample {index}: prompt: expected a str or a list of messages, got {type(prompt).__name__}",
+                index=index,
+                path="prompt",
+            )
+        response = obj.get("response")
+        if response is not None:
+            if not isinstance(response, str):
+                raise RecordError(
+                    f"sample {index}: response: expected a str, got {type(response).__name__}",
+                    index=index,
+                    path="response",
+                )
+            messages.append({"role": "assistant", "content": response})
+    else:
+        raise RecordError(
+            f"sample {index}: a mapping needs 'messages' or 'prompt'/'response' keys "
+            f"(got keys {sorted(map(str, obj))[:8]})",
+            index=index,
+            path="",
+        )
+    metadata = {k: v for k, v in obj.items() if k not in _RESERVED_MAPPING_KEYS}
+    extra = obj.get("metadata")
+    if extra is not None:
+        if not isinstance(extra, Mapping):
+            raise RecordError(
+                f"sample {index}: metadata: expected a mapping, got {type(extra).__name__}",
+                index=index,
+                path="metadata",
+            )
+        metadata.update(extra)
+    body: dict[str, Any] = {"messages": messages, "metadata": metadata}
+    if obj.get("spans") is not None:
+        body["spans"] = obj["spans"]
+    if obj.get("score") is not None:
+        body["score"] = obj["score"]
+    return body
+
+
+def _body(obj: Any, index: int) -> dict[str, Any]:
+    if isinstance(obj, Sample):
+        body: dict[str, Any] = {"messages": obj.messages, "metadata": obj.metadata}
+        if obj.spans is not None:
+            body["spans"] = obj.spans
+        if obj.score is not None:
+            body["score"] = obj.score
+        if not isinstance(obj.metadata, dict):
+            raise RecordError(
+                f"sample {index}: metadata: expected a dict, got {type(obj.metadata).__name__}",
+                index=index,
+                path="metadata",
+            )
+        return body
+    if isinstance(obj, Mapping):
+        return _from_mapping(obj, index)
+    raise RecordError(
+        f"sample {index}: expected an asynctrace.Sample or a mapping, got {type(obj).__name__}",
+        index=index,
+        path="",
+    )
+
+
+def encode_sample(
+    obj: Any, index: int, redact: Callable[[Sample], Sample] | None = None
+) -> tuple[bytes, float | None]:
+    """Validate and encode one sample once; returns its JSON and its ranking score."""
+    if redact is not None:
+        sample = obj if isinstance(obj, Sample) else sample_from(obj, index)
+        obj = redact(sample)
+    body = _body(obj, index)
+    _check_messages(body["messages"], index)
+    spans = body.get("spans")
+    if spans is not None and not (
+        isinstance(spans, list) and all(isinstance(s, dict) for s in spans)
+    ):
+        raise RecordError(
+            f"sample {index}: spans: expected a list of dicts", index=index, path="spans"
+        )
+    try:
+        payload = orjson.dumps(body, default=_coerce, option=_DUMPS_OPTIONS)
+    except TypeError as exc:
+        path, reason = _find_bad_path(body, "")
+        raise RecordError(f"sample {index}: {path or '<sample>'}: {reason}", index=index, path=path) from exc
+    raw_score = body.get("score")
+    if raw_score is None:
+        raw_score = body["metadata"].get("reward")
+    return payload, _finite_or_none(raw_score)
+
+
+def sample_from(obj: SampleLike, index: int = 0) -> Sample:
+    """Normalise a mapping to a `Sample` (a `Sample` is returned as is)."""
+    if isinstance(obj, Sample):
+        return obj
+    body = _body(obj, index)
+    return Sample(
+        messages=body["messages"],
+        metadata=body["metadata"],
+        spans=body.get("spans"),
+        score=body.get("score"),
+    )
+
+
+def as_list(samples: SampleLike | Iterable[SampleLike]) -> Sequence[Any]:
+    """Accept one sample or many; normalised to a list once, at the boundary."""
+    if isinstance(samples, (Sample, Mapping)):
+        return [samples]
+    if isinstance(samples, (list, tuple)):
+        return samples
+    if isinstance(samples, (str, bytes)):
+        raise RecordError(
+            f"samples: expected a Sample, a mapping or a list of them, got {type(samples).__name__}",
+            index=None,
+            path="",
+        )
+    return list(samples)
+

@@ -1,0 +1,75 @@
+"""Retry policy for sink calls, run by tenacity with anyio's sleep."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import anyio
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
+
+from .exceptions import PermanentSinkError
+
+__all__ = ["RetryPolicy"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How a failing sink call is retried: exponential backoff with jitter and a per-attempt deadline."""
+
+    max_attempts: int = 5
+    initial_backoff: float = 0.1
+    max_backoff: float = 10.0
+    attempt_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.initial_backoff < 0 or self.max_backoff < 0:
+            raise ValueError("backoffs must be >= 0")
+        if not self.attempt_timeout > 0:
+            raise ValueError(f"attempt_timeout must be > 0, got {self.attempt_timeout}")
+
+
+NO_RETRY = RetryPolicy(max_attempts=1)
+
+
+def _retryable(exc: BaseException) -> bool:
+    # Cancellation (a BaseException on asyncio and trio) must propagate, never be retried.
+    return isinstance(exc, Exception) and not isinstance(exc, PermanentSinkError)
+
+
+async def call_with_retry(
+    policy: RetryPolicy,
+    fn: Callable[[], Awaitable[T]],
+    on_retry: Callable[[BaseException | None], None],
+) -> T:
+    """Run `fn` under the policy; each attempt is bounded by `attempt_timeout`."""
+
+    async def attempt() -> T:
+        with anyio.fail_after(policy.attempt_timeout):
+            return await fn()
+
+    def before_sleep(state: RetryCallState) -> None:
+        on_retry(state.outcome.exception() if state.outcome else None)
+
+    retrying = AsyncRetrying(
+        stop=stop_after_attempt(policy.max_attempts),
+        wait=wait_exponential_jitter(
+            initial=policy.initial_backoff, max=policy.max_backoff, jitter=policy.initial_backoff
+        ),
+        retry=retry_if_exception(_retryable),
+        sleep=anyio.sleep,
+        before_sleep=before_sleep,
+        reraise=True,
+    )
+    return await retrying(attempt)

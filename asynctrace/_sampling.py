@@ -1,0 +1,295 @@
+"""Caps and samplers: which samples of one (split, step) are kept, and when a step closes."""
+
+from __future__ import annotations
+
+import abc
+import heapq
+import math
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ._record import TraceRecord
+
+__all__ = [
+    "FirstSampler",
+    "ReservoirSampler",
+    "Sampler",
+    "StepSelection",
+    "TopBottomSampler",
+    "resolve_sampler",
+]
+
+# Entry states.
+HELD = 0  # kept by a sampler for an open step
+EVICTED = 1  # pushed out by a better candidate: counted "capped"
+RELEASED = 2  # handed on towards the buffer
+
+
+class Entry:
+    """A candidate sample inside a sampler. `record` is None while a reserved row is still being decoded."""
+
+    __slots__ = ("record", "score", "seq", "state")
+
+    def __init__(self, score: float | None, seq: int, record: TraceRecord | None = None) -> None:
+        self.score = score
+        self.seq = seq
+        self.record = record
+        self.state = HELD
+
+
+class StepSelection(abc.ABC):
+    """The selection state of one (split, step): O(k) entries at most."""
+
+    @abc.abstractmethod
+    def offer(self, entry: Entry) -> tuple[bool, Entry | None]:
+        """Offer one candidate; returns (kept, evicted) where evicted is an earlier entry now dropped."""
+
+    @abc.abstractmethod
+    def held(self) -> list[Entry]:
+        """Entries still held (for holding samplers), released when the step closes."""
+
+
+class Sampler(abc.ABC):
+    """Chooses at most `k` samples per (split, step). Subclass to write your own."""
+
+    #: True when the sampler must see the whole step before it knows what to keep.
+    holds: bool = True
+    #: True when the sampler ranks by score, so every sample needs a finite one.
+    needs_score: bool = False
+
+    @abc.abstractmethod
+    def new_step(self, split: str, step: int, k: int) -> StepSelection:
+        """Start the selection for a new step."""
+
+
+class _FirstSelection(StepSelection):
+    __slots__ = ("_k", "_n")
+
+    def __init__(self, k: int) -> None:
+        self._k = k
+        self._n = 0
+
+    def offer(self, entry: Entry) -> tuple[bool, Entry | None]:
+        if self._n < self._k:
+            self._n += 1
+            return True, None
+        return False, None
+
+    def held(self) -> list[Entry]:
+        return []
+
+
+class FirstSampler(Sampler):
+    """Keeps the first `k` samples to arrive; they flow on at once."""
+
+    holds = False
+
+    def new_step(self, split: str, step: int, k: int) -> StepSelection:
+        return _FirstSelection(k)
+
+
+class _TopBottomSelection(StepSelection):
+    # Two heaps: `top` keeps the ceil(k/2) highest scores (root = weakest of them), and
+    # `bottom` keeps the floor(k/2) lowest of everything not in `top` (root = highest).
+    # An entry leaving `top` can still belong to `bottom`, so it is passed down, and what
+    # leaves `bottom` is dropped. Ties keep the earlier arrival.
+    __slots__ = ("_bottom", "_n_bottom", "_n_top", "_top")
+
+    def __init__(self, k: int) -> None:
+        self._n_top = math.ceil(k / 2)
+        self._n_bottom = k // 2
+        self._top: list[tuple[float, int, Entry]] = []
+        self._bottom: list[tuple[float, int, Entry]] = []
+
+    def offer(self, entry: Entry) -> tuple[bool, Entry | None]:
+        score = entry.score
+        if score is None:  # the session rejects unscored samples before they get here
+            raise ValueError("top_bottom needs a score")
+        heapq.heappush(self._top, (score, -entry.seq, entry))
+        if len(self._top) <= self._n_top:
+            return True, None
+        _, _, down = heapq.heappop(self._top)
+        heapq.heappush(self._bottom, (-down.score, -down.seq, down))  # type: ignore[operator]
+        if len(self._bottom) <= self._n_bottom:
+            return True, None
+        _, _, out = heapq.heappop(self._bottom)
+        if out is entry:
+            return False, None
+        return True, out
+
+    def held(self) -> list[Entry]:
+        entries = [e for _, _, e in self._top] + [e for _, _, e in self._bottom]
+        entries.sort(key=lambda e: -(e.score or 0.0))
+        return entries
+
+
+class TopBottomSampler(Sampler):
+    """Keeps the ceil(k/2) highest and floor(k/2) lowest scores of the step."""
+
+    needs_score = True
+
+    def new_step(self, split: str, step: int, k: int) -> StepSelection:
+        return _TopBottomSelection(k)
+
+
+class _ReservoirSelection(StepSelection):
+    __slots__ = ("_k", "_n", "_res", "_rng")
+
+    def __init__(self, k: int, rng: random.Random) -> None:
+        self._k = k
+        self._n = 0
+        self._res: list[Entry] = []
+        self._rng = rng
+
+    def offer(self, entry: Entry) -> tuple[bool, Entry | None]:
+        self._n += 1
+        if len(self._res) < self._k:
+            self._res.append(entry)
+            return True, None
+        j = self._rng.randrange(self._n)
+        if j < self._k:
+            out = self._res[j]
+            self._res[j] = entry
+            return True, out
+        return False, None
+
+    def held(self) -> list[Entry]:
+        return sorted(self._res, key=lambda e: e.seq)
+
+
+class ReservoirSampler(Sampler):
+    """A uniform random `k` of the step (algorithm R); seeded per (seed, split, step), so reproducible."""
+
+    def __init__(self, seed: int | None = 0) -> None:
+        self.seed = seed
+
+    def new_step(self, split: str, step: int, k: int) -> StepSelection:
+        # A string seed is hashed deterministically (sha512), unlike hash() of a tuple.
+        rng = random.Random(f"{self.seed}:{split}:{step}" if self.seed is not None else None)
+        return _ReservoirSelection(k, rng)
+
+
+SamplerName = Literal["first", "top_bottom", "reservoir"]
+
+
+def resolve_sampler(sampler: SamplerName | Sampler) -> Sampler:
+    if isinstance(sampler, Sampler):
+        return sampler
+    if sampler == "first":
+        return FirstSampler()
+    if sampler == "top_bottom":
+        return TopBottomSampler()
+    if sampler == "reservoir":
+        return ReservoirSampler()
+    raise ValueError(
+        f"sampler must be 'first', 'top_bottom', 'reservoir' or a Sampler instance, got {sampler!r}"
+    )
+
+
+@dataclass(slots=True)
+class _OpenStep:
+    selection: StepSelection
+    last_seen: float
+
+
+@dataclass(slots=True)
+class GateResult:
+    """What one offer did: entries to pass on now, and counts by outcome."""
+
+    passed: list[Entry] = field(default_factory=list)
+    capped: int = 0  # rejected at once
+    late: int = 0
+    evicted: list[Entry] = field(default_factory=list)  # earlier entries dropped as capped
+    released: list[Entry] = field(default_factory=list)  # entries of steps this offer closed
+    held: int = 0
+
+
+class Gate:
+    """Applies the per-(split, step) cap and sampler; not thread-safe (the pipeline holds its lock)."""
+
+    def __init__(
+        self,
+        k: int,
+        sampler: Sampler,
+        *,
+        max_open_steps: int,
+        step_timeout: float | None,
+    ) -> None:
+        self.k = k
+        self.sampler = sampler
+        self.max_open_steps = max_open_steps
+        self.step_timeout = step_timeout
+        self._open: dict[tuple[str, int], _OpenStep] = {}
+        self._closed_upto: dict[str, int] = {}
+
+    @property
+    def open_steps(self) -> int:
+        return len(self._open)
+
+    def offer(self, split: str, step: int, entries: Iterable[Entry], now: float) -> GateResult:
+        result = GateResult()
+        entries = list(entries)
+        closed_upto = self._closed_upto.get(split)
+        if closed_upto is not None and step <= closed_upto:
+            result.late = len(entries)
+            for e in entries:
+                e.state = EVICTED
+            return result
+        self._close_older(split, step, result)
+        key = (split, step)
+        opened = self._open.get(key)
+        if opened is None:
+            opened = self._open[key] = _OpenStep(self.sampler.new_step(split, step, self.k), now)
+        opened.last_seen = now
+        holds = self.sampler.holds
+        for e in entries:
+            kept, evicted = opened.selection.offer(e)
+            if evicted is not None:
+                evicted.state = EVICTED
+                result.evicted.append(evicted)
+            if not kept:
+                e.state = EVICTED
+                result.capped += 1
+            elif holds:
+                result.held += 1
+            else:
+                e.state = RELEASED
+                result.passed.append(e)
+        return result
+
+    def _close_older(self, split: str, step: int, result: GateResult) -> None:
+        stale = [
+            s for (sp, s) in self._open if sp == split and step - s > self.max_open_steps
+        ]
+        if stale:
+            self._close(split, max(stale), result.released)
+
+    def _close(self, split: str, upto: int, out: list[Entry]) -> None:
+        """Close every open step of `split` up to `upto`; later samples for them are late."""
+        for key in sorted(k for k in self._open if k[0] == split and k[1] <= upto):
+            for e in self._open.pop(key).selection.held():
+                e.state = RELEASED
+                out.append(e)
+        self._closed_upto[split] = max(self._closed_upto.get(split, upto), upto)
+
+    def close_all(self, *, holding_only: bool = True) -> list[Entry]:
+        """Close every open step (flush/finish). Samplers that hold nothing keep counting their caps."""
+        out: list[Entry] = []
+        if holding_only and not self.sampler.holds:
+            return out
+        for split in sorted({sp for sp, _ in self._open}):
+            self._close(split, max(s for sp, s in self._open if sp == split), out)
+        return out
+
+    def close_idle(self, now: float) -> list[Entry]:
+        """Close steps that saw no sample for `step_timeout` seconds."""
+        out: list[Entry] = []
+        if self.step_timeout is None:
+            return out
+        idle = [k for k, o in self._open.items() if now - o.last_seen >= self.step_timeout]
+        for split, step in sorted(idle):
+            if (split, step) in self._open:
+                self._close(split, step, out)
+        return out

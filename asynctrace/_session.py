@@ -1,0 +1,747 @@
+"""TraceSession: the public entry point that ties encode → cap/sample → buffer → writer → sinks."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import enum
+import itertools
+import logging
+import math
+import queue
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+import anyio.abc
+import sniffio
+from anyio.from_thread import BlockingPortal
+
+from ._buffer import Buffer, Marker, MetricsItem, OnFull
+from ._record import Sample, SampleLike, TraceRecord, as_list, encode_sample
+from ._retry import NO_RETRY, RetryPolicy
+from ._sampling import Gate, Sampler, SamplerName, resolve_sampler
+from ._stats import SessionStats
+from ._writer import Writer, describe
+from .exceptions import RecordError, SessionClosedError
+from .sinks._base import Sink
+
+if TYPE_CHECKING:
+    from ._sampling import Entry
+
+__all__ = ["SyncTraceSession", "TraceSession"]
+
+logger = logging.getLogger("asynctrace")
+
+
+class _State(enum.Enum):
+    UNOPENED = "unopened"
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+_ON_FULL = ("block", "drop_newest", "drop_oldest")
+_ON_INVALID = ("raise", "skip")
+_DEFAULT_RETRY = RetryPolicy()
+
+
+def _positive(name: str, value: float, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+
+
+def _threadsafe_caller() -> Callable[[Callable[[], None]], None]:
+    """A non-blocking way for other threads to run a callback on this event loop."""
+    library = sniffio.current_async_library()
+    if library == "asyncio":
+        loop = asyncio.get_running_loop()
+
+        def call(fn: Callable[[], None]) -> None:
+            loop.call_soon_threadsafe(fn)
+
+        return call
+    if library == "trio":
+        import trio
+
+        token = trio.lowlevel.current_trio_token()
+
+        def call_trio(fn: Callable[[], None]) -> None:
+            token.run_sync_soon(fn)
+
+        return call_trio
+    raise RuntimeError(f"unsupported async library {library!r}")
+
+
+def _generated_run_name() -> str:
+    return time.strftime("run-%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:4]
+
+
+class TraceSession:
+    """Logs rollout traces without slowing the caller: validate and encode once, cap and sample,
+    buffer within bounds, and write to every sink from a background writer with retries.
+
+    Use it as ``async with TraceSession(...) as session`` or, from synchronous code, as
+    ``with TraceSession(...) as session`` (its writer then runs on its own event-loop thread).
+    """
+
+    def __init__(
+        self,
+        project: str,
+        run: str | None = None,
+        *,
+        sinks: Sequence[Sink] | None = None,
+        max_traces_per_step: int | None = None,
+        sampler: SamplerName | Sampler = "first",
+        queue_size: int = 10_000,
+        max_queue_bytes: int = 256 * 2**20,
+        on_full: OnFull = "block",
+        batch_size: int = 256,
+        flush_interval: float = 1.0,
+        retry: RetryPolicy | None = _DEFAULT_RETRY,
+        finish_timeout: float = 30.0,
+        trace_key: str = "{split}/traces",
+        on_invalid: Literal["raise", "skip"] = "raise",
+        max_open_steps: int = 2,
+        step_timeout: float | None = 300.0,
+        redact: Callable[[Sample], Sample] | None = None,
+    ) -> None:
+        if not isinstance(project, str) or not project:
+            raise ValueError(f"project must be a non-empty str, got {project!r}")
+        if run is not None and (not isinstance(run, str) or not run):
+            raise ValueError(f"run must be a non-empty str or None, got {run!r}")
+        if max_traces_per_step is not None and (
+            isinstance(max_traces_per_step, bool)
+            or not isinstance(max_traces_per_step, int)
+            or max_traces_per_step < 1
+        ):
+            raise ValueError(
+                f"max_traces_per_step must be a positive int or None, got {max_traces_per_step!r}"
+            )
+        for name, value in (("queue_size", queue_size), ("max_queue_bytes", max_queue_bytes), ("batch_size", batch_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if isinstance(max_open_steps, bool) or not isinstance(max_open_steps, int) or max_open_steps < 0:
+            raise ValueError(f"max_open_steps must be an int >= 0, got {max_open_steps!r}")
+        _positive("flush_interval", flush_interval)
+        _positive("finish_timeout", finish_timeout)
+        _positive("step_timeout", step_timeout, allow_none=True)  # type: ignore[arg-type]
+        if on_full not in _ON_FULL:
+            raise ValueError(f"on_full must be one of {_ON_FULL}, got {on_full!r}")
+        if on_invalid not in _ON_INVALID:
+            raise ValueError(f"on_invalid must be one of {_ON_INVALID}, got {on_invalid!r}")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ValueError(f"retry must be a RetryPolicy or None, got {type(retry).__name__}")
+        try:
+            trace_key.format(split="train")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"trace_key may only use the {{split}} field, got {trace_key!r}") from exc
+        if redact is not None and not callable(redact):
+            raise ValueError("redact must be a callable taking and returning a Sample")
+
+        if sinks is None:
+            from .sinks import TrackioSink
+
+            sinks = [TrackioSink()]
+        sinks = list(sinks)
+        if not sinks:
+            raise ValueError("sinks must name at least one sink (or be None for the default TrackioSink)")
+        for sink in sinks:
+            if not isinstance(sink, Sink):
+                raise ValueError(f"sinks must be asynctrace.Sink instances, got {type(sink).__name__}")
+
+        self.project = project
+        self.run = run or _generated_run_name()
+        self.sinks = sinks
+        self.max_traces_per_step = max_traces_per_step
+        self.sampler = resolve_sampler(sampler)
+        self.queue_size = queue_size
+        self.max_queue_bytes = max_queue_bytes
+        self.on_full = on_full
+        self.batch_size = batch_size
+        self.flush_interval = float(flush_interval)
+        self.retry = retry if retry is not None else NO_RETRY
+        self.finish_timeout = float(finish_timeout)
+        self.trace_key = trace_key
+        self.on_invalid = on_invalid
+        self.redact = redact
+
+        names: list[str] = []
+        for sink in sinks:
+            base = getattr(sink, "name", type(sink).__name__) or type(sink).__name__
+            name, i = base, 2
+            while name in names:
+                name, i = f"{base}#{i}", i + 1
+            names.append(name)
+            sink.bind(project, self.run)
+        self.sink_names = names
+
+        gate = (
+            Gate(
+                max_traces_per_step,
+                self.sampler,
+                max_open_steps=max_open_steps,
+                step_timeout=step_timeout,
+            )
+            if max_traces_per_step is not None
+            else None
+        )
+        self._needs_score = gate is not None and self.sampler.needs_score
+        self._buffer = Buffer(
+            queue_size=queue_size,
+            max_bytes=max_queue_bytes,
+            on_full=on_full,
+            batch_size=batch_size,
+            gate=gate,
+            sink_names=names,
+            clock=time.monotonic,
+        )
+        self._buffer.on_drop = self._note_drop
+        self._warned: set[str] = set()
+        self._ids = itertools.count()
+        self._id_prefix = uuid.uuid4().hex[:12]
+        self._keys: dict[str, str] = {}
+        self._state = _State.UNOPENED
+        self._loop_thread: int | None = None
+        self._call_soon: Callable[[Callable[[], None]], None] | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._writer: Writer | None = None
+        self._room_event: anyio.Event | None = None
+        self._async_waiters = 0
+        self._finishing: anyio.Event | None = None
+        self._final: SessionStats | None = None
+        self._sync: _SyncRunner | None = None
+
+    def __repr__(self) -> str:
+        return f"TraceSession(project={self.project!r}, run={self.run!r}, state={self._state.value})"
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def __aenter__(self) -> TraceSession:
+        if self._state is not _State.UNOPENED:
+            raise SessionClosedError(f"a TraceSession can be opened once; this one is {self._state.value}")
+        self._loop_thread = threading.get_ident()
+        self._call_soon = _threadsafe_caller()
+        self._room_event = anyio.Event()
+        self._writer = Writer(
+            self._buffer,
+            self.sinks,
+            retry=self.retry,
+            flush_interval=self.flush_interval,
+            step_timeout=self._buffer.gate.step_timeout if self._buffer.gate else None,
+            on_room=self._on_room,
+        )
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        try:
+            await self._tg.start(self._writer.run)
+        except BaseException:
+            self._tg.cancel_scope.cancel()
+            await self._tg.__aexit__(None, None, None)
+            raise
+        self._state = _State.OPEN
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            # Shielded: a cancelled or crashing body must still drain and close every sink.
+            with anyio.CancelScope(shield=True):
+                await self.finish(timeout=self.finish_timeout)
+        finally:
+            assert self._tg is not None
+            await self._tg.__aexit__(exc_type, exc, tb)
+
+    def __enter__(self) -> SyncTraceSession:
+        if self._state is not _State.UNOPENED:
+            raise SessionClosedError(f"a TraceSession can be opened once; this one is {self._state.value}")
+        self._sync = _SyncRunner(self)
+        return SyncTraceSession(self)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._sync is not None:
+            self._sync.close(self.finish_timeout)
+
+    def start(self) -> SyncTraceSession:
+        """Open for synchronous use without a `with` block; call `finish()` on the result when done."""
+        return self.__enter__()
+
+    async def finish(self, timeout: float | None = None) -> SessionStats:
+        """Drain within `timeout` (default `finish_timeout`), close every sink, and return the final stats.
+
+        Idempotent. What was not delivered by the deadline stays counted as `pending`.
+        """
+        if self._state is _State.CLOSED:
+            assert self._final is not None
+            return self._final
+        if self._state is _State.UNOPENED:
+            raise SessionClosedError("the session was never opened; use `async with` or `with`")
+        if self._finishing is not None:
+            with anyio.CancelScope(shield=True):
+                await self._finishing.wait()
+            assert self._final is not None
+            return self._final
+        self._finishing = anyio.Event()
+        budget = self.finish_timeout if timeout is None else float(timeout)
+        with anyio.CancelScope(shield=True):
+            start = anyio.current_time()
+            deadline = start + budget
+            self._state = _State.CLOSING
+            with self._buffer.lock:
+                self._buffer.closed = True
+                self._buffer.room.notify_all()
+            self._on_room()
+            drained = await self._flush_until(deadline)
+            writer = self._writer
+            assert writer is not None and writer.scope is not None
+            writer.scope.cancel()
+            await writer.stopped.wait()
+            # Closing gets what is left of the deadline, and at least a short grace, so a
+            # slow drain can never skip finishing the runs the sinks opened.
+            close_budget = max(deadline - anyio.current_time(), min(budget, 5.0))
+            async with anyio.create_task_group() as tg:
+                for sink, name in zip(self.sinks, self.sink_names, strict=True):
+                    tg.start_soon(self._close_sink, sink, name, close_budget)
+            stats = self._buffer.snapshot()
+            if not drained or stats.pending:
+                logger.warning(
+                    "asynctrace: finish() reached its %.1fs deadline with %d samples undelivered (%s)",
+                    budget,
+                    stats.pending,
+                    stats.summary(),
+                )
+            elif stats.failed or stats.dropped_total - stats.dropped.get("capped", 0):
+                logger.warning("asynctrace: session finished with losses: %s", stats.summary())
+            self._final = stats
+            self._state = _State.CLOSED
+            self._finishing.set()
+        return stats
+
+    async def _close_sink(self, sink: Sink, name: str, budget: float) -> None:
+        with anyio.move_on_after(budget) as scope:
+            try:
+                await sink.close()
+            except Exception as exc:
+                logger.error("asynctrace: closing sink %r failed: %s", name, describe(exc))
+        if scope.cancelled_caught:
+            logger.error("asynctrace: closing sink %r did not finish within %.1fs", name, budget)
+
+    # -- submission ------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._state is _State.UNOPENED:
+            raise SessionClosedError("the session is not open yet; use `async with` or `with`")
+        if self._state is not _State.OPEN:
+            raise SessionClosedError("the session is finished; it accepts no more samples")
+
+    def _key_for(self, split: str) -> str:
+        key = self._keys.get(split)
+        if key is None:
+            key = self._keys[split] = self.trace_key.format(split=split)
+        return key
+
+    @staticmethod
+    def _check_step(step: Any, split: Any) -> None:
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        if not isinstance(split, str) or not split:
+            raise ValueError(f"split must be a non-empty str, got {split!r}")
+
+    def _encode(
+        self, samples: SampleLike | Iterable[SampleLike], step: int, split: str
+    ) -> tuple[list[TraceRecord], int]:
+        """Validate and encode every sample once, in the caller; returns records and the invalid count."""
+        self._check_step(step, split)
+        items = as_list(samples)
+        key = self._key_for(split)
+        now = time.time()
+        prefix = self._id_prefix
+        ids = self._ids
+        records: list[TraceRecord] = []
+        invalid = 0
+        skip = self.on_invalid == "skip"
+        for i, obj in enumerate(items):
+            try:
+                payload, score = encode_sample(obj, i, self.redact)
+                if len(payload) > self.max_queue_bytes:
+                    raise RecordError(
+                        f"sample {i}: encodes to {len(payload)} bytes, more than "
+                        f"max_queue_bytes={self.max_queue_bytes}",
+                        index=i,
+                        path="",
+                    )
+                if score is None and self._needs_score:
+                    raise RecordError(
+                        f"sample {i}: score: the {type(self.sampler).__name__} ranks by score; "
+                        "give a finite `score` or metadata['reward']",
+                        index=i,
+                        path="score",
+                    )
+            except RecordError:
+                if not skip:
+                    raise
+                invalid += 1
+                continue
+            except Exception as exc:  # a redact callable or an odd mapping failed
+                if not skip:
+                    raise RecordError(f"sample {i}: {describe(exc)}", index=i, path="") from exc
+                invalid += 1
+                continue
+            records.append(TraceRecord(f"{prefix}-{next(ids)}", step, split, key, payload, now, score))
+        return records, invalid
+
+    def _on_loop_thread(self) -> bool:
+        return threading.get_ident() == self._loop_thread
+
+    def _wake(self) -> None:
+        writer = self._writer
+        if writer is None:
+            return
+        if self._on_loop_thread():
+            writer.wake()
+        elif self._call_soon is not None:
+            try:
+                self._call_soon(writer.wake)
+            except RuntimeError:  # the loop is closing: the writer no longer needs waking
+                pass
+
+    def _on_room(self) -> None:
+        """Buffer room was freed (event-loop thread): wake callers waiting under `block`."""
+        if self._async_waiters and self._room_event is not None:
+            event, self._room_event = self._room_event, anyio.Event()
+            event.set()
+
+    def _note_drop(self, reason: str, n: int) -> None:
+        # Called under the buffer lock: only bookkeeping and a first-time warning here.
+        # Capping is the point of a cap, not a loss, so it is counted but not warned about.
+        if reason != "capped" and reason not in self._warned:
+            self._warned.add(reason)
+            logger.warning(
+                "asynctrace: dropping samples (%s); counts are in session.stats().dropped", reason
+            )
+
+    async def log_samples(
+        self,
+        samples: SampleLike | Iterable[SampleLike],
+        *,
+        step: int,
+        split: str = "train",
+        timeout: float | None = None,
+    ) -> int:
+        """Validate, encode, cap and queue samples; returns how many were accepted.
+
+        With ``on_full="block"`` this waits for room (at most `timeout` seconds, after which
+        the rest are dropped as ``"queue_full"``); the drop policies never wait.
+        """
+        self._check_open()
+        if not self._on_loop_thread():
+            return await anyio.to_thread.run_sync(self._log_blocking, samples, step, split, timeout)
+        records, invalid = self._encode(samples, step, split)
+        adm = self._buffer.admit(records, split=split, step=step, nowait=False, invalid=invalid)
+        if adm.wake:
+            self._wake()
+        if not adm.waiting:
+            return adm.accepted
+        return adm.accepted - await self._wait_for_room(adm.waiting, timeout)
+
+    async def _wait_for_room(self, waiting: list[TraceRecord], timeout: float | None) -> int:
+        """Admit `waiting` as room frees up; returns how many were given up."""
+        self._async_waiters += 1
+        try:
+            with anyio.move_on_after(timeout):
+                while waiting:
+                    event = self._room_event
+                    assert event is not None
+                    if self._buffer.closed:
+                        self._buffer.give_up_waiting(waiting, "closed")
+                        return len(waiting)
+                    adm = self._buffer.admit_waiting(waiting)
+                    if adm.wake:
+                        self._wake()
+                    waiting = adm.waiting
+                    if waiting:
+                        await event.wait()
+                return 0
+            self._buffer.give_up_waiting(waiting, "queue_full")
+            return len(waiting)
+        except BaseException:
+            if waiting:
+                self._buffer.give_up_waiting(waiting, "cancelled")
+            raise
+        finally:
+            self._async_waiters -= 1
+
+    def _log_blocking(
+        self,
+        samples: SampleLike | Iterable[SampleLike],
+        step: int,
+        split: str,
+        timeout: float | None,
+    ) -> int:
+        """The blocking form, for threads other than the session's event loop."""
+        self._check_open()
+        records, invalid = self._encode(samples, step, split)
+        buf = self._buffer
+        adm = buf.admit(records, split=split, step=step, nowait=False, invalid=invalid)
+        if adm.wake:
+            self._wake()
+        waiting = adm.waiting
+        accepted = adm.accepted
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while waiting:
+            if buf.closed:
+                buf.give_up_waiting(waiting, "closed")
+                return accepted - len(waiting)
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                buf.give_up_waiting(waiting, "queue_full")
+                return accepted - len(waiting)
+            with buf.lock:
+                if not buf._fits(waiting[0].nbytes) and not buf.closed:
+                    buf.thread_waiters += 1
+                    try:
+                        buf.room.wait(timeout=0.25 if left is None else min(left, 0.25))
+                    finally:
+                        buf.thread_waiters -= 1
+            adm = buf.admit_waiting(waiting)
+            if adm.wake:
+                self._wake()
+            waiting = adm.waiting
+        return accepted
+
+    def log_samples_nowait(
+        self,
+        samples: SampleLike | Iterable[SampleLike],
+        *,
+        step: int,
+        split: str = "train",
+    ) -> int:
+        """Queue samples from any thread without blocking; on a full buffer drop per `on_full`.
+
+        After the session is finished, samples are counted as dropped (``"closed"``) rather
+        than raising, so a rollout thread racing shutdown never crashes.
+        """
+        if self._state is _State.UNOPENED:
+            raise SessionClosedError("the session is not open yet; use `async with` or `with`")
+        records, invalid = self._encode(samples, step, split)
+        adm = self._buffer.admit(records, split=split, step=step, nowait=True, invalid=invalid)
+        if adm.wake:
+            self._wake()
+        return adm.accepted
+
+    def _push_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        self._check_open()
+        self._check_step(step, "train")
+        if not isinstance(metrics, Mapping):
+            raise ValueError(f"metrics must be a mapping of str to number, got {type(metrics).__name__}")
+        clean: dict[str, float] = {}
+        for k, v in metrics.items():
+            if not isinstance(k, str):
+                raise ValueError(f"metrics: key {k!r} is not a str")
+            try:
+                clean[k] = float(v)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"metrics[{k!r}]: expected a number, got {type(v).__name__}") from exc
+        self._buffer.push_item(MetricsItem(step, clean))
+        self._wake()
+
+    async def log_metrics(self, metrics: Mapping[str, float], *, step: int) -> None:
+        """Queue scalar metrics for `step`; every sink that supports metrics gets them in order."""
+        self._push_metrics(metrics, step)
+
+    async def flush(self, timeout: float | None = None) -> bool:
+        """Close open sampler steps and wait until everything submitted before the call is
+        delivered or finally failed. Returns False when `timeout` passed first."""
+        self._check_open()
+        return await self._flush_until(None if timeout is None else anyio.current_time() + timeout)
+
+    async def _flush_until(self, deadline: float | None) -> bool:
+        self._buffer.close_steps()
+        marker = Marker(len(self.sinks))
+        self._buffer.push_item(marker)
+        self._wake()
+        timeout = None if deadline is None else max(0.0, deadline - anyio.current_time())
+        with anyio.move_on_after(timeout):
+            await marker.done.wait()
+            return True
+        return False
+
+    def stats(self) -> SessionStats:
+        """A consistent snapshot of the session's accounting."""
+        return self._buffer.snapshot()
+
+    # -- reservations (used by log_rollouts) -----------------------------------------------
+
+    def _reserve(self, scores: Sequence[float | None], *, step: int, split: str) -> list[Entry | None]:
+        self._check_open()
+        self._check_step(step, split)
+        if self._needs_score:
+            for i, s in enumerate(scores):
+                if s is None or not math.isfinite(s):
+                    raise RecordError(
+                        f"sample {i}: rewards: the {type(self.sampler).__name__} ranks by score; "
+                        "every row needs a finite reward",
+                        index=i,
+                        path="rewards",
+                    )
+        return self._buffer.reserve(scores, split=split, step=step)
+
+    async def _fill(self, entries: Sequence[Entry], samples: Sequence[SampleLike], *, step: int, split: str) -> int:
+        records, invalid = self._encode(samples, step, split)
+        if invalid:
+            raise RecordError("reserved rows must all encode", index=None, path="")
+        adm = self._buffer.fill(entries, records)
+        if adm.wake:
+            self._wake()
+        if adm.waiting:
+            return adm.accepted - await self._wait_for_room(adm.waiting, None)
+        return adm.accepted
+
+
+class SyncTraceSession:
+    """The blocking face of a `TraceSession`, returned by ``with TraceSession(...) as s``."""
+
+    def __init__(self, session: TraceSession) -> None:
+        self.session = session
+
+    @property
+    def project(self) -> str:
+        return self.session.project
+
+    @property
+    def run(self) -> str:
+        return self.session.run
+
+    def log_samples(
+        self,
+        samples: SampleLike | Iterable[SampleLike],
+        *,
+        step: int,
+        split: str = "train",
+        timeout: float | None = None,
+    ) -> int:
+        """Blocking: waits for room under ``on_full="block"`` (at most `timeout` seconds)."""
+        return self.session._log_blocking(samples, step, split, timeout)
+
+    def log_samples_nowait(
+        self, samples: SampleLike | Iterable[SampleLike], *, step: int, split: str = "train"
+    ) -> int:
+        """Never blocks; see `TraceSession.log_samples_nowait`."""
+        return self.session.log_samples_nowait(samples, step=step, split=split)
+
+    def log_metrics(self, metrics: Mapping[str, float], *, step: int) -> None:
+        """Queue scalar metrics for `step`."""
+        self.session._push_metrics(metrics, step)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Blocking `TraceSession.flush`."""
+        runner = self.session._sync
+        assert runner is not None
+        return runner.call(self.session.flush, timeout)
+
+    def finish(self, timeout: float | None = None) -> SessionStats:
+        """Drain, close every sink and stop the writer thread; idempotent."""
+        runner = self.session._sync
+        assert runner is not None
+        return runner.close(self.session.finish_timeout if timeout is None else timeout)
+
+    def stats(self) -> SessionStats:
+        return self.session.stats()
+
+    def __enter__(self) -> SyncTraceSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.finish()
+
+
+_open_runners: weakref.WeakSet[_SyncRunner] = weakref.WeakSet()
+
+
+@atexit.register
+def _finish_open_sync_sessions() -> None:
+    # A synchronous session left open at interpreter exit is drained with its own deadline,
+    # so traces are not lost and the writer thread (a daemon) cannot hang the exit.
+    for runner in list(_open_runners):
+        try:
+            runner.close(runner.session.finish_timeout)
+        except Exception as exc:  # pragma: no cover - best effort at exit
+            logger.error("asynctrace: finishing a session at exit failed: %s", exc)
+
+
+class _SyncRunner:
+    """Runs a session's event loop on a daemon thread, reachable through a blocking portal."""
+
+    def __init__(self, session: TraceSession) -> None:
+        self.session = session
+        self._lock = threading.Lock()
+        self._closed = False
+        handoff: queue.Queue[BlockingPortal | BaseException] = queue.Queue()
+        self._stop: anyio.Event | None = None
+
+        async def host() -> None:
+            try:
+                async with BlockingPortal() as portal:
+                    self._stop = anyio.Event()
+                    handoff.put(portal)
+                    await self._stop.wait()
+            except BaseException as exc:  # pragma: no cover - reported to the opener
+                handoff.put(exc)
+                raise
+
+        self._thread = threading.Thread(
+            target=anyio.run, args=(host,), name=f"asynctrace-{session.project}", daemon=True
+        )
+        self._thread.start()
+        got = handoff.get()
+        if isinstance(got, BaseException):
+            raise got
+        self.portal = got
+        # The session's task group must live in one task from enter to exit: the portal's
+        # wrapped context manager gives it one.
+        self._cm = self.portal.wrap_async_context_manager(session)
+        try:
+            self._cm.__enter__()
+        except BaseException:
+            self.portal.call(self._stop.set)  # type: ignore[union-attr]
+            self._thread.join(timeout=5.0)
+            raise
+        _open_runners.add(self)
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        with self._lock:
+            if self._closed:
+                raise SessionClosedError("the session is finished")
+        return self.portal.call(fn, *args)
+
+    def close(self, timeout: float) -> SessionStats:
+        with self._lock:
+            if self._closed:
+                return self.session.stats() if self.session._final is None else self.session._final
+            self._closed = True
+        _open_runners.discard(self)
+        try:
+            stats: SessionStats = self.portal.call(self.session.finish, timeout)
+            self._cm.__exit__(None, None, None)
+        finally:
+            stop = self._stop
+            if stop is not None:
+                self.portal.call(stop.set)
+            self._thread.join(timeout=5.0)
+        return stats

@@ -1,0 +1,221 @@
+"""The writer: a dispatcher that batches the buffer, and one lane per sink that writes with retries.
+
+Every lane has its own inbox, so a slow or hanging sink never holds up the others; a batch
+keeps its buffer room until every sink is done with it, so a stuck sink fills the buffer and
+the session's `on_full` policy decides, instead of memory growing without bound.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+
+import anyio
+import anyio.lowlevel
+
+from ._buffer import Batch, Buffer, Marker, MetricsItem
+from ._record import TraceRecord
+from ._retry import RetryPolicy, call_with_retry
+from .sinks._base import Sink
+
+logger = logging.getLogger("asynctrace")
+
+__all__ = ["Signal", "Writer"]
+
+
+class Signal:
+    """A level-triggered wake-up for one waiting task (event-loop thread only)."""
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+        self._flag = False
+
+    def set(self) -> None:
+        self._flag = True
+        self._event.set()
+
+    async def wait(self, timeout: float | None) -> None:
+        if not self._flag:
+            with anyio.move_on_after(timeout):
+                await self._event.wait()
+        self._flag = False
+        if self._event.is_set():
+            self._event = anyio.Event()
+
+
+def describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class _Lane:
+    def __init__(self, index: int, sink: Sink) -> None:
+        self.index = index
+        self.sink = sink
+        self.inbox: deque[Batch | Marker | MetricsItem] = deque()
+        self.signal = Signal()
+        self.dead: str | None = None
+
+
+class Writer:
+    """Owns the dispatcher and the sink lanes; runs inside the session's task group."""
+
+    def __init__(
+        self,
+        buffer: Buffer,
+        sinks: Sequence[Sink],
+        *,
+        retry: RetryPolicy,
+        flush_interval: float,
+        step_timeout: float | None,
+        on_room: Callable[[], None],
+    ) -> None:
+        self.buffer = buffer
+        self.sinks = list(sinks)
+        self.retry = retry
+        self.flush_interval = flush_interval
+        self.step_timeout = step_timeout
+        self.on_room = on_room
+        self.signal: Signal | None = None
+        self.scope: anyio.CancelScope | None = None
+        self.stopped = anyio.Event()
+        self._lanes: list[_Lane] = []
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        try:
+            with anyio.CancelScope() as self.scope:
+                self.signal = Signal()
+                self._lanes = [_Lane(i, s) for i, s in enumerate(self.sinks)]
+                async with anyio.create_task_group() as tg:
+                    for lane in self._lanes:
+                        tg.start_soon(self._run_lane, lane)
+                    tg.start_soon(self._dispatch)
+                    task_status.started()
+        finally:
+            self.stopped.set()
+
+    def wake(self) -> None:
+        if self.signal is not None:
+            self.signal.set()
+
+    # -- dispatcher ------------------------------------------------------------------------
+
+    def _due_in(self, now: float) -> float | None:
+        """Seconds until a batch must go out; 0 when one is ready, None when idle."""
+        buf = self.buffer
+        with buf.lock:
+            if buf.control_items or buf.undispatched >= buf.batch_size:
+                return 0.0
+            if buf.undispatched and buf.first_undispatched_at is not None:
+                return max(0.0, buf.first_undispatched_at + self.flush_interval - now)
+            return None
+
+    async def _dispatch(self) -> None:
+        assert self.signal is not None
+        idle_check = self.step_timeout
+        check_every = min(idle_check, 1.0) if idle_check is not None else None
+        next_check = anyio.current_time() + check_every if check_every is not None else None
+        while True:
+            now = self.buffer.clock()
+            if next_check is not None and check_every is not None and now >= next_check:
+                self.buffer.close_steps(idle_only=True)
+                next_check = now + check_every
+            due = self._due_in(now)
+            if due == 0.0:
+                item = self.buffer.take()
+                if item is not None:
+                    for lane in self._lanes:
+                        lane.inbox.append(item)
+                        lane.signal.set()
+                # Give callers on this loop a turn between batches.
+                await anyio.lowlevel.checkpoint()
+                continue
+            if next_check is not None:
+                until_check = max(0.0, next_check - now)
+                due = until_check if due is None else min(due, until_check)
+            await self.signal.wait(due)
+
+    # -- lanes -----------------------------------------------------------------------------
+
+    def _retry_counter(self, lane: _Lane) -> Callable[[BaseException | None], None]:
+        def on_retry(exc: BaseException | None) -> None:
+            self.buffer.note_retries(lane.index, 1)
+            logger.debug("asynctrace: retrying sink %r after %s", lane.sink.name, exc)
+
+        return on_retry
+
+    async def _run_lane(self, lane: _Lane) -> None:
+        on_retry = self._retry_counter(lane)
+        try:
+            await call_with_retry(self.retry, lane.sink.open, on_retry)
+        except Exception as exc:
+            lane.dead = describe(exc)
+            logger.error(
+                "asynctrace: sink %r could not be opened (%s); its records are counted as failed",
+                lane.sink.name,
+                lane.dead,
+            )
+        batch_size = self.buffer.batch_size
+        while True:
+            if not lane.inbox:
+                await lane.signal.wait(None)
+                continue
+            item = lane.inbox.popleft()
+            if isinstance(item, Marker):
+                item.arrive()
+                continue
+            if isinstance(item, MetricsItem):
+                await self._write_metrics(lane, item, on_retry)
+                continue
+            # A sink that fell behind gets what piled up in fewer, larger writes.
+            batches = [item]
+            n = len(item.records)
+            while lane.inbox and isinstance(lane.inbox[0], Batch):
+                nxt = lane.inbox[0]
+                if n + len(nxt.records) > batch_size:
+                    break
+                lane.inbox.popleft()
+                batches.append(nxt)  # type: ignore[arg-type]
+                n += len(nxt.records)  # type: ignore[union-attr]
+            await self._write_batches(lane, batches, on_retry)  # type: ignore[arg-type]
+
+    async def _write_batches(
+        self, lane: _Lane, batches: list[Batch], on_retry: Callable[[BaseException | None], None]
+    ) -> None:
+        error = lane.dead
+        ok = error is None
+        if ok:
+            records: list[TraceRecord] = (
+                batches[0].records if len(batches) == 1 else [r for b in batches for r in b.records]
+            )
+            try:
+                await call_with_retry(self.retry, lambda: lane.sink.write(records), on_retry)
+            except Exception as exc:
+                ok = False
+                error = describe(exc)
+                logger.warning(
+                    "asynctrace: sink %r failed to write %d records for good: %s",
+                    lane.sink.name,
+                    len(records),
+                    error,
+                )
+        freed = False
+        for batch in batches:
+            freed |= self.buffer.resolve(batch, lane.index, ok, 0, error)
+        if freed:
+            self.on_room()
+
+    async def _write_metrics(
+        self, lane: _Lane, item: MetricsItem, on_retry: Callable[[BaseException | None], None]
+    ) -> None:
+        if lane.dead is not None:
+            self.buffer.note_metrics_failure(lane.index, lane.dead)
+            return
+        try:
+            await call_with_retry(
+                self.retry, lambda: lane.sink.write_metrics(item.step, item.metrics), on_retry
+            )
+        except Exception as exc:
+            self.buffer.note_metrics_failure(lane.index, describe(exc))
+            logger.warning("asynctrace: sink %r failed to write metrics: %s", lane.sink.name, exc)

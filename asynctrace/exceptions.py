@@ -1,0 +1,31 @@
+"""Exceptions raised by asynctrace. One class per condition."""
+
+from __future__ import annotations
+
+__all__ = [
+    "AsyncTraceError",
+    "PermanentSinkError",
+    "RecordError",
+    "SessionClosedError",
+]
+
+
+class AsyncTraceError(Exception):
+    """Root of every error asynctrace raises."""
+
+
+class RecordError(AsyncTraceError, ValueError):
+    """A sample could not be validated or encoded; names the sample index and field path."""
+
+    def __init__(self, message: str, *, index: int | None = None, path: str | None = None) -> None:
+        super().__init__(message)
+        self.index = index
+        self.path = path
+
+
+class SessionClosedError(AsyncTraceError):
+    """The session was used after it was finished (or before it was started)."""
+
+
+class PermanentSinkError(AsyncTraceError):
+    """Raised by a sink for a failure that retrying cannot fix; the batch is counted as failed."""

@@ -1,0 +1,39 @@
+"""The sink interface: where batches of trace records go."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .._record import TraceRecord
+
+__all__ = ["Sink"]
+
+
+class Sink(abc.ABC):
+    """Receives batches of records from the session's writer.
+
+    `write` may raise `PermanentSinkError` for a failure retrying cannot fix; any other
+    exception is retried per the session's `RetryPolicy`. Blocking work belongs off the
+    event loop (for instance in `anyio.to_thread.run_sync`).
+    """
+
+    name: str = "sink"
+
+    def bind(self, project: str, run: str) -> None:  # noqa: B027 - optional hook
+        """Called by the session before `open` with its project and run name."""
+
+    async def open(self) -> None:  # noqa: B027 - optional hook
+        """Prepare the sink (connect, create files); retried like `write`."""
+
+    @abc.abstractmethod
+    async def write(self, records: Sequence[TraceRecord]) -> None:
+        """Write a batch; records may span several steps and splits."""
+
+    async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:  # noqa: B027
+        """Write scalar metrics for a step (optional)."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Flush and release resources; called once, from `finish()`."""

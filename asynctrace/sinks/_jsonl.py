@@ -1,0 +1,85 @@
+"""JsonlSink: one JSON object per line, optionally rotated every N records."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO
+
+import anyio
+import orjson
+
+from .._record import TraceRecord
+from ._base import Sink
+
+__all__ = ["JsonlSink"]
+
+
+class JsonlSink(Sink):
+    """Appends records as JSON lines; with `rotate_every`, starts ``name.00001.jsonl`` etc. every N records.
+
+    Each line holds ``id``, ``step``, ``split``, ``key``, ``timestamp`` and ``sample``; metrics
+    lines hold ``{"step": ..., "metrics": {...}}``. The sample bytes encoded at submission are
+    written as they are, never re-encoded. ``fsync=True`` syncs each batch to disk.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, rotate_every: int | None = None, fsync: bool = False) -> None:
+        if rotate_every is not None and (isinstance(rotate_every, bool) or rotate_every < 1):
+            raise ValueError(f"rotate_every must be a positive int or None, got {rotate_every!r}")
+        self.name = "jsonl"
+        self.path = Path(path)
+        self.rotate_every = rotate_every
+        self.fsync = fsync
+        self.paths: list[Path] = []
+        self._file: IO[bytes] | None = None
+        self._in_file = 0
+
+    def _next_path(self) -> Path:
+        if self.rotate_every is None:
+            return self.path
+        index = len(self.paths)
+        return self.path.with_name(f"{self.path.stem}.{index:05d}{self.path.suffix or '.jsonl'}")
+
+    def _roll(self) -> IO[bytes]:
+        if self._file is not None:
+            self._file.close()
+        path = self._next_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(path, "ab")  # noqa: SIM115 - closed in close()/_roll()
+        self.paths.append(path)
+        self._in_file = 0
+        return self._file
+
+    def _write_lines(self, lines: list[bytes]) -> None:
+        f = self._file or self._roll()
+        if self.rotate_every is None:
+            f.write(b"".join(lines))
+        else:
+            i = 0
+            while i < len(lines):
+                if self._in_file >= self.rotate_every:
+                    f = self._roll()
+                take = min(self.rotate_every - self._in_file, len(lines) - i)
+                f.write(b"".join(lines[i : i + take]))
+                self._in_file += take
+                i += take
+        f.flush()
+        if self.fsync:
+            os.fsync(f.fileno())
+
+    async def open(self) -> None:
+        await anyio.to_thread.run_sync(self._roll)
+
+    async def write(self, records: Sequence[TraceRecord]) -> None:
+        lines = [r.to_json() + b"\n" for r in records]
+        await anyio.to_thread.run_sync(self._write_lines, lines, abandon_on_cancel=True)
+
+    async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        line = orjson.dumps({"step": step, "metrics": dict(metrics)}) + b"\n"
+        await anyio.to_thread.run_sync(self._write_lines, [line], abandon_on_cancel=True)
+
+    async def close(self) -> None:
+        f, self._file = self._file, None
+        if f is not None:
+            await anyio.to_thread.run_sync(f.close)

@@ -1,0 +1,201 @@
+"""TrackioSink: the default sink, logging traces to a Trackio project."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import orjson
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from .._record import TraceRecord
+from ..exceptions import PermanentSinkError
+from ._base import Sink
+from ._trackio_writer import HEADER, TrackioWriter
+
+__all__ = ["TrackioSink"]
+
+_PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+
+
+class TrackioSink(Sink):
+    """Logs each batch as one Trackio log entry per step carrying a list of traces.
+
+    Local mode (no `space_id` / `server_url`) commits every batch to Trackio's SQLite store
+    before reporting it written. By default Trackio runs in a writer process of its own, so
+    its work never competes with the training loop for the GIL; ``process=False`` runs it in
+    a worker thread instead.
+    """
+
+    def __init__(
+        self,
+        project: str | None = None,
+        run: str | None = None,
+        *,
+        space_id: str | None = None,
+        server_url: str | None = None,
+        process: bool = True,
+        init_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.name = "trackio"
+        self.project = project
+        self.run = run
+        self.space_id = space_id
+        self.server_url = server_url
+        self.process = process
+        self.init_kwargs = dict(init_kwargs or {})
+        self.finished = False
+        self._writer: TrackioWriter | None = None
+        self._proc: anyio.abc.Process | None = None
+        self._reader: BufferedByteReceiveStream | None = None
+        self._seq = itertools.count()
+        self._broken = False
+
+    def bind(self, project: str, run: str) -> None:
+        self.project = self.project or project
+        self.run = self.run or run
+
+    def _open_header(self) -> dict[str, Any]:
+        return {
+            "op": "open",
+            "project": self.project,
+            "run": self.run,
+            "space_id": self.space_id,
+            "server_url": self.server_url,
+            "init_kwargs": self.init_kwargs,
+        }
+
+    async def open(self) -> None:
+        if self.project is None or self.run is None:
+            raise PermanentSinkError("TrackioSink needs a project and run (given or from the session)")
+        if not self.process:
+            self._writer = TrackioWriter(
+                self.project,
+                self.run,
+                space_id=self.space_id,
+                server_url=self.server_url,
+                init_kwargs=self.init_kwargs,
+            )
+            await anyio.to_thread.run_sync(self._writer.open, abandon_on_cancel=True)
+            return
+        await self._spawn()
+
+    async def _spawn(self) -> None:
+        await self._kill()
+        env = dict(os.environ)
+        # The child must import this same asynctrace, wherever it was imported from here.
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH", "")) if p
+        )
+        self._proc = await anyio.open_process(
+            [sys.executable, "-m", "asynctrace.sinks._trackio_worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=None,
+            env=env,
+        )
+        assert self._proc.stdout is not None
+        self._reader = BufferedByteReceiveStream(self._proc.stdout)
+        self._broken = False
+        await self._request(self._open_header())
+
+    async def _kill(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.returncode is None:
+            proc.kill()
+        with anyio.move_on_after(5), anyio.CancelScope(shield=True):
+            await proc.wait()
+        await proc.aclose()
+
+    async def _request(self, header: dict[str, Any], payloads: Sequence[bytes] = ()) -> None:
+        await self._request_on(self._proc, header, payloads)
+
+    async def _request_on(
+        self,
+        proc: anyio.abc.Process | None,
+        header: dict[str, Any],
+        payloads: Sequence[bytes] = (),
+    ) -> None:
+        reader = self._reader
+        if proc is None or reader is None or proc.stdin is None:
+            raise RuntimeError("the Trackio writer process is not running")
+        seq = next(self._seq)
+        header["seq"] = seq
+        if payloads:
+            header["blob"] = sum(len(p) for p in payloads)
+        head = orjson.dumps(header)
+        # A send cut short by a timeout leaves half a frame in the pipe; the next attempt
+        # then starts a fresh writer process instead of talking to a confused one.
+        self._broken = True
+        await proc.stdin.send(b"".join((HEADER.pack(len(head)), head, *payloads)))
+        while True:
+            line = await reader.receive_until(b"\n", 1 << 20)
+            reply = orjson.loads(line)
+            if reply.get("seq") == seq:
+                break
+        self._broken = False
+        if not reply.get("ok"):
+            message = f"Trackio writer: {reply.get('error')}"
+            if reply.get("permanent"):
+                raise PermanentSinkError(message)
+            raise RuntimeError(message)
+
+    async def _ensure_process(self) -> None:
+        if self._proc is None or self._proc.returncode is not None or self._broken:
+            await self._spawn()
+
+    async def write(self, records: Sequence[TraceRecord]) -> None:
+        if not self.process:
+            writer = self._writer
+            if writer is None:
+                raise RuntimeError("TrackioSink is not open")
+            items = [(r.id, r.step, r.key, r.payload) for r in records]
+            await anyio.to_thread.run_sync(writer.write, items, abandon_on_cancel=True)
+            return
+        await self._ensure_process()
+        header = {"op": "write", "items": [[r.id, r.step, r.key, len(r.payload)] for r in records]}
+        await self._request(header, [r.payload for r in records])
+
+    async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        if not self.process:
+            writer = self._writer
+            if writer is None:
+                raise RuntimeError("TrackioSink is not open")
+            await anyio.to_thread.run_sync(writer.write_metrics, step, metrics, abandon_on_cancel=True)
+            return
+        await self._ensure_process()
+        await self._request({"op": "metrics", "step": step, "metrics": dict(metrics)})
+
+    async def close(self) -> None:
+        if not self.process:
+            if self._writer is not None:
+                await anyio.to_thread.run_sync(self._writer.finish, abandon_on_cancel=True)
+                self.finished = self._writer.finished
+            return
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            if proc.returncode is None and not self._broken:
+                await self._request_on(proc, {"op": "finish"})
+                self.finished = True
+        finally:
+            # End of input makes the writer finish its run (if the request above did not
+            # get through in time) and exit on its own, even after this process is gone.
+            with anyio.CancelScope(shield=True):
+                if proc.stdin is not None:
+                    with contextlib.suppress(Exception):
+                        await proc.stdin.aclose()
+                if self.finished:
+                    with anyio.move_on_after(5):
+                        await proc.wait()
