@@ -254,9 +254,7 @@ class Buffer:
 
     # -- reservations for log_rollouts ---------------------------------------------------
 
-    def reserve(
-        self, scores: Sequence[float | None], *, split: str, step: int
-    ) -> list[Entry | None]:
+    def reserve(self, scores: Sequence[float | None], *, split: str, step: int) -> list[Entry | None]:
         """Ask the gate which rows can be kept before they are decoded; counts the rest."""
         with self.lock:
             if self.closed:

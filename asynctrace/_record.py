@@ -21,7 +21,7 @@ _RESERVED_MAPPING_KEYS = frozenset({"messages", "prompt", "response", "spans", "
 
 @dataclass(slots=True)
 class Sample:
-    """One rollout sample: chat messages plus JSON-able metadata, the unit that is capped, queued and written."""
+    """One rollout sample: chat messages plus JSON-able metadata; the unit capped, queued and written."""
 
     messages: list[dict[str, Any]]
     metadata: dict[str, Any] = field(default_factory=dict)
@@ -168,7 +168,14 @@ def _find_bad_path(value: Any, path: str, depth: int = 0) -> tuple[str, str]:
         for i, item in enumerate(value):
             if _json_ok(item) is not None:
                 return _find_bad_path(item, f"{path}[{i}]", depth + 1)
-    return path, _json_ok(value) or "cannot be encoded"
+    reason = _json_ok(value) or "cannot be encoded"
+    if not isinstance(value, (Mapping, list, tuple, str, int, float)):
+        # orjson reports only the type; our coercion knows why (e.g. a tensor's shape).
+        try:
+            _coerce(value)
+        except TypeError as exc:
+            reason = str(exc)
+    return path, reason
 
 
 def _check_messages(messages: Any, index: int) -> None:
@@ -287,12 +294,8 @@ def encode_sample(
     body = _body(obj, index)
     _check_messages(body["messages"], index)
     spans = body.get("spans")
-    if spans is not None and not (
-        isinstance(spans, list) and all(isinstance(s, dict) for s in spans)
-    ):
-        raise RecordError(
-            f"sample {index}: spans: expected a list of dicts", index=index, path="spans"
-        )
+    if spans is not None and not (isinstance(spans, list) and all(isinstance(s, dict) for s in spans)):
+        raise RecordError(f"sample {index}: spans: expected a list of dicts", index=index, path="spans")
     try:
         payload = orjson.dumps(body, default=_coerce, option=_DUMPS_OPTIONS)
     except TypeError as exc:
@@ -330,4 +333,3 @@ def as_list(samples: SampleLike | Iterable[SampleLike]) -> Sequence[Any]:
             path="",
         )
     return list(samples)
-

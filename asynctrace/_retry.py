@@ -12,7 +12,8 @@ from tenacity import (
     RetryCallState,
     retry_if_exception,
     stop_after_attempt,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
 
 from .exceptions import PermanentSinkError
@@ -64,9 +65,8 @@ async def call_with_retry(
 
     retrying = AsyncRetrying(
         stop=stop_after_attempt(policy.max_attempts),
-        wait=wait_exponential_jitter(
-            initial=policy.initial_backoff, max=policy.max_backoff, jitter=policy.initial_backoff
-        ),
+        wait=wait_exponential(multiplier=policy.initial_backoff, max=policy.max_backoff)
+        + wait_random(0, policy.initial_backoff),
         retry=retry_if_exception(_retryable),
         sleep=anyio.sleep,
         before_sleep=before_sleep,

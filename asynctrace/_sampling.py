@@ -21,6 +21,9 @@ __all__ = [
     "resolve_sampler",
 ]
 
+# Steps a non-holding sampler keeps counting before the oldest is closed.
+COUNTER_WINDOW = 4096
+
 # Entry states.
 HELD = 0  # kept by a sampler for an open step
 EVICTED = 1  # pushed out by a better candidate: counted "capped"
@@ -260,11 +263,20 @@ class Gate:
         return result
 
     def _close_older(self, split: str, step: int, result: GateResult) -> None:
-        stale = [
-            s for (sp, s) in self._open if sp == split and step - s > self.max_open_steps
-        ]
-        if stale:
-            self._close(split, max(stale), result.released)
+        if self.sampler.holds:
+            stale = [s for (sp, s) in self._open if sp == split and step - s > self.max_open_steps]
+            if stale:
+                self._close(split, max(stale), result.released)
+        elif len(self._open) >= COUNTER_WINDOW and (split, step) not in self._open:
+            # A sampler that holds nothing needs only a counter per step, so stragglers many
+            # steps behind are still capped exactly; the window just bounds the memory.
+            oldest = (
+                min(s for sp, s in self._open if sp == split)
+                if any(sp == split for sp, _ in self._open)
+                else None
+            )
+            if oldest is not None and oldest < step:
+                self._close(split, oldest, result.released)
 
     def _close(self, split: str, upto: int, out: list[Entry]) -> None:
         """Close every open step of `split` up to `upto`; later samples for them are late."""
@@ -286,7 +298,7 @@ class Gate:
     def close_idle(self, now: float) -> list[Entry]:
         """Close steps that saw no sample for `step_timeout` seconds."""
         out: list[Entry] = []
-        if self.step_timeout is None:
+        if self.step_timeout is None or not self.sampler.holds:
             return out
         idle = [k for k, o in self._open.items() if now - o.last_seen >= self.step_timeout]
         for split, step in sorted(idle):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import enum
 import itertools
 import logging
@@ -125,7 +126,11 @@ class TraceSession:
             raise ValueError(
                 f"max_traces_per_step must be a positive int or None, got {max_traces_per_step!r}"
             )
-        for name, value in (("queue_size", queue_size), ("max_queue_bytes", max_queue_bytes), ("batch_size", batch_size)):
+        for name, value in (
+            ("queue_size", queue_size),
+            ("max_queue_bytes", max_queue_bytes),
+            ("batch_size", batch_size),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if isinstance(max_open_steps, bool) or not isinstance(max_open_steps, int) or max_open_steps < 0:
@@ -255,13 +260,16 @@ class TraceSession:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        assert self._tg is not None
         try:
             # Shielded: a cancelled or crashing body must still drain and close every sink.
             with anyio.CancelScope(shield=True):
                 await self.finish(timeout=self.finish_timeout)
         finally:
-            assert self._tg is not None
-            await self._tg.__aexit__(exc_type, exc, tb)
+            # finish() stopped the writer, so the group only has to notice. The body's own
+            # exception is not passed in: it propagates as it is, never wrapped in a group.
+            self._tg.cancel_scope.shield = True
+            await self._tg.__aexit__(None, None, None)
 
     def __enter__(self) -> SyncTraceSession:
         if self._state is not _State.UNOPENED:
@@ -416,10 +424,9 @@ class TraceSession:
         if self._on_loop_thread():
             writer.wake()
         elif self._call_soon is not None:
-            try:
+            # A closing loop raises RuntimeError: its writer no longer needs waking.
+            with contextlib.suppress(RuntimeError):
                 self._call_soon(writer.wake)
-            except RuntimeError:  # the loop is closing: the writer no longer needs waking
-                pass
 
     def _on_room(self) -> None:
         """Buffer room was freed (event-loop thread): wake callers waiting under `block`."""
@@ -432,9 +439,7 @@ class TraceSession:
         # Capping is the point of a cap, not a loss, so it is counted but not warned about.
         if reason != "capped" and reason not in self._warned:
             self._warned.add(reason)
-            logger.warning(
-                "asynctrace: dropping samples (%s); counts are in session.stats().dropped", reason
-            )
+            logger.warning("asynctrace: dropping samples (%s); counts are in session.stats().dropped", reason)
 
     async def log_samples(
         self,
@@ -602,7 +607,9 @@ class TraceSession:
                     )
         return self._buffer.reserve(scores, split=split, step=step)
 
-    async def _fill(self, entries: Sequence[Entry], samples: Sequence[SampleLike], *, step: int, split: str) -> int:
+    async def _fill(
+        self, entries: Sequence[Entry], samples: Sequence[SampleLike], *, step: int, split: str
+    ) -> int:
         records, invalid = self._encode(samples, step, split)
         if invalid:
             raise RecordError("reserved rows must all encode", index=None, path="")
@@ -653,7 +660,7 @@ class SyncTraceSession:
         """Blocking `TraceSession.flush`."""
         runner = self.session._sync
         assert runner is not None
-        return runner.call(self.session.flush, timeout)
+        return bool(runner.call(self.session.flush, timeout))
 
     def finish(self, timeout: float | None = None) -> SessionStats:
         """Drain, close every sink and stop the writer thread; idempotent."""
@@ -719,8 +726,7 @@ class _SyncRunner:
         try:
             self._cm.__enter__()
         except BaseException:
-            self.portal.call(self._stop.set)  # type: ignore[union-attr]
-            self._thread.join(timeout=5.0)
+            self._shutdown_thread()
             raise
         _open_runners.add(self)
 
@@ -740,8 +746,11 @@ class _SyncRunner:
             stats: SessionStats = self.portal.call(self.session.finish, timeout)
             self._cm.__exit__(None, None, None)
         finally:
-            stop = self._stop
-            if stop is not None:
-                self.portal.call(stop.set)
-            self._thread.join(timeout=5.0)
+            self._shutdown_thread()
         return stats
+
+    def _shutdown_thread(self) -> None:
+        stop = self._stop
+        if stop is not None:
+            self.portal.call(stop.set)
+        self._thread.join(timeout=5.0)

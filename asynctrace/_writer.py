@@ -84,7 +84,9 @@ class Writer:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         try:
-            with anyio.CancelScope() as self.scope:
+            # Shielded from the caller's cancellation: a cancelled training loop must still be
+            # drained by finish(), which is the only thing that stops the writer.
+            with anyio.CancelScope(shield=True) as self.scope:
                 self.signal = Signal()
                 self._lanes = [_Lane(i, s) for i, s in enumerate(self.sinks)]
                 async with anyio.create_task_group() as tg:
@@ -115,7 +117,7 @@ class Writer:
         assert self.signal is not None
         idle_check = self.step_timeout
         check_every = min(idle_check, 1.0) if idle_check is not None else None
-        next_check = anyio.current_time() + check_every if check_every is not None else None
+        next_check = self.buffer.clock() + check_every if check_every is not None else None
         while True:
             now = self.buffer.clock()
             if next_check is not None and check_every is not None and now >= next_check:

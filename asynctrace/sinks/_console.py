@@ -57,4 +57,6 @@ class ConsoleSink(Sink):
 
     async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         body = " ".join(f"{k}={v:.4g}" for k, v in metrics.items())
-        await anyio.to_thread.run_sync(self._emit, f"── metrics step {step}: {body}\n", abandon_on_cancel=True)
+        await anyio.to_thread.run_sync(
+            self._emit, f"── metrics step {step}: {body}\n", abandon_on_cancel=True
+        )

@@ -24,7 +24,9 @@ class JsonlSink(Sink):
     written as they are, never re-encoded. ``fsync=True`` syncs each batch to disk.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, rotate_every: int | None = None, fsync: bool = False) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, rotate_every: int | None = None, fsync: bool = False
+    ) -> None:
         if rotate_every is not None and (isinstance(rotate_every, bool) or rotate_every < 1):
             raise ValueError(f"rotate_every must be a positive int or None, got {rotate_every!r}")
         self.name = "jsonl"

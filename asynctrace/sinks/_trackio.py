@@ -92,9 +92,7 @@ class TrackioSink(Sink):
         await self._kill()
         env = dict(os.environ)
         # The child must import this same asynctrace, wherever it was imported from here.
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH", "")) if p
-        )
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH", "")) if p)
         self._proc = await anyio.open_process(
             [sys.executable, "-m", "asynctrace.sinks._trackio_worker"],
             stdin=subprocess.PIPE,

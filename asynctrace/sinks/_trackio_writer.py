@@ -73,7 +73,7 @@ class TrackioWriter:
         from trackio import utils
 
         run._config_logged = True
-        config: dict[str, Any] = utils.to_json_safe(run.config)
+        config: dict[str, Any] = utils.to_json_safe(run.config)  # type: ignore[no-untyped-call]
         return config
 
     def write(self, items: Sequence[WriteItem]) -> None:

@@ -1,0 +1,564 @@
+"""`asynctrace demo`: a simulated asynchronous GRPO run that logs its rollouts to a local Trackio project.
+
+Rollout workers (anyio tasks) sample a prompt from a small built-in corpus, "generate" a group
+of completions with the policy version they last synced, score them and send the group into a
+bounded memory stream. The trainer consumes groups with some staleness (policy version lag),
+drops groups that are too stale, logs every sample it trains on through one `TraceSession`
+(capped per step by the ``top_bottom`` sampler) plus per-step metrics, and bumps the policy
+version. Token counts come from a byte-level BPE tokenizer trained on the corpus at start-up
+with the `tokenizers` library; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import re
+import statistics
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from anyio.abc import ObjectReceiveStream, ObjectSendStream
+
+from ._session import TraceSession
+from ._stats import SessionStats
+from .sinks import TrackioSink
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+__all__ = ["DemoConfig", "DemoResult", "Problem", "build_tokenizer", "format_summary", "run_demo"]
+
+DATASET = "asynctrace-demo-math"
+SPECIAL_TOKENS = ("<|user|>", "<|assistant|>", "<|end|>")
+MAX_NEW_TOKENS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One prompt of the built-in corpus: a question, its integer answer, a worked solution."""
+
+    question: str
+    answer: int
+    work: str
+    difficulty: float  # 0 (easy) .. 2 (hard): lowers the simulated policy's chance of solving it
+
+
+CORPUS: tuple[Problem, ...] = (
+    Problem("What is 17 + 25?", 42, "17 + 25 = 42", 0.0),
+    Problem("What is 9 * 8?", 72, "9 * 8 = 72", 0.1),
+    Problem("What is 144 / 12?", 12, "144 / 12 = 12", 0.3),
+    Problem("What is 83 - 47?", 36, "83 - 47 = 36", 0.2),
+    Problem("What is 15% of 240?", 36, "240 * 0.15 = 36", 0.8),
+    Problem(
+        "Tom has 3 boxes with 12 pencils each. He gives away 7 pencils. How many pencils does he have left?",
+        29,
+        "3 * 12 = 36, then 36 - 7 = 29",
+        0.9,
+    ),
+    Problem(
+        "A train travels 60 km per hour for 3 hours. How many km does it travel?", 180, "60 * 3 = 180", 0.4
+    ),
+    Problem(
+        "Sara reads 14 pages a day. How many pages does she read in 2 weeks?",
+        196,
+        "2 weeks is 14 days, and 14 * 14 = 196",
+        1.0,
+    ),
+    Problem("What is the sum of the first 10 positive integers?", 55, "10 * 11 / 2 = 55", 0.9),
+    Problem("A rectangle is 7 cm wide and 9 cm long. What is its area in square cm?", 63, "7 * 9 = 63", 0.3),
+    Problem("What is 2 to the power of 10?", 1024, "2^10 = 1024", 0.7),
+    Problem(
+        "A shirt costs 40 dollars and is on sale for 25% off. What is the sale price in dollars?",
+        30,
+        "40 * 0.25 = 10 off, and 40 - 10 = 30",
+        1.0,
+    ),
+    Problem("What is the remainder when 100 is divided by 7?", 2, "7 * 14 = 98, and 100 - 98 = 2", 1.1),
+    Problem(
+        "If 5 apples cost 3 dollars, how many dollars do 20 apples cost?", 12, "20 / 5 = 4, 4 * 3 = 12", 0.9
+    ),
+    Problem("What is 13 squared?", 169, "13 * 13 = 169", 0.6),
+    Problem(
+        "A class has 28 students and 4 of every 7 students are girls. How many girls are in the class?",
+        16,
+        "28 / 7 = 4 groups, 4 * 4 = 16",
+        1.3,
+    ),
+    Problem(
+        "What is the greatest common divisor of 48 and 36?", 12, "48 = 4 * 12 and 36 = 3 * 12, so 12", 1.2
+    ),
+    Problem(
+        "What is the least common multiple of 4 and 6?", 12, "multiples of 6: 6, 12; 12 / 4 = 3, so 12", 0.8
+    ),
+    Problem("Maria is 3 times as old as her son, who is 11. How old is Maria?", 33, "3 * 11 = 33", 0.5),
+    Problem(
+        "A bakery bakes 6 trays of 24 muffins and sells all but 10. How many muffins were sold?",
+        134,
+        "6 * 24 = 144, and 144 - 10 = 134",
+        1.2,
+    ),
+    Problem("What is 1000 - 357?", 643, "1000 - 357 = 643", 0.6),
+    Problem("How many minutes are in 3.5 hours?", 210, "3.5 * 60 = 210", 0.7),
+    Problem("What is the perimeter of a square with sides of length 13?", 52, "4 * 13 = 52", 0.5),
+    Problem(
+        "A car uses 8 liters of fuel per 100 km. How many liters does it need for 350 km?",
+        28,
+        "350 / 100 = 3.5, and 3.5 * 8 = 28",
+        1.4,
+    ),
+    Problem("What is 6 factorial?", 720, "6 * 5 * 4 * 3 * 2 * 1 = 720", 1.0),
+    Problem("Solve for x: 3x + 7 = 40.", 11, "3x = 40 - 7 = 33, so x = 33 / 3 = 11", 1.3),
+    Problem("What is the average of 12, 18 and 30?", 20, "12 + 18 + 30 = 60, and 60 / 3 = 20", 0.9),
+    Problem(
+        "A pool fills at 15 liters per minute. How many minutes does it take to fill 450 liters?",
+        30,
+        "450 / 15 = 30",
+        0.8,
+    ),
+    Problem(
+        "How many edges does a cube have?", 12, "4 on top, 4 on the bottom and 4 upright: 4 + 4 + 4 = 12", 1.5
+    ),
+    Problem(
+        "Ben saves 35 dollars a week. How many weeks until he has at least 300 dollars?",
+        9,
+        "300 / 35 = 8.57, so he needs 9 whole weeks",
+        2.0,
+    ),
+)
+
+_OPENERS = ("", "Let me think step by step. ", "First, read the question carefully. ", "Okay. ")
+_DETOUR = "Hmm, wait, let me re-read the question and check each number again. "
+_ANSWER = re.compile(r"The answer is (-?\d+)\.")
+
+
+# -- tokenizer ----------------------------------------------------------------------------------
+
+
+def _training_text() -> Iterator[str]:
+    for p in CORPUS:
+        yield p.question
+        yield f"{p.work}. The answer is {p.answer}."
+    yield from _OPENERS
+    yield _DETOUR
+    yield "I believe it is about"
+
+
+def build_tokenizer(vocab_size: int = 600) -> Tokenizer:
+    """Train a small byte-level BPE tokenizer on the built-in corpus (in-process, nothing downloaded)."""
+    try:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise RuntimeError(
+            "the demo needs the `tokenizers` package: pip install tokenizers (or asynctrace[tokenizers])"
+        ) from exc
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(list(_training_text()), trainer=trainer)
+    return tokenizer
+
+
+# -- the simulated policy -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DemoConfig:
+    """Options of one demo run (the CLI's flags)."""
+
+    project: str = "asynctrace-demo"
+    run: str | None = None
+    steps: int = 20
+    workers: int = 4
+    group_size: int = 8
+    prompts_per_step: int = 4
+    max_traces: int = 8
+    max_staleness: int = 2
+    seed: int = 0
+    progress: bool = True
+
+
+@dataclass(slots=True)
+class Completion:
+    response: str
+    reward: float
+    breakdown: dict[str, float]
+    stop_reason: str
+    response_len: int
+
+
+@dataclass(slots=True)
+class Group:
+    """A prompt and `group_size` scored completions, generated with one policy version."""
+
+    worker: int
+    seq: int
+    prompt_index: int
+    prompt_len: int
+    policy_version: int
+    completions: list[Completion]
+
+
+@dataclass(slots=True)
+class _Policy:
+    version: int = 0
+
+
+@dataclass(slots=True)
+class _Counters:
+    groups_generated: int = 0
+    groups_used: int = 0
+    groups_stale: int = 0
+
+
+def _solve_probability(problem: Problem, version: int) -> float:
+    """The simulated policy gets better as training goes on, more slowly on harder problems."""
+    skill = 0.15 * version - 0.2
+    return 1.0 / (1.0 + math.exp(-(1.6 * (skill - problem.difficulty) + 1.2)))
+
+
+def _complete(problem: Problem, version: int, rng: random.Random, tokenizer: Tokenizer) -> Completion:
+    """One completion: text shaped like a model's, scored by a rule-based reward with some noise."""
+    solved = rng.random() < _solve_probability(problem, version)
+    answer = problem.answer if solved else problem.answer + rng.choice((-10, -2, -1, 1, 2, 10))
+    work = problem.work if solved else problem.work.replace(str(problem.answer), str(answer))
+    opener = rng.choice(_OPENERS)
+    style = rng.random()
+    if style < 0.08:  # forgets the answer format
+        text = f"{opener}{work}. I believe it is about {answer}"
+    elif style < 0.08 + max(0.03, 0.15 - 0.006 * version):  # rambles past the token budget
+        text = opener + _DETOUR * rng.randint(3, 6) + f"{work}. The answer is {answer}."
+    else:
+        text = f"{opener}{work}. The answer is {answer}."
+    ids = tokenizer.encode(text + "<|end|>").ids
+    stop_reason = "stop"
+    if len(ids) > MAX_NEW_TOKENS:
+        ids = ids[:MAX_NEW_TOKENS]
+        text = tokenizer.decode(ids)
+        stop_reason = "length"
+    match = _ANSWER.search(text)
+    correct = 1.0 if match is not None and int(match.group(1)) == problem.answer else 0.0
+    fmt = 0.1 if match is not None else 0.0
+    length = -0.2 if stop_reason == "length" else 0.0
+    noise = rng.gauss(0.0, 0.05)
+    breakdown = {"correct": correct, "format": fmt, "length": length, "noise": round(noise, 4)}
+    return Completion(
+        response=text,
+        reward=round(correct + fmt + length + noise, 4),
+        breakdown=breakdown,
+        stop_reason=stop_reason,
+        response_len=len(ids),
+    )
+
+
+def _chat_prompt(question: str) -> str:
+    return f"<|user|>{question}<|end|><|assistant|>"
+
+
+async def _rollout_worker(
+    worker: int,
+    cfg: DemoConfig,
+    tokenizer: Tokenizer,
+    policy: _Policy,
+    counters: _Counters,
+    send: ObjectSendStream[Group],
+) -> None:
+    """Generate groups forever with the latest synced policy; the bounded stream applies backpressure."""
+    rng = random.Random(cfg.seed * 1_000_003 + worker)
+    async with send:
+        for seq in range(1_000_000_000):
+            version = policy.version  # the weights this worker synced before generating
+            index = rng.randrange(len(CORPUS))
+            problem = CORPUS[index]
+            completions = [_complete(problem, version, rng, tokenizer) for _ in range(cfg.group_size)]
+            # Generation time grows with the longest completion, as with batched decoding.
+            longest = max(c.response_len for c in completions)
+            await anyio.sleep(rng.uniform(0.02, 0.05) + 0.0012 * longest)
+            prompt_len = len(tokenizer.encode(_chat_prompt(problem.question)).ids)
+            counters.groups_generated += 1
+            await send.send(Group(worker, seq, index, prompt_len, version, completions))
+
+
+def _advantages(rewards: list[float]) -> list[float]:
+    """GRPO: rewards normalised within the group (zero when every completion scored the same)."""
+    mean = statistics.fmean(rewards)
+    std = statistics.pstdev(rewards)
+    return [round((r - mean) / (std + 1e-4), 4) for r in rewards]
+
+
+def _samples(group: Group, step: int, staleness: int) -> list[dict[str, Any]]:
+    problem = CORPUS[group.prompt_index]
+    advantages = _advantages([c.reward for c in group.completions])
+    out: list[dict[str, Any]] = []
+    for i, (c, adv) in enumerate(zip(group.completions, advantages, strict=True)):
+        out.append(
+            {
+                "prompt": problem.question,
+                "response": c.response,
+                "reward": c.reward,
+                "advantage": adv,
+                "reward_breakdown": c.breakdown,
+                "stop_reason": c.stop_reason,
+                "dataset": DATASET,
+                "prompt_index": group.prompt_index,
+                "sample_index": i,
+                "trajectory_id": f"w{group.worker}-g{group.seq}-s{i}",
+                "model_step": step,
+                "policy_version": group.policy_version,
+                "staleness": staleness,
+                "prompt_len": group.prompt_len,
+                "response_len": c.response_len,
+                "seq_len": group.prompt_len + c.response_len,
+                "num_turns": 1,
+                "ground_truth": problem.answer,
+                "worker": group.worker,
+            }
+        )
+    return out
+
+
+def _step_metrics(
+    groups: list[Group], staleness: list[int], version: int, stale_total: int
+) -> dict[str, float]:
+    comps = [c for g in groups for c in g.completions]
+    rewards = [c.reward for c in comps]
+    flat = sum(1 for g in groups if len({c.reward for c in g.completions}) == 1)
+    advantages = [a for g in groups for a in _advantages([c.reward for c in g.completions])]
+    return {
+        "reward/mean": statistics.fmean(rewards),
+        "reward/std": statistics.pstdev(rewards),
+        "reward/max": max(rewards),
+        "reward/min": min(rewards),
+        "accuracy": statistics.fmean(c.breakdown["correct"] for c in comps),
+        "format_rate": statistics.fmean(1.0 if c.breakdown["format"] else 0.0 for c in comps),
+        "truncated_rate": statistics.fmean(1.0 if c.stop_reason == "length" else 0.0 for c in comps),
+        "advantage/abs_mean": statistics.fmean(abs(a) for a in advantages),
+        "groups/zero_advantage_frac": flat / len(groups),
+        "response_len/mean": statistics.fmean(c.response_len for c in comps),
+        "staleness/mean": statistics.fmean(staleness),
+        "staleness/max": float(max(staleness)),
+        "groups/stale_dropped_total": float(stale_total),
+        "policy_version": float(version),
+    }
+
+
+async def _trainer(
+    cfg: DemoConfig,
+    session: TraceSession,
+    policy: _Policy,
+    counters: _Counters,
+    receive: ObjectReceiveStream[Group],
+    progress: Any,
+) -> None:
+    """Consume groups, log each one as it is trained on, then take an optimizer step."""
+    for step in range(cfg.steps):
+        groups: list[Group] = []
+        staleness: list[int] = []
+        while len(groups) < cfg.prompts_per_step:
+            group = await receive.receive()
+            lag = policy.version - group.policy_version
+            if lag > cfg.max_staleness:  # too off-policy to train on
+                counters.groups_stale += 1
+                continue
+            groups.append(group)
+            staleness.append(lag)
+            await session.log_samples(_samples(group, step, lag), step=step)
+        counters.groups_used += len(groups)
+        metrics = _step_metrics(groups, staleness, policy.version, counters.groups_stale)
+        await session.log_metrics(metrics, step=step)
+        await anyio.sleep(0.06)  # the optimizer step
+        policy.version += 1  # new weights: workers pick them up for their next group
+        if progress is not None:
+            progress.set_postfix(
+                reward=f"{metrics['reward/mean']:.2f}",
+                acc=f"{metrics['accuracy']:.2f}",
+                stale=f"{metrics['staleness/mean']:.1f}",
+                refresh=False,
+            )
+            progress.update(1)
+
+
+# -- running it ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DemoResult:
+    """What a demo run did: the session's final accounting plus the simulated trainer's counts."""
+
+    project: str
+    run: str
+    steps: int
+    stats: SessionStats
+    trackio_finished: bool
+    groups_generated: int
+    groups_used: int
+    groups_stale: int
+    samples_per_step: int
+    elapsed: float
+    trackio_dir: str | None = None
+    problems: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """True when the accounting invariant holds, nothing was lost, and the Trackio run was finished."""
+        return not self.problems
+
+
+def trackio_dir() -> str | None:
+    """Where Trackio keeps local projects: ``$TRACKIO_DIR``, else its default under the HF cache."""
+    env = os.environ.get("TRACKIO_DIR")
+    if env:
+        return env
+    try:
+        from huggingface_hub.constants import HF_HOME
+    except ImportError:  # pragma: no cover - trackio depends on huggingface_hub
+        return None
+    return os.path.join(HF_HOME, "trackio")
+
+
+async def run_demo(cfg: DemoConfig) -> DemoResult:
+    """Run the simulated asynchronous GRPO loop and return its accounting."""
+    started = time.perf_counter()
+    tokenizer = build_tokenizer()
+    policy = _Policy()
+    counters = _Counters()
+    send, receive = anyio.create_memory_object_stream[Group](max_buffer_size=cfg.workers)
+    session = TraceSession(
+        cfg.project,
+        run=cfg.run,
+        max_traces_per_step=cfg.max_traces,
+        sampler="top_bottom",
+    )
+    # The session outlives the workers and the trainer: `__aexit__` drains and finishes the
+    # Trackio run even when the body fails or is interrupted.
+    async with session:
+        # Not needed for correctness: an empty flush returns once every sink is open, so
+        # Trackio's start-up banner prints before the progress bar instead of through it.
+        await session.flush(timeout=30.0)
+        progress: Any = None
+        if cfg.progress:
+            from tqdm import tqdm
+
+            progress = tqdm(total=cfg.steps, desc="training", unit="step", dynamic_ncols=True)
+        try:
+            async with anyio.create_task_group() as tg, receive:
+                for w in range(cfg.workers):
+                    tg.start_soon(_rollout_worker, w, cfg, tokenizer, policy, counters, send.clone())
+                send.close()
+                await _trainer(cfg, session, policy, counters, receive, progress)
+                tg.cancel_scope.cancel()  # training is done: stop generating
+        finally:
+            if progress is not None:
+                progress.close()
+    stats = session.stats()
+    sink = session.sinks[0]
+    finished = isinstance(sink, TrackioSink) and sink.finished
+    return DemoResult(
+        project=cfg.project,
+        run=session.run,
+        steps=cfg.steps,
+        stats=stats,
+        trackio_finished=finished,
+        groups_generated=counters.groups_generated,
+        groups_used=counters.groups_used,
+        groups_stale=counters.groups_stale,
+        samples_per_step=cfg.prompts_per_step * cfg.group_size,
+        elapsed=time.perf_counter() - started,
+        trackio_dir=trackio_dir(),
+        problems=tuple(_problems(stats, finished)),
+    )
+
+
+def _problems(stats: SessionStats, trackio_finished: bool) -> list[str]:
+    """Everything that makes the run a failure: a broken invariant or any sample lost."""
+    out = []
+    if not stats.check():
+        out.append("the accounting invariant does not hold")
+    if stats.failed:
+        out.append(f"{stats.failed} samples failed to write")
+    if stats.pending:
+        out.append(f"{stats.pending} samples were still pending at the finish deadline")
+    other = {k: v for k, v in stats.dropped.items() if k != "capped" and v}
+    if other:
+        out.append("samples were dropped: " + ", ".join(f"{k}={v}" for k, v in sorted(other.items())))
+    if not trackio_finished:
+        out.append("the Trackio run was not finished")
+    return out
+
+
+def _dropped_line(dropped: Mapping[str, int]) -> str:
+    parts = []
+    for reason, n in sorted(dropped.items()):
+        if not n:
+            continue
+        parts.append(f"{reason} {n}" + (" (the per-step cap, by design)" if reason == "capped" else ""))
+    return ", ".join(parts) or "none"
+
+
+def dashboard_command(project: str, directory: str | None = None) -> str:
+    """The shell command that opens Trackio's dashboard on the demo's project."""
+    command = f'trackio show --project "{project}"'
+    if os.environ.get("TRACKIO_DIR") and directory:
+        command = f'TRACKIO_DIR="{directory}" {command}'
+    return command
+
+
+def format_summary(result: DemoResult, max_traces: int) -> str:
+    """The end-of-run report: accounting, the invariant check, and how to open the dashboard."""
+    s = result.stats
+    total = s.written + s.failed + s.pending + s.dropped_total
+    holds = "OK" if s.check() else "FAILED"
+    per_step = min(max_traces, result.samples_per_step)
+    lines = [
+        "",
+        f"asynctrace demo: {result.steps} steps in {result.elapsed:.1f}s",
+        f"  project     {result.project}",
+        f"  run         {result.run}",
+        f"  rollouts    {result.groups_generated} groups generated, {result.groups_used} trained on, "
+        f"{result.groups_stale} dropped as too stale",
+        f"  samples     {s.submitted} submitted, {s.written} written to Trackio "
+        f"(top_bottom, {per_step} of {result.samples_per_step} per step)",
+        f"  written     {s.written}",
+        f"  dropped     {_dropped_line(s.dropped)}",
+        f"  failed      {s.failed}",
+        f"  pending     {s.pending}",
+        f"  retries     {s.retries}",
+        f"  invariant   submitted {s.submitted} == written + failed + pending + dropped {total}: {holds}",
+        f"  trackio run {'finished' if result.trackio_finished else 'NOT finished'}",
+    ]
+    if result.trackio_dir:
+        lines.append(f"  stored in   {result.trackio_dir}")
+    if result.problems:
+        lines.append("")
+        lines.extend(f"PROBLEM: {p}" for p in result.problems)
+    lines += [
+        "",
+        "Open the dashboard:",
+        f"  {dashboard_command(result.project, result.trackio_dir)}",
+    ]
+    return "\n".join(lines)
+
+
+def main(cfg: DemoConfig) -> int:
+    """Run the demo, print the summary; returns the process exit code."""
+    import click
+
+    click.echo(
+        f"Simulating asynchronous GRPO: {cfg.workers} rollout workers, groups of {cfg.group_size}, "
+        f"{cfg.prompts_per_step} prompts per step, logging at most {cfg.max_traces} traces per step "
+        f'to Trackio project "{cfg.project}".'
+    )
+    result = anyio.run(run_demo, cfg)
+    click.echo(format_summary(result, cfg.max_traces))
+    return 0 if result.ok else 1

@@ -1,0 +1,36 @@
+"""Shared fixtures: a temporary Trackio directory for the whole run, both async backends."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+
+# Trackio reads TRACKIO_DIR once, at import; it must point at a scratch directory before any
+# test module imports trackio or asynctrace. Child processes inherit it.
+_TRACKIO_DIR = tempfile.mkdtemp(prefix="asynctrace-tests-")
+os.environ["TRACKIO_DIR"] = _TRACKIO_DIR
+
+import pytest  # noqa: E402
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(_TRACKIO_DIR, ignore_errors=True)
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def project() -> str:
+    """A Trackio project name no other test uses."""
+    return f"t-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def trackio_dir() -> Iterator[str]:
+    yield _TRACKIO_DIR

@@ -1,0 +1,135 @@
+"""The bounded buffer under a slow sink: block waits and never drops, drop policies never wait."""
+
+from __future__ import annotations
+
+import threading
+
+import anyio
+import pytest
+
+import asynctrace as at
+from tests._util import sample
+
+pytestmark = pytest.mark.anyio
+
+N = 120
+
+
+class Ticker:
+    """Counts event-loop turns; a call that never yields leaves the count unchanged."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+
+    async def run(self) -> None:
+        while True:
+            self.turns += 1
+            await anyio.lowlevel.checkpoint()
+
+
+def _slow(name: str = "slow") -> at.testing.MemorySink:
+    return at.testing.MemorySink(name, delay=0.01)
+
+
+async def test_block_never_drops_and_waits() -> None:
+    """on_full='block' with a slow sink writes every sample and makes the caller wait."""
+    sink = _slow()
+    ticker = Ticker()
+    waited = 0
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker.run)
+        async with at.TraceSession("p", sinks=[sink], queue_size=8, batch_size=4, on_full="block") as s:
+            for i in range(N):
+                before = ticker.turns
+                assert await s.log_samples([sample(i)], step=0) == 1
+                waited += ticker.turns != before
+                st = s.stats()
+                assert st.queue_depth <= 8 and st.check()
+        tg.cancel_scope.cancel()
+    stats = s.stats()
+    assert stats.written == N and stats.dropped == {} and stats.check()
+    assert [r.sample.metadata["uid"] for r in sink.records] == [f"0:{i}" for i in range(N)]
+    assert waited > 0
+
+
+@pytest.mark.parametrize("policy", ["drop_newest", "drop_oldest"])
+async def test_drop_policies_never_wait_and_count_exactly(policy: str) -> None:
+    """The drop policies return without yielding to the loop, and every drop is counted."""
+    sink = _slow()
+    ticker = Ticker()
+    accepted = 0
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker.run)
+        await anyio.sleep(0)
+        async with at.TraceSession("p", sinks=[sink], queue_size=8, batch_size=4, on_full=policy) as s:  # type: ignore[arg-type]
+            for i in range(N):
+                before = ticker.turns
+                accepted += await s.log_samples([sample(i)], step=0)
+                assert ticker.turns == before, "a drop policy must never wait"
+                assert s.stats().queue_depth <= 8
+        tg.cancel_scope.cancel()
+    stats = s.stats()
+    dropped = stats.dropped.get("queue_full", 0)
+    assert dropped > 0
+    assert stats.written == len(sink.records)
+    assert stats.written + dropped == N and stats.pending == 0 and stats.check()
+    uids = [int(r.sample.metadata["uid"].split(":")[1]) for r in sink.records]
+    assert uids == sorted(uids)
+    if policy == "drop_newest":
+        assert accepted == stats.written
+        assert uids[:8] == list(range(8))  # the first ones were never displaced
+    else:
+        assert accepted == N  # every call was accepted; older ones were displaced later
+        assert uids[-1] == N - 1  # the newest always survives
+
+
+async def test_byte_bound_is_enforced() -> None:
+    """max_queue_bytes bounds the encoded bytes held, whatever the record count."""
+    sink = _slow()
+    big = "x" * 10_000
+    async with at.TraceSession(
+        "p", sinks=[sink], max_queue_bytes=35_000, queue_size=1000, on_full="drop_newest", batch_size=1
+    ) as s:
+        for i in range(20):
+            await s.log_samples([sample(i, pad=big)], step=0)
+            assert s.stats().queue_bytes <= 35_000
+    st = s.stats()
+    assert st.dropped["queue_full"] > 0 and st.written + st.dropped["queue_full"] == 20
+
+
+async def test_oversized_sample_is_a_record_error() -> None:
+    """A sample larger than the whole byte bound is refused with a RecordError naming its size."""
+    async with at.TraceSession("p", sinks=[at.testing.MemorySink()], max_queue_bytes=1000) as s:
+        with pytest.raises(at.RecordError, match=r"sample 1: encodes to .* bytes"):
+            await s.log_samples([sample(0), sample(1, pad="y" * 2000)], step=0)
+
+
+async def test_nowait_from_threads_never_blocks() -> None:
+    """log_samples_nowait from plain threads never blocks under 'block'; overflow counts as queue_full."""
+    sink = _slow()
+    async with at.TraceSession("p", sinks=[sink], queue_size=16, on_full="block") as s:
+        results: list[int] = []
+
+        def worker(t: int) -> None:
+            results.extend(s.log_samples_nowait([sample(t * 100 + i)], step=0) for i in range(100))
+
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+        with anyio.fail_after(5):
+            for t in threads:
+                t.start()
+            await anyio.to_thread.run_sync(lambda: [t.join() for t in threads])
+    st = s.stats()
+    assert sum(results) == st.written
+    assert st.written + st.dropped["queue_full"] == 400 and st.check()
+
+
+async def test_blocking_timeout_drops_the_rest() -> None:
+    """log_samples(timeout=...) under 'block' gives up at the deadline; the rest count as queue_full."""
+    sink = at.testing.MemorySink(hang=True)
+    async with at.TraceSession(
+        "p", sinks=[sink], queue_size=2, batch_size=1, on_full="block", finish_timeout=0.5
+    ) as s:
+        with anyio.fail_after(5):
+            n = await s.log_samples([sample(i) for i in range(5)], step=0, timeout=0.2)
+        assert n == 2
+        assert s.stats().dropped == {"queue_full": 3}

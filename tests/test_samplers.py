@@ -1,0 +1,161 @@
+"""Samplers pick exactly what they promise; steps close on schedule; late samples are counted."""
+
+from __future__ import annotations
+
+import random
+
+import anyio
+import pytest
+
+import asynctrace as at
+from tests._util import read_traces, sample
+
+pytestmark = pytest.mark.anyio
+
+
+def _rewards(sink: at.testing.MemorySink, step: int) -> list[float]:
+    return sorted(r.sample.metadata["reward"] for r in sink.steps().get(step, []))
+
+
+@pytest.mark.parametrize("k", [1, 7, 8])
+async def test_top_bottom_picks_exact_extremes(k: int) -> None:
+    """top_bottom keeps the ceil(k/2) highest and floor(k/2) lowest rewards of each step."""
+    sink = at.testing.MemorySink()
+    rng = random.Random(k)
+    async with at.TraceSession("p", sinks=[sink], max_traces_per_step=k, sampler="top_bottom") as s:
+        for step in range(3):
+            rewards = [float(x) for x in range(100)]
+            rng.shuffle(rewards)
+            for chunk in range(0, 100, 13):
+                await s.log_samples(
+                    [sample(i, reward=r, step=step) for i, r in enumerate(rewards[chunk : chunk + 13])],
+                    step=step,
+                )
+    top, bottom = -(-k // 2), k // 2
+    expected = sorted([float(x) for x in range(bottom)] + [float(x) for x in range(100 - top, 100)])
+    for step in range(3):
+        assert _rewards(sink, step) == expected
+    st = s.stats()
+    assert st.written == 3 * k and st.dropped == {"capped": 3 * (100 - k)} and st.check()
+
+
+async def test_top_bottom_uses_score_over_reward_and_requires_one() -> None:
+    """`score` ranks before metadata reward; a sample with neither is refused with a clear RecordError."""
+    sink = at.testing.MemorySink()
+    async with at.TraceSession("p", sinks=[sink], max_traces_per_step=2, sampler="top_bottom") as s:
+        samples = [
+            at.Sample(
+                messages=[{"role": "user", "content": str(i)}],
+                metadata={"reward": 0.0, "i": i},
+                score=float(i),
+            )
+            for i in range(10)
+        ]
+        await s.log_samples(samples, step=0)
+        with pytest.raises(at.RecordError, match=r"sample 0: score: .*finite"):
+            await s.log_samples([{"prompt": "no reward", "response": "x"}], step=0)
+        with pytest.raises(at.RecordError, match="sample 0: score"):
+            await s.log_samples([{"prompt": "nan", "response": "x", "reward": float("nan")}], step=0)
+    assert sorted(r.sample.metadata["i"] for r in sink.records) == [0, 9]
+
+
+async def test_top_bottom_exact_into_trackio(project: str) -> None:
+    """The top_bottom selection lands in Trackio intact."""
+    async with at.TraceSession(project, run="tb", max_traces_per_step=4, sampler="top_bottom") as s:
+        await s.log_samples([sample(i, reward=float(i % 17)) for i in range(50)], step=2)
+    rows = read_traces(project, "tb")
+    assert sorted(r["metadata"]["reward"] for r in rows) == [0.0, 0.0, 16.0, 16.0]
+
+
+async def _reservoir(seed: int) -> list[str]:
+    sink = at.testing.MemorySink()
+    async with at.TraceSession(
+        "p", sinks=[sink], max_traces_per_step=5, sampler=at.ReservoirSampler(seed=seed)
+    ) as s:
+        for chunk in range(0, 200, 20):
+            await s.log_samples([sample(i) for i in range(chunk, chunk + 20)], step=0)
+    return sorted(r.sample.metadata["uid"] for r in sink.records)
+
+
+async def test_reservoir_is_seeded_and_reproducible() -> None:
+    """A seeded reservoir picks the same samples for the same input, and other seeds pick others."""
+    a, b = await _reservoir(0), await _reservoir(0)
+    assert a == b and len(a) == 5
+    others = {tuple(await _reservoir(seed)) for seed in range(1, 6)}
+    assert len(others | {tuple(a)}) > 1
+
+
+async def test_reservoir_is_roughly_uniform() -> None:
+    """Every position of the step is about equally likely to be kept by the reservoir."""
+    counts = [0] * 10
+    for seed in range(300):
+        sampler = at.ReservoirSampler(seed=seed).new_step("train", 0, 2)
+        from asynctrace._sampling import Entry
+
+        kept = []
+        for i in range(10):
+            e = Entry(None, i)
+            ok, out = sampler.offer(e)
+            if out is not None:
+                kept.remove(out.seq)
+            if ok:
+                kept.append(i)
+        for i in kept:
+            counts[i] += 1
+    assert all(30 <= c <= 95 for c in counts), counts  # expected 60 each
+
+
+async def test_late_samples_after_newer_step_and_flush() -> None:
+    """A step closes when one more than max_open_steps newer arrives, or on flush; later samples are late."""
+    sink = at.testing.MemorySink()
+    async with at.TraceSession(
+        "p", sinks=[sink], max_traces_per_step=2, sampler="top_bottom", max_open_steps=2
+    ) as s:
+        await s.log_samples([sample(i) for i in range(3)], step=0)
+        await s.log_samples([sample(i) for i in range(3)], step=2)
+        assert await s.log_samples([sample(9)], step=0) == 1  # 2 - 0 is not more than 2: still open
+        await s.log_samples([sample(i) for i in range(3)], step=3)  # closes step 0
+        assert await s.log_samples([sample(i) for i in range(4)], step=0) == 0
+        await s.flush()
+        assert _rewards(sink, 0) == [0.0, 9.0]
+        assert await s.log_samples([sample(5)], step=3) == 0  # closed by flush
+    st = s.stats()
+    assert st.dropped["late"] == 5 and st.check()
+
+
+async def test_idle_step_closes_after_step_timeout() -> None:
+    """A holding sampler emits a step that saw nothing for step_timeout seconds, without a flush."""
+    sink = at.testing.MemorySink()
+    async with at.TraceSession(
+        "p", sinks=[sink], max_traces_per_step=2, sampler="top_bottom", step_timeout=0.2, flush_interval=0.05
+    ) as s:
+        await s.log_samples([sample(i) for i in range(5)], step=0)
+        with anyio.fail_after(5):
+            while len(sink.records) < 2:
+                await anyio.sleep(0.05)
+        assert await s.log_samples([sample(7)], step=0) == 0
+    assert s.stats().dropped["late"] == 1
+
+
+async def test_first_sampler_caps_stragglers_without_late() -> None:
+    """The first sampler counts caps per step without closing steps, so far-behind stragglers stay exact."""
+    sink = at.testing.MemorySink()
+    async with at.TraceSession("p", sinks=[sink], max_traces_per_step=3) as s:
+        for step in (0, 10, 20, 0, 10, 0):
+            await s.log_samples([sample(i, step=step) for i in range(2)], step=step)
+        await s.flush()
+        await s.log_samples([sample(5)], step=0)
+    assert {st: len(v) for st, v in sink.steps().items()} == {0: 3, 10: 3, 20: 2}
+    assert s.stats().dropped == {"capped": 5}
+
+
+async def test_splits_are_capped_separately() -> None:
+    """Caps apply per (split, step): train and eval of the same step each keep k."""
+    sink = at.testing.MemorySink()
+    async with at.TraceSession("p", sinks=[sink], max_traces_per_step=2) as s:
+        await s.log_samples([sample(i) for i in range(5)], step=1, split="train")
+        await s.log_samples([sample(i) for i in range(5)], step=1, split="eval")
+    assert (
+        sorted((r.split, r.key) for r in sink.records)
+        == [("eval", "eval/traces")] * 2 + [("train", "train/traces")] * 2
+    )
