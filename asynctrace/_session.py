@@ -6,6 +6,7 @@ import asyncio
 import atexit
 import contextlib
 import enum
+import functools
 import itertools
 import logging
 import math
@@ -610,15 +611,63 @@ class TraceSession:
     async def _fill(
         self, entries: Sequence[Entry], samples: Sequence[SampleLike], *, step: int, split: str
     ) -> int:
-        records, invalid = self._encode(samples, step, split)
-        if invalid:
-            raise RecordError("reserved rows must all encode", index=None, path="")
+        try:
+            records, invalid = self._encode(samples, step, split)
+            if invalid:
+                raise RecordError("every reserved row must encode", index=None, path="")
+        except BaseException:
+            self._buffer.cancel(entries, "invalid")
+            raise
         adm = self._buffer.fill(entries, records)
         if adm.wake:
             self._wake()
         if adm.waiting:
             return adm.accepted - await self._wait_for_room(adm.waiting, None)
         return adm.accepted
+
+
+    async def log_rollouts(
+        self,
+        input_ids: Any,
+        *,
+        tokenizer: Any,
+        step: int,
+        split: str = "train",
+        rewards: Any = None,
+        **decode_kwargs: Any,
+    ) -> int:
+        """Decode and log a batch of token sequences, decoding only the rows the cap can keep.
+
+        The cap and sampler decide from the rewards alone (one small transfer) which rows can
+        still be kept; only those are moved and decoded (see `asynctrace.rollouts.decode_rollouts`
+        for the other arguments). Rows that cannot be kept are counted as ``"capped"``.
+        """
+        from .rollouts import decode_rollouts
+        from .rollouts._decode import row_scores
+
+        self._check_open()
+        self._check_step(step, split)
+        n = len(input_ids)
+        entries = self._reserve(row_scores(rewards, n), step=step, split=split)
+        rows = [i for i, e in enumerate(entries) if e is not None]
+        kept = [e for e in entries if e is not None]
+        if not rows:
+            return 0
+        try:
+            samples = await anyio.to_thread.run_sync(
+                functools.partial(
+                    decode_rollouts,
+                    input_ids,
+                    tokenizer=tokenizer,
+                    rewards=rewards,
+                    rows=rows,
+                    **decode_kwargs,
+                )
+            )
+        except BaseException:
+            self._buffer.cancel(kept, "invalid")
+            raise
+        return await self._fill(kept, samples, step=step, split=split)
 
 
 class SyncTraceSession:
@@ -655,6 +704,15 @@ class SyncTraceSession:
     def log_metrics(self, metrics: Mapping[str, float], *, step: int) -> None:
         """Queue scalar metrics for `step`."""
         self.session._push_metrics(metrics, step)
+
+    def log_rollouts(self, input_ids: Any, *, tokenizer: Any, step: int, **kwargs: Any) -> int:
+        """Blocking `TraceSession.log_rollouts`."""
+        runner = self.session._sync
+        assert runner is not None
+        call = functools.partial(
+            self.session.log_rollouts, input_ids, tokenizer=tokenizer, step=step, **kwargs
+        )
+        return int(runner.call(call))
 
     def flush(self, timeout: float | None = None) -> bool:
         """Blocking `TraceSession.flush`."""
