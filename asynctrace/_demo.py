@@ -11,6 +11,7 @@ with the `tokenizers` library; nothing is downloaded.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import random
@@ -31,7 +32,7 @@ from .sinks import TrackioSink
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-__all__ = ["DemoConfig", "DemoResult", "Problem", "build_tokenizer", "format_summary", "run_demo"]
+__all__ = ["DemoConfig", "DemoResult", "DemoRun", "Problem", "build_tokenizer", "format_summary", "run_demo"]
 
 DATASET = "asynctrace-demo-math"
 SPECIAL_TOKENS = ("<|user|>", "<|assistant|>", "<|end|>")
@@ -277,7 +278,7 @@ async def _rollout_worker(
     """Generate groups forever with the latest synced policy; the bounded stream applies backpressure."""
     rng = random.Random(cfg.seed * 1_000_003 + worker)
     async with send:
-        for seq in range(1_000_000_000):
+        for seq in itertools.count():
             version = policy.version  # the weights this worker synced before generating
             index = rng.randrange(len(CORPUS))
             problem = CORPUS[index]
@@ -399,6 +400,7 @@ class DemoResult:
     project: str
     run: str
     steps: int
+    steps_done: int
     stats: SessionStats
     trackio_finished: bool
     groups_generated: int
@@ -427,57 +429,81 @@ def trackio_dir() -> str | None:
     return os.path.join(HF_HOME, "trackio")
 
 
+class DemoRun:
+    """One demo run: its session and the simulated trainer's counters, readable even after an interrupt."""
+
+    def __init__(self, cfg: DemoConfig) -> None:
+        self.cfg = cfg
+        self.session = TraceSession(
+            cfg.project,
+            run=cfg.run,
+            max_traces_per_step=cfg.max_traces,
+            sampler="top_bottom",
+        )
+        self.policy = _Policy()
+        self.counters = _Counters()
+        self.started = time.perf_counter()
+
+    async def run(self) -> DemoResult:
+        """Run the simulated asynchronous GRPO loop and return its accounting."""
+        cfg = self.cfg
+        self.started = time.perf_counter()
+        tokenizer = build_tokenizer()
+        send, receive = anyio.create_memory_object_stream[Group](max_buffer_size=cfg.workers)
+        # The session outlives the workers and the trainer: `__aexit__` drains and finishes the
+        # Trackio run even when the body fails or is interrupted.
+        async with self.session as session:
+            # Not needed for correctness: an empty flush returns once every sink is open, so
+            # Trackio's start-up banner prints before the progress bar instead of through it.
+            await session.flush(timeout=30.0)
+            progress: Any = None
+            if cfg.progress:
+                from tqdm import tqdm
+
+                progress = tqdm(total=cfg.steps, desc="training", unit="step", dynamic_ncols=True)
+            try:
+                async with anyio.create_task_group() as tg, receive:
+                    for w in range(cfg.workers):
+                        tg.start_soon(
+                            _rollout_worker, w, cfg, tokenizer, self.policy, self.counters, send.clone()
+                        )
+                    send.close()
+                    await _trainer(cfg, session, self.policy, self.counters, receive, progress)
+                    tg.cancel_scope.cancel()  # training is done: stop generating
+            finally:
+                if progress is not None:
+                    progress.close()
+        return self.result()
+
+    def result(self) -> DemoResult:
+        """The run's accounting so far (final once the session has finished)."""
+        cfg = self.cfg
+        stats = self.session.stats()
+        sink = self.session.sinks[0]
+        finished = isinstance(sink, TrackioSink) and sink.finished
+        problems = _problems(stats, finished)
+        if self.policy.version < cfg.steps:
+            problems.append(f"interrupted after {self.policy.version} of {cfg.steps} steps")
+        return DemoResult(
+            project=cfg.project,
+            run=self.session.run,
+            steps=cfg.steps,
+            steps_done=self.policy.version,
+            stats=stats,
+            trackio_finished=finished,
+            groups_generated=self.counters.groups_generated,
+            groups_used=self.counters.groups_used,
+            groups_stale=self.counters.groups_stale,
+            samples_per_step=cfg.prompts_per_step * cfg.group_size,
+            elapsed=time.perf_counter() - self.started,
+            trackio_dir=trackio_dir(),
+            problems=tuple(problems),
+        )
+
+
 async def run_demo(cfg: DemoConfig) -> DemoResult:
     """Run the simulated asynchronous GRPO loop and return its accounting."""
-    started = time.perf_counter()
-    tokenizer = build_tokenizer()
-    policy = _Policy()
-    counters = _Counters()
-    send, receive = anyio.create_memory_object_stream[Group](max_buffer_size=cfg.workers)
-    session = TraceSession(
-        cfg.project,
-        run=cfg.run,
-        max_traces_per_step=cfg.max_traces,
-        sampler="top_bottom",
-    )
-    # The session outlives the workers and the trainer: `__aexit__` drains and finishes the
-    # Trackio run even when the body fails or is interrupted.
-    async with session:
-        # Not needed for correctness: an empty flush returns once every sink is open, so
-        # Trackio's start-up banner prints before the progress bar instead of through it.
-        await session.flush(timeout=30.0)
-        progress: Any = None
-        if cfg.progress:
-            from tqdm import tqdm
-
-            progress = tqdm(total=cfg.steps, desc="training", unit="step", dynamic_ncols=True)
-        try:
-            async with anyio.create_task_group() as tg, receive:
-                for w in range(cfg.workers):
-                    tg.start_soon(_rollout_worker, w, cfg, tokenizer, policy, counters, send.clone())
-                send.close()
-                await _trainer(cfg, session, policy, counters, receive, progress)
-                tg.cancel_scope.cancel()  # training is done: stop generating
-        finally:
-            if progress is not None:
-                progress.close()
-    stats = session.stats()
-    sink = session.sinks[0]
-    finished = isinstance(sink, TrackioSink) and sink.finished
-    return DemoResult(
-        project=cfg.project,
-        run=session.run,
-        steps=cfg.steps,
-        stats=stats,
-        trackio_finished=finished,
-        groups_generated=counters.groups_generated,
-        groups_used=counters.groups_used,
-        groups_stale=counters.groups_stale,
-        samples_per_step=cfg.prompts_per_step * cfg.group_size,
-        elapsed=time.perf_counter() - started,
-        trackio_dir=trackio_dir(),
-        problems=tuple(_problems(stats, finished)),
-    )
+    return await DemoRun(cfg).run()
 
 
 def _problems(stats: SessionStats, trackio_finished: bool) -> list[str]:
@@ -522,7 +548,7 @@ def format_summary(result: DemoResult, max_traces: int) -> str:
     per_step = min(max_traces, result.samples_per_step)
     lines = [
         "",
-        f"asynctrace demo: {result.steps} steps in {result.elapsed:.1f}s",
+        f"asynctrace demo: {result.steps_done} of {result.steps} steps in {result.elapsed:.1f}s",
         f"  project     {result.project}",
         f"  run         {result.run}",
         f"  rollouts    {result.groups_generated} groups generated, {result.groups_used} trained on, "
@@ -554,11 +580,24 @@ def main(cfg: DemoConfig) -> int:
     """Run the demo, print the summary; returns the process exit code."""
     import click
 
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        raise click.ClickException(
+            "the demo trains a small tokenizer with the `tokenizers` package; install it with "
+            "`pip install tokenizers` (or `pip install asynctrace[tokenizers]`)"
+        ) from None
     click.echo(
         f"Simulating asynchronous GRPO: {cfg.workers} rollout workers, groups of {cfg.group_size}, "
         f"{cfg.prompts_per_step} prompts per step, logging at most {cfg.max_traces} traces per step "
         f'to Trackio project "{cfg.project}".'
     )
-    result = anyio.run(run_demo, cfg)
+    demo = DemoRun(cfg)
+    try:
+        result = anyio.run(demo.run)
+    except KeyboardInterrupt:
+        # The session finished (shielded) before the interrupt got here: report what it did.
+        click.echo(format_summary(demo.result(), cfg.max_traces))
+        return 130
     click.echo(format_summary(result, cfg.max_traces))
     return 0 if result.ok else 1

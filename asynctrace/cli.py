@@ -1,0 +1,83 @@
+"""The ``asynctrace`` command line: a small click group; each command imports its implementation lazily."""
+
+from __future__ import annotations
+
+import click
+
+from . import __version__
+
+__all__ = ["main"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="asynctrace")
+def main() -> None:
+    """Log RL rollout traces from asynchronous trainers to Trackio and friends."""
+
+
+@main.command()
+@click.option("--project", default="asynctrace-demo", show_default=True, help="Trackio project to log to.")
+@click.option("--run", default=None, help="Run name (generated when omitted).")
+@click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True, help="Training steps.")
+@click.option(
+    "--workers", type=click.IntRange(min=1), default=4, show_default=True, help="Concurrent rollout workers."
+)
+@click.option(
+    "--group-size", type=click.IntRange(min=2), default=8, show_default=True, help="Completions per prompt."
+)
+@click.option(
+    "--prompts-per-step",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Groups the trainer consumes per step.",
+)
+@click.option(
+    "--max-traces",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Traces kept per step (top_bottom sampler).",
+)
+@click.option(
+    "--max-staleness",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    help="Policy versions a group may lag before the trainer drops it.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the simulated rollouts.")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
+def demo(
+    project: str,
+    run: str | None,
+    steps: int,
+    workers: int,
+    group_size: int,
+    prompts_per_step: int,
+    max_traces: int,
+    max_staleness: int,
+    seed: int,
+    progress: bool,
+) -> None:
+    """Run a simulated asynchronous GRPO trainer that logs its rollouts to a local Trackio project.
+
+    Trackio stores projects under $TRACKIO_DIR when it is set, else in its default directory.
+    Exits non-zero when any sample is lost or the accounting invariant does not hold.
+    """
+    from ._demo import DemoConfig
+    from ._demo import main as run_demo
+
+    config = DemoConfig(
+        project=project,
+        run=run,
+        steps=steps,
+        workers=workers,
+        group_size=group_size,
+        prompts_per_step=prompts_per_step,
+        max_traces=max_traces,
+        max_staleness=max_staleness,
+        seed=seed,
+        progress=progress,
+    )
+    raise SystemExit(run_demo(config))
