@@ -1,0 +1,729 @@
+"""Cross-rank trace sampling for SPMD trainers on torch.distributed (any backend).
+
+Three modes, matching the logging modes torchforge users know:
+
+- ``"global"``: every rank selects its own candidates for a step with the session's sampler
+  (``O(k)`` per step, never all samples); `end_step` gathers them to one rank, which applies the
+  sampler over the whole step and writes one run. ``max_traces_per_step`` is a cap on the step
+  of the whole job, and ``top_bottom`` picks the true top and bottom across ranks.
+- ``"per_rank"``: each rank selects its own ``k`` per step and writes its own run; the runs of
+  a job share one Trackio group. No communication after start-up.
+- ``"per_rank_stream"``: no reduction; each rank streams its samples into its own run (the
+  session's cap and sampler, if any, apply per rank as in a single process).
+
+torch is imported when a logger is created, never when this module is imported.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import struct
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal
+
+import orjson
+
+from ._record import Sample, SampleLike, as_list, encode_sample
+from ._sampling import Entry, ReservoirSampler, Sampler, SamplerName, StepSelection, resolve_sampler
+from ._session import SyncTraceSession, TraceSession
+from ._stats import SessionStats
+from .exceptions import RecordError, SessionClosedError
+from .sinks import Sink, TrackioSink
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["DistributedTraceLogger", "Mode", "RankStats"]
+
+logger = logging.getLogger("asynctrace")
+
+Mode = Literal["global", "per_rank", "per_rank_stream"]
+_MODES: tuple[str, ...] = ("global", "per_rank", "per_rank_stream")
+
+# A rank's message in a reduction: header length, orjson header, then the payloads back to back.
+_FRAME = struct.Struct(">I")
+# Every gathered buffer starts with the real length of the rank's frame (buffers are padded
+# to the longest frame of the reduction, as gather needs equal sizes).
+_LENGTH = struct.Struct(">Q")
+_RUN_NAME_BYTES = 256
+_OPEN_STEPS_WARNING = 64
+
+
+@dataclass(frozen=True, slots=True)
+class RankStats:
+    """One rank's accounting.
+
+    On every rank, at every moment: ``submitted == handed_on + held + sum(dropped.values())``.
+    `handed_on` samples went to the writing rank (``"global"``) or to this rank's own session.
+    On the writing rank of ``"global"``: ``merged_received == merged_capped + session.submitted``
+    once every reduction is written, and ``merged_received`` is the sum of every rank's `handed_on`.
+    """
+
+    rank: int
+    world_size: int
+    mode: str
+    submitted: int = 0
+    handed_on: int = 0
+    held: int = 0
+    dropped: Mapping[str, int] = field(default_factory=dict)
+    reductions: int = 0
+    bytes_sent: int = 0
+    last_reduction_bytes: int = 0
+    payload_bytes_sent: int = 0
+    merged_received: int = 0
+    merged_capped: int = 0
+    session: SessionStats | None = None
+
+    @property
+    def dropped_total(self) -> int:
+        """All samples dropped on this rank before they were handed on, every reason together."""
+        return sum(self.dropped.values())
+
+    def check(self) -> bool:
+        """True when this rank's accounting invariant holds."""
+        return self.submitted == self.handed_on + self.held + self.dropped_total
+
+
+class _Candidate:
+    __slots__ = ("payload", "rank", "score", "seq")
+
+    def __init__(self, rank: int, seq: int, score: float | None, payload: bytes) -> None:
+        self.rank = rank
+        self.seq = seq
+        self.score = score
+        self.payload = payload
+
+
+class _OpenStep:
+    """The local selection of one (split, step): O(k) candidates at most."""
+
+    __slots__ = ("kept", "offered", "selection")
+
+    def __init__(self, selection: StepSelection) -> None:
+        self.selection = selection
+        self.kept: dict[int, _Candidate] = {}
+        self.offered = 0
+
+
+def _select(
+    selection: StepSelection, candidates: Iterable[_Candidate], next_seq: Callable[[], int]
+) -> tuple[dict[int, _Candidate], int]:
+    """Offer candidates in order; returns the kept ones (by sequence number) and how many were cut."""
+    kept: dict[int, _Candidate] = {}
+    cut = 0
+    for cand in candidates:
+        seq = next_seq()
+        took, evicted = selection.offer(Entry(cand.score, seq))
+        if took:
+            kept[seq] = cand
+        else:
+            cut += 1
+        if evicted is not None:
+            kept.pop(evicted.seq, None)
+            cut += 1
+    return kept, cut
+
+
+def _merge_reservoir(
+    sampler: ReservoirSampler, split: str, step: int, k: int, parts: Sequence[tuple[int, list[_Candidate]]]
+) -> list[_Candidate]:
+    """A uniform `k` of the whole step from each rank's uniform sample and its sample count.
+
+    Draws how many come from each rank as sampling without replacement from the step's
+    population (a multivariate hypergeometric draw), then that many uniformly from the rank's
+    own sample: a uniform subset of a uniform subset is uniform. Reproducible for a seed, but not
+    the same `k` a single process with that seed would draw.
+    """
+    rng = random.Random(f"{sampler.seed}:{split}:{step}:merge" if sampler.seed is not None else None)
+    left = [n for n, _ in parts]
+    take = [0] * len(parts)
+    total = sum(left)
+    for _ in range(min(k, total)):
+        pick = rng.randrange(total)
+        for i, n in enumerate(left):
+            if pick < n:
+                take[i] += 1
+                left[i] -= 1
+                break
+            pick -= n
+        total -= 1
+    out: list[_Candidate] = []
+    for (_, cands), n in zip(parts, take, strict=True):
+        out.extend(sorted(rng.sample(cands, n), key=lambda c: c.seq))
+    return out
+
+
+class DistributedTraceLogger:
+    """Per-step trace sampling across the ranks of a torch.distributed job.
+
+    Create it on every rank (creation is a collective: rank 0 chooses the run name) after
+    ``torch.distributed.init_process_group``; without an initialised process group it behaves
+    as a world of one. Call `log_samples` as samples are produced (local, no communication) and
+    `end_step(step)` on every rank when a step is done; in ``"global"`` mode `end_step`, `flush`
+    and `finish` are collectives and must be called by every rank of `group`, in the same order.
+
+    The writing session is a `TraceSession` built from `project`, `run` and `session_kwargs`
+    (any `TraceSession` keyword), or by ``session_factory(rank, run_name)``. In ``"global"`` and
+    ``"per_rank"`` modes selection happens here, so the session gets no cap of its own.
+    """
+
+    def __init__(
+        self,
+        project: str,
+        run: str | None = None,
+        *,
+        mode: Mode = "global",
+        max_traces_per_step: int | None = None,
+        sampler: SamplerName | Sampler = "first",
+        group: Any = None,
+        dst: int | None = None,
+        trackio_group: str | None = None,
+        session_factory: Callable[[int, str], TraceSession] | None = None,
+        on_invalid: Literal["raise", "skip"] = "raise",
+        redact: Callable[[Sample], Sample] | None = None,
+        device: torch.device | str | None = None,
+        **session_kwargs: Any,
+    ) -> None:
+        if mode not in _MODES:
+            raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+        if max_traces_per_step is not None and (
+            isinstance(max_traces_per_step, bool)
+            or not isinstance(max_traces_per_step, int)
+            or max_traces_per_step < 1
+        ):
+            raise ValueError(
+                f"max_traces_per_step must be a positive int or None, got {max_traces_per_step!r}"
+            )
+        if mode in ("global", "per_rank") and max_traces_per_step is None:
+            raise ValueError(
+                f"mode {mode!r} selects max_traces_per_step samples per step; give one "
+                "(or use mode='per_rank_stream' to write every sample)"
+            )
+        if on_invalid not in ("raise", "skip"):
+            raise ValueError(f"on_invalid must be 'raise' or 'skip', got {on_invalid!r}")
+        if session_factory is not None and session_kwargs:
+            raise ValueError("give either session_factory or session keywords, not both")
+
+        import torch
+        import torch.distributed as dist
+
+        self._torch = torch
+        self._dist = dist
+        self.mode: Mode = mode
+        self.project = project
+        self.max_traces_per_step = max_traces_per_step
+        self.sampler = resolve_sampler(sampler)
+        self.on_invalid = on_invalid
+        self.redact = redact
+        self._distributed = dist.is_available() and dist.is_initialized()
+        self.group = group
+        if self._distributed:
+            self.rank = dist.get_rank(group)
+            self.world_size = dist.get_world_size(group)
+            self.dst = dist.get_global_rank(group, 0) if dst is None and group is not None else (dst or 0)
+            self._dst_group_rank = dist.get_group_rank(group, self.dst) if group is not None else self.dst
+        else:
+            self.rank, self.world_size, self.dst, self._dst_group_rank = 0, 1, 0, 0
+        self.device = self._pick_device(device)
+
+        self.run = self._agree_on_run_name(run)
+        self.run_name = f"{self.run}-rank{self.rank}" if mode != "global" else self.run
+        self.trackio_group = (
+            trackio_group if trackio_group is not None else (self.run if mode != "global" else None)
+        )
+        self.writes = mode != "global" or self.rank == self._dst_group_rank
+
+        self._lock = threading.Lock()
+        self._open: dict[tuple[str, int], _OpenStep] = {}
+        self._ended_all = -1
+        self._ended: dict[str, int] = {}
+        self._seq = 0
+        self._submitted = 0
+        self._handed_on = 0
+        self._held = 0
+        self._dropped: Counter[str] = Counter()
+        self._reductions = 0
+        self._bytes_sent = 0
+        self._last_bytes = 0
+        self._payload_bytes = 0
+        self._merged_received = 0
+        self._merged_capped = 0
+        self._warned_open = False
+        self._final: RankStats | None = None
+
+        self._sync: SyncTraceSession | None = None
+        if self.writes:
+            session = self._make_session(session_factory, session_kwargs)
+            self._sync = session.start()
+
+    # -- set-up ---------------------------------------------------------------------------------
+
+    def _pick_device(self, device: torch.device | str | None) -> torch.device:
+        import torch
+
+        if device is not None:
+            return torch.device(device)
+        if not self._distributed:
+            return torch.device("cpu")
+        backend = str(self._dist.get_backend(self.group)).lower()
+        # Gloo (alone or in a "cpu:gloo,cuda:nccl" pair) moves CPU tensors; NCCL alone needs
+        # tensors on this rank's current GPU.
+        if "gloo" in backend or "nccl" not in backend:
+            return torch.device("cpu")
+        return torch.device("cuda", torch.cuda.current_device())
+
+    def _agree_on_run_name(self, run: str | None) -> str:
+        name = run or time.strftime("run-%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:4]
+        if not self._distributed or self.world_size == 1:
+            return name
+        # Rank 0's name wins, so every rank writes to (or names its run after) the same run.
+        raw = name.encode()
+        if len(raw) > _RUN_NAME_BYTES - 2:
+            raise ValueError(f"run name is longer than {_RUN_NAME_BYTES - 2} bytes: {name!r}")
+        buf = bytearray(_RUN_NAME_BYTES)
+        buf[:2] = len(raw).to_bytes(2, "big")
+        buf[2 : 2 + len(raw)] = raw
+        tensor = self._torch.frombuffer(buf, dtype=self._torch.uint8).to(self.device)
+        src = self._dist.get_global_rank(self.group, 0) if self.group is not None else 0
+        self._dist.broadcast(tensor, src=src, group=self.group)
+        got = _tensor_bytes(tensor)
+        return got[2 : 2 + int.from_bytes(got[:2], "big")].decode()
+
+    def _make_session(
+        self, factory: Callable[[int, str], TraceSession] | None, kwargs: dict[str, Any]
+    ) -> TraceSession:
+        if factory is not None:
+            session = factory(self.rank, self.run_name)
+            if not isinstance(session, TraceSession):
+                raise ValueError(f"session_factory must return a TraceSession, got {type(session).__name__}")
+            if self.mode != "per_rank_stream" and session.max_traces_per_step is not None:
+                raise ValueError(
+                    f"in mode {self.mode!r} the logger selects per step; the session from "
+                    "session_factory must have max_traces_per_step=None"
+                )
+            return session
+        sinks: list[Sink] | None = kwargs.pop("sinks", None)
+        if sinks is None:
+            init_kwargs = {"group": self.trackio_group} if self.trackio_group else None
+            sinks = [TrackioSink(init_kwargs=init_kwargs)]
+        if self.mode == "per_rank_stream":
+            return TraceSession(
+                self.project,
+                self.run_name,
+                sinks=sinks,
+                max_traces_per_step=self.max_traces_per_step,
+                sampler=self.sampler,
+                on_invalid=self.on_invalid,
+                redact=self.redact,
+                **kwargs,
+            )
+        # Selection is done by the logger; the session only writes what was selected (it
+        # validated once already, so whatever it still rejects is counted, not raised).
+        kwargs.pop("max_open_steps", None)
+        return TraceSession(self.project, self.run_name, sinks=sinks, on_invalid="skip", **kwargs)
+
+    def __repr__(self) -> str:
+        return (
+            f"DistributedTraceLogger(mode={self.mode!r}, rank={self.rank}/{self.world_size}, "
+            f"run={self.run_name!r})"
+        )
+
+    @property
+    def session(self) -> SyncTraceSession | None:
+        """This rank's writing session (for `log_metrics`, say); None on ranks that do not write."""
+        return self._sync
+
+    # -- logging (local, any thread) ----------------------------------------------------------
+
+    def _check(self, step: Any, split: Any) -> None:
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        if not isinstance(split, str) or not split:
+            raise ValueError(f"split must be a non-empty str, got {split!r}")
+        if self._final is not None:
+            raise SessionClosedError("the logger is finished")
+
+    def _encode(self, items: Sequence[Any]) -> tuple[list[tuple[bytes, float | None]], int]:
+        out: list[tuple[bytes, float | None]] = []
+        invalid = 0
+        skip = self.on_invalid == "skip"
+        for i, obj in enumerate(items):
+            try:
+                payload, score = encode_sample(obj, i, self.redact)
+                if score is None and self.sampler.needs_score:
+                    raise RecordError(
+                        f"sample {i}: score: the {type(self.sampler).__name__} ranks by score; "
+                        "give a finite `score` or metadata['reward']",
+                        index=i,
+                        path="score",
+                    )
+            except RecordError:
+                if not skip:
+                    raise
+                invalid += 1
+                continue
+            except Exception as exc:  # a redact callable or an odd mapping failed
+                if not skip:
+                    raise RecordError(f"sample {i}: {exc}", index=i, path="") from exc
+                invalid += 1
+                continue
+            out.append((payload, score))
+        return out, invalid
+
+    def log_samples(
+        self,
+        samples: SampleLike | Iterable[SampleLike],
+        *,
+        step: int,
+        split: str = "train",
+    ) -> int:
+        """Offer samples of `step` to this rank's selection (``"global"``, ``"per_rank"``) or stream
+        them into this rank's session (``"per_rank_stream"``). Never communicates.
+
+        Returns how many were kept for now (held candidates can still be displaced by better
+        ones before the step ends). A step that already ended takes no more samples: they are
+        dropped as ``"late"``.
+        """
+        self._check(step, split)
+        if self.mode == "per_rank_stream":
+            assert self._sync is not None
+            n = len(as_list(samples))
+            accepted = self._sync.log_samples(samples, step=step, split=split)
+            with self._lock:
+                self._submitted += n
+                self._handed_on += n
+            return accepted
+        return self._offer(samples, step, split)
+
+    def log_samples_nowait(
+        self,
+        samples: SampleLike | Iterable[SampleLike],
+        *,
+        step: int,
+        split: str = "train",
+    ) -> int:
+        """As `log_samples`, but in ``"per_rank_stream"`` mode never waits for buffer room."""
+        self._check(step, split)
+        if self.mode == "per_rank_stream":
+            assert self._sync is not None
+            n = len(as_list(samples))
+            accepted = self._sync.log_samples_nowait(samples, step=step, split=split)
+            with self._lock:
+                self._submitted += n
+                self._handed_on += n
+            return accepted
+        return self._offer(samples, step, split)
+
+    def _offer(self, samples: SampleLike | Iterable[SampleLike], step: int, split: str) -> int:
+        items = as_list(samples)
+        encoded, invalid = self._encode(items)
+        k = self.max_traces_per_step
+        assert k is not None
+        with self._lock:
+            self._submitted += len(items)
+            self._dropped_add("invalid", invalid)
+            if step <= max(self._ended_all, self._ended.get(split, -1)):
+                self._dropped_add("late", len(encoded))
+                return 0
+            key = (split, step)
+            opened = self._open.get(key)
+            if opened is None:
+                opened = self._open[key] = _OpenStep(self.sampler.new_step(split, step, k))
+                if len(self._open) > _OPEN_STEPS_WARNING and not self._warned_open:
+                    self._warned_open = True
+                    logger.warning(
+                        "asynctrace: %d steps are open on rank %d; call end_step(step) when a step is done",
+                        len(self._open),
+                        self.rank,
+                    )
+            before = len(opened.kept)
+            cands = [_Candidate(self.rank, 0, score, payload) for payload, score in encoded]
+            opened.offered += len(cands)
+            cut = _select_into(opened, cands, self._next_seq)
+            self._held += len(opened.kept) - before
+            self._dropped_add("capped", cut)
+            return sum(1 for c in cands if c.seq in opened.kept)
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _dropped_add(self, reason: str, n: int) -> None:
+        if n:
+            self._dropped[reason] += n
+
+    # -- ending steps ---------------------------------------------------------------------------
+
+    def _take_ended(self, step: int | None, split: str | None) -> list[tuple[tuple[str, int], _OpenStep]]:
+        """Remove and return the open steps that end now (lock held)."""
+        keys = sorted(
+            key
+            for key in self._open
+            if (step is None or key[1] <= step) and (split is None or key[0] == split)
+        )
+        out = [(key, self._open.pop(key)) for key in keys]
+        if step is not None:
+            if split is None:
+                self._ended_all = max(self._ended_all, step)
+            else:
+                self._ended[split] = max(self._ended.get(split, -1), step)
+        for _, opened in out:
+            self._held -= len(opened.kept)
+            self._handed_on += len(opened.kept)
+        return out
+
+    def end_step(self, step: int, split: str | None = None) -> None:
+        """End every open step up to `step` (of `split`, or of every split): its selection is final.
+
+        ``"global"``: a collective; the selected candidates of every rank are gathered to the
+        writing rank, which selects over the whole step and queues the result. ``"per_rank"``:
+        the selection goes to this rank's session. ``"per_rank_stream"``: nothing to do (the
+        session closes steps by itself). Samples logged later for an ended step count as ``"late"``.
+        """
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        if self._final is not None:
+            raise SessionClosedError("the logger is finished")
+        if self.mode == "per_rank_stream":
+            return
+        with self._lock:
+            ended = self._take_ended(step, split)
+        self._hand_on(ended)
+
+    def _hand_on(self, ended: list[tuple[tuple[str, int], _OpenStep]]) -> None:
+        if self.mode == "per_rank":
+            for (split, step), opened in ended:
+                self._write(split, step, sorted(opened.kept.items()))
+            return
+        self._reduce(ended)
+
+    def _write(self, split: str, step: int, selected: Sequence[tuple[int, _Candidate]]) -> None:
+        if not selected or self._sync is None:
+            return
+        # The session holds records only as the JSON encoded once; decoding here lets it check
+        # and encode them through its one public path. `k` per step, so the cost is small.
+        samples = [orjson.loads(c.payload) for _, c in selected]
+        self._sync.log_samples_nowait(samples, step=step, split=split)
+
+    # -- the reduction (global mode) ------------------------------------------------------------
+
+    def _frame(self, ended: list[tuple[tuple[str, int], _OpenStep]]) -> tuple[bytes, int]:
+        steps = []
+        payloads: list[bytes] = []
+        for (split, step), opened in ended:
+            entries = []
+            for seq, cand in sorted(opened.kept.items()):
+                entries.append([seq, cand.score, len(cand.payload)])
+                payloads.append(cand.payload)
+            steps.append([split, step, opened.offered, entries])
+        if not steps:
+            return b"", 0
+        head = orjson.dumps({"rank": self.rank, "steps": steps})
+        blob = b"".join(payloads)
+        return _FRAME.pack(len(head)) + head + blob, len(blob)
+
+    def _gather(self, frame: bytes) -> list[bytes] | None:
+        """Gather every rank's frame to the writing rank; returns them there (None elsewhere)."""
+        if not self._distributed or self.world_size == 1:
+            return [frame]
+        torch, dist = self._torch, self._dist
+        size = torch.tensor([len(frame)], dtype=torch.int64, device=self.device)
+        dist.all_reduce(size, op=dist.ReduceOp.MAX, group=self.group)
+        longest = int(size.item())
+        sent = size.element_size()
+        if longest == 0:  # no rank has candidates: skip the gather altogether
+            self._last_bytes = sent
+            self._bytes_sent += sent
+            return [b""] * self.world_size if self.rank == self._dst_group_rank else None
+        buf = bytearray(_LENGTH.size + longest)
+        buf[: _LENGTH.size] = _LENGTH.pack(len(frame))
+        buf[_LENGTH.size : _LENGTH.size + len(frame)] = frame
+        tensor = torch.frombuffer(buf, dtype=torch.uint8).to(self.device)
+        sent += tensor.numel()
+        self._last_bytes = sent
+        self._bytes_sent += sent
+        if self.rank == self._dst_group_rank:
+            parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+            dist.gather(tensor, gather_list=parts, dst=self.dst, group=self.group)
+            out = []
+            for part in parts:
+                raw = _tensor_bytes(part)
+                (n,) = _LENGTH.unpack_from(raw)
+                out.append(raw[_LENGTH.size : _LENGTH.size + n])
+            return out
+        dist.gather(tensor, gather_list=None, dst=self.dst, group=self.group)
+        return None
+
+    def _reduce(self, ended: list[tuple[tuple[str, int], _OpenStep]]) -> None:
+        frame, payload_bytes = self._frame(ended)
+        frames = self._gather(frame)
+        self._reductions += 1
+        self._payload_bytes += payload_bytes
+        if frames is None:
+            return
+        # (split, step) -> [(rank, samples offered there, candidates)]
+        by_step: dict[tuple[str, int], list[tuple[int, int, list[_Candidate]]]] = {}
+        for raw in frames:
+            if not raw:
+                continue
+            (head_len,) = _FRAME.unpack_from(raw)
+            head = orjson.loads(raw[_FRAME.size : _FRAME.size + head_len])
+            offset = _FRAME.size + head_len
+            rank = int(head["rank"])
+            for split, step, offered, entries in head["steps"]:
+                cands = []
+                for seq, score, size in entries:
+                    cands.append(_Candidate(rank, int(seq), score, raw[offset : offset + size]))
+                    offset += size
+                by_step.setdefault((split, int(step)), []).append((rank, int(offered), cands))
+        for (split, step), parts in sorted(by_step.items()):
+            parts.sort(key=lambda p: p[0])  # rank order: the order one process would log in
+            received = sum(len(c) for _, _, c in parts)
+            self._merged_received += received
+            chosen = self._merge(split, step, parts)
+            self._merged_capped += received - len(chosen)
+            self._write(split, step, list(enumerate(chosen)))
+
+    def _merge(
+        self, split: str, step: int, parts: list[tuple[int, int, list[_Candidate]]]
+    ) -> list[_Candidate]:
+        k = self.max_traces_per_step
+        assert k is not None
+        if isinstance(self.sampler, ReservoirSampler):
+            return _merge_reservoir(self.sampler, split, step, k, [(n, c) for _, n, c in parts])
+        # Selections that keep the k best by some order (first, top_bottom) compose exactly:
+        # each rank's local pick contains every one of its samples the whole-step pick keeps.
+        # Offering the union in rank order, each rank's in its own order, reproduces the pick a
+        # single process would make logging every rank's samples in that order.
+        counter = iter(range(1, 1 << 62))
+        kept, _ = _select(
+            self.sampler.new_step(split, step, k),
+            (c for _, _, cands in parts for c in sorted(cands, key=lambda c: c.seq)),
+            lambda: next(counter),
+        )
+        return [c for _, c in sorted(kept.items())]
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """End every open step (a collective in ``"global"`` mode) and wait until this rank's session
+        has written what it was given. Returns False when `timeout` passed first."""
+        if self._final is not None:
+            return True
+        if self.mode != "per_rank_stream":
+            with self._lock:
+                ended = self._take_ended(None, None)
+            self._hand_on(ended)
+        return self._sync.flush(timeout) if self._sync is not None else True
+
+    def finish(self, timeout: float | None = None, *, collective: bool = True) -> RankStats:
+        """End every open step, finish this rank's session within `timeout`, and return the final
+        stats. Idempotent. In ``"global"`` mode this is a collective unless ``collective=False``,
+        which drops what this rank still holds (as ``"aborted"``) instead of communicating: the
+        context manager does that when it exits with an exception, so an error never hangs a rank."""
+        if self._final is not None:
+            return self._final
+        with self._lock:
+            ended = self._take_ended(None, None)
+        if self.mode == "per_rank" or (self.mode == "global" and collective):
+            self._hand_on(ended)
+        elif self.mode == "global":
+            with self._lock:
+                n = sum(len(o.kept) for _, o in ended)
+                self._handed_on -= n
+                self._dropped_add("aborted", n)
+        if self._sync is not None:
+            self._sync.finish(timeout)
+        self._final = self.stats()
+        return self._final
+
+    def stats(self) -> RankStats:
+        """A snapshot of this rank's accounting (and its session's, on ranks that write)."""
+        if self._final is not None:
+            return self._final
+        with self._lock:
+            return RankStats(
+                rank=self.rank,
+                world_size=self.world_size,
+                mode=self.mode,
+                submitted=self._submitted,
+                handed_on=self._handed_on,
+                held=self._held,
+                dropped=dict(self._dropped),
+                reductions=self._reductions,
+                bytes_sent=self._bytes_sent,
+                last_reduction_bytes=self._last_bytes,
+                payload_bytes_sent=self._payload_bytes,
+                merged_received=self._merged_received,
+                merged_capped=self._merged_capped,
+                session=self._sync.stats() if self._sync is not None else None,
+            )
+
+    def gather_stats(self) -> list[RankStats] | None:
+        """Every rank's `stats()`, gathered to the writing rank (a collective in every mode);
+        None on the other ranks. For checking a job's accounting in one place."""
+        raw = orjson.dumps(asdict(self.stats()))
+        frames = self._gather_plain(raw)
+        if frames is None:
+            return None
+        out = []
+        for frame in frames:
+            data = orjson.loads(frame)
+            session = data.pop("session")
+            if session is not None:
+                from ._stats import SinkStats
+
+                session["sinks"] = {k: SinkStats(**v) for k, v in session["sinks"].items()}
+                data["session"] = SessionStats(**session)
+            else:
+                data["session"] = None
+            out.append(RankStats(**data))
+        return out
+
+    def _gather_plain(self, payload: bytes) -> list[bytes] | None:
+        # Reuses the reduction's framing without counting the bytes as trace traffic.
+        sent, last = self._bytes_sent, self._last_bytes
+        try:
+            return self._gather(payload)
+        finally:
+            self._bytes_sent, self._last_bytes = sent, last
+
+    def __enter__(self) -> DistributedTraceLogger:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.finish(collective=exc_type is None)
+
+
+def _select_into(opened: _OpenStep, cands: Sequence[_Candidate], next_seq: Callable[[], int]) -> int:
+    """Offer new local candidates to an open step; returns how many samples it cut."""
+    cut = 0
+    for cand in cands:
+        seq = next_seq()
+        cand.seq = seq
+        took, evicted = opened.selection.offer(Entry(cand.score, seq))
+        if took:
+            opened.kept[seq] = cand
+        else:
+            cut += 1
+        if evicted is not None and opened.kept.pop(evicted.seq, None) is not None:
+            cut += 1
+    return cut
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> bytes:
+    """A uint8 tensor's bytes, without numpy (torch does not require it)."""
+    # clone(): a storage of its own, exactly the tensor's size.
+    return bytes(tensor.detach().cpu().clone().untyped_storage())

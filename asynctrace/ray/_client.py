@@ -1,0 +1,571 @@
+"""TraceClient: fire-and-forget logging from Ray actors and tasks to a `TraceCollector`.
+
+The caller's thread only validates and encodes (once, as `TraceSession` does) and appends to a
+bounded local buffer. A background thread ships batches to the collector with at most
+`max_in_flight` calls outstanding; completions arrive as future callbacks, so nothing polls.
+When the collector is slow the buffer fills and new samples are dropped as ``"queue_full"``;
+when it is gone they are dropped as ``"collector_gone"``. Every sample is counted.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import threading
+import time
+import weakref
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Literal
+
+from ray.actor import ActorHandle
+from ray.exceptions import RayActorError
+
+try:
+    from ray.exceptions import ActorUnavailableError
+except ImportError:  # older Ray: a restarting actor fails calls with RayActorError instead
+
+    class ActorUnavailableError(RayActorError):  # type: ignore[no-redef]
+        """Never raised: stands in for the class on Ray versions without it."""
+
+
+from .._record import Sample, SampleLike, as_list, encode_sample
+from ..exceptions import RecordError
+
+__all__ = ["ClientStats", "TraceClient"]
+
+logger = logging.getLogger("asynctrace")
+
+# Drop reasons, in the words `stats().dropped` uses.
+QUEUE_FULL = "queue_full"  # the local bound was reached: the collector is slower than the producers
+COLLECTOR_GONE = "collector_gone"  # the collector actor died; nothing will be shipped again
+COLLECTOR_UNAVAILABLE = "collector_unavailable"  # a call failed while Ray restarts the collector
+COLLECTOR_ERROR = "collector_error"  # the collector raised while ingesting a batch
+SHIP_ERROR = "ship_error"  # the call could not even be submitted (Ray not connected, ...)
+CLOSED = "closed"  # logged after close()
+CLOSE_TIMEOUT = "close_timeout"  # still buffered when close()'s deadline passed
+INVALID = "invalid"  # failed validation with on_invalid="skip"
+
+
+@dataclass(frozen=True, slots=True)
+class ClientStats:
+    """A consistent snapshot of one client's accounting.
+
+    Invariant at every moment: ``submitted == delivered + in_flight + buffered + sum(dropped.values())``.
+    `delivered` samples were handed to the collector, whose own `stats()` counts them from there
+    on (as its `submitted`), so the accounting of a job adds up across every process.
+    """
+
+    submitted: int = 0
+    delivered: int = 0
+    in_flight: int = 0
+    buffered: int = 0
+    dropped: Mapping[str, int] = field(default_factory=dict)
+    held_bytes: int = 0
+    calls: int = 0
+    bytes_shipped: int = 0
+    collector_gone: bool = False
+    closed: bool = False
+    last_error: str | None = None
+
+    @property
+    def dropped_total(self) -> int:
+        """All dropped samples, every reason together."""
+        return sum(self.dropped.values())
+
+    def check(self) -> bool:
+        """True when the accounting invariant holds."""
+        return self.submitted == self.delivered + self.in_flight + self.buffered + self.dropped_total
+
+    def summary(self) -> str:
+        """One human-readable line."""
+        drops = ", ".join(f"{k}={v}" for k, v in sorted(self.dropped.items()) if v) or "none"
+        return (
+            f"submitted={self.submitted} delivered={self.delivered} in_flight={self.in_flight} "
+            f"buffered={self.buffered} dropped[{drops}]"
+        )
+
+
+class _Group:
+    """Consecutive samples of one (split, step) from one call, waiting to be shipped."""
+
+    __slots__ = ("first_seq", "nbytes", "payloads", "since", "split", "step")
+
+    def __init__(
+        self, split: str, step: int, payloads: list[bytes], nbytes: int, first_seq: int, since: float
+    ) -> None:
+        self.split = split
+        self.step = step
+        self.payloads = payloads
+        self.nbytes = nbytes
+        self.first_seq = first_seq
+        self.since = since
+
+
+class _Call:
+    """One `ingest_encoded` call in flight."""
+
+    __slots__ = ("first_seq", "n", "nbytes")
+
+    def __init__(self, first_seq: int, n: int, nbytes: int) -> None:
+        self.first_seq = first_seq
+        self.n = n
+        self.nbytes = nbytes
+
+
+# (split, step, encoded samples): the wire format of `TraceCollector.ingest_encoded`.
+WireGroup = tuple[str, int, list[bytes]]
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _check_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+class TraceClient:
+    """Logs samples from inside a Ray actor or task to a `TraceCollector`, never blocking the caller.
+
+    ``log_samples_nowait`` validates and encodes in the caller, then buffers locally; a background
+    thread ships batches of up to `batch_size` samples (or `max_batch_bytes`), at the latest
+    `flush_interval` seconds after the oldest buffered sample, with at most `max_in_flight` calls
+    outstanding. Buffered plus in-flight samples are bounded by `max_buffered` and
+    `max_buffered_bytes`; past that, new samples are dropped and counted. Use it as a context
+    manager in tasks so the tail is shipped before the task returns.
+    """
+
+    def __init__(
+        self,
+        collector: ActorHandle[Any],
+        *,
+        batch_size: int = 256,
+        max_batch_bytes: int = 8 * 2**20,
+        flush_interval: float = 0.5,
+        max_in_flight: int = 2,
+        max_buffered: int = 10_000,
+        max_buffered_bytes: int = 64 * 2**20,
+        close_timeout: float = 10.0,
+        on_invalid: Literal["raise", "skip"] = "raise",
+        redact: Callable[[Sample], Sample] | None = None,
+    ) -> None:
+        if not isinstance(collector, ActorHandle):
+            raise ValueError(
+                f"collector must be a TraceCollector actor handle, got {type(collector).__name__}"
+            )
+        for name, value in (
+            ("batch_size", batch_size),
+            ("max_batch_bytes", max_batch_bytes),
+            ("max_in_flight", max_in_flight),
+            ("max_buffered", max_buffered),
+            ("max_buffered_bytes", max_buffered_bytes),
+        ):
+            _check_positive_int(name, value)
+        for name, seconds in (("flush_interval", flush_interval), ("close_timeout", close_timeout)):
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {seconds!r}")
+        if on_invalid not in ("raise", "skip"):
+            raise ValueError(f"on_invalid must be 'raise' or 'skip', got {on_invalid!r}")
+        if max_buffered < batch_size:
+            raise ValueError(f"max_buffered ({max_buffered}) must be at least batch_size ({batch_size})")
+        if redact is not None and not callable(redact):
+            raise ValueError("redact must be a callable taking and returning a Sample")
+
+        self.collector = collector
+        self.batch_size = batch_size
+        self.max_batch_bytes = max_batch_bytes
+        self.flush_interval = float(flush_interval)
+        self.max_in_flight = max_in_flight
+        self.max_buffered = max_buffered
+        self.max_buffered_bytes = max_buffered_bytes
+        self.close_timeout = float(close_timeout)
+        self.on_invalid = on_invalid
+        self.redact = redact
+
+        # One lock guards every field below; two conditions share it: `_work` wakes the
+        # shipping thread, `_progress` wakes callers waiting in flush().
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
+        self._progress = threading.Condition(self._lock)
+        self._groups: deque[_Group] = deque()
+        self._buffered = 0
+        self._buffered_bytes = 0
+        self._calls: dict[int, _Call] = {}
+        self._call_ids = itertools.count()
+        self._in_flight = 0
+        self._in_flight_bytes = 0
+        self._next_seq = 0  # sequence number of the next accepted sample
+        self._flush_target = 0  # ship everything with a sequence number below this now
+        self._submitted = 0
+        self._delivered = 0
+        self._dropped: Counter[str] = Counter()
+        self._n_calls = 0
+        self._bytes_shipped = 0
+        self._gone = False
+        self._closing = False
+        self._stopping = False
+        self._last_error: str | None = None
+        self._warned: set[str] = set()
+        self._thread: threading.Thread | None = None
+        _open_clients.add(self)
+
+    def __repr__(self) -> str:
+        return f"TraceClient({self.stats().summary()})"
+
+    def __reduce__(self) -> Any:
+        # A client owns a thread and a buffer of this process; a copy elsewhere would be a
+        # second, silent one. Say what to do instead of failing somewhere inside pickle.
+        raise TypeError(
+            "a TraceClient cannot be sent to another process; pass the collector handle and "
+            "create the TraceClient inside the actor or task"
+        )
+
+    # -- caller side (any thread) -----------------------------------------------------------
+
+    def _encode(self, items: Iterable[Any]) -> tuple[list[bytes], int, int]:
+        """Validate and encode in the caller, as the session does; returns payloads, bytes, invalid."""
+        payloads: list[bytes] = []
+        nbytes = 0
+        invalid = 0
+        skip = self.on_invalid == "skip"
+        for i, obj in enumerate(items):
+            try:
+                payload, _ = encode_sample(obj, i, self.redact)
+                if len(payload) > self.max_batch_bytes:
+                    raise RecordError(
+                        f"sample {i}: encodes to {len(payload)} bytes, more than "
+                        f"max_batch_bytes={self.max_batch_bytes}",
+                        index=i,
+                        path="",
+                    )
+            except RecordError:
+                if not skip:
+                    raise
+                invalid += 1
+                continue
+            except Exception as exc:  # a redact callable or an odd mapping failed
+                if not skip:
+                    raise RecordError(f"sample {i}: {_describe(exc)}", index=i, path="") from exc
+                invalid += 1
+                continue
+            payloads.append(payload)
+            nbytes += len(payload)
+        return payloads, nbytes, invalid
+
+    def log_samples_nowait(
+        self,
+        samples: SampleLike | Iterable[SampleLike],
+        *,
+        step: int,
+        split: str = "train",
+    ) -> int:
+        """Validate, encode and buffer samples for shipping; never blocks. Returns how many were accepted.
+
+        Raises `RecordError` for an invalid sample (nothing of the call is kept) unless
+        ``on_invalid="skip"``. Samples that do not fit the local bound, or arrive after `close()`
+        or after the collector died, are dropped and counted in `stats().dropped`.
+        """
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        if not isinstance(split, str) or not split:
+            raise ValueError(f"split must be a non-empty str, got {split!r}")
+        items = as_list(samples)
+        if self._closing or self._gone:
+            # Nothing will be shipped: skip the encoding, only count.
+            with self._lock:
+                self._submitted += len(items)
+                self._drop(CLOSED if self._closing else COLLECTOR_GONE, len(items))
+            return 0
+        payloads, nbytes, invalid = self._encode(items)
+        now = time.monotonic()
+        with self._lock:
+            self._submitted += len(items)
+            self._drop(INVALID, invalid)
+            if self._closing or self._gone:
+                self._drop(CLOSED if self._closing else COLLECTOR_GONE, len(payloads))
+                return 0
+            # The bound covers what is buffered and what is in flight: both are this
+            # process's memory until the collector has answered.
+            room = self.max_buffered - self._buffered - self._in_flight
+            room_bytes = self.max_buffered_bytes - self._buffered_bytes - self._in_flight_bytes
+            if len(payloads) > room or nbytes > room_bytes:
+                keep = 0
+                kept_bytes = 0
+                for p in payloads[: max(room, 0)]:
+                    if kept_bytes + len(p) > room_bytes:
+                        break
+                    keep += 1
+                    kept_bytes += len(p)
+                self._drop(QUEUE_FULL, len(payloads) - keep)
+                payloads, nbytes = payloads[:keep], kept_bytes
+            if not payloads:
+                return 0
+            was_empty = not self._groups
+            self._groups.append(_Group(split, step, payloads, nbytes, self._next_seq, now))
+            self._next_seq += len(payloads)
+            self._buffered += len(payloads)
+            self._buffered_bytes += nbytes
+            if self._thread is None:
+                self._start_thread()
+            elif (
+                was_empty or self._buffered >= self.batch_size or self._buffered_bytes >= self.max_batch_bytes
+            ):
+                self._work.notify()
+            return len(payloads)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Ship everything buffered now and wait until each sample logged before the call was
+        delivered to the collector or dropped. Returns False when `timeout` passed first.
+
+        Delivery means the collector has counted the samples; ``collector.flush.remote()``
+        waits until they are written.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            target = self._next_seq
+            if target > self._flush_target:
+                self._flush_target = target
+                self._work.notify()
+            while self._watermark() < target:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._progress.wait(left)
+            return True
+
+    def close(self, timeout: float | None = None) -> ClientStats:
+        """Stop accepting samples, ship what is buffered within `timeout` (default `close_timeout`),
+        and return the final stats. Idempotent.
+
+        What is still buffered at the deadline is dropped as ``"close_timeout"``; calls still in
+        flight stay counted as `in_flight` until the collector answers.
+        """
+        budget = self.close_timeout if timeout is None else float(timeout)
+        with self._lock:
+            already = self._closing
+            self._closing = True
+        if not already:
+            _open_clients.discard(self)
+        flushed = self.flush(budget)
+        with self._lock:
+            if not flushed and self._groups:
+                n = self._buffered
+                self._clear_buffer()
+                self._drop(CLOSE_TIMEOUT, n)
+                logger.warning(
+                    "asynctrace: TraceClient.close() reached its %.1fs deadline; "
+                    "%d buffered samples were dropped",
+                    budget,
+                    n,
+                )
+            self._stopping = True
+            self._work.notify()
+        return self.stats()
+
+    def stats(self) -> ClientStats:
+        """A consistent snapshot of this client's accounting."""
+        with self._lock:
+            return ClientStats(
+                submitted=self._submitted,
+                delivered=self._delivered,
+                in_flight=self._in_flight,
+                buffered=self._buffered,
+                dropped=dict(self._dropped),
+                held_bytes=self._buffered_bytes + self._in_flight_bytes,
+                calls=self._n_calls,
+                bytes_shipped=self._bytes_shipped,
+                collector_gone=self._gone,
+                closed=self._closing,
+                last_error=self._last_error,
+            )
+
+    def __enter__(self) -> TraceClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- bookkeeping (lock held) ------------------------------------------------------------
+
+    def _drop(self, reason: str, n: int) -> None:
+        if n <= 0:
+            return
+        self._dropped[reason] += n
+        if reason not in self._warned and reason != CLOSED:
+            self._warned.add(reason)
+            logger.warning(
+                "asynctrace: TraceClient dropping samples (%s); counts are in client.stats().dropped",
+                reason,
+            )
+
+    def _clear_buffer(self) -> None:
+        self._groups.clear()
+        self._buffered = 0
+        self._buffered_bytes = 0
+        self._progress.notify_all()
+
+    def _watermark(self) -> int:
+        """Every sample with a lower sequence number is delivered or dropped."""
+        low = self._next_seq
+        if self._groups:
+            low = self._groups[0].first_seq
+        for call in self._calls.values():
+            low = min(low, call.first_seq)
+        return low
+
+    def _due_in(self, now: float) -> float | None:
+        """Seconds until the next batch should go; 0 when one should go now, None when idle."""
+        if not self._groups or self._in_flight_calls() >= self.max_in_flight:
+            return None
+        if (
+            self._stopping
+            or self._groups[0].first_seq < self._flush_target
+            or self._buffered >= self.batch_size
+            or self._buffered_bytes >= self.max_batch_bytes
+        ):
+            return 0.0
+        return max(0.0, self._groups[0].since + self.flush_interval - now)
+
+    def _in_flight_calls(self) -> int:
+        return len(self._calls)
+
+    def _take_batch(self) -> tuple[list[WireGroup], _Call]:
+        """Pop up to `batch_size` samples / `max_batch_bytes`, keeping (split, step) groups together."""
+        wire: list[WireGroup] = []
+        n = 0
+        nbytes = 0
+        first_seq = self._groups[0].first_seq
+        while self._groups and n < self.batch_size:
+            group = self._groups[0]
+            take = 0
+            took_bytes = 0
+            for p in group.payloads[: self.batch_size - n]:
+                # Always take at least one sample, so an oversized one still goes alone.
+                if n + take and nbytes + took_bytes + len(p) > self.max_batch_bytes:
+                    break
+                take += 1
+                took_bytes += len(p)
+            if take == 0:
+                break
+            if take == len(group.payloads):
+                self._groups.popleft()
+                wire.append((group.split, group.step, group.payloads))
+            else:
+                wire.append((group.split, group.step, group.payloads[:take]))
+                group.payloads = group.payloads[take:]
+                group.nbytes -= took_bytes
+                group.first_seq += take
+            n += take
+            nbytes += took_bytes
+            if nbytes >= self.max_batch_bytes:
+                break
+        self._buffered -= n
+        self._buffered_bytes -= nbytes
+        self._in_flight += n
+        self._in_flight_bytes += nbytes
+        return wire, _Call(first_seq, n, nbytes)
+
+    # -- shipping thread ---------------------------------------------------------------------
+
+    def _start_thread(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="asynctrace-ray-client", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    while True:
+                        if self._gone and self._groups:
+                            n = self._buffered
+                            self._clear_buffer()
+                            self._drop(COLLECTOR_GONE, n)
+                        if self._stopping and not self._groups:
+                            return
+                        due = self._due_in(time.monotonic())
+                        if due == 0.0:
+                            wire, call = self._take_batch()
+                            call_id = next(self._call_ids)
+                            self._calls[call_id] = call
+                            break
+                        self._work.wait(due)
+                self._ship(call_id, call, wire)
+        except BaseException as exc:  # pragma: no cover - a bug; never let samples vanish silently
+            logger.exception("asynctrace: TraceClient shipping thread failed")
+            with self._lock:
+                self._last_error = _describe(exc)
+                self._gone = True
+                n = self._buffered
+                self._clear_buffer()
+                self._drop(SHIP_ERROR, n)
+
+    def _ship(self, call_id: int, call: _Call, wire: list[WireGroup]) -> None:
+        try:
+            ref: Any = self.collector.ingest_encoded.remote(wire)
+            future: Future[Any] = ref.future()
+        except Exception as exc:  # Ray not connected in this process, or shutting down
+            self._finish_call(call_id, exc, SHIP_ERROR)
+            return
+        with self._lock:
+            self._n_calls += 1
+            self._bytes_shipped += call.nbytes
+        # The callback runs on a Ray thread (or right here when already done).
+        future.add_done_callback(lambda f: self._on_done(call_id, f))
+
+    def _on_done(self, call_id: int, future: Future[Any]) -> None:
+        try:
+            future.result()
+        except ActorUnavailableError as exc:
+            # Ray is restarting the collector (max_restarts): later calls may succeed.
+            self._finish_call(call_id, exc, COLLECTOR_UNAVAILABLE)
+        except RayActorError as exc:
+            # The collector is dead for good. Whether it ingested this batch before it died is
+            # unknowable, and its own counts died with it: the batch is counted here.
+            self._finish_call(call_id, exc, COLLECTOR_GONE)
+        except BaseException as exc:
+            self._finish_call(call_id, exc, COLLECTOR_ERROR)
+        else:
+            self._finish_call(call_id, None, None)
+
+    def _finish_call(self, call_id: int, exc: BaseException | None, reason: str | None) -> None:
+        with self._lock:
+            call = self._calls.pop(call_id, None)
+            if call is None:
+                return
+            self._in_flight -= call.n
+            self._in_flight_bytes -= call.nbytes
+            if reason is None:
+                self._delivered += call.n
+            else:
+                self._last_error = _describe(exc) if exc is not None else reason
+                if reason == COLLECTOR_GONE:
+                    self._gone = True
+                self._drop(reason, call.n)
+            self._progress.notify_all()
+            self._work.notify()
+
+
+# Clients still open at interpreter exit ship what they hold (within their own deadline) when
+# the process exits gracefully; a process that is killed takes its buffer with it.
+_open_clients: weakref.WeakSet[TraceClient] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_clients() -> None:
+    for client in list(_open_clients):
+        try:
+            client.close(min(client.close_timeout, 5.0))
+        except Exception as exc:  # pragma: no cover - best effort at exit
+            logger.error("asynctrace: closing a TraceClient at exit failed: %s", exc)

@@ -1,0 +1,282 @@
+"""TraceCollector: the Ray actor that owns the job's one `TraceSession`.
+
+Caps and samplers run here, over every client's samples, so `max_traces_per_step` and
+`top_bottom` mean the whole step of the whole job. The actor is a threaded actor with two
+concurrency groups: ``ingest`` for the data path (which may wait for buffer room under
+``on_full="block"``) and ``control`` for `flush`/`stats`/`finish`, so a stalled sink can never
+make the collector unresponsive to shutdown.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import FrameType
+from typing import Any, TypeVar, cast
+
+import orjson
+import ray
+from ray.actor import ActorHandle
+
+from .._session import SyncTraceSession, TraceSession
+from .._stats import SessionStats
+from ..exceptions import SessionClosedError
+
+__all__ = ["RemoteTraceCollector", "TraceCollector", "start_collector"]
+
+logger = logging.getLogger("asynctrace")
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _group(name: str) -> Callable[[_F], _F]:
+    """`ray.method(concurrency_group=name)`, typed so the method keeps its own signature (Ray's
+    stubs expect positional-only methods)."""
+    return cast("Callable[[_F], _F]", ray.method(concurrency_group=name))
+
+
+# Ray's stubs for `ray.remote` do not know `concurrency_groups`.
+_remote: Any = ray.remote
+
+# Threads serving the data path. Ingest work is mostly GIL-bound, so more threads do not add
+# throughput; they exist so that a few calls waiting for room (block policy) do not stop others.
+INGEST_CONCURRENCY = 4
+# `flush`/`stats`/`finish` have threads of their own, so shutdown is never queued behind ingests.
+CONTROL_CONCURRENCY = 2
+
+
+class TraceCollector:
+    """Owns one `TraceSession` (sinks, caps, samplers, buffer) for every client of a job.
+
+    Construct with ``TraceCollector.remote(project, run=None, **session_kwargs)`` (any
+    `TraceSession` keyword) or ``session_factory=`` (a picklable callable returning an unopened
+    `TraceSession`, for sinks that cannot be pickled). Clients have validated samples already,
+    so the session counts anything it still rejects (an unscored sample under ``top_bottom``)
+    as dropped ``"invalid"`` instead of failing the whole batch: its `on_invalid` is ``"skip"``.
+
+    With ``on_full="block"`` an ingest call waits up to `ingest_timeout` seconds for room, which
+    holds the client's call in flight, so backpressure reaches the clients' bounded buffers;
+    what still does not fit is dropped as ``"queue_full"``.
+    """
+
+    def __init__(
+        self,
+        project: str | None = None,
+        run: str | None = None,
+        *,
+        session_factory: Callable[[], TraceSession] | None = None,
+        ingest_timeout: float = 10.0,
+        sigterm_timeout: float = 2.0,
+        **session_kwargs: Any,
+    ) -> None:
+        for name, seconds in (("ingest_timeout", ingest_timeout), ("sigterm_timeout", sigterm_timeout)):
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {seconds!r}")
+        if session_factory is not None:
+            if project is not None or run is not None or session_kwargs:
+                raise ValueError("give either session_factory or project/run/session keywords, not both")
+            session = session_factory()
+            if not isinstance(session, TraceSession):
+                raise ValueError(f"session_factory must return a TraceSession, got {type(session).__name__}")
+            # Public attribute, read on every submission: see the class docstring for why.
+            session.on_invalid = "skip"
+        else:
+            if project is None:
+                raise ValueError("TraceCollector needs a project (or a session_factory)")
+            if session_kwargs.get("on_invalid", "skip") != "skip":
+                raise ValueError(
+                    "TraceCollector validates in the clients; its session counts what it still "
+                    "rejects as dropped, so on_invalid must be 'skip' (set on_invalid on TraceClient)"
+                )
+            session_kwargs["on_invalid"] = "skip"
+            session = TraceSession(project, run, **session_kwargs)
+        self.ingest_timeout = float(ingest_timeout)
+        self.sigterm_timeout = float(sigterm_timeout)
+        self._blocking = session.on_full == "block"
+        # The synchronous form runs the session's writer on its own event-loop thread, so it
+        # keeps writing whatever Ray's threads are doing, and the core's exit hook covers it too.
+        self._sync: SyncTraceSession = session.start()
+        self._session = session
+        self._finished: SessionStats | None = None
+        self._finish_lock = threading.Lock()
+        _install_exit_hooks(self)
+
+    # -- data path ----------------------------------------------------------------------------
+
+    def _admit(self, samples: Sequence[Any], step: int, split: str) -> int:
+        if self._blocking and self._finished is None:
+            try:
+                return self._sync.log_samples(samples, step=step, split=split, timeout=self.ingest_timeout)
+            except SessionClosedError:
+                pass  # finished meanwhile: counted as dropped ("closed") just below
+        return self._sync.log_samples_nowait(samples, step=step, split=split)
+
+    @_group("ingest")
+    def ingest_encoded(self, groups: Iterable[tuple[str, int, list[bytes]]]) -> int:
+        """The wire method `TraceClient` calls: samples its clients encoded, grouped by (split, step).
+
+        Returns how many the session accepted (the rest are in its `dropped` counts).
+        """
+        accepted = 0
+        for split, step, payloads in groups:
+            # Decoding here and encoding again in the session keeps one validated path into
+            # the session; the cost is a few microseconds per sample, paid on the collector.
+            accepted += self._admit([orjson.loads(p) for p in payloads], step, split)
+        return accepted
+
+    @_group("ingest")
+    def ingest(self, samples: Any, *, step: int, split: str = "train") -> int:
+        """Log samples sent as plain objects (one remote call per call). `TraceClient` is cheaper for
+        the caller: it batches and ships encoded bytes."""
+        return self._admit(list(samples) if isinstance(samples, (list, tuple)) else [samples], step, split)
+
+    @_group("ingest")
+    def log_metrics(self, metrics: Mapping[str, float], *, step: int) -> None:
+        """Queue scalar metrics for `step` on the session."""
+        self._sync.log_metrics(metrics, step=step)
+
+    # -- control ------------------------------------------------------------------------------
+
+    @_group("control")
+    def ready(self) -> dict[str, Any]:
+        """Where the collector writes: project, run, process id and node (also proves it started)."""
+        return {
+            "project": self._session.project,
+            "run": self._session.run,
+            "pid": os.getpid(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+        }
+
+    @_group("control")
+    def flush(self, timeout: float | None = None) -> bool:
+        """Close open sampler steps and wait until everything ingested so far is written; False on timeout."""
+        if self._finished is not None:
+            return True
+        try:
+            return self._sync.flush(timeout)
+        except SessionClosedError:
+            return True
+
+    @_group("control")
+    def stats(self) -> SessionStats:
+        """The session's accounting: `submitted` counts every sample clients delivered."""
+        return self._sync.stats()
+
+    @_group("control")
+    def finish(self, timeout: float | None = None) -> SessionStats:
+        """Drain within `timeout` (default: the session's `finish_timeout`), close every sink, and
+        return the final stats. Idempotent; later ingests are counted as dropped (``"closed"``)."""
+        return self._finish(timeout)
+
+    @_group("control")
+    def close(self, timeout: float | None = None) -> SessionStats:
+        """Same as `finish`."""
+        return self._finish(timeout)
+
+    def _finish(self, timeout: float | None) -> SessionStats:
+        with self._finish_lock:
+            if self._finished is None:
+                self._finished = self._sync.finish(timeout)
+            return self._finished
+
+    def _finish_quietly(self, timeout: float | None) -> None:
+        try:
+            self._finish(timeout)
+        except Exception as exc:  # pragma: no cover - best effort on the way out
+            logger.error("asynctrace: finishing the collector's session failed: %s", exc)
+
+
+# Graceful exits of the actor process (``__ray_terminate__``, the last handle going out of
+# scope, ``ray.actor.exit_actor()``) run atexit hooks; ``ray.kill`` does not run any code in
+# the process. Ray sends SIGTERM on ``ray.shutdown()`` and kills the process shortly after:
+# the handler below uses that window, best effort, before handing over to Ray's own handler.
+_collectors: weakref.WeakSet[TraceCollector] = weakref.WeakSet()
+_hooks_installed = False
+
+
+def _install_exit_hooks(collector: TraceCollector) -> None:
+    global _hooks_installed
+    _collectors.add(collector)
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    atexit.register(_finish_all, "exit")
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal handlers can only be set from the main thread
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        _finish_all("sigterm")
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with contextlib.suppress(ValueError, OSError):
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def _finish_all(why: str) -> None:
+    # At exit the session's own finish_timeout applies; after SIGTERM, Ray kills the process
+    # soon, so the drain is cut to `sigterm_timeout`.
+    for collector in list(_collectors):
+        timeout = collector.sigterm_timeout if why == "sigterm" else None
+        collector._finish_quietly(timeout)
+
+
+# The actor class users see as `asynctrace.ray.TraceCollector`. The plain class above keeps its
+# module-level name, so Ray's workers import it by reference instead of pickling it by value.
+RemoteTraceCollector: Any = _remote(
+    concurrency_groups={"ingest": INGEST_CONCURRENCY, "control": CONTROL_CONCURRENCY},
+)(TraceCollector)
+
+
+def start_collector(
+    project: str | None = None,
+    run: str | None = None,
+    *,
+    actor_options: Mapping[str, Any] | None = None,
+    finish_at_exit: bool = True,
+    exit_timeout: float = 30.0,
+    ready_timeout: float = 120.0,
+    **collector_kwargs: Any,
+) -> ActorHandle[Any]:
+    """Start a `TraceCollector`, wait until its session is open, and return its handle.
+
+    Errors in the session's configuration surface here rather than in the first client. With
+    `finish_at_exit`, the driver finishes the collector when it exits normally (before Ray's own
+    exit hook shuts the cluster down), so a script that forgets ``collector.finish`` still
+    drains; call ``ray.get(collector.finish.remote())`` yourself before an explicit
+    ``ray.shutdown()``.
+    """
+    if run is None and collector_kwargs.get("session_factory") is None:
+        # Named here, not in the actor: a collector that Ray restarts (max_restarts) builds its
+        # session again with the same arguments, and so resumes the same Trackio run.
+        run = time.strftime("run-%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:4]
+    actor_class = RemoteTraceCollector.options(**dict(actor_options or {}))
+    handle: ActorHandle[Any] = actor_class.remote(project, run, **collector_kwargs)
+    ray.get(handle.ready.remote(), timeout=ready_timeout)
+    if finish_at_exit:
+        ref = weakref.ref(handle)
+        atexit.register(_finish_from_driver, ref, exit_timeout)
+    return handle
+
+
+def _finish_from_driver(ref: weakref.ref[ActorHandle[Any]], timeout: float) -> None:
+    handle = ref()
+    # After ray.shutdown() a remote call would start a fresh local cluster: never do that.
+    if handle is None or not ray.is_initialized():
+        return
+    try:
+        ray.get(handle.finish.remote(timeout), timeout=timeout + 10.0)
+    except Exception as exc:  # the collector may be gone already; nothing left to finish
+        logger.debug("asynctrace: finishing the collector at exit: %s", exc)

@@ -1,0 +1,36 @@
+"""Helpers shared by the distributed tests (importable from Ray workers and spawned ranks)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+
+def make_samples(tag: str, step: int, n: int, seed: int, *, width: int = 40) -> list[dict[str, Any]]:
+    """`n` samples of one step with distinct random rewards; the uid identifies each one."""
+    rng = random.Random(f"{tag}:{step}:{seed}")
+    return [
+        {
+            "prompt": f"question {i} of {tag} step {step}",
+            "response": "x" * width,
+            "reward": rng.random(),
+            "uid": f"{tag}:{step}:{i}",
+        }
+        for i in range(n)
+    ]
+
+
+def top_bottom_uids(samples: list[dict[str, Any]], k: int) -> set[str]:
+    """The uids `top_bottom` keeps from `samples`: ceil(k/2) highest and floor(k/2) lowest rewards."""
+    ranked = sorted(samples, key=lambda s: s["reward"])
+    n_top = (k + 1) // 2
+    n_bottom = k // 2
+    chosen = ranked[len(ranked) - n_top :] + ranked[:n_bottom]
+    return {s["uid"] for s in chosen}
+
+
+def read_traces(project: str, run: str) -> list[dict[str, Any]]:
+    """Every trace of a run, read back from Trackio's own storage."""
+    from trackio.sqlite_storage import SQLiteStorage
+
+    return list(SQLiteStorage.get_traces(project, run=run, sort="step_asc"))

@@ -1,0 +1,242 @@
+"""TraceCollector and TraceClient on a real local Ray cluster, writing to real Trackio storage."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from asynctrace.ray import ClientStats, TraceClient, start_collector  # noqa: E402
+from asynctrace.testing import MemorySink  # noqa: E402
+from tests.distributed._helpers import make_samples, read_traces, top_bottom_uids  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster() -> Iterator[None]:
+    # One cluster for the module: starting Ray takes seconds. Workers inherit TRACKIO_DIR.
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+class _Rollout:
+    """A rollout actor: produces samples and logs them through its own TraceClient."""
+
+    def __init__(self, collector: Any, tag: str, **client_kwargs: Any) -> None:
+        self.tag = tag
+        self.client = TraceClient(collector, **client_kwargs)
+        self.max_call = 0.0
+
+    def _log(self, samples: list[dict[str, Any]], step: int) -> None:
+        t = time.perf_counter()
+        self.client.log_samples_nowait(samples, step=step)
+        self.max_call = max(self.max_call, time.perf_counter() - t)
+
+    def generate(self, step: int, n: int, chunk: int = 10) -> list[dict[str, Any]]:
+        samples = make_samples(self.tag, step, n, seed=0)
+        for i in range(0, n, chunk):
+            self._log(samples[i : i + chunk], step)
+        return [{"uid": s["uid"], "reward": s["reward"]} for s in samples]
+
+    def stream(self, seconds: float, chunk: int = 10) -> dict[str, Any]:
+        """Log as fast as a busy rollout loop would for `seconds`; report call latencies."""
+        end = time.monotonic() + seconds
+        calls = 0
+        step = 0
+        while time.monotonic() < end:
+            self._log(make_samples(self.tag, step, chunk, seed=calls), step)
+            calls += 1
+            if calls % 20 == 0:
+                step += 1
+            time.sleep(0.002)
+        return {"calls": calls, "max_call": self.max_call, "stats": self.client.stats()}
+
+    def close(self, timeout: float) -> tuple[ClientStats, float]:
+        t = time.monotonic()
+        stats = self.client.close(timeout)
+        return stats, time.monotonic() - t
+
+
+Rollout: Any = ray.remote(_Rollout)
+
+
+def _wait_for_exit(pid: int, timeout: float = 60.0) -> None:
+    # Ray reports the actor dead as soon as it starts exiting; its atexit hooks run after that.
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} did not exit within {timeout}s")
+
+
+def _by_step(traces: list[dict[str, Any]]) -> dict[int, set[str]]:
+    out: dict[int, set[str]] = {}
+    for t in traces:
+        out.setdefault(t["step"], set()).add(t["metadata"]["uid"])
+    return out
+
+
+def test_cap_and_top_bottom_hold_across_actors(project: str) -> None:
+    """4 actors x 1000 samples over 10 steps: Trackio holds exactly the 16 true top/bottom samples
+    of each step across all actors, and the accounting of every process adds up."""
+    collector = start_collector(
+        project,
+        "rollouts",
+        max_traces_per_step=16,
+        sampler="top_bottom",
+        max_open_steps=10,  # actors may run ahead of one another by a few steps
+        step_timeout=None,
+        finish_at_exit=False,
+    )
+    actors = [Rollout.remote(collector, f"a{i}", flush_interval=0.05) for i in range(4)]
+    produced: dict[int, list[dict[str, Any]]] = {}
+    for step in range(10):
+        for rows in ray.get([a.generate.remote(step, 100) for a in actors]):
+            produced.setdefault(step, []).extend(rows)
+    client_stats = [s for s, _ in ray.get([a.close.remote(30.0) for a in actors])]
+    final = ray.get(collector.finish.remote())
+
+    written = _by_step(read_traces(project, "rollouts"))
+    assert sorted(written) == list(range(10))
+    for step, uids in written.items():
+        assert len(uids) == 16
+        assert uids == top_bottom_uids(produced[step], 16)
+
+    assert all(s.check() for s in client_stats)
+    assert sum(s.submitted for s in client_stats) == 4000
+    assert sum(s.delivered for s in client_stats) == final.submitted == 4000
+    assert all(s.dropped_total == 0 for s in client_stats)
+    assert final.check()
+    assert final.written == 160
+    assert dict(final.dropped) == {"capped": 3840}
+
+
+def test_straggler_step_is_counted_late(project: str) -> None:
+    """A step that arrives after the collector closed it is dropped there as "late", not written."""
+    collector = start_collector(
+        project, "late", max_traces_per_step=4, sampler="top_bottom", max_open_steps=0, finish_at_exit=False
+    )
+    with TraceClient(collector, flush_interval=0.01) as fast, TraceClient(collector) as straggler:
+        fast.log_samples_nowait(make_samples("fast", 5, 10, seed=0), step=5)
+        assert fast.flush(30.0)
+        fast.log_samples_nowait(make_samples("fast", 6, 10, seed=0), step=6)  # closes step 5
+        assert fast.flush(30.0)
+        straggler.log_samples_nowait(make_samples("slow", 5, 10, seed=0), step=5)
+        assert straggler.flush(30.0)
+    final = ray.get(collector.finish.remote())
+    assert final.dropped.get("late") == 10
+    assert final.written == 8
+    assert final.check()
+
+
+def test_killed_collector_never_blocks_clients(project: str) -> None:
+    """Killing the collector mid-run: actors keep logging without blocking, count their drops, and
+    what the collector had already written stays in Trackio."""
+    collector = start_collector(project, "killed", flush_interval=0.05, finish_at_exit=False)
+    actors = [Rollout.remote(collector, f"k{i}", flush_interval=0.02) for i in range(2)]
+    runs = [a.stream.remote(4.0) for a in actors]
+    deadline = time.monotonic() + 30
+    while ray.get(collector.stats.remote()).written < 100 and time.monotonic() < deadline:
+        time.sleep(0.05)  # kill it mid-run: once it has written something
+    ray.kill(collector, no_restart=True)
+    results = ray.get(runs, timeout=60)
+    closed = ray.get([a.close.remote(2.0) for a in actors], timeout=60)
+
+    for result, (stats, close_seconds) in zip(results, closed, strict=True):
+        assert result["max_call"] < 0.25  # a call is an encode and an append, never a wait
+        assert close_seconds < 2.5
+        assert stats.check()
+        assert stats.submitted == result["calls"] * 10
+        assert stats.collector_gone
+        assert stats.delivered > 0
+        assert stats.dropped["collector_gone"] > 0
+        assert stats.in_flight == 0 and stats.buffered == 0
+        assert set(stats.dropped) <= {"collector_gone"}
+    delivered = sum(s.delivered for s, _ in closed)
+    survived = len(read_traces(project, "killed"))
+    assert 0 < survived <= delivered
+
+
+def test_slow_collector_bounds_client_memory(project: str) -> None:
+    """A collector whose sink hangs pushes back: clients hold at most their bound and drop the rest as
+    "queue_full", while their calls stay fast."""
+    collector = start_collector(
+        sinks=[MemorySink(hang=True)],
+        project=project,
+        queue_size=100,
+        on_full="block",
+        finish_timeout=1.0,
+        ingest_timeout=30.0,
+        finish_at_exit=False,
+    )
+    client_kwargs = {"batch_size": 50, "max_in_flight": 2, "max_buffered": 200, "flush_interval": 0.01}
+    actor = Rollout.remote(collector, "slow", **client_kwargs)
+    for step in range(4):
+        ray.get(actor.generate.remote(step, 500, 50))
+        time.sleep(0.2)
+    stats, _ = ray.get(actor.close.remote(0.5))
+    ray.kill(collector, no_restart=True)
+
+    assert stats.check()
+    assert stats.submitted == 2000
+    assert stats.delivered <= 100  # all the collector's queue could take; its sink never returns
+    held_at_close = stats.in_flight + stats.dropped.get("close_timeout", 0)
+    assert held_at_close <= 200  # the client's bound: buffered plus in flight
+    assert stats.dropped["queue_full"] >= 2000 - 200 - stats.delivered
+    assert ray.get(actor.stream.remote(0.1))["max_call"] < 0.25
+
+
+def test_graceful_exit_finishes_but_kill_does_not(project: str) -> None:
+    """Held top/bottom samples are written when the collector exits gracefully (atexit runs) and are
+    lost when it is killed: what `docs/distributed.md` says survives what."""
+    runs = {"terminated": "__ray_terminate__", "killed": "kill"}
+    for run, how in runs.items():
+        collector = start_collector(
+            project, run, max_traces_per_step=4, sampler="top_bottom", step_timeout=None, finish_at_exit=False
+        )
+        with TraceClient(collector) as client:
+            client.log_samples_nowait(make_samples(run, 0, 20, seed=0), step=0)
+            assert client.flush(30.0)
+        assert ray.get(collector.stats.remote()).pending == 4  # held until step 0 closes
+        pid = ray.get(collector.ready.remote())["pid"]
+        if how == "kill":
+            ray.kill(collector, no_restart=True)
+        else:
+            collector.__ray_terminate__.remote()
+        _wait_for_exit(pid)
+    assert len(read_traces(project, "terminated")) == 4
+    assert read_traces(project, "killed") == []
+
+
+def test_client_validates_in_the_caller(project: str) -> None:
+    """An invalid sample raises RecordError in the actor's own call and nothing of the call is kept;
+    with on_invalid="skip" it is counted as dropped ("invalid")."""
+    from asynctrace import RecordError
+
+    collector = start_collector(project, "invalid", finish_at_exit=False)
+    bad: list[dict[str, Any]] = [
+        {"prompt": "ok", "response": "fine"},
+        {"prompt": "q", "response": "a", "when": {1, 2}},
+    ]
+    client = TraceClient(collector)
+    with pytest.raises(RecordError, match=r"sample 1: metadata\.when"):
+        client.log_samples_nowait(bad, step=0)
+    assert client.stats().submitted == 0
+    skipping = TraceClient(collector, on_invalid="skip")
+    assert skipping.log_samples_nowait(bad, step=0) == 1
+    stats = skipping.close(30.0)
+    assert Counter(stats.dropped) == Counter({"invalid": 1})
+    assert stats.delivered == 1
+    client.close(1.0)
+    assert ray.get(collector.finish.remote()).written == 1

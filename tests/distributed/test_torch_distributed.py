@@ -1,0 +1,152 @@
+"""DistributedTraceLogger with gloo: three spawned ranks, real Trackio storage."""
+
+from __future__ import annotations
+
+import json
+import socket
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import asynctrace as at  # noqa: E402
+from asynctrace.testing import MemorySink  # noqa: E402
+from tests.distributed import _gloo_worker  # noqa: E402
+from tests.distributed._gloo_worker import SAMPLES_PER_STEP, K  # noqa: E402
+from tests.distributed._helpers import make_samples, read_traces  # noqa: E402
+
+WORLD = 3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def ranks() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """Spawn the ranks once for the module (process start-up dominates) and collect what each saw."""
+    from torch.multiprocessing.spawn import spawn
+
+    project = f"dist-{uuid.uuid4().hex[:10]}"
+    with tempfile.TemporaryDirectory() as out:
+        spawn(  # type: ignore[no-untyped-call]
+            _gloo_worker.run, args=(WORLD, _free_port(), project, out), nprocs=WORLD, join=True
+        )
+        results = [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    yield project, results
+
+
+def _single_process_pick(tag: str, sampler: Literal["first", "top_bottom"]) -> dict[int, list[str]]:
+    """What one process picks when it logs every rank's samples itself, rank by rank."""
+    sink = MemorySink()
+    with at.TraceSession(
+        "unused", sinks=[sink], max_traces_per_step=K, sampler=sampler, max_open_steps=len(SAMPLES_PER_STEP)
+    ) as session:
+        for step, n in enumerate(SAMPLES_PER_STEP):
+            for rank in range(WORLD):
+                session.log_samples(make_samples(f"{tag}{rank}", step, n, seed=rank), step=step)
+    return {step: sorted(r.sample.metadata["uid"] for r in recs) for step, recs in sink.steps().items()}
+
+
+def _written(project: str, run: str) -> dict[int, list[str]]:
+    out: dict[int, list[str]] = {}
+    for t in read_traces(project, run):
+        out.setdefault(t["step"], []).append(t["metadata"]["uid"])
+    return {step: sorted(uids) for step, uids in out.items()}
+
+
+@pytest.mark.parametrize("sampler", ["top_bottom", "first"])
+def test_global_mode_picks_what_one_process_would(
+    ranks: tuple[str, list[dict[str, Any]]], sampler: Literal["first", "top_bottom"]
+) -> None:
+    """Global mode writes, for every step, exactly the samples one process would pick from all
+    ranks' samples, and the job's accounting adds up across ranks."""
+    project, results = ranks
+    assert _written(project, f"global-{sampler}") == _single_process_pick("g", sampler)
+
+    stats = results[0][f"stats_{sampler}"]
+    assert [s["rank"] for s in stats] == list(range(WORLD))
+    writer = stats[0]
+    for s in stats:
+        assert s["submitted"] == s["handed_on"] + s["held"] + sum(s["dropped"].values())
+        assert s["dropped"]["late"] == 3
+    assert writer["merged_received"] == sum(s["handed_on"] for s in stats)
+    session = writer["session"]
+    assert writer["merged_received"] == writer["merged_capped"] + session["submitted"]
+    assert session["written"] == K * len(SAMPLES_PER_STEP)
+    total = sum(s["submitted"] for s in stats)
+    assert total == WORLD * (sum(SAMPLES_PER_STEP) + 3)
+    dropped_on_ranks = sum(sum(s["dropped"].values()) for s in stats)
+    assert total == dropped_on_ranks + writer["merged_capped"] + session["written"]
+
+
+def test_global_mode_sends_o_k_bytes_per_rank(ranks: tuple[str, list[dict[str, Any]]]) -> None:
+    """The bytes a rank sends per step stay O(k): the same for 20 and 2000 samples, and far below
+    what sending every sample would cost."""
+    _, results = ranks
+    largest = max(len(s["prompt"]) + len(s["response"]) + 120 for s in make_samples("g0", 0, 1, 0))
+    for r in results:
+        for sampler in ("top_bottom", "first"):
+            sent = r[f"bytes_{sampler}"]
+            assert len(sent) == len(SAMPLES_PER_STEP)
+            assert max(sent) <= 1.15 * min(sent)
+            assert max(sent) <= K * largest + 512
+            assert max(sent) * 50 < max(SAMPLES_PER_STEP) * largest
+
+
+def test_per_rank_modes_write_one_run_per_rank_in_one_group(ranks: tuple[str, list[dict[str, Any]]]) -> None:
+    """Per-rank mode writes each rank's own top/bottom k per step to its own run, per-rank streaming every
+    sample; each mode's runs share one Trackio group."""
+    from trackio.sqlite_storage import SQLiteStorage
+
+    project, results = ranks
+    for r in results:
+        rank = r["rank"]
+        assert r["per_rank_run"] == f"per-rank-rank{rank}"
+        written = _written(project, r["per_rank_run"])
+        assert sorted(written) == list(range(len(SAMPLES_PER_STEP)))
+        for step, uids in written.items():
+            mine = make_samples(f"p{rank}", step, SAMPLES_PER_STEP[step], seed=rank)
+            ranked = sorted(mine, key=lambda s: s["reward"])
+            expected = ranked[: K // 2] + ranked[-(K - K // 2) :]
+            assert uids == sorted(s["uid"] for s in expected)
+        assert (SQLiteStorage.get_run_config(project, r["per_rank_run"]) or {}).get("_Group") == "per-rank"
+
+        assert len(read_traces(project, r["stream_run"])) == sum(SAMPLES_PER_STEP)
+        assert (SQLiteStorage.get_run_config(project, r["stream_run"]) or {}).get("_Group") == "stream"
+        assert r["stream_stats"]["session"]["written"] == sum(SAMPLES_PER_STEP)
+
+
+def test_world_of_one_without_process_group(project: str) -> None:
+    """Without an initialised process group the logger is a world of one: global mode selects k per
+    step as a plain session would."""
+    sink = MemorySink()
+    from asynctrace.distributed import DistributedTraceLogger
+
+    with DistributedTraceLogger(
+        project, "solo", mode="global", max_traces_per_step=4, sampler="top_bottom", sinks=[sink]
+    ) as logger:
+        for step in range(3):
+            logger.log_samples(make_samples("solo", step, 100, seed=0), step=step)
+            logger.end_step(step)
+        assert logger.stats().bytes_sent == 0
+    assert {step: len(recs) for step, recs in sink.steps().items()} == {0: 4, 1: 4, 2: 4}
+    stats = logger.stats()
+    assert stats.check() and stats.session is not None and stats.session.written == 12
+
+
+def test_invalid_arguments_are_rejected(project: str) -> None:
+    """Bad modes and a global or per_rank logger without a cap fail up front with ValueError."""
+    from asynctrace.distributed import DistributedTraceLogger
+
+    with pytest.raises(ValueError, match="mode must be one of"):
+        DistributedTraceLogger(project, mode="everywhere")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="give one"):
+        DistributedTraceLogger(project, mode="global")
