@@ -1,0 +1,14 @@
+"""Framework adapters: each module turns one trainer's own rollout structures into `Sample`s.
+
+The frameworks are not dependencies: structures are read by their field names, as dicts
+(TypedDicts) or as attributes (dataclasses). Import the module of your framework::
+
+    from asynctrace.adapters import skyrl
+    samples = skyrl.to_samples(generator_input, generator_output, tokenizer=tokenizer)
+"""
+
+from __future__ import annotations
+
+from . import areal, open_instruct, skyrl, torchforge, trl
+
+__all__ = ["areal", "open_instruct", "skyrl", "torchforge", "trl"]

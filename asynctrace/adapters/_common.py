@@ -1,0 +1,92 @@
+"""What every adapter needs: read a field by name from a dict or an object, and tidy values."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .._record import Sample
+from ..rollouts._text import TextBatch
+
+__all__ = ["Message", "SampleBuilder", "as_sequence", "field", "jsonable", "role_name", "token_list"]
+
+
+def field(obj: Any, name: str, default: Any = None) -> Any:
+    """`obj[name]` for mappings (TypedDicts are dicts), `obj.name` for objects; `default` if absent."""
+    if obj is None:
+        return default
+    if isinstance(obj, Mapping):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+def as_sequence(value: Any, name: str) -> Sequence[Any]:
+    """A required per-sample column as a sequence (tensors and arrays become lists)."""
+    if value is None:
+        raise ValueError(f"{name}: is required")
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        value = value.tolist()
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence):
+        raise ValueError(f"{name}: expected a sequence, got {type(value).__name__}")
+    return value
+
+
+def token_list(value: Any) -> list[int]:
+    """Token ids from a list, a tuple, a 1-D tensor or an array."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    return [int(t) for t in value]
+
+
+def role_name(role: Any) -> str:
+    """A role as a plain string (frameworks use enums such as `Role.USER`)."""
+    if isinstance(role, enum.Enum):
+        role = role.value
+    return str(role)
+
+
+def jsonable(value: Any) -> Any:
+    """`value` if it is plain JSON data (scalars, lists, str-keyed dicts), else its `str()`."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        return jsonable(value.tolist())
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+        return {k: jsonable(v) for k, v in value.items()}
+    return str(value)
+
+
+Message = dict[str, Any] | tuple[str, int]
+"""A ready message, or `(role, handle)` whose text comes from the builder's one decode call."""
+
+
+class SampleBuilder:
+    """Collects samples whose text is partly still tokens, then decodes all of it in one call."""
+
+    __slots__ = ("_pending", "texts")
+
+    def __init__(self) -> None:
+        self.texts = TextBatch()
+        self._pending: list[tuple[list[Message], dict[str, Any]]] = []
+
+    def add(self, messages: list[Message], metadata: dict[str, Any]) -> None:
+        """Queue one sample."""
+        self._pending.append((messages, metadata))
+
+    def build(self, tokenizer: Any, where: str) -> list[Sample]:
+        """Decode every queued token sequence at once and return the samples in order."""
+        if len(self.texts) and tokenizer is None:
+            raise ValueError(f"tokenizer: {where} needs one to decode token ids (no text was given)")
+        decoded = self.texts.decode(tokenizer) if len(self.texts) else []
+        return [
+            Sample(
+                messages=[
+                    m if isinstance(m, dict) else {"role": m[0], "content": decoded[m[1]]} for m in messages
+                ],
+                metadata=metadata,
+            )
+            for messages, metadata in self._pending
+        ]

@@ -1,0 +1,82 @@
+"""From token runs to chat turns: the loss mask says who produced each stretch of tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ._text import TextBatch
+
+__all__ = ["Run", "Turns", "mask_runs", "split_turns"]
+
+Run = tuple[int, int, bool]
+"""`(start, end, generated)`: a maximal stretch of tokens with the same loss-mask value."""
+
+
+def mask_runs(mask: Sequence[Any]) -> list[Run]:
+    """Maximal runs of equal truthiness in `mask` (nonzero means the policy generated the token)."""
+    runs: list[Run] = []
+    if not mask:
+        return runs
+    start = 0
+    current = bool(mask[0])
+    for i, value in enumerate(mask):
+        flag = bool(value)
+        if flag is not current:
+            runs.append((start, i, current))
+            start, current = i, flag
+    runs.append((start, len(mask), current))
+    return runs
+
+
+class Turns:
+    """The turns of one sample, each a role and a handle into a `TextBatch`, plus its token counts."""
+
+    __slots__ = ("num_turns", "prompt_len", "seq_len", "turns")
+
+    def __init__(self, turns: list[tuple[str, int]], prompt_len: int, seq_len: int, num_turns: int) -> None:
+        self.turns = turns
+        self.prompt_len = prompt_len
+        self.seq_len = seq_len
+        self.num_turns = num_turns
+
+    def messages(self, texts: Sequence[str]) -> list[dict[str, Any]]:
+        """Chat messages once the batch is decoded."""
+        return [{"role": role, "content": texts[handle]} for role, handle in self.turns]
+
+
+def split_turns(
+    tokens: list[int],
+    runs: list[Run] | None,
+    prompt_len: int | None,
+    env_role: str,
+    texts: TextBatch,
+) -> Turns:
+    """Cut one sample's tokens into turns and queue each turn's text in `texts`.
+
+    Without `prompt_len`, a leading run the policy did not generate is the user prompt; with it,
+    the first `prompt_len` tokens are. After the prompt, generated runs are `assistant` turns and
+    the others `env_role` turns (tool results or user feedback). No runs at all means the tokens
+    were all generated.
+    """
+    n = len(tokens)
+    if runs is None:
+        runs = [(0, n, True)] if n else []
+    turns: list[tuple[str, int]] = []
+    if prompt_len is not None:
+        cut = min(max(prompt_len, 0), n)
+        if cut:
+            turns.append(("user", texts.add(tokens[:cut], shared=True)))
+        runs = [(max(start, cut), end, gen) for start, end, gen in runs if end > cut]
+    elif runs and not runs[0][2]:
+        start, cut, _ = runs[0]
+        turns.append(("user", texts.add(tokens[start:cut], shared=True)))
+        runs = runs[1:]
+    else:
+        cut = 0
+    num_turns = 0
+    for start, end, gen in runs:
+        if gen:
+            num_turns += 1
+        turns.append(("assistant" if gen else env_role, texts.add(tokens[start:end])))
+    return Turns(turns, prompt_len=cut, seq_len=n, num_turns=num_turns)

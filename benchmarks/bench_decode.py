@@ -1,0 +1,199 @@
+"""Decoding rollouts: the batched path versus the per-sample loop trainers write today.
+
+Two comparisons, each in one process run:
+
+1. a 256 x 4096 batch of multi-turn rollouts (prompt, assistant and tool turns, right padding,
+   per-token versions): `decode_rollouts` (rows selected on the device, one transfer per tensor,
+   one `decode_batch` call) versus a per-sample loop (`.item()`, `.cpu().tolist()` and one
+   `decode` per turn, per sample);
+2. a step of 1024 samples of which a cap keeps 16 (top/bottom by reward), through a
+   `TraceSession` into a memory sink: `log_rollouts` (the cap picks rows from the rewards, only
+   those are decoded) versus decoding all 1024 and handing them to `log_samples`.
+
+    python benchmarks/bench_decode.py [--device cuda] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import torch
+
+from asynctrace import Sample, TraceSession
+from asynctrace.rollouts import decode_rollouts, toy_tokenizer
+from asynctrace.testing import MemorySink
+
+
+def make_batch(
+    n_rows: int, width: int, vocab: int, group: int, seed: int, device: str
+) -> dict[str, torch.Tensor]:
+    """Multi-turn rollouts, right-padded: a prompt shared by each group, then assistant/tool turns."""
+    rng = random.Random(seed)
+    input_ids = torch.zeros(n_rows, width, dtype=torch.long)
+    attention_mask = torch.zeros(n_rows, width, dtype=torch.bool)
+    loss_mask = torch.zeros(n_rows, width, dtype=torch.long)
+    versions = torch.full((n_rows, width), -1, dtype=torch.long)
+    prompt: list[int] = []
+    for row in range(n_rows):
+        if row % group == 0:
+            prompt = [rng.randrange(3, vocab) for _ in range(rng.randrange(200, 600))]
+        length = rng.randrange(width // 2, width + 1)
+        ids = list(prompt[:length])
+        mask = [0] * len(ids)
+        turn = 0
+        while len(ids) < length:
+            generated = turn % 2 == 0
+            size = min(rng.randrange(200, 600) if generated else rng.randrange(50, 200), length - len(ids))
+            ids += [rng.randrange(3, vocab) for _ in range(size)]
+            mask += [int(generated)] * size
+            turn += 1
+        input_ids[row, :length] = torch.tensor(ids)
+        attention_mask[row, :length] = True
+        loss_mask[row, :length] = torch.tensor(mask)
+        versions[row, :length] = torch.where(torch.tensor(mask) == 1, 7, -1)
+    rewards = torch.rand(n_rows)
+    batch = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "loss_mask": loss_mask,
+        "versions": versions,
+        "rewards": rewards,
+    }
+    return {name: tensor.to(device) for name, tensor in batch.items()}
+
+
+def per_sample_loop(batch: dict[str, torch.Tensor], tokenizer: Any, rows: list[int]) -> list[Sample]:
+    """What trainers do today: per sample `.item()` / `.cpu().tolist()`, one `decode` per turn."""
+    samples = []
+    for i in rows:
+        seqlen = int(batch["attention_mask"][i].sum().item())
+        ids = batch["input_ids"][i, :seqlen].cpu().tolist()
+        mask = batch["loss_mask"][i, :seqlen].cpu().tolist()
+        versions = [v for v in batch["versions"][i, :seqlen].cpu().tolist() if v >= 0]
+        reward = float(batch["rewards"][i].item())
+        messages = []
+        start = 0
+        for j in range(1, seqlen + 1):
+            if j == seqlen or mask[j] != mask[j - 1]:
+                role = "assistant" if mask[start] else ("user" if start == 0 else "tool")
+                text = tokenizer.decode(ids[start:j], skip_special_tokens=False)
+                messages.append({"role": role, "content": text})
+                start = j
+        metadata = {"sample_index": i, "reward": reward, "seq_len": seqlen}
+        if versions:
+            metadata["policy_version_min"] = min(versions)
+            metadata["policy_version_max"] = max(versions)
+        samples.append(Sample(messages=messages, metadata=metadata))
+    return samples
+
+
+def batched(batch: dict[str, torch.Tensor], tokenizer: Any, rows: list[int] | None) -> list[Sample]:
+    return decode_rollouts(
+        batch["input_ids"],
+        tokenizer=tokenizer,
+        attention_mask=batch["attention_mask"],
+        loss_mask=batch["loss_mask"],
+        versions=batch["versions"],
+        rewards=batch["rewards"],
+        rows=rows,
+    )
+
+
+def best_of(repeat: int, device: str, *fns: Callable[[], object]) -> list[float]:
+    """Best wall time of each function; runs are interleaved so that load changes hit all alike."""
+    best = [math.inf] * len(fns)
+    for fn in fns:
+        fn()  # warm-up: allocator, tokenizer caches
+    for _ in range(repeat):
+        for k, fn in enumerate(fns):
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn()
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            best[k] = min(best[k], time.perf_counter() - start)
+    return best
+
+
+def compare_batch(args: argparse.Namespace, tokenizer: Any) -> None:
+    """[1] the batched path versus the per-sample loop, on the same batch."""
+    batch = make_batch(args.rows, args.width, tokenizer.get_vocab_size(), args.group, 0, args.device)
+    tokens = int(batch["attention_mask"].sum())
+    everything = list(range(args.rows))
+    reference = per_sample_loop(batch, tokenizer, everything)
+    if [s.messages for s in batched(batch, tokenizer, None)] != [s.messages for s in reference]:
+        raise SystemExit("the two paths disagree; refusing to time them")
+    loop_s, batch_s = best_of(
+        args.repeat,
+        args.device,
+        lambda: per_sample_loop(batch, tokenizer, everything),
+        lambda: batched(batch, tokenizer, None),
+    )
+    print(
+        f"[1] {args.rows} x {args.width} ({tokens} real tokens, multi-turn): "
+        f"per-sample loop {loop_s * 1e3:.0f} ms, batched {batch_s * 1e3:.0f} ms, "
+        f"ratio {loop_s / batch_s:.1f}x"
+    )
+
+
+def compare_cap(args: argparse.Namespace, tokenizer: Any) -> None:
+    """[2] `log_rollouts` under a cap versus decoding everything and logging it for the cap to drop."""
+    step = make_batch(args.step_rows, args.width, tokenizer.get_vocab_size(), args.group, 1, args.device)
+    tensors: dict[str, Any] = {name: step[name] for name in ("attention_mask", "loss_mask", "versions")}
+    counter = iter(range(10**9))
+
+    async def run(capped_first: bool) -> None:
+        sink = MemorySink()
+        async with TraceSession(
+            "bench-decode", run="cap", sinks=[sink], max_traces_per_step=args.cap, sampler="top_bottom"
+        ) as session:
+            n = next(counter)
+            if capped_first:
+                await session.log_rollouts(
+                    step["input_ids"], tokenizer=tokenizer, step=n, rewards=step["rewards"], **tensors
+                )
+            else:
+                samples = batched(step, tokenizer, None)
+                await session.log_samples(samples, step=n)
+        if len(sink.records) != args.cap:
+            raise SystemExit(f"expected {args.cap} traces, the sink got {len(sink.records)}")
+
+    all_s, cap_s = best_of(
+        args.repeat, args.device, lambda: anyio.run(run, False), lambda: anyio.run(run, True)
+    )
+    print(
+        f"[2] cap {args.cap} of {args.step_rows} x {args.width}, through a TraceSession: "
+        f"decode all then cap {all_s * 1e3:.0f} ms, log_rollouts (decode kept rows only) "
+        f"{cap_s * 1e3:.1f} ms, ratio {all_s / cap_s:.0f}x"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--repeat", type=int, default=5, help="timed runs per variant; the best is kept")
+    parser.add_argument("--rows", type=int, default=256)
+    parser.add_argument("--width", type=int, default=4096)
+    parser.add_argument("--group", type=int, default=8, help="samples per prompt (they share it)")
+    parser.add_argument("--step-rows", type=int, default=1024, help="samples in the capped step")
+    parser.add_argument("--cap", type=int, default=16)
+    args = parser.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
+    tokenizer = toy_tokenizer()
+    print(f"device={args.device} torch={torch.__version__} threads={torch.get_num_threads()}")
+    compare_batch(args, tokenizer)
+    compare_cap(args, tokenizer)
+
+
+if __name__ == "__main__":
+    main()
