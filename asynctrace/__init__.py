@@ -7,8 +7,9 @@ from ._record import Sample, TraceRecord
 from ._retry import RetryPolicy
 from ._sampling import FirstSampler, ReservoirSampler, Sampler, StepSelection, TopBottomSampler
 from ._session import SyncTraceSession, TraceSession
-from ._stats import SessionStats, SinkStats
-from .exceptions import AsyncTraceError, PermanentSinkError, RecordError, SessionClosedError
+from ._shutdown import install_shutdown_hooks
+from ._stats import SessionStats, SinkStats, SpoolStats
+from .exceptions import AsyncTraceError, PermanentSinkError, RecordError, SessionClosedError, SpoolError
 from .sinks import ConsoleSink, JsonlSink, Sink, TrackioSink
 
 __version__ = "0.1.0"
@@ -28,6 +29,8 @@ __all__ = [
     "SessionStats",
     "Sink",
     "SinkStats",
+    "SpoolError",
+    "SpoolStats",
     "StepSelection",
     "SyncTraceSession",
     "TopBottomSampler",
@@ -35,5 +38,6 @@ __all__ = [
     "TraceSession",
     "TrackioSink",
     "__version__",
+    "install_shutdown_hooks",
     "testing",
 ]

@@ -10,7 +10,7 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import anyio
 
@@ -18,6 +18,9 @@ from ._record import TraceRecord
 from ._sampling import EVICTED, HELD, RELEASED, Entry, Gate, GateResult
 from ._stats import SessionStats, SinkStats
 from .exceptions import SessionClosedError
+
+if TYPE_CHECKING:
+    from ._spool import Spool
 
 __all__ = ["Batch", "Buffer", "Marker", "MetricsItem"]
 
@@ -27,13 +30,14 @@ OnFull = Literal["block", "drop_newest", "drop_oldest"]
 class Batch:
     """Records dispatched together to every sink; resolved when every sink is done with them."""
 
-    __slots__ = ("failed", "lanes_left", "nbytes", "records")
+    __slots__ = ("errors", "failed", "lanes_left", "nbytes", "records")
 
     def __init__(self, records: list[TraceRecord], lanes: int) -> None:
         self.records = records
         self.nbytes = sum(r.nbytes for r in records)
         self.lanes_left = lanes
         self.failed = False
+        self.errors: list[tuple[str, str]] = []  # (sink, error) of the sinks that failed it
 
 
 class Marker:
@@ -119,15 +123,26 @@ class Buffer:
         self.thread_waiters = 0
         self._entry_seq = 0
         self.on_drop: Callable[[str, int], None] | None = None
+        # The write-ahead spool, when the session has one. With `spool_on_admit` (durability
+        # "enqueue") records are staged as they are admitted; otherwise the writer stages each
+        # batch as it dispatches it. Either way every resolution is passed on.
+        self.spool: Spool | None = None
+        self.spool_on_admit = False
+        self.replayed = 0
 
     # -- submission (any thread) -------------------------------------------------------
 
-    def _drop(self, reason: str, n: int) -> None:
+    def _drop(self, reason: str, n: int, records: Sequence[TraceRecord] = ()) -> None:
         if n:
             self.dropped[reason] += n
             self.pending -= n
             if self.on_drop is not None:
                 self.on_drop(reason, n)
+            if records and self.spool_on_admit and self.spool is not None:
+                # A record staged on admission and dropped since is done with. A replayed one is
+                # not: it stays in the spool for the next replay. (With durability "writer" no
+                # record is staged before it is dispatched, and dispatched ones are never dropped.)
+                self.spool.resolve([r for r in records if not r.replayed])
 
     def count_dropped(self, reason: str, n: int) -> None:
         """Count samples that were submitted and dropped before entering the pipeline."""
@@ -159,23 +174,24 @@ class Buffer:
                     self.depth -= 1
                     self.nbytes -= item.nbytes
                     self.undispatched -= 1
-                    self._drop("queue_full", 1)
+                    self._drop("queue_full", 1, (item,))
                     break
             else:
                 return False
         return True
 
-    def _enqueue(self, records: Sequence[TraceRecord], out: Admission) -> None:
+    def _enqueue(self, records: Sequence[TraceRecord], out: Admission, on_full: OnFull | None = None) -> None:
         """Admit records in order under the bound and the on_full policy."""
+        on_full = on_full or self.on_full
         for i, record in enumerate(records):
             if not self._fits(record.nbytes):
-                if self.on_full == "block":
+                if on_full == "block":
                     out.waiting = list(records[i:])
                     return
-                if self.on_full == "drop_oldest" and self._evict_oldest_for(record.nbytes):
+                if on_full == "drop_oldest" and self._evict_oldest_for(record.nbytes):
                     pass
                 else:
-                    self._drop("queue_full", 1)
+                    self._drop("queue_full", 1, (record,))
                     out.accepted -= 1
                     self.accepted -= 1
                     continue
@@ -191,7 +207,8 @@ class Buffer:
         return wake
 
     def _apply_gate(self, result: GateResult) -> tuple[list[TraceRecord], bool]:
-        self._drop("capped", result.capped + len(result.evicted))
+        evicted = [e.record for e in result.evicted if e.record is not None]
+        self._drop("capped", result.capped + len(result.evicted), evicted)
         self._drop("late", result.late)
         wake = self._release(result.released)
         return [e.record for e in result.passed if e.record is not None], wake
@@ -222,19 +239,24 @@ class Buffer:
             if self.gate is None:
                 passed: Sequence[TraceRecord] = records
                 out.accepted = n
+                if self.spool_on_admit and self.spool is not None:
+                    self.spool.stage(records)
             else:
                 entries = []
                 for r in records:
                     self._entry_seq += 1
                     entries.append(Entry(r.score, self._entry_seq, r))
                 result = self.gate.offer(split, step, entries, self.clock())
+                if self.spool_on_admit and self.spool is not None:
+                    # Staged before anything is dropped below, so every drop finds it staged.
+                    self.spool.stage([e.record for e in entries if e.state != EVICTED and e.record])
                 passed, out.wake = self._apply_gate(result)
                 out.accepted = len(passed) + result.held
             self.accepted += out.accepted
             self._enqueue(passed, out)
             if out.waiting and nowait:
                 # log_samples_nowait never blocks: "block" behaves as drop_newest there.
-                self._drop("queue_full", len(out.waiting))
+                self._drop("queue_full", len(out.waiting), out.waiting)
                 out.accepted -= len(out.waiting)
                 self.accepted -= len(out.waiting)
                 out.waiting = []
@@ -244,13 +266,34 @@ class Buffer:
         """Retry records that were waiting for room (block policy)."""
         out = Admission(accepted=len(records))
         with self.lock:
-            self._enqueue(records, out)
+            # Only the block policy (and replay, which never drops for room) leaves records waiting.
+            self._enqueue(records, out, "block")
         return out
 
     def give_up_waiting(self, records: Sequence[TraceRecord], reason: str) -> None:
         with self.lock:
             self.accepted -= len(records)
-            self._drop(reason, len(records))
+            self._drop(reason, len(records), records)
+
+    def admit_replayed(self, records: Sequence[TraceRecord]) -> Admission:
+        """Records replayed from a spool: counted as submitted (and replayed), past the gate
+        (they passed it in the session that logged them), and never dropped for room."""
+        out = Admission(accepted=len(records))
+        with self.lock:
+            if self.closed:
+                raise SessionClosedError("the session is finished; it accepts no more samples")
+            n = len(records)
+            self.submitted += n
+            self.pending += n
+            self.accepted += n
+            self.replayed += n
+            self._enqueue(records, out, "block")
+        return out
+
+    def undispatched_records(self) -> list[TraceRecord]:
+        """Records still queued (not handed to any sink); used to spill them to the spool at finish."""
+        with self.lock:
+            return [item for item in self.queue if isinstance(item, TraceRecord)]
 
     # -- reservations for log_rollouts ---------------------------------------------------
 
@@ -281,12 +324,17 @@ class Buffer:
         out = Admission()
         ready: list[TraceRecord] = []
         with self.lock:
+            staged: list[TraceRecord] = []
             for e, r in zip(entries, records, strict=True):
                 if e.state == HELD:
                     e.record = r
+                    staged.append(r)
                 elif e.state == RELEASED:
                     ready.append(r)
+                    staged.append(r)
                 # EVICTED: already counted as capped.
+            if self.spool_on_admit and self.spool is not None:
+                self.spool.stage(staged)
             out.accepted = len(ready)
             self._enqueue(ready, out)
         return out
@@ -300,7 +348,7 @@ class Buffer:
                     e.state = EVICTED
                     n += 1
             self.accepted -= n
-            self._drop(reason, n)
+            self._drop(reason, n, [e.record for e in entries if e.record is not None])
 
     # -- steps ---------------------------------------------------------------------------
 
@@ -348,6 +396,7 @@ class Buffer:
                 sink.failed += n
                 sink.last_error = error
                 batch.failed = True
+                batch.errors.append((self.sink_names[lane], error or "failed"))
             batch.lanes_left -= 1
             if batch.lanes_left:
                 return False
@@ -358,6 +407,12 @@ class Buffer:
                 self.failed += n
             else:
                 self.written += n
+            if self.spool is not None:
+                if batch.failed:
+                    error_text = "; ".join(f"{name}: {e}" for name, e in batch.errors)
+                    self.spool.resolve(batch.records, error_text, [name for name, _ in batch.errors])
+                else:
+                    self.spool.resolve(batch.records)
             if self.thread_waiters:
                 self.room.notify_all()
             return True
@@ -383,6 +438,7 @@ class Buffer:
                 pending=self.pending,
                 queue_depth=self.depth,
                 queue_bytes=self.nbytes,
+                replayed=self.replayed,
                 sinks={
                     name: SinkStats(
                         written=s.written,

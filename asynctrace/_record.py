@@ -40,10 +40,12 @@ class TraceRecord:
     """An accepted sample as sinks see it: a stable id, where it belongs, and its encoded form.
 
     The sample is kept only as the JSON encoded at submission (`payload`), so what the
-    byte bound counts is what is held; `sample` decodes it on access.
+    byte bound counts is what is held; `sample` decodes it on access. `replayed` is True for a
+    record delivered again from a spool after a restart: a sink that can tell which records it
+    already holds (as `TrackioSink` does) skips those.
     """
 
-    __slots__ = ("id", "key", "payload", "score", "split", "step", "timestamp")
+    __slots__ = ("_spool", "id", "key", "payload", "replayed", "score", "split", "step", "timestamp")
 
     def __init__(
         self,
@@ -54,6 +56,7 @@ class TraceRecord:
         payload: bytes,
         timestamp: float,
         score: float | None = None,
+        replayed: bool = False,
     ) -> None:
         self.id = id
         self.step = step
@@ -62,6 +65,9 @@ class TraceRecord:
         self.payload = payload
         self.timestamp = timestamp
         self.score = score
+        self.replayed = replayed
+        # Where the spool holds this record: None when it is not spooled (see _spool.py).
+        self._spool: int | None = None
 
     @property
     def sample(self) -> Sample:

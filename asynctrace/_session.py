@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
+import dataclasses
 import enum
 import functools
 import itertools
 import logging
 import math
+import os
 import queue
 import threading
 import time
 import uuid
-import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -23,11 +23,15 @@ import anyio
 import anyio.abc
 import sniffio
 from anyio.from_thread import BlockingPortal
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from . import _segments, _shutdown
 from ._buffer import Buffer, Marker, MetricsItem, OnFull
 from ._record import Sample, SampleLike, TraceRecord, as_list, encode_sample
 from ._retry import NO_RETRY, RetryPolicy
 from ._sampling import Gate, Sampler, SamplerName, resolve_sampler
+from ._security import check_name
+from ._spool import Durability, Spool
 from ._stats import SessionStats
 from ._writer import Writer, describe
 from .exceptions import RecordError, SessionClosedError
@@ -35,6 +39,7 @@ from .sinks._base import Sink
 
 if TYPE_CHECKING:
     from ._sampling import Entry
+    from ._shutdown import _Hooks
 
 __all__ = ["SyncTraceSession", "TraceSession"]
 
@@ -48,8 +53,12 @@ class _State(enum.Enum):
     CLOSED = "closed"
 
 
+# A coroutine function run as a task of the session (see TraceSession._run_jobs).
+Job = Callable[[], Coroutine[Any, Any, None]]
+
 _ON_FULL = ("block", "drop_newest", "drop_oldest")
 _ON_INVALID = ("raise", "skip")
+_DURABILITY = ("writer", "enqueue")
 _DEFAULT_RETRY = RetryPolicy()
 
 
@@ -92,6 +101,14 @@ class TraceSession:
 
     Use it as ``async with TraceSession(...) as session`` or, from synchronous code, as
     ``with TraceSession(...) as session`` (its writer then runs on its own event-loop thread).
+
+    With `spool_dir`, records are kept in a write-ahead spool until every sink has them, and a
+    session started on a spool a killed one left behind delivers those records first (see
+    docs/reliability.md): ``durability="writer"`` spools each batch as the writer takes it
+    (nothing on the caller's path; a hard kill loses what was still queued in memory),
+    ``"enqueue"`` spools before `log_samples` returns (a hard kill loses nothing accepted).
+    `shutdown_hooks=True` drains the session on SIGTERM/SIGINT and at exit
+    (see `asynctrace.install_shutdown_hooks`).
     """
 
     def __init__(
@@ -114,11 +131,18 @@ class TraceSession:
         max_open_steps: int = 2,
         step_timeout: float | None = 300.0,
         redact: Callable[[Sample], Sample] | None = None,
+        spool_dir: str | os.PathLike[str] | None = None,
+        durability: Durability = "writer",
+        replay: bool = True,
+        shutdown_hooks: bool = False,
     ) -> None:
         if not isinstance(project, str) or not project:
             raise ValueError(f"project must be a non-empty str, got {project!r}")
+        check_name("project", project)
         if run is not None and (not isinstance(run, str) or not run):
             raise ValueError(f"run must be a non-empty str or None, got {run!r}")
+        if run is not None:
+            check_name("run", run)
         if max_traces_per_step is not None and (
             isinstance(max_traces_per_step, bool)
             or not isinstance(max_traces_per_step, int)
@@ -151,6 +175,15 @@ class TraceSession:
             raise ValueError(f"trace_key may only use the {{split}} field, got {trace_key!r}") from exc
         if redact is not None and not callable(redact):
             raise ValueError("redact must be a callable taking and returning a Sample")
+        if durability not in _DURABILITY:
+            raise ValueError(f"durability must be one of {_DURABILITY}, got {durability!r}")
+        if spool_dir is not None and not isinstance(spool_dir, (str, os.PathLike)):
+            raise ValueError(f"spool_dir must be a path or None, got {type(spool_dir).__name__}")
+        if spool_dir is not None and not os.fspath(spool_dir):
+            raise ValueError("spool_dir must not be empty")
+        for name, flag in (("replay", replay), ("shutdown_hooks", shutdown_hooks)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name} must be a bool, got {flag!r}")
 
         if sinks is None:
             from .sinks import TrackioSink
@@ -178,6 +211,9 @@ class TraceSession:
         self.trace_key = trace_key
         self.on_invalid = on_invalid
         self.redact = redact
+        self.durability = durability
+        self.replay = replay
+        self.shutdown_hooks = shutdown_hooks
 
         names: list[str] = []
         for sink in sinks:
@@ -213,6 +249,20 @@ class TraceSession:
         self._warned: set[str] = set()
         self._ids = itertools.count()
         self._id_prefix = uuid.uuid4().hex[:12]
+        self._spool = (
+            Spool(spool_dir, project=project, run=self.run, session=self._id_prefix, durability=durability)
+            if spool_dir is not None
+            else None
+        )
+        # durability="enqueue": callers write their records to the spool before returning.
+        self._spool_sync = self._spool is not None and durability == "enqueue"
+        # Set by `asynctrace recover`: replay another (project, run)'s records, dead letters too.
+        self._replay_from: tuple[str, str] | None = None
+        self._replay_dead = False
+        self._replay_quiet = False
+        self._hooks: _Hooks | None = None
+        # Jobs other threads and signal handlers start in the session's task group (see _run_jobs).
+        self._jobs: MemoryObjectSendStream[Job] | None = None
         self._keys: dict[str, str] = {}
         self._state = _State.UNOPENED
         self._loop_thread: int | None = None
@@ -224,6 +274,7 @@ class TraceSession:
         self._finishing: anyio.Event | None = None
         self._final: SessionStats | None = None
         self._sync: _SyncRunner | None = None
+        self._opening_sync = False
 
     def __repr__(self) -> str:
         return f"TraceSession(project={self.project!r}, run={self.run!r}, state={self._state.value})"
@@ -233,6 +284,30 @@ class TraceSession:
     async def __aenter__(self) -> TraceSession:
         if self._state is not _State.UNOPENED:
             raise SessionClosedError(f"a TraceSession can be opened once; this one is {self._state.value}")
+        spool = self._spool
+        scan: _segments.DirScan | None = None
+        if spool is not None:
+            scan = await anyio.to_thread.run_sync(spool.open)
+            self._buffer.spool = spool
+            self._buffer.spool_on_admit = self.durability == "enqueue"
+        try:
+            await self._start()
+        except BaseException:
+            if spool is not None:
+                spool.close()
+            raise
+        if scan is not None:
+            try:
+                await self._replay_backlog(scan)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await self.__aexit__(None, None, None)
+                raise
+        if self.shutdown_hooks and not self._opening_sync:
+            self._install_hooks()
+        return self
+
+    async def _start(self) -> None:
         self._loop_thread = threading.get_ident()
         self._call_soon = _threadsafe_caller()
         self._room_event = anyio.Event()
@@ -252,8 +327,88 @@ class TraceSession:
             self._tg.cancel_scope.cancel()
             await self._tg.__aexit__(None, None, None)
             raise
+        self._jobs, jobs = anyio.create_memory_object_stream[Job](math.inf)
+        self._tg.start_soon(self._run_jobs, jobs)
         self._state = _State.OPEN
-        return self
+
+    async def _run_jobs(self, jobs: MemoryObjectReceiveStream[Job]) -> None:
+        # Starting a task needs a task context (anyio detects the event loop from it), which a
+        # loop callback scheduled by another thread or a signal handler does not have; this
+        # task starts such jobs for them. It ends when finish() closes the stream.
+        assert self._tg is not None
+        async with jobs:
+            async for job in jobs:
+                self._tg.start_soon(job)
+
+    def _submit_job(self, job: Job) -> bool:
+        """Start `job` in the session's task group; event-loop thread only (use `_call_soon`)."""
+        jobs = self._jobs
+        if jobs is None:
+            return False
+        try:
+            jobs.send_nowait(job)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            return False
+        return True
+
+    async def _replay_backlog(self, scan: _segments.DirScan) -> None:
+        """Deliver what a previous session left unacknowledged in the spool, ahead of new records."""
+        spool = self._spool
+        assert spool is not None
+        for name, problem in scan.problems:
+            logger.warning("asynctrace: spool file %s: %s", spool.directory / name, problem)
+        source = self._replay_from or (self.project, self.run)
+        others = {g: n for g, n in scan.groups().items() if g != source}
+        if others and not self._replay_quiet:
+            listed = ", ".join(f"{p}/{r} ({n})" for (p, r), n in sorted(others.items()))
+            logger.warning(
+                "asynctrace: the spool in %s holds unacknowledged records of other runs: %s; "
+                "this session replays only its own; deliver them with `asynctrace recover %s`",
+                spool.directory,
+                listed,
+                spool.directory,
+            )
+        if not self.replay:
+            mine = scan.groups().get(source, 0)
+            if mine:
+                logger.warning(
+                    "asynctrace: replay=False leaves %d unacknowledged records in the spool in %s",
+                    mine,
+                    spool.directory,
+                )
+            return
+
+        def selects(f: _segments.FileScan) -> bool:
+            wanted = f.kind == _segments.SEGMENT or (self._replay_dead and f.kind == _segments.DEAD)
+            return wanted and (f.project, f.run) == source
+
+        backlog = spool.backlog(scan, selects)
+        total = 0
+        while True:
+            records = await anyio.to_thread.run_sync(next, backlog, None)
+            if records is None:
+                break
+            total += len(records)
+            adm = self._buffer.admit_replayed(records)
+            if adm.wake:
+                self._wake()
+            if adm.waiting:
+                await self._wait_for_room(adm.waiting, None)
+        if total:
+            logger.info("asynctrace: replaying %d unacknowledged records from %s", total, spool.directory)
+
+    def _install_hooks(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            _shutdown.install_shutdown_hooks(self)
+        else:
+            logger.warning(
+                "asynctrace: shutdown_hooks=True but the session was opened off the main thread; "
+                "only the exit hook is installed (Python runs signal handlers on the main thread)"
+            )
+            _shutdown._hooked.add(self)
+
+    def _is_open(self) -> bool:
+        return self._state is _State.OPEN
 
     async def __aexit__(
         self,
@@ -275,7 +430,13 @@ class TraceSession:
     def __enter__(self) -> SyncTraceSession:
         if self._state is not _State.UNOPENED:
             raise SessionClosedError(f"a TraceSession can be opened once; this one is {self._state.value}")
-        self._sync = _SyncRunner(self)
+        self._opening_sync = True
+        try:
+            self._sync = _SyncRunner(self)
+        finally:
+            self._opening_sync = False
+        if self.shutdown_hooks:
+            self._install_hooks()
         return SyncTraceSession(self)
 
     def __exit__(
@@ -321,13 +482,33 @@ class TraceSession:
             assert writer is not None and writer.scope is not None
             writer.scope.cancel()
             await writer.stopped.wait()
+            if self._hooks is not None:
+                self._hooks.uninstall()
+            spool = self._spool
+            if spool is not None:
+                # Whatever is still queued goes to the spool (durability="writer" had not
+                # written it yet), so a later session or `asynctrace recover` delivers it.
+                spool.stage(self._buffer.undispatched_records())
+                try:
+                    await anyio.to_thread.run_sync(spool.close)
+                except Exception as exc:  # never a reason to leave the sinks' runs open
+                    logger.error(
+                        "asynctrace: closing the spool in %s failed: %s", spool.directory, describe(exc)
+                    )
             # Closing gets what is left of the deadline, and at least a short grace, so a
             # slow drain can never skip finishing the runs the sinks opened.
             close_budget = max(deadline - anyio.current_time(), min(budget, 5.0))
             async with anyio.create_task_group() as tg:
                 for sink, name in zip(self.sinks, self.sink_names, strict=True):
                     tg.start_soon(self._close_sink, sink, name, close_budget)
-            stats = self._buffer.snapshot()
+            stats = self.stats()
+            if spool is not None and stats.pending:
+                logger.warning(
+                    "asynctrace: %d undelivered records stay in the spool in %s; the next session "
+                    "on it (or `asynctrace recover`) delivers them",
+                    spool.unresolved(),
+                    spool.directory,
+                )
             if not drained or stats.pending:
                 logger.warning(
                     "asynctrace: finish() reached its %.1fs deadline with %d samples undelivered (%s)",
@@ -339,6 +520,8 @@ class TraceSession:
                 logger.warning("asynctrace: session finished with losses: %s", stats.summary())
             self._final = stats
             self._state = _State.CLOSED
+            if self._jobs is not None:
+                self._jobs.close()
             self._finishing.set()
         return stats
 
@@ -415,6 +598,11 @@ class TraceSession:
             records.append(TraceRecord(f"{prefix}-{next(ids)}", step, split, key, payload, now, score))
         return records, invalid
 
+    def _commit_spool(self, blocking: bool = True) -> None:
+        spool = self._spool
+        if spool is not None and spool.has_staged:
+            spool.commit(blocking=blocking)
+
     def _on_loop_thread(self) -> bool:
         return threading.get_ident() == self._loop_thread
 
@@ -460,6 +648,8 @@ class TraceSession:
             return await anyio.to_thread.run_sync(self._log_blocking, samples, step, split, timeout)
         records, invalid = self._encode(samples, step, split)
         adm = self._buffer.admit(records, split=split, step=step, nowait=False, invalid=invalid)
+        if self._spool_sync:
+            self._commit_spool()
         if adm.wake:
             self._wake()
         if not adm.waiting:
@@ -505,6 +695,8 @@ class TraceSession:
         records, invalid = self._encode(samples, step, split)
         buf = self._buffer
         adm = buf.admit(records, split=split, step=step, nowait=False, invalid=invalid)
+        if self._spool_sync:
+            self._commit_spool()
         if adm.wake:
             self._wake()
         waiting = adm.waiting
@@ -547,6 +739,10 @@ class TraceSession:
             raise SessionClosedError("the session is not open yet; use `async with` or `with`")
         records, invalid = self._encode(samples, step, split)
         adm = self._buffer.admit(records, split=split, step=step, nowait=True, invalid=invalid)
+        if self._spool_sync:
+            # Never blocks: if another commit is under way, that one or the writer's next
+            # one writes these records (before any sink sees them).
+            self._commit_spool(blocking=False)
         if adm.wake:
             self._wake()
         return adm.accepted
@@ -589,8 +785,13 @@ class TraceSession:
         return False
 
     def stats(self) -> SessionStats:
-        """A consistent snapshot of the session's accounting."""
-        return self._buffer.snapshot()
+        """A consistent snapshot of the session's accounting (and of its spool, if it has one)."""
+        snapshot = self._buffer.snapshot()
+        spool = self._spool
+        if spool is None:
+            return snapshot
+        duplicates = sum(int(getattr(sink, "duplicates_skipped", 0)) for sink in self.sinks)
+        return dataclasses.replace(snapshot, spool=spool.stats(duplicates))
 
     # -- reservations (used by log_rollouts) -----------------------------------------------
 
@@ -619,12 +820,13 @@ class TraceSession:
             self._buffer.cancel(entries, "invalid")
             raise
         adm = self._buffer.fill(entries, records)
+        if self._spool_sync:
+            self._commit_spool()
         if adm.wake:
             self._wake()
         if adm.waiting:
             return adm.accepted - await self._wait_for_room(adm.waiting, None)
         return adm.accepted
-
 
     async def log_rollouts(
         self,
@@ -736,20 +938,6 @@ class SyncTraceSession:
         self.finish()
 
 
-_open_runners: weakref.WeakSet[_SyncRunner] = weakref.WeakSet()
-
-
-@atexit.register
-def _finish_open_sync_sessions() -> None:
-    # A synchronous session left open at interpreter exit is drained with its own deadline,
-    # so traces are not lost and the writer thread (a daemon) cannot hang the exit.
-    for runner in list(_open_runners):
-        try:
-            runner.close(runner.session.finish_timeout)
-        except Exception as exc:  # pragma: no cover - best effort at exit
-            logger.error("asynctrace: finishing a session at exit failed: %s", exc)
-
-
 class _SyncRunner:
     """Runs a session's event loop on a daemon thread, reachable through a blocking portal."""
 
@@ -786,7 +974,7 @@ class _SyncRunner:
         except BaseException:
             self._shutdown_thread()
             raise
-        _open_runners.add(self)
+        _shutdown.register_runner(self)
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         with self._lock:
@@ -799,12 +987,16 @@ class _SyncRunner:
             if self._closed:
                 return self.session.stats() if self.session._final is None else self.session._final
             self._closed = True
-        _open_runners.discard(self)
+        _shutdown.unregister_runner(self)
         try:
             stats: SessionStats = self.portal.call(self.session.finish, timeout)
             self._cm.__exit__(None, None, None)
         finally:
             self._shutdown_thread()
+            # finish() ran on the loop thread, where signal handlers cannot be restored.
+            hooks = self.session._hooks
+            if hooks is not None:
+                hooks.uninstall()
         return stats
 
     def _shutdown_thread(self) -> None:

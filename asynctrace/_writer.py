@@ -17,11 +17,15 @@ import anyio.lowlevel
 from ._buffer import Batch, Buffer, Marker, MetricsItem
 from ._record import TraceRecord
 from ._retry import RetryPolicy, call_with_retry
+from ._security import describe
 from .sinks._base import Sink
 
 logger = logging.getLogger("asynctrace")
 
-__all__ = ["Signal", "Writer"]
+__all__ = ["Signal", "Writer", "describe"]
+
+# Records encoded for the spool per event-loop turn (see Writer._spool_batch).
+SPOOL_SLICE = 32
 
 
 class Signal:
@@ -42,11 +46,6 @@ class Signal:
         self._flag = False
         if self._event.is_set():
             self._event = anyio.Event()
-
-
-def describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class _Lane:
@@ -127,9 +126,14 @@ class Writer:
             if due == 0.0:
                 item = self.buffer.take()
                 if item is not None:
-                    for lane in self._lanes:
-                        lane.inbox.append(item)
-                        lane.signal.set()
+                    # Shielded: once taken, a batch reaches the spool and the lanes even if
+                    # finish() stops the writer meanwhile (this takes milliseconds).
+                    with anyio.CancelScope(shield=True):
+                        if isinstance(item, Batch):
+                            await self._spool_batch(item)
+                        for lane in self._lanes:
+                            lane.inbox.append(item)
+                            lane.signal.set()
                 # Give callers on this loop a turn between batches.
                 await anyio.lowlevel.checkpoint()
                 continue
@@ -138,12 +142,29 @@ class Writer:
                 due = until_check if due is None else min(due, until_check)
             await self.signal.wait(due)
 
+    async def _spool_batch(self, batch: Batch) -> None:
+        """durability="writer": the batch is on disk before any sink sees it."""
+        spool = self.buffer.spool
+        if spool is None:
+            return
+        if not self.buffer.spool_on_admit:
+            records = batch.records
+            # Encoding a large batch takes milliseconds of Python: done in slices, so the
+            # callers sharing this event loop get turns in between.
+            for i in range(0, len(records), SPOOL_SLICE):
+                spool.stage(records[i : i + SPOOL_SLICE], encode=True)
+                await anyio.lowlevel.checkpoint()
+        if spool.has_staged:
+            spool.commit()
+
     # -- lanes -----------------------------------------------------------------------------
 
     def _retry_counter(self, lane: _Lane) -> Callable[[BaseException | None], None]:
         def on_retry(exc: BaseException | None) -> None:
             self.buffer.note_retries(lane.index, 1)
-            logger.debug("asynctrace: retrying sink %r after %s", lane.sink.name, exc)
+            logger.debug(
+                "asynctrace: retrying sink %r after %s", lane.sink.name, describe(exc) if exc else "?"
+            )
 
         return on_retry
 
@@ -207,6 +228,10 @@ class Writer:
             freed |= self.buffer.resolve(batch, lane.index, ok, 0, error)
         if freed:
             self.on_room()
+            spool = self.buffer.spool
+            if spool is not None:
+                # Acknowledgements are not urgent: if a commit is under way, a later one writes them.
+                spool.commit(blocking=False)
 
     async def _write_metrics(
         self, lane: _Lane, item: MetricsItem, on_retry: Callable[[BaseException | None], None]
@@ -219,5 +244,6 @@ class Writer:
                 self.retry, lambda: lane.sink.write_metrics(item.step, item.metrics), on_retry
             )
         except Exception as exc:
-            self.buffer.note_metrics_failure(lane.index, describe(exc))
-            logger.warning("asynctrace: sink %r failed to write metrics: %s", lane.sink.name, exc)
+            error = describe(exc)
+            self.buffer.note_metrics_failure(lane.index, error)
+            logger.warning("asynctrace: sink %r failed to write metrics: %s", lane.sink.name, error)

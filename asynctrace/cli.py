@@ -81,3 +81,22 @@ def demo(
         progress=progress,
     )
     raise SystemExit(run_demo(config))
+
+
+@main.command()
+@click.argument("spool_dir", type=click.Path(file_okay=False))
+@click.option("--project", default=None, help="Deliver to this Trackio project instead of the recorded one.")
+@click.option("--run", default=None, help="Deliver to this run instead of the recorded one.")
+@click.option("--dead-letters", is_flag=True, help="Also retry records whose sink had failed for good.")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
+def recover(spool_dir: str, project: str | None, run: str | None, dead_letters: bool, progress: bool) -> None:
+    """Deliver the unacknowledged records of a spool (left by a killed trainer) to Trackio.
+
+    Records already in Trackio are not written again. Torn or corrupt spool files are reported
+    and skipped. Exits 1 when some records could not be delivered, 2 when the spool cannot be used.
+    """
+    from ._recover import main as run_recover
+
+    raise SystemExit(
+        run_recover(spool_dir, project=project, run=run, dead_letters=dead_letters, progress=progress)
+    )

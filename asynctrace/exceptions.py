@@ -7,6 +7,7 @@ __all__ = [
     "PermanentSinkError",
     "RecordError",
     "SessionClosedError",
+    "SpoolError",
 ]
 
 
@@ -29,3 +30,7 @@ class SessionClosedError(AsyncTraceError):
 
 class PermanentSinkError(AsyncTraceError):
     """Raised by a sink for a failure that retrying cannot fix; the batch is counted as failed."""
+
+
+class SpoolError(AsyncTraceError):
+    """The spool directory cannot be used: it is locked by another session, or not a usable directory."""

@@ -10,6 +10,7 @@ import anyio
 import orjson
 
 from .._record import TraceRecord
+from .._security import scrub
 from ._base import Sink
 
 __all__ = ["ConsoleSink"]
@@ -48,7 +49,8 @@ class ConsoleSink(Sink):
 
     def _emit(self, text: str) -> None:
         stream = self.stream or sys.stdout
-        stream.write(text)
+        # A console is often captured into job logs that many people can read.
+        stream.write(scrub(text))
         stream.flush()
 
     async def write(self, records: Sequence[TraceRecord]) -> None:

@@ -17,6 +17,7 @@ import orjson
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from .._record import TraceRecord
+from .._security import check_name
 from ..exceptions import PermanentSinkError
 from ._base import Sink
 from ._trackio_writer import HEADER, TrackioWriter
@@ -45,6 +46,9 @@ class TrackioSink(Sink):
         process: bool = True,
         init_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
+        for what, value in (("project", project), ("run", run)):
+            if value is not None:
+                check_name(what, value)
         self.name = "trackio"
         self.project = project
         self.run = run
@@ -58,6 +62,10 @@ class TrackioSink(Sink):
         self._reader: BufferedByteReceiveStream | None = None
         self._seq = itertools.count()
         self._broken = False
+        self._open_seq: int | None = None  # the open request, until its reply is read
+        self._inflight: tuple[object, int] | None = None  # (what, seq) of a request awaiting its reply
+        #: Replayed records that were already in Trackio and so were not written again.
+        self.duplicates_skipped = 0
 
     def bind(self, project: str, run: str) -> None:
         self.project = self.project or project
@@ -86,7 +94,15 @@ class TrackioSink(Sink):
             )
             await anyio.to_thread.run_sync(self._writer.open, abandon_on_cancel=True)
             return
-        await self._spawn()
+        await self._ensure_open()
+
+    # -- the writer process ----------------------------------------------------------------
+    #
+    # A timed-out attempt does not make the process suspect: the writer may simply be busy
+    # (starting Trackio takes seconds; a locked database makes a commit wait). The retry then
+    # waits for the same request instead of sending it again or starting another process, so
+    # a short attempt timeout still lets a slow start or a held lock come through. Only a
+    # frame cut short in the pipe, or the process ending, means starting afresh.
 
     async def _spawn(self) -> None:
         await self._kill()
@@ -103,10 +119,23 @@ class TrackioSink(Sink):
         assert self._proc.stdout is not None
         self._reader = BufferedByteReceiveStream(self._proc.stdout)
         self._broken = False
-        await self._request(self._open_header())
+        self._inflight = None
+        self._open_seq = await self._send(self._proc, self._open_header())
+
+    async def _ensure_open(self) -> None:
+        if self._proc is None or self._proc.returncode is not None or self._broken:
+            await self._spawn()
+        if self._open_seq is not None:
+            reply = await self._await_reply(self._open_seq)
+            self._open_seq = None
+            if not reply.get("ok"):
+                self._broken = True  # the next attempt starts a fresh process
+                _raise(reply)
 
     async def _kill(self) -> None:
         proc, self._proc = self._proc, None
+        self._open_seq = None
+        self._inflight = None
         if proc is None:
             return
         if proc.returncode is None:
@@ -115,17 +144,10 @@ class TrackioSink(Sink):
             await proc.wait()
         await proc.aclose()
 
-    async def _request(self, header: dict[str, Any], payloads: Sequence[bytes] = ()) -> None:
-        await self._request_on(self._proc, header, payloads)
-
-    async def _request_on(
-        self,
-        proc: anyio.abc.Process | None,
-        header: dict[str, Any],
-        payloads: Sequence[bytes] = (),
-    ) -> None:
-        reader = self._reader
-        if proc is None or reader is None or proc.stdin is None:
+    async def _send(
+        self, proc: anyio.abc.Process | None, header: dict[str, Any], payloads: Sequence[bytes] = ()
+    ) -> int:
+        if proc is None or proc.stdin is None:
             raise RuntimeError("the Trackio writer process is not running")
         seq = next(self._seq)
         header["seq"] = seq
@@ -136,33 +158,61 @@ class TrackioSink(Sink):
         # then starts a fresh writer process instead of talking to a confused one.
         self._broken = True
         await proc.stdin.send(b"".join((HEADER.pack(len(head)), head, *payloads)))
-        while True:
-            line = await reader.receive_until(b"\n", 1 << 20)
-            reply = orjson.loads(line)
-            if reply.get("seq") == seq:
-                break
         self._broken = False
-        if not reply.get("ok"):
-            message = f"Trackio writer: {reply.get('error')}"
-            if reply.get("permanent"):
-                raise PermanentSinkError(message)
-            raise RuntimeError(message)
+        return seq
 
-    async def _ensure_process(self) -> None:
-        if self._proc is None or self._proc.returncode is not None or self._broken:
-            await self._spawn()
+    async def _await_reply(self, seq: int) -> dict[str, Any]:
+        reader = self._reader
+        if reader is None:
+            raise RuntimeError("the Trackio writer process is not running")
+        while True:
+            try:
+                line = await reader.receive_until(b"\n", 1 << 20)
+            except (
+                anyio.EndOfStream,
+                anyio.IncompleteRead,
+                anyio.BrokenResourceError,
+                anyio.ClosedResourceError,
+            ) as exc:
+                self._broken = True
+                raise RuntimeError("the Trackio writer process exited") from exc
+            reply: dict[str, Any] = orjson.loads(line)
+            # Replies to requests given up on earlier are skipped; the worker answers in order.
+            if reply.get("seq") == seq:
+                return reply
+
+    async def _call(
+        self, key: object, header: dict[str, Any], payloads: Sequence[bytes] = ()
+    ) -> dict[str, Any]:
+        """Send a request, or keep waiting for it if a timed-out attempt already sent it."""
+        await self._ensure_open()
+        inflight = self._inflight
+        if inflight is not None and inflight[0] is key:
+            seq = inflight[1]
+        else:
+            seq = await self._send(self._proc, header, payloads)
+            self._inflight = (key, seq)
+        reply = await self._await_reply(seq)
+        self._inflight = None
+        if not reply.get("ok"):
+            _raise(reply)
+        return reply
 
     async def write(self, records: Sequence[TraceRecord]) -> None:
         if not self.process:
             writer = self._writer
             if writer is None:
                 raise RuntimeError("TrackioSink is not open")
-            items = [(r.id, r.step, r.key, r.payload) for r in records]
-            await anyio.to_thread.run_sync(writer.write, items, abandon_on_cancel=True)
+            items = [(r.id, r.step, r.key, r.payload, r.replayed) for r in records]
+            skipped = await anyio.to_thread.run_sync(writer.write, items, abandon_on_cancel=True)
+            self.duplicates_skipped += skipped
             return
-        await self._ensure_process()
-        header = {"op": "write", "items": [[r.id, r.step, r.key, len(r.payload)] for r in records]}
-        await self._request(header, [r.payload for r in records])
+        header = {
+            "op": "write",
+            "items": [[r.id, r.step, r.key, len(r.payload), int(r.replayed)] for r in records],
+        }
+        reply = await self._call(records, header, [r.payload for r in records])
+        self.duplicates_skipped += int(reply.get("skipped", 0))
 
     async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         if not self.process:
@@ -171,8 +221,7 @@ class TrackioSink(Sink):
                 raise RuntimeError("TrackioSink is not open")
             await anyio.to_thread.run_sync(writer.write_metrics, step, metrics, abandon_on_cancel=True)
             return
-        await self._ensure_process()
-        await self._request({"op": "metrics", "step": step, "metrics": dict(metrics)})
+        await self._call(metrics, {"op": "metrics", "step": step, "metrics": dict(metrics)})
 
     async def close(self) -> None:
         if not self.process:
@@ -185,7 +234,9 @@ class TrackioSink(Sink):
             return
         try:
             if proc.returncode is None and not self._broken:
-                await self._request_on(proc, {"op": "finish"})
+                reply = await self._await_reply(await self._send(proc, {"op": "finish"}))
+                if not reply.get("ok"):
+                    _raise(reply)
                 self.finished = True
         finally:
             # End of input makes the writer finish its run (if the request above did not
@@ -197,3 +248,10 @@ class TrackioSink(Sink):
                 if self.finished:
                     with anyio.move_on_after(5):
                         await proc.wait()
+
+
+def _raise(reply: Mapping[str, Any]) -> None:
+    message = f"Trackio writer: {reply.get('error')}"
+    if reply.get("permanent"):
+        raise PermanentSinkError(message)
+    raise RuntimeError(message)

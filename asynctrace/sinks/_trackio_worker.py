@@ -5,24 +5,59 @@ caller's event loop for the GIL; in a process of its own it cannot. The protocol
 frames of ``>I`` header length, an orjson header, then the concatenated payloads; each request
 gets one orjson line on the protocol pipe. If the parent dies, stdin closes and the run is
 finished anyway, so a killed trainer never leaves its Trackio run open.
+
+SIGINT and SIGTERM are ignored here: a Ctrl-C or a scheduler's SIGTERM reaches the whole process
+group, and the parent's shutdown hooks need this process to finish writing what they flush. It
+exits when its parent closes the pipe, whatever the parent died of.
 """
 
 from __future__ import annotations
 
+import io
 import os
+import queue
+import signal
 import sys
-from typing import Any, BinaryIO
+import threading
+from typing import Any, TextIO
 
 import orjson
 
+from .._security import scrub
 from ..exceptions import PermanentSinkError
 from ._trackio_writer import HEADER, TrackioWriter
 
 
-def _read_exact(stream: BinaryIO, n: int) -> bytes | None:
+class _Scrubbed(io.TextIOBase):
+    """A text stream that scrubs credentials (Trackio prints URLs that can carry a write token)."""
+
+    def __init__(self, inner: TextIO) -> None:
+        self._inner = inner
+
+    def write(self, text: str) -> int:
+        self._inner.write(scrub(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self._inner.flush()
+
+    def fileno(self) -> int:
+        return self._inner.fileno()
+
+    def isatty(self) -> bool:
+        return self._inner.isatty()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self._inner.encoding
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    # Raw reads on the descriptor: a daemon thread blocked in a buffered stdin read would make
+    # the interpreter abort at exit while it waits for that buffer's lock.
     chunks = []
     while n:
-        chunk = stream.read(n)
+        chunk = os.read(fd, min(n, 1 << 20))
         if not chunk:
             return None
         chunks.append(chunk)
@@ -30,7 +65,9 @@ def _read_exact(stream: BinaryIO, n: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _handle(writer: TrackioWriter | None, header: dict[str, Any], blob: bytes) -> TrackioWriter | None:
+def _handle(
+    writer: TrackioWriter | None, header: dict[str, Any], blob: bytes, reply: dict[str, Any]
+) -> TrackioWriter | None:
     op = header["op"]
     if op == "open":
         writer = TrackioWriter(
@@ -43,14 +80,15 @@ def _handle(writer: TrackioWriter | None, header: dict[str, Any], blob: bytes) -
         writer.open()
         return writer
     if writer is None:
-        raise PermanentSinkError("the Trackio writer was not opened")
+        # Its open failed (and was reported); the parent starts a fresh writer on retry.
+        raise RuntimeError("the Trackio writer was not opened")
     if op == "write":
         items = []
         offset = 0
-        for record_id, step, key, size in header["items"]:
-            items.append((record_id, step, key, blob[offset : offset + size]))
+        for record_id, step, key, size, replayed in header["items"]:
+            items.append((record_id, step, key, blob[offset : offset + size], bool(replayed)))
             offset += size
-        writer.write(items)
+        reply["skipped"] = writer.write(items)
     elif op == "metrics":
         writer.write_metrics(header["step"], header["metrics"])
     elif op == "finish":
@@ -60,14 +98,9 @@ def _handle(writer: TrackioWriter | None, header: dict[str, Any], blob: bytes) -
     return writer
 
 
-def main() -> int:
-    stdin = sys.stdin.buffer
-    # Trackio prints to stdout; keep the protocol on a private copy of fd 1 and send
-    # everything else the process prints to stderr.
-    proto = os.fdopen(os.dup(1), "wb", buffering=0)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    writer: TrackioWriter | None = None
+def _read_frames(stdin: int, frames: queue.Queue[tuple[dict[str, Any], bytes] | None]) -> None:
+    """Reader thread: drain stdin as frames arrive, so the parent's sends never stall on a pipe
+    that is full because a commit is waiting (a locked database, a slow disk)."""
     try:
         while True:
             raw = _read_exact(stdin, HEADER.size)
@@ -78,18 +111,44 @@ def main() -> int:
             if head is None:
                 break
             header = orjson.loads(head)
-            blob = _read_exact(stdin, header.get("blob", 0)) if header.get("blob") else b""
+            blob = _read_exact(stdin, header["blob"]) if header.get("blob") else b""
             if blob is None:
                 break
+            frames.put((header, blob))
+    finally:
+        frames.put(None)
+
+
+def main() -> int:
+    stdin = sys.stdin.fileno()
+    # Trackio prints to stdout; keep the protocol on a private copy of fd 1 and send
+    # everything else the process prints to stderr.
+    proto = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr = _Scrubbed(sys.stderr)  # type: ignore[assignment]
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    frames: queue.Queue[tuple[dict[str, Any], bytes] | None] = queue.Queue()
+    threading.Thread(target=_read_frames, args=(stdin, frames), daemon=True).start()
+    writer: TrackioWriter | None = None
+    try:
+        while True:
+            frame = frames.get()
+            if frame is None:
+                break
+            header, blob = frame
             reply: dict[str, Any] = {"seq": header.get("seq")}
             try:
-                writer = _handle(writer, header, blob)
+                writer = _handle(writer, header, blob, reply)
                 reply["ok"] = True
             except PermanentSinkError as exc:
-                reply.update(ok=False, permanent=True, error=str(exc))
+                reply.update(ok=False, permanent=True, error=scrub(str(exc)))
             except Exception as exc:
-                reply.update(ok=False, permanent=False, error=f"{type(exc).__name__}: {exc}")
-            proto.write(orjson.dumps(reply) + b"\n")
+                reply.update(ok=False, permanent=False, error=scrub(f"{type(exc).__name__}: {exc}"))
+            try:
+                proto.write(orjson.dumps(reply) + b"\n")
+            except BrokenPipeError:
+                break  # the parent is gone; finish the run below
             if header["op"] == "finish" and reply["ok"]:
                 return 0
     finally:

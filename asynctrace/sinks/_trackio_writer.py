@@ -2,26 +2,114 @@
 
 It runs in a writer process by default (see `_trackio_worker`), or in a worker thread with
 ``TrackioSink(process=False)``. Kept free of asynctrace's event-loop code on purpose.
+
+Idempotency. Trackio names a trace row ``{run_id}:{log_id}:{key}:{index}`` and inserts it with
+INSERT OR IGNORE. Records are grouped into log entries of *consecutive* record ids of one step
+and key, and each entry's log id is ``at-{first record id}``, so every stored trace maps back to
+exactly one record id (``{prefix}-{n + index}``). A retry of the same batch rewrites the same
+rows (ignored); a replay after a restart, whose batches may be composed differently, first asks
+the database which of its records are already there and skips them.
 """
 
 from __future__ import annotations
 
+import re
+import sqlite3
 import struct
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
 
-__all__ = ["HEADER", "TrackioWriter", "WriteItem"]
+__all__ = ["HEADER", "TrackioWriter", "WriteItem", "decode_record_id", "stored_record_ids"]
 
 # Frame header of the writer-process protocol: the length of the orjson header that follows.
 HEADER = struct.Struct(">I")
 
-# (record id, step, trace key, encoded sample)
-WriteItem = tuple[str, int, str, bytes]
+# (record id, step, trace key, encoded sample, replayed)
+WriteItem = tuple[str, int, str, bytes, bool]
+
+_COUNTED_ID = re.compile(r"^(.*)-(\d+)$")
+LOG_ID_PREFIX = "at-"
+
+
+def _split_id(record_id: str) -> tuple[str, int] | None:
+    m = _COUNTED_ID.match(record_id)
+    return (m.group(1), int(m.group(2))) if m else None
+
+
+def decode_record_id(log_id: str | None, index: int | None) -> str | None:
+    """The record id of the trace at `index` of the log entry `log_id`; None when not ours."""
+    if not log_id or not log_id.startswith(LOG_ID_PREFIX):
+        return None
+    first = log_id[len(LOG_ID_PREFIX) :]
+    if not index:
+        return first
+    parts = _split_id(first)
+    return None if parts is None else f"{parts[0]}-{parts[1] + index}"
+
+
+def stored_record_ids(project: str, run_id: str, steps: Iterable[int] | None = None) -> set[str]:
+    """Record ids whose traces are in the project's database for `run_id` (optionally some steps)."""
+    from trackio.sqlite_storage import SQLiteStorage
+
+    path = SQLiteStorage.get_project_db_path(project)
+    if not path.exists():
+        return set()
+    query = "SELECT log_id, trace_index FROM traces WHERE run_id = ?"
+    params: list[Any] = [run_id]
+    if steps is not None:
+        wanted = sorted(set(steps))
+        query += f" AND step IN ({','.join('?' * len(wanted))})"
+        params += wanted
+    with sqlite3.connect(path, timeout=30.0) as conn:
+        try:
+            rows = conn.execute(query, params).fetchall()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return set()
+            raise
+    out = set()
+    for log_id, index in rows:
+        record_id = decode_record_id(log_id, index)
+        if record_id is not None:
+            out.add(record_id)
+    return out
+
+
+def _entries(items: Sequence[WriteItem]) -> list[tuple[int, str, str, list[WriteItem]]]:
+    """(step, key, log id, items) entries, each a run of consecutive record ids (see above)."""
+    out: list[tuple[int, str, str, list[WriteItem]]] = []
+    open_runs: dict[tuple[int, str], tuple[list[WriteItem], str, int]] = {}
+    for item in items:
+        record_id, step, key = item[0], item[1], item[2]
+        parts = _split_id(record_id)
+        run = open_runs.get((step, key))
+        if run is not None and parts is not None and parts[0] == run[1] and parts[1] == run[2] + 1:
+            run[0].append(item)
+            open_runs[(step, key)] = (run[0], run[1], parts[1])
+            continue
+        group = [item]
+        out.append((step, key, LOG_ID_PREFIX + record_id, group))
+        if parts is not None:
+            open_runs[(step, key)] = (group, parts[0], parts[1])
+        else:
+            open_runs.pop((step, key), None)
+    return out
+
 
 TRACE_TYPE = "trackio.trace"
+
+
+def _trace(payload: bytes) -> dict[str, Any]:
+    sample = orjson.loads(payload)
+    return {
+        "_type": TRACE_TYPE,
+        "messages": sample["messages"],
+        "metadata": sample.get("metadata", {}),
+        "spans": sample.get("spans") or [],
+    }
 
 
 class TrackioWriter:
@@ -76,47 +164,47 @@ class TrackioWriter:
         config: dict[str, Any] = utils.to_json_safe(run.config)  # type: ignore[no-untyped-call]
         return config
 
-    def write(self, items: Sequence[WriteItem]) -> None:
-        """One log entry per step, carrying that step's traces under their keys."""
-        by_step: dict[int, tuple[str, dict[str, list[dict[str, Any]]]]] = {}
-        for record_id, step, key, payload in items:
-            sample = orjson.loads(payload)
-            trace = {
-                "_type": TRACE_TYPE,
-                "messages": sample["messages"],
-                "metadata": sample.get("metadata", {}),
-                "spans": sample.get("spans") or [],
-            }
-            entry = by_step.get(step)
-            if entry is None:
-                # The log id is derived from the first record id, so a replayed batch maps
-                # onto the same trace rows and Trackio's INSERT OR IGNORE keeps one copy.
-                entry = by_step[step] = (f"at-{record_id}", {})
-            entry[1].setdefault(key, []).append(trace)
+    def write(self, items: Sequence[WriteItem]) -> int:
+        """Log the records as traces; returns how many replayed ones were already stored (skipped).
+
+        Locally, one log entry per run of consecutive record ids of a step and key (usually
+        one per step), committed before this returns. Remotely, one ``run.log`` per step;
+        there replays cannot be checked, so a replayed batch may repeat.
+        """
+        skipped = 0
+        if self.local and any(item[4] for item in items):
+            stored = stored_record_ids(self.project, self.run.id, {item[1] for item in items if item[4]})
+            if stored:
+                kept = [item for item in items if not (item[4] and item[0] in stored)]
+                skipped = len(items) - len(kept)
+                items = kept
+        if not items:
+            return skipped
         if self.local:
             from trackio.sqlite_storage import SQLiteStorage
 
-            steps = list(by_step)
+            entries = _entries(items)
             SQLiteStorage.bulk_log(
                 project=self.project,
                 run=self.run.name,
                 run_id=self.run.id,
-                metrics_list=[by_step[s][1] for s in steps],
-                steps=steps,
-                log_ids=[by_step[s][0] for s in steps],
+                metrics_list=[{key: [_trace(i[3]) for i in group]} for _, key, _, group in entries],
+                steps=[step for step, _, _, _ in entries],
+                log_ids=[log_id for _, _, log_id, _ in entries],
                 config=self._config_once(),
             )
-            return
+            return skipped
         from trackio import Trace
 
-        for step, (_, metrics) in by_step.items():
-            self.run.log(
-                {
-                    key: [Trace(t["messages"], t["metadata"], t["spans"]) for t in traces]
-                    for key, traces in metrics.items()
-                },
-                step=step,
+        by_step: dict[int, dict[str, list[Any]]] = {}
+        for _, step, key, payload, _ in items:
+            t = _trace(payload)
+            by_step.setdefault(step, {}).setdefault(key, []).append(
+                Trace(t["messages"], t["metadata"], t["spans"])
             )
+        for step, metrics in by_step.items():
+            self.run.log(metrics, step=step)
+        return skipped
 
     def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         if self.local:

@@ -1,0 +1,221 @@
+"""``asynctrace recover``: deliver what a spool holds to Trackio, outside any trainer.
+
+Each (project, run) with unacknowledged records is replayed by a `TraceSession` opened on the
+spool (so retries, acknowledgements, dead letters and accounting are exactly a session's),
+optionally into another project or run. Replayed records carry their original ids, and the
+Trackio sink skips those already stored, so running recover twice, or after a session that
+replayed part of the spool, writes nothing twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+import anyio
+
+from . import _segments as seg
+from ._session import TraceSession
+from ._spool import Spool
+from ._stats import SessionStats
+from .exceptions import SpoolError
+from .sinks import TrackioSink
+
+__all__ = ["GroupResult", "RecoverReport", "recover"]
+
+logger = logging.getLogger("asynctrace")
+
+
+@dataclass(slots=True)
+class GroupResult:
+    """What recovering one (project, run) of the spool did."""
+
+    source: tuple[str, str]
+    target: tuple[str, str]
+    found: int
+    stats: SessionStats
+
+    @property
+    def duplicates(self) -> int:
+        return self.stats.spool.duplicates_skipped if self.stats.spool is not None else 0
+
+
+@dataclass(slots=True)
+class RecoverReport:
+    """The outcome of one `recover` call."""
+
+    directory: Path
+    groups: list[GroupResult] = field(default_factory=list)
+    problems: list[tuple[str, str]] = field(default_factory=list)
+    dead_letters_left: int = 0
+    left: int = 0  # unacknowledged records still in the spool afterwards
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return all(g.stats.failed == 0 and g.stats.pending == 0 for g in self.groups) and not self.left
+
+    @property
+    def replayed(self) -> int:
+        return sum(g.stats.replayed for g in self.groups)
+
+    def lines(self) -> list[str]:
+        """The human-readable summary."""
+        out = [f"asynctrace recover {self.directory}"]
+        if not self.groups:
+            out.append("  nothing to replay")
+        for g in self.groups:
+            st = g.stats
+            src = "/".join(g.source)
+            dst = "/".join(g.target)
+            where = src if src == dst else f"{src} -> {dst}"
+            line = f"  {where}: {st.replayed} replayed, {st.written - g.duplicates} written"
+            if g.duplicates:
+                line += (
+                    f", {g.duplicates} already in Trackio and skipped (the batch in flight when the "
+                    "writer was stopped)"
+                )
+            if st.failed:
+                line += f", {st.failed} failed (kept as dead letters)"
+            if st.pending:
+                line += f", {st.pending} undelivered (kept in the spool)"
+            out.append(line)
+        for name, problem in self.problems:
+            out.append(f"  skipped: {name}: {problem}")
+        if self.dead_letters_left:
+            out.append(f"  {self.dead_letters_left} dead letters remain (retry them with --dead-letters)")
+        if self.seconds > 0 and self.replayed:
+            out.append(
+                f"  {self.replayed} records in {self.seconds:.2f}s ({self.replayed / self.seconds:,.0f}/s)"
+            )
+        return out
+
+
+def _tidy(directory: Path) -> seg.DirScan:
+    """Open and close the spool once: quarantines unreadable files, deletes acknowledged ones."""
+    spool = Spool(directory, project="-", run="-", session="recover", durability="writer")
+    scan = spool.open()
+    spool.close()
+    return scan
+
+
+async def recover(
+    directory: str | os.PathLike[str],
+    *,
+    project: str | None = None,
+    run: str | None = None,
+    dead_letters: bool = False,
+    progress: bool = True,
+    stream: TextIO | None = None,
+) -> RecoverReport:
+    """Replay every unacknowledged record of the spool in `directory` into Trackio.
+
+    `project` / `run` send them to another project or run than the one they were logged to;
+    `dead_letters` also retries records whose sink had failed for good.
+    """
+    path = Path(directory)
+    if not path.is_dir():
+        raise SpoolError(f"no spool directory at {path}")
+    report = RecoverReport(path)
+    started = time.perf_counter()
+    scan = await anyio.to_thread.run_sync(_tidy, path)
+    report.problems = scan.problems
+    groups = dict(scan.groups(seg.SEGMENT))
+    if dead_letters:
+        for key, n in scan.groups(seg.DEAD).items():
+            groups[key] = groups.get(key, 0) + n
+    for source, found in sorted(groups.items()):
+        target = (project or source[0], run or source[1])
+        report.groups.append(await _replay_group(path, source, target, found, dead_letters, progress, stream))
+    report.seconds = time.perf_counter() - started
+    final = await anyio.to_thread.run_sync(seg.scan_dir, path)
+    report.dead_letters_left = final.pending(seg.DEAD)
+    report.left = final.pending(seg.SEGMENT)
+    return report
+
+
+async def _replay_group(
+    path: Path,
+    source: tuple[str, str],
+    target: tuple[str, str],
+    found: int,
+    dead_letters: bool,
+    progress: bool,
+    stream: TextIO | None,
+) -> GroupResult:
+    session = TraceSession(
+        target[0],
+        run=target[1],
+        sinks=[TrackioSink()],
+        spool_dir=path,
+        durability="writer",
+        replay=True,
+        finish_timeout=120.0,
+    )
+    session._replay_from = source
+    session._replay_dead = dead_letters
+    session._replay_quiet = True
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=found, unit="rec", desc="/".join(source), file=stream, leave=True)
+    done = anyio.Event()
+
+    async def poll() -> None:
+        while not done.is_set():
+            if bar is not None:
+                st = session.stats()
+                bar.update(st.written + st.failed - bar.n)
+            with anyio.move_on_after(0.2):
+                await done.wait()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(poll)
+            try:
+                async with session:
+                    await session.flush()
+            finally:
+                done.set()
+    finally:
+        if bar is not None:
+            st = session.stats()
+            bar.update(st.written + st.failed - bar.n)
+            bar.close()
+    return GroupResult(source, target, found, session.stats())
+
+
+def main(
+    directory: str | os.PathLike[str],
+    *,
+    project: str | None = None,
+    run: str | None = None,
+    dead_letters: bool = False,
+    progress: bool = True,
+) -> int:
+    """The command: prints the summary; 0 when everything was delivered, 1 when some was not,
+    2 when the spool cannot be used."""
+    import click
+
+    # The summary reports every skipped file and failure, so the session's own warnings
+    # would only repeat it; errors still show.
+    log = logging.getLogger("asynctrace")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        report = anyio.run(
+            lambda: recover(directory, project=project, run=run, dead_letters=dead_letters, progress=progress)
+        )
+    except (SpoolError, ValueError) as exc:
+        click.echo(f"asynctrace recover: {exc}", err=True)
+        return 2
+    finally:
+        log.setLevel(level)
+    for line in report.lines():
+        click.echo(line)
+    return 0 if report.ok else 1

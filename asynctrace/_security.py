@@ -1,0 +1,118 @@
+"""Security helpers: credentials kept out of asynctrace's own output, and names kept out of paths.
+
+Scrubbing keeps credentials out of everything asynctrace writes itself: errors, log lines, spool
+files, the console.
+
+A token can reach asynctrace's own output by several routes: an exception from a hub client that
+quotes a URL with ``write_token=...``, an environment value echoed by a library, or a prompt
+that happens to contain one. Everything asynctrace formats passes through `scrub` (text) or
+`scrub_bytes` (spool lines) first.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+
+__all__ = ["REDACTED", "ScrubFilter", "check_name", "describe", "scrub", "scrub_bytes", "secret_values"]
+
+REDACTED = "***"
+
+# Environment variables whose values are credentials: the well-known ones, and any name that
+# ends like a credential (HF_TOKEN, TRACKIO_WRITE_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY...).
+_KNOWN = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "TRACKIO_WRITE_TOKEN", "WANDB_API_KEY")
+_SECRET_NAME = re.compile(r"(?:^|_)(?:TOKEN|API_KEY|SECRET|SECRET_KEY|ACCESS_KEY|PASSWORD)$")
+# Shorter values are too likely to be ordinary words ("true", "1") to be worth replacing.
+_MIN_SECRET_LEN = 8
+
+_HF = (r"hf_[A-Za-z0-9]{16,}", "hf_" + REDACTED)
+_WRITE_TOKEN = (r"(write_token=)[^&\s#'\"<>\\]+", r"\1" + REDACTED)
+_TEXT_PATTERNS = (
+    (re.compile(_HF[0]), _HF[1]),
+    (re.compile(_WRITE_TOKEN[0], re.IGNORECASE), _WRITE_TOKEN[1]),
+    (re.compile(r"((?:access_token|api_key|token)=)[^&\s#'\"<>]+", re.IGNORECASE), r"\1" + REDACTED),
+    (re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=-]{8,}", re.IGNORECASE), r"\1" + REDACTED),
+)
+# Spooled samples are user data: only what is unmistakably a credential is replaced there
+# (a Hugging Face token, a Trackio write token in a URL, a credential value from the environment).
+_BYTES_PATTERNS = (
+    (re.compile(_HF[0].encode()), _HF[1].encode(), b"hf_"),
+    (re.compile(_WRITE_TOKEN[0].encode(), re.IGNORECASE), _WRITE_TOKEN[1].encode(), b"oken="),
+)
+
+
+def secret_values() -> list[str]:
+    """The credential values currently in the environment, longest first."""
+    values = {
+        value
+        for name, value in os.environ.items()
+        if (name in _KNOWN or _SECRET_NAME.search(name)) and len(value) >= _MIN_SECRET_LEN
+    }
+    return sorted(values, key=len, reverse=True)
+
+
+def scrub(text: str) -> str:
+    """`text` with every credential replaced by ``***``."""
+    for value in secret_values():
+        if value in text:
+            text = text.replace(value, REDACTED)
+    for pattern, replacement in _TEXT_PATTERNS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as one line for stats, logs and dead letters, with credentials scrubbed."""
+    text = str(exc)
+    return scrub(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+
+
+def scrub_bytes(data: bytes, secrets: list[bytes]) -> bytes:
+    """`data` (UTF-8 JSON) with credentials replaced; `secrets` from `secret_values()`, encoded.
+
+    Called for every spooled record, so each pattern runs only when a cheap substring check
+    says it could match; a record with no credential costs a few `in` tests.
+    """
+    for value in secrets:
+        if value in data:
+            data = data.replace(value, REDACTED.encode())
+    for pattern, replacement, hint in _BYTES_PATTERNS:
+        if hint in data:
+            data = pattern.sub(replacement, data)
+    return data
+
+
+def check_name(what: str, value: str) -> None:
+    """Project and run names become file and directory names in Trackio: refuse anything that
+    could point outside its directory (a separator, ``.``/``..``, NUL or another control character)."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ValueError(f"{what} must not contain NUL or control characters, got {value!r}")
+    if "/" in value or "\\" in value or value.strip() in (".", ".."):
+        raise ValueError(
+            f"{what} must be a plain name, not a path (no '/', '\\', '.' or '..'), got {value!r}"
+        )
+
+
+class ScrubFilter(logging.Filter):
+    """A logging filter that scrubs credentials from every record it sees."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed record is logging's problem, not ours
+            return True
+        clean = scrub(message)
+        if clean != message:
+            record.msg = clean
+            record.args = None
+        return True
+
+
+def install_log_filter(logger: logging.Logger) -> None:
+    """Attach one `ScrubFilter` to `logger` (idempotent)."""
+    if not any(isinstance(f, ScrubFilter) for f in logger.filters):
+        logger.addFilter(ScrubFilter())
+
+
+install_log_filter(logging.getLogger("asynctrace"))

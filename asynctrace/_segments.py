@@ -1,0 +1,353 @@
+"""The spool's on-disk format: segment files of orjson lines, each sealed with a CRC32.
+
+A segment (``seg-*.jsonl``) starts with a header line naming its project and run, then holds
+record lines (a record's fields and its encoded sample, as submitted) and acknowledgement lines
+(ids of records every sink has dealt with). A dead-letter file (``dead-*.jsonl``) holds records
+whose sink failed for good, with the error. Every line ends ``,"c":<crc32>}`` where the CRC
+covers the bytes before ``,"c":``, so a torn or corrupted line is detected rather than parsed
+into wrong data.
+
+Reading never raises on bad content: a torn last line, a corrupt line or an unreadable header
+is counted and reported, and the rest of the spool is still used.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import orjson
+
+from ._record import TraceRecord
+from ._security import scrub_bytes
+
+__all__ = [
+    "DEAD",
+    "SEGMENT",
+    "DirScan",
+    "FileScan",
+    "RawRecord",
+    "ack_line",
+    "dead_line",
+    "header_line",
+    "load_records",
+    "new_file_name",
+    "record_line",
+    "record_line_parts",
+    "scan_dir",
+]
+
+FORMAT_VERSION = 1
+SEGMENT: Final = "seg"
+DEAD: Final = "dead"
+SUFFIX = ".jsonl"
+CORRUPT_SUFFIX = ".corrupt"
+FileKind = Literal["seg", "dead"]
+
+_CRC = b',"c":'
+_SAMPLE = b',"sample":'
+
+
+def _seal(body: bytes) -> bytes:
+    """`body` is a JSON object without its closing brace; append the CRC field and close it."""
+    return b"%s%s%d}\n" % (body, _CRC, zlib.crc32(body))
+
+
+def new_file_name(kind: FileKind, session: str, n: int) -> str:
+    """Names sort by creation time, so files are read back in the order they were written."""
+    return f"{kind}-{time.time_ns():020d}-{session}-{n:04d}{SUFFIX}"
+
+
+def header_line(project: str, run: str, session: str, kind: FileKind) -> bytes:
+    head = orjson.dumps(
+        {
+            "t": "h",
+            "v": FORMAT_VERSION,
+            "kind": kind,
+            "project": project,
+            "run": run,
+            "session": session,
+            "pid": os.getpid(),
+            "created": time.time(),
+        }
+    )
+    return _seal(head[:-1])
+
+
+def _record_head(record: TraceRecord, kind: str, extra: dict[str, Any] | None = None) -> bytes:
+    fields: dict[str, Any] = {
+        "t": kind,
+        "id": record.id,
+        "step": record.step,
+        "split": record.split,
+        "key": record.key,
+        "ts": record.timestamp,
+        "score": record.score,
+    }
+    if extra:
+        fields.update(extra)
+    return orjson.dumps(fields)[:-1]
+
+
+def record_line_parts(record: TraceRecord, secrets: list[bytes], out: list[bytes]) -> None:
+    """Append one record line to `out` in pieces (joined once per commit, not copied per record):
+    the record's fields, then its encoded sample as is (scrubbed of credentials)."""
+    head = _record_head(record, "r") + _SAMPLE
+    payload = scrub_bytes(record.payload, secrets)
+    out += (head, payload, b"%s%d}\n" % (_CRC, zlib.crc32(payload, zlib.crc32(head))))
+
+
+def record_line(record: TraceRecord, secrets: list[bytes]) -> bytes:
+    """One record line (see `record_line_parts`)."""
+    parts: list[bytes] = []
+    record_line_parts(record, secrets, parts)
+    return b"".join(parts)
+
+
+def dead_line(record: TraceRecord, error: str, sinks: Sequence[str], secrets: list[bytes]) -> bytes:
+    """A dead letter: a record whose sinks failed for good, with the (already scrubbed) error."""
+    head = _record_head(record, "d", {"error": error, "sinks": list(sinks)})
+    return _seal(head + _SAMPLE + scrub_bytes(record.payload, secrets))
+
+
+def ack_line(ids: Iterable[str], dead_file: str | None = None) -> bytes:
+    """Acknowledges records by id; `dead_file` names the dead-letter file they came from, if any."""
+    body: dict[str, Any] = {"t": "a", "ids": list(ids)}
+    if dead_file is not None:
+        body["dl"] = dead_file
+    return _seal(orjson.dumps(body)[:-1])
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class RawRecord:
+    """A record line as read back; the payload is loaded separately (see `load_records`)."""
+
+    id: str
+    step: int
+    split: str
+    key: str
+    ts: float
+    score: float | None
+    offset: int  # of the payload within the file
+    size: int
+    error: str | None = None
+    sinks: list[str] | None = None
+
+
+@dataclass(slots=True)
+class FileScan:
+    """One spool file as read back."""
+
+    name: str
+    path: Path
+    kind: FileKind
+    size: int = 0
+    project: str | None = None
+    run: str | None = None
+    session: str | None = None
+    header_ok: bool = False
+    records: list[RawRecord] = field(default_factory=list)
+    acks: list[tuple[list[str], str | None]] = field(default_factory=list)
+    torn: int = 0  # an unterminated last line: the process was killed mid-write
+    corrupt: int = 0  # lines whose CRC or JSON is wrong
+    error: str | None = None  # the file could not be read at all
+    # Filled in by `scan_dir`:
+    unresolved: list[RawRecord] = field(default_factory=list)
+    deps: set[str] = field(default_factory=set)
+
+    @property
+    def usable(self) -> bool:
+        return self.header_ok and self.error is None
+
+    @property
+    def empty(self) -> bool:
+        """Created, then killed before its header was written: nothing was lost."""
+        return self.size == 0 and self.error is None
+
+    def problems(self) -> str | None:
+        """A one-line description of what was wrong with this file, or None."""
+        if self.empty:
+            return None
+        parts = []
+        if self.error is not None:
+            parts.append(f"unreadable ({self.error})")
+        elif not self.header_ok:
+            parts.append("no valid header: the whole file is skipped")
+        if self.torn:
+            parts.append("a torn last line (killed mid-write) skipped")
+        if self.corrupt:
+            parts.append(f"{self.corrupt} corrupt line(s) skipped")
+        return "; ".join(parts) or None
+
+
+def _unseal(line: bytes) -> bytes | None:
+    """The line's body (without the CRC field) when its CRC matches, else None."""
+    cut = line.rfind(_CRC)
+    if cut < 0 or not line.endswith(b"}"):
+        return None
+    body = line[:cut]
+    try:
+        crc = int(line[cut + len(_CRC) : -1])
+    except ValueError:
+        return None
+    return body if zlib.crc32(body) == crc else None
+
+
+def _parse_record(body: bytes, offset: int) -> RawRecord | None:
+    cut = body.find(_SAMPLE)
+    if cut < 0:
+        return None
+    head = orjson.loads(body[:cut] + b"}")
+    start = cut + len(_SAMPLE)
+    return RawRecord(
+        id=str(head["id"]),
+        step=int(head["step"]),
+        split=str(head["split"]),
+        key=str(head["key"]),
+        ts=float(head["ts"]),
+        score=None if head.get("score") is None else float(head["score"]),
+        offset=offset + start,
+        size=len(body) - start,
+        error=head.get("error"),
+        sinks=head.get("sinks"),
+    )
+
+
+def read_file(path: Path, kind: FileKind) -> FileScan:
+    scan = FileScan(name=path.name, path=path, kind=kind)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        scan.error = f"{type(exc).__name__}: {exc.strerror or exc}"
+        return scan
+    scan.size = len(data)
+    pos = 0
+    first = True
+    while pos < len(data):
+        end = data.find(b"\n", pos)
+        if end < 0:
+            scan.torn += 1
+            break
+        line = data[pos:end]
+        body = _unseal(line)
+        parsed = False
+        if body is not None:
+            try:
+                parsed = _take_line(scan, body, pos, first)
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                parsed = False
+        if not parsed:
+            scan.corrupt += 1
+        first = False
+        pos = end + 1
+    return scan
+
+
+def _take_line(scan: FileScan, body: bytes, offset: int, first: bool) -> bool:
+    # The line type is the first field; checking the prefix avoids decoding large samples.
+    if body.startswith(b'{"t":"r"') or body.startswith(b'{"t":"d"'):
+        record = _parse_record(body, offset)
+        if record is None:
+            return False
+        scan.records.append(record)
+        return True
+    obj = orjson.loads(body + b"}")
+    kind = obj.get("t")
+    if kind == "h" and first:
+        scan.project = str(obj["project"])
+        scan.run = str(obj["run"])
+        scan.session = str(obj.get("session"))
+        scan.header_ok = True
+        return True
+    if kind == "a":
+        ids = obj["ids"]
+        if not isinstance(ids, list):
+            return False
+        dead = obj.get("dl")
+        scan.acks.append(([str(i) for i in ids], None if dead is None else str(dead)))
+        return True
+    return False
+
+
+@dataclass(slots=True)
+class DirScan:
+    """Every spool file of a directory, with what is still unresolved and the acknowledgement graph."""
+
+    files: list[FileScan]
+
+    @property
+    def problems(self) -> list[tuple[str, str]]:
+        return [(f.name, p) for f in self.files if (p := f.problems()) is not None]
+
+    def pending(self, kind: FileKind = SEGMENT) -> int:
+        return sum(len(f.unresolved) for f in self.files if f.kind == kind and f.usable)
+
+    def groups(self, kind: FileKind = SEGMENT) -> dict[tuple[str, str], int]:
+        """Unresolved records per (project, run)."""
+        out: dict[tuple[str, str], int] = {}
+        for f in self.files:
+            if f.kind == kind and f.usable and f.unresolved:
+                assert f.project is not None and f.run is not None
+                key = (f.project, f.run)
+                out[key] = out.get(key, 0) + len(f.unresolved)
+        return out
+
+
+def scan_dir(directory: Path) -> DirScan:
+    """Read every spool file of `directory` and work out which records are still unresolved.
+
+    A record is resolved by an acknowledgement anywhere in the spool: acknowledgements are
+    written to whichever segment was active when the record was done, which is never an
+    earlier one. `deps` records which files a file's acknowledgements refer to, so a file is
+    deleted only after those (see `_spool.Spool._collect`).
+    """
+    paths = sorted(p for p in directory.iterdir() if p.suffix == SUFFIX and p.is_file())
+    files: list[FileScan] = []
+    for path in paths:
+        if path.name.startswith(f"{SEGMENT}-"):
+            files.append(read_file(path, SEGMENT))
+        elif path.name.startswith(f"{DEAD}-"):
+            files.append(read_file(path, DEAD))
+    holder: dict[str, str] = {}
+    for f in files:
+        if f.kind == SEGMENT:
+            for r in f.records:
+                holder[r.id] = f.name
+    acked: set[str] = set()
+    dead_acked: dict[str, set[str]] = {}
+    for f in files:
+        for ids, dead in f.acks:
+            if dead is None:
+                acked.update(ids)
+                for i in ids:
+                    target = holder.get(i)
+                    if target is not None and target != f.name:
+                        f.deps.add(target)
+            else:
+                dead_acked.setdefault(dead, set()).update(ids)
+                if dead != f.name:
+                    f.deps.add(dead)
+    for f in files:
+        done = acked if f.kind == SEGMENT else dead_acked.get(f.name, set())
+        f.unresolved = [r for r in f.records if r.id not in done]
+    return DirScan(files)
+
+
+def load_records(scan: FileScan, records: Sequence[RawRecord]) -> list[TraceRecord]:
+    """The payloads of `records` read back from `scan`'s file, as replayed `TraceRecord`s."""
+    if not records:
+        return []
+    data = scan.path.read_bytes()
+    out = []
+    for r in records:
+        payload = data[r.offset : r.offset + r.size]
+        out.append(TraceRecord(r.id, r.step, r.split, r.key, payload, r.ts, r.score, replayed=True))
+    return out

@@ -1,0 +1,280 @@
+"""Shutdown hooks: drain a session on SIGTERM/SIGINT and at interpreter exit, within a deadline.
+
+On a signal the hook drains the session, then hands the signal on to the handler that was
+there before (restored first, so the hook runs once per signal):
+
+- the previous handler is the default (SIG_DFL, or Python's KeyboardInterrupt for SIGINT):
+  the process is about to end, so the session is *finished* (drained, sinks closed, runs
+  finished), then the signal is delivered again and does what it would have done;
+- the previous handler is your own function: the session is *flushed* and stays open, then your
+  handler runs (a trainer that stops gracefully on SIGTERM keeps logging until it exits);
+- the signal was ignored (SIG_IGN): the session is flushed and nothing else happens.
+
+A signal that arrives while the hook is draining is handed on at once.
+
+Where the drain runs depends on where the session's event loop is. A synchronous session (or
+an async one on another thread) is drained from the signal handler itself, waiting at most the
+deadline. An async session on the main thread cannot be waited for there (the handler runs on
+the very thread that must do the work), so the drain is scheduled as a task on its loop and the
+signal is handed on from that loop when it is done.
+
+Limits: Python runs signal handlers on the main thread only, so hooks are installed from the
+main thread; nothing can run on SIGKILL (or the OOM killer), which is what the spool is for.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import logging
+import signal
+import threading
+import weakref
+from collections.abc import Callable, Coroutine, Iterable
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._session import SyncTraceSession, TraceSession, _SyncRunner
+
+__all__ = ["install_shutdown_hooks"]
+
+logger = logging.getLogger("asynctrace")
+
+DEFAULT_TIMEOUT = 10.0
+DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+Handler = Callable[[int, FrameType | None], Any] | int | None
+
+# Sessions to drain at interpreter exit: every synchronous session (its writer thread is a
+# daemon and would otherwise be killed mid-write) and every session with shutdown hooks.
+_runners: weakref.WeakSet[_SyncRunner] = weakref.WeakSet()
+_hooked: weakref.WeakSet[TraceSession] = weakref.WeakSet()
+_exit_timeouts: weakref.WeakKeyDictionary[TraceSession, float] = weakref.WeakKeyDictionary()
+
+
+def register_runner(runner: _SyncRunner) -> None:
+    _runners.add(runner)
+
+
+def unregister_runner(runner: _SyncRunner) -> None:
+    _runners.discard(runner)
+
+
+def _is_default(handler: Handler) -> bool:
+    return handler in (signal.SIG_DFL, signal.default_int_handler)
+
+
+class _Hooks:
+    """The signal handlers installed for one session."""
+
+    def __init__(self, session: TraceSession, timeout: float, signals: Iterable[int]) -> None:
+        self.session = session
+        self.timeout = timeout
+        self.previous: dict[int, Handler] = {}
+        self.busy = False
+        for signum in signals:
+            self.previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._on_signal)
+
+    def uninstall(self) -> None:
+        """Restore the previous handlers (where ours is still the one installed)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum, previous in list(self.previous.items()):
+            with contextlib.suppress(ValueError, TypeError):
+                if signal.getsignal(signum) == self._on_signal:
+                    signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+            self.previous.pop(signum, None)
+
+    def _restore(self, signum: int) -> Handler:
+        previous = self.previous.pop(signum, signal.SIG_DFL)
+        signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        return previous
+
+    # -- the handler ---------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        session = self.session
+        previous = self.previous.get(signum, signal.SIG_DFL)
+        if self.busy or not session._is_open():
+            self._hand_on(signum, frame)
+            return
+        self.busy = True
+        final = _is_default(previous)
+        logger.warning(
+            "asynctrace: %s received; %s the session (deadline %.1fs)",
+            signal.Signals(signum).name,
+            "finishing" if final else "flushing",
+            self.timeout,
+        )
+        if session._loop_thread != threading.main_thread().ident:
+            try:
+                _drain_from_outside(session, final, self.timeout)
+            finally:
+                self.busy = False
+            self._hand_on(signum, frame)
+            return
+        if not _schedule(
+            session, self._drain_then_hand_on, signum, final, otherwise=lambda: self._redeliver(signum)
+        ):
+            self.busy = False
+            self._hand_on(signum, frame)
+
+    async def _drain_then_hand_on(self, signum: int, final: bool) -> None:
+        try:
+            await _drain(self.session, final, self.timeout)
+        finally:
+            # Re-delivered from the loop's own callback machinery, not from this task, so an
+            # exception the previous handler raises (KeyboardInterrupt, SystemExit) leaves the
+            # event loop as it would have from the handler itself, instead of landing in the
+            # session's task group.
+            if not _call_soon(self.session, lambda: self._redeliver(signum)):
+                self._redeliver(signum)
+
+    def _redeliver(self, signum: int) -> None:
+        self.busy = False
+        self._restore(signum)
+        signal.raise_signal(signum)
+
+    def _hand_on(self, signum: int, frame: FrameType | None) -> None:
+        previous = self._restore(signum)
+        if previous is None or previous == signal.SIG_IGN:
+            return
+        if previous == signal.SIG_DFL:
+            signal.raise_signal(signum)
+            return
+        assert callable(previous)
+        previous(signum, frame)
+
+
+async def _drain(session: TraceSession, final: bool, timeout: float) -> None:
+    try:
+        if final:
+            await session.finish(timeout=timeout)
+        else:
+            await session.flush(timeout=timeout)
+    except Exception as exc:  # the signal must be handed on whatever happened here
+        logger.error("asynctrace: draining the session on shutdown failed: %s", exc)
+
+
+def _call_soon(session: TraceSession, fn: Callable[[], None]) -> bool:
+    """Run `fn` on the session's event loop soon; False when that loop is gone."""
+    call = session._call_soon
+    if call is None:
+        return False
+    try:
+        call(fn)
+    except RuntimeError:  # the loop is closed
+        return False
+    return True
+
+
+def _schedule(
+    session: TraceSession,
+    fn: Callable[..., Coroutine[Any, Any, None]],
+    *args: Any,
+    otherwise: Callable[[], None] | None = None,
+) -> bool:
+    """Start `fn(*args)` as a task of the session, from any thread or a signal handler.
+
+    False when the loop is gone; `otherwise` runs (on the loop) if the session turns out to be
+    finishing by the time the task would start.
+    """
+    job = functools.partial(fn, *args)
+
+    def submit() -> None:
+        if not session._submit_job(job) and otherwise is not None:
+            otherwise()
+
+    return _call_soon(session, submit)
+
+
+def _drain_from_outside(session: TraceSession, final: bool, timeout: float) -> bool:
+    """Drain a session whose loop runs on another thread, waiting at most about `timeout`."""
+    done = threading.Event()
+
+    async def job() -> None:
+        try:
+            await _drain(session, final, timeout)
+        finally:
+            done.set()
+
+    if not _schedule(session, job, otherwise=done.set):
+        return False
+    # finish() closes sinks after its drain deadline with a short grace of its own.
+    if not done.wait(timeout + 6.0):
+        logger.error("asynctrace: the session did not drain within %.1fs at shutdown", timeout)
+        return False
+    if final and session._sync is not None:
+        session._sync.close(timeout)
+    return True
+
+
+def install_shutdown_hooks(
+    session: TraceSession | SyncTraceSession,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    signals: Iterable[int] = DEFAULT_SIGNALS,
+) -> Callable[[], None]:
+    """Drain `session` within `timeout` seconds on SIGTERM/SIGINT and at interpreter exit.
+
+    Chains to the handlers installed before (see the module docs for what each case does).
+    Must be called from the main thread. Returns a function that removes the hooks (finishing
+    the session removes them too).
+    """
+    from ._session import SyncTraceSession
+
+    target = session.session if isinstance(session, SyncTraceSession) else session
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number, got {timeout!r}")
+    if threading.current_thread() is not threading.main_thread():
+        raise ValueError(
+            "install_shutdown_hooks must be called from the main thread (Python runs signal "
+            "handlers there only)"
+        )
+    if target._hooks is not None:
+        target._hooks.uninstall()
+    hooks = _Hooks(target, float(timeout), signals)
+    target._hooks = hooks
+    _hooked.add(target)
+    _exit_timeouts[target] = float(timeout)
+
+    def uninstall() -> None:
+        hooks.uninstall()
+        if target._hooks is hooks:
+            target._hooks = None
+        _hooked.discard(target)
+
+    return uninstall
+
+
+@atexit.register
+def _at_exit() -> None:
+    # A synchronous session left open at interpreter exit is drained with its own deadline, so
+    # traces are not lost and the writer thread (a daemon) cannot hang the exit.
+    for runner in list(_runners):
+        try:
+            session = runner.session
+            runner.close(_exit_timeouts.get(session, session.finish_timeout))
+        except Exception as exc:  # pragma: no cover - best effort at exit
+            logger.error("asynctrace: finishing a session at exit failed: %s", exc)
+    for session in list(_hooked):
+        if not session._is_open() or session._sync is not None:
+            continue
+        # An async session still open at exit: its loop is gone unless it ran on another thread.
+        loop_thread = session._loop_thread
+        alive = any(t.ident == loop_thread and t.is_alive() for t in threading.enumerate())
+        if alive and loop_thread != threading.main_thread().ident:
+            _drain_from_outside(session, True, _exit_timeouts.get(session, DEFAULT_TIMEOUT))
+            continue
+        stats = session.stats()
+        held = f"; {session._spool.unresolved()} of its records are in the spool" if session._spool else ""
+        logger.warning(
+            "asynctrace: session %s/%s was still open at exit with %d samples pending%s",
+            session.project,
+            session.run,
+            stats.pending,
+            held,
+        )

@@ -1,0 +1,516 @@
+"""The write-ahead spool: encoded records on disk until every sink has them.
+
+Records are *staged* in memory (cheap, safe under the buffer lock) and *committed* to the active
+segment by whoever needs them on disk: the caller in ``durability="enqueue"`` (before
+`log_samples` returns), the writer's dispatcher in ``"writer"`` (before a batch reaches the
+sinks). Resolutions (written, dropped, failed) are staged the same way and committed lazily as
+acknowledgement lines; a failed record also gets a dead-letter line. Staging and committing go
+through one ordered list, so a record's line is always written before its acknowledgement.
+
+A segment is deleted when none of its records is unresolved and every segment it holds
+acknowledgements for is gone (deleting it earlier would bring those records back on replay).
+
+Writes are plain appends to the page cache: they survive the process being killed, not the
+machine losing power. A failed write (a full disk) truncates the partial line away, counts the
+records as ``unspooled``, logs one clear error, and changes nothing else: the records are still
+delivered to the sinks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from . import _segments as seg
+from ._record import TraceRecord
+from ._security import describe, secret_values
+from ._stats import SpoolStats
+from .exceptions import SpoolError
+
+try:  # POSIX; elsewhere the directory is simply not locked
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["STAGED", "UNSPOOLED", "Durability", "Spool"]
+
+logger = logging.getLogger("asynctrace")
+
+Durability = Literal["writer", "enqueue"]
+
+# TraceRecord._spool: None = not spooled, STAGED = waiting for a commit, UNSPOOLED = its write
+# failed, an int >= 0 = the index of the file that holds it.
+STAGED = -1
+UNSPOOLED = -2
+
+SEGMENT_BYTES = 16 * 2**20
+ERROR_LOG_INTERVAL = 60.0
+LOCK_NAME = ".lock"
+
+_STAGE = 0
+_ACK = 1
+_DEAD = 2
+
+# One staged operation: (kind, records, error, failed sinks, pre-encoded lines or None).
+_Op = tuple[int, Sequence[TraceRecord], str | None, Sequence[str], list[bytes] | None]
+
+
+@dataclass(slots=True)
+class _File:
+    index: int
+    name: str
+    path: Path
+    kind: seg.FileKind
+    size: int = 0
+    live: int = 0  # records it holds that are not resolved yet
+    deps: set[int] = field(default_factory=set)  # files its acknowledgements refer to
+    fd: int | None = None
+    deleted: bool = False
+    keep: bool = False  # unreadable header: never deleted by the spool
+
+
+class Spool:
+    """One session's view of a spool directory; see the module docstring."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        project: str,
+        run: str,
+        session: str,
+        durability: Durability,
+        segment_bytes: int = SEGMENT_BYTES,
+    ) -> None:
+        self.directory = Path(directory).expanduser()
+        self.project = project
+        self.run = run
+        self.session = session
+        self.durability = durability
+        self.segment_bytes = segment_bytes
+        self._files: dict[int, _File] = {}
+        self._by_name: dict[str, _File] = {}
+        self._next = 0
+        self._active: _File | None = None
+        self._dead: _File | None = None
+        self._made = 0
+        self._ops: list[_Op] = []
+        self._plock = threading.Lock()  # guards _ops; taken under the buffer lock
+        self._io = threading.Lock()  # one commit at a time, in order
+        self._lock_fd: int | None = None
+        self.appended = 0
+        self.acknowledged = 0
+        self.unspooled = 0
+        self.dead_letters = 0
+        self.last_error: str | None = None
+        self._failing = False
+        self._failed_since = 0
+        self._error_logged_at = -math.inf
+        self._error_logged = False
+        self._secrets_at = -math.inf
+        self._secret_bytes: list[bytes] = []
+        self.closed = False
+
+    # -- opening ---------------------------------------------------------------------------
+
+    def open(self) -> seg.DirScan:
+        """Create or check the directory (0700), lock it, read what a previous session left."""
+        directory = self.directory
+        try:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SpoolError(f"cannot create the spool directory {directory}: {describe(exc)}") from exc
+        if not directory.is_dir():
+            raise SpoolError(f"the spool path {directory} is not a directory")
+        mode = directory.stat().st_mode & 0o777
+        if mode & 0o077:
+            # Samples can hold private data: the spool is for this user only.
+            try:
+                directory.chmod(0o700)
+            except OSError as exc:
+                raise SpoolError(
+                    f"the spool directory {directory} is accessible to other users "
+                    f"(mode {mode:o}) and cannot be made private: {describe(exc)}"
+                ) from exc
+        self._lock()
+        try:
+            scan = seg.scan_dir(directory)
+            for f in scan.files:
+                self._register(f)
+            self._collect()
+        except BaseException:
+            self._unlock()
+            raise
+        return scan
+
+    def _lock(self) -> None:
+        path = self.directory / LOCK_NAME
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                owner = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+                os.close(fd)
+                raise SpoolError(
+                    f"the spool directory {self.directory} is in use by another session "
+                    f"(process {owner}); give each session its own spool_dir"
+                ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)  # closing releases the flock
+
+    def _register(self, scan: seg.FileScan) -> _File:
+        f = _File(self._next, scan.name, scan.path, scan.kind, size=scan.size)
+        self._next += 1
+        if scan.empty:
+            self._unlink(f)
+        elif not scan.usable:
+            # Its records cannot be attributed to a project and run: set it aside, keep it.
+            quarantine = scan.path.with_name(scan.name + seg.CORRUPT_SUFFIX)
+            with contextlib.suppress(OSError):
+                scan.path.rename(quarantine)
+                f.path = quarantine
+            f.keep = True
+        else:
+            f.live = len(scan.unresolved)
+        self._files[f.index] = f
+        self._by_name[f.name] = f
+        for name in scan.deps:
+            dep = self._by_name.get(name)
+            if dep is not None:
+                f.deps.add(dep.index)
+        return f
+
+    def backlog(
+        self, scan: seg.DirScan, match: Callable[[seg.FileScan], bool]
+    ) -> Iterator[list[TraceRecord]]:
+        """The unresolved records of the files `match` selects, one file at a time, ready to replay."""
+        for fs in scan.files:
+            if not fs.usable or not fs.unresolved or not match(fs):
+                continue
+            f = self._by_name[fs.name]
+            try:
+                records = seg.load_records(fs, fs.unresolved)
+            except OSError as exc:
+                logger.error("asynctrace: cannot read spool file %s: %s", fs.path, describe(exc))
+                continue
+            for r in records:
+                r._spool = f.index
+            yield records
+
+    # -- staging (any thread; cheap; may run under the buffer lock) --------------------------
+
+    def stage(self, records: Sequence[TraceRecord], *, encode: bool = False) -> None:
+        """Queue records for the spool; ones already spooled or staged are skipped.
+
+        With `encode`, their lines are built now rather than in the commit, so a caller can
+        spread that work over several event-loop turns.
+        """
+        fresh = [r for r in records if r._spool is None]
+        if not fresh:
+            return
+        for r in fresh:
+            r._spool = STAGED
+        lines: list[bytes] | None = None
+        if encode:
+            lines = []
+            secrets = self._secrets()
+            for r in fresh:
+                seg.record_line_parts(r, secrets, lines)
+        with self._plock:
+            self._ops.append((_STAGE, fresh, None, (), lines))
+
+    def resolve(
+        self, records: Sequence[TraceRecord], error: str | None = None, sinks: Sequence[str] = ()
+    ) -> None:
+        """Records are done: written or dropped (`error` None), or failed for good (dead letters)."""
+        with self._plock:
+            self._ops.append((_ACK if error is None else _DEAD, records, error, sinks, None))
+
+    @property
+    def has_staged(self) -> bool:
+        return bool(self._ops)
+
+    # -- committing ------------------------------------------------------------------------
+
+    def commit(self, *, blocking: bool = True) -> bool:
+        """Write everything staged so far, in order. False when `blocking` is False and another
+        commit is under way (that one or a later one writes what is staged)."""
+        if not self._io.acquire(blocking=blocking):
+            return False
+        try:
+            with self._plock:
+                ops, self._ops = self._ops, []
+            if ops and not self.closed:
+                self._write(ops)
+            return True
+        finally:
+            self._io.release()
+
+    def _secrets(self) -> list[bytes]:
+        # Reading the environment costs more than a small commit; credentials rarely change.
+        now = time.monotonic()
+        if now - self._secrets_at > 1.0:
+            self._secrets_at = now
+            self._secret_bytes = [v.encode() for v in secret_values()]
+        return self._secret_bytes
+
+    def _write(self, ops: list[_Op]) -> None:
+        secrets = self._secrets()
+        active = self._ensure_active()
+        target = active.index if active is not None else UNSPOOLED
+        lines: list[bytes] = []
+        fresh: list[TraceRecord] = []
+        done: list[TraceRecord] = []
+        dead: list[tuple[TraceRecord, str, Sequence[str]]] = []
+        lost = 0
+        for kind, records, error, sinks, encoded in ops:
+            if kind == _STAGE:
+                # Staged records are still STAGED here: nothing else resolves a record before
+                # the commit that writes it (its acknowledgement is always staged after it).
+                for r in records:
+                    r._spool = target
+                if active is None:
+                    lost += len(records)
+                    continue
+                if encoded is not None:
+                    lines += encoded
+                else:
+                    for r in records:
+                        seg.record_line_parts(r, secrets, lines)
+                fresh += records
+            elif kind == _ACK:
+                done.extend(records)
+            else:
+                assert error is not None
+                dead.extend((r, error, sinks) for r in records)
+        if active is None and lost:
+            self._note_failure(self.last_error or "no segment could be created", lost)
+        if dead:
+            done.extend(self._write_dead(dead, secrets))
+        acks, deps = self._ack_lines(done, active)
+        ok = True
+        if active is not None and (lines or acks):
+            error = self._append(active, b"".join(lines) + acks)
+            if error is not None:
+                ok = False
+                for r in fresh:
+                    r._spool = UNSPOOLED
+                self._note_failure(error, len(fresh))
+                fresh = []
+            elif self._failing and fresh:
+                if self._error_logged:
+                    logger.warning(
+                        "asynctrace: spool writes to %s succeed again (%d records were not spooled)",
+                        self.directory,
+                        self._failed_since,
+                    )
+                    self._error_logged = False
+                self._failing = False
+        if active is not None:
+            active.live += len(fresh)
+            self.appended += len(fresh)
+            if ok:
+                active.deps.update(deps)
+        for r in done:
+            where = r._spool
+            if where is not None and where >= 0:
+                f = self._files.get(where)
+                if f is not None:
+                    f.live -= 1
+                    self.acknowledged += 1
+        self._collect()
+
+    def _ack_lines(self, done: list[TraceRecord], active: _File | None) -> tuple[bytes, set[int]]:
+        ids: list[str] = []
+        by_dead: dict[int, list[str]] = {}
+        deps: set[int] = set()
+        for r in done:
+            where = r._spool
+            if where is None or where < 0:
+                continue
+            f = self._files.get(where)
+            if f is None:
+                continue
+            if f.kind == seg.DEAD:
+                by_dead.setdefault(where, []).append(r.id)
+            else:
+                ids.append(r.id)
+            if active is None or where != active.index:
+                deps.add(where)
+        out = [seg.ack_line(ids)] if ids else []
+        out += [seg.ack_line(v, self._files[k].name) for k, v in by_dead.items()]
+        return b"".join(out), deps
+
+    def _write_dead(
+        self, dead: list[tuple[TraceRecord, str, Sequence[str]]], secrets: list[bytes]
+    ) -> list[TraceRecord]:
+        """Append dead letters; returns the records now safely there (to acknowledge)."""
+        f = self._ensure_file(seg.DEAD)
+        if f is None:
+            return []
+        data = b"".join(seg.dead_line(r, error, sinks, secrets) for r, error, sinks in dead)
+        error = self._append(f, data)
+        if error is not None:
+            # Left unacknowledged, these records are replayed by the next session instead.
+            self._note_failure(error, 0)
+            return []
+        f.live += len(dead)
+        self.dead_letters += len(dead)
+        return [r for r, _, _ in dead]
+
+    def _ensure_active(self) -> _File | None:
+        return self._ensure_file(seg.SEGMENT)
+
+    def _ensure_file(self, kind: seg.FileKind) -> _File | None:
+        current = self._active if kind == seg.SEGMENT else self._dead
+        if current is not None and current.fd is not None and current.size < self.segment_bytes:
+            return current
+        if current is not None:
+            self._close_file(current)
+        name = seg.new_file_name(kind, self.session, self._made)
+        self._made += 1
+        path = self.directory / name
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+        except OSError as exc:
+            self._note_failure(describe(exc), 0)
+            return None
+        f = _File(self._next, name, path, kind, fd=fd)
+        self._next += 1
+        self._files[f.index] = f
+        self._by_name[name] = f
+        error = self._append(f, seg.header_line(self.project, self.run, self.session, kind))
+        if error is not None:
+            self._note_failure(error, 0)
+            self._close_file(f)
+            self._unlink(f)
+            return None
+        if kind == seg.SEGMENT:
+            self._active = f
+        else:
+            self._dead = f
+        return f
+
+    def _append(self, f: _File, data: bytes) -> str | None:
+        """Append all of `data` or nothing: a failed write is truncated away, so no torn line stays."""
+        assert f.fd is not None
+        view = memoryview(data)
+        try:
+            while view:
+                n = os.write(f.fd, view)
+                view = view[n:]
+        except OSError as exc:
+            try:
+                os.ftruncate(f.fd, f.size)
+            except OSError:
+                # The partial line cannot be removed: nothing more goes into this file.
+                self._close_file(f)
+            return describe(exc)
+        f.size += len(data)
+        return None
+
+    def _note_failure(self, error: str, records: int) -> None:
+        self.unspooled += records
+        self.last_error = error
+        if not self._failing:
+            self._failing = True
+            self._failed_since = 0
+        # A nearly full disk flaps (small writes fit, large ones do not): say it once a minute.
+        now = time.monotonic()
+        if now - self._error_logged_at >= ERROR_LOG_INTERVAL:
+            self._error_logged_at = now
+            self._error_logged = True
+            logger.error(
+                "asynctrace: cannot write to the spool in %s (%s); records are still delivered to "
+                "the sinks, but are not crash-safe until spool writes succeed again; the loss is "
+                "counted in stats().spool.unspooled",
+                self.directory,
+                error,
+            )
+        self._failed_since += records
+
+    def _close_file(self, f: _File) -> None:
+        fd, f.fd = f.fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if f is self._active:
+            self._active = None
+        if f is self._dead:
+            self._dead = None
+
+    def _unlink(self, f: _File) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            f.path.unlink()
+        f.deleted = True
+
+    def _collect(self) -> None:
+        """Delete every file with nothing unresolved whose acknowledged files are already gone."""
+        changed = True
+        while changed:
+            changed = False
+            for f in self._files.values():
+                if f.deleted or f.keep or f.live > 0 or f.fd is not None:
+                    continue
+                if any(not self._files[d].deleted for d in f.deps if d in self._files):
+                    continue
+                try:
+                    f.path.unlink()
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    logger.warning("asynctrace: cannot delete spool file %s: %s", f.path, describe(exc))
+                    continue
+                f.deleted = True
+                changed = True
+
+    # -- closing ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Commit what is staged, close the files, delete what is fully acknowledged, unlock."""
+        if self.closed:
+            return
+        try:
+            self.commit()
+            with self._io:
+                for f in list(self._files.values()):
+                    if f.fd is not None:
+                        self._close_file(f)
+                self._collect()
+                self.closed = True
+        finally:
+            self._unlock()
+
+    def unresolved(self) -> int:
+        """Records the spool still holds for a later replay."""
+        return sum(f.live for f in self._files.values() if not f.deleted and f.kind == seg.SEGMENT)
+
+    def stats(self, duplicates: int = 0) -> SpoolStats:
+        files = [f for f in self._files.values() if not f.deleted]
+        return SpoolStats(
+            directory=str(self.directory),
+            durability=self.durability,
+            appended=self.appended,
+            acknowledged=self.acknowledged,
+            unspooled=self.unspooled,
+            dead_letters=self.dead_letters,
+            duplicates_skipped=duplicates,
+            segments=len(files),
+            bytes=sum(f.size for f in files),
+            last_error=self.last_error,
+        )

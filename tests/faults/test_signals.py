@@ -1,0 +1,71 @@
+"""SIGTERM mid-run: the shutdown hook drains the session, then hands the signal on."""
+
+from __future__ import annotations
+
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.faults import _harness as h
+
+
+@pytest.fixture(autouse=True)
+def _trackio_dir(trackio_dir: str) -> None:
+    """Every process here shares the test run's TRACKIO_DIR (inherited through the environment)."""
+
+
+def _trainer(tmp_path: Path) -> tuple[str, Path, Path]:
+    project = f"term-{uuid.uuid4().hex[:8]}"
+    return project, tmp_path / "acked.txt", tmp_path / "stats.json"
+
+
+def test_sigterm_flushes_then_runs_the_previous_handler(tmp_path: Path) -> None:
+    """With a trainer's own SIGTERM handler: the hook flushes first, the handler runs, the run is finished."""
+    project, acked, stats = _trainer(tmp_path)
+    marker = tmp_path / "previous.json"
+    # Nothing would be written for 60 s on its own: a big batch and a long flush interval.
+    proc = h.start_trainer(
+        "--project", project, "--run", "r", "--acked", str(acked), "--stats", str(stats),
+        "--hooks", "--prev-handler", str(marker), "--batch-size", "100000", "--flush-interval", "60",
+        "--durability", "writer", "--spool", str(tmp_path / "spool"),
+    )  # fmt: skip
+    h.wait_ready(proc)
+    time.sleep(1.0)
+    before = len(h.acked_uids(acked))
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    previous = orjson.loads(marker.read_bytes())
+    assert previous["signal"] == signal.SIGTERM
+    # Everything acknowledged before the signal was written before the trainer's handler ran
+    # (on its own the session would not have written anything for a minute).
+    assert before > 0 and previous["written_when_called"] >= before
+    final = orjson.loads(stats.read_bytes())
+    assert final["pending"] == 0 and final["check"] and final["finished"]
+    uids = h.trackio_uids(project, "r")
+    assert set(h.acked_uids(acked)) == set(uids) and max(uids.values()) == 1
+    assert b"Run finished" in err
+
+
+@pytest.mark.parametrize("form", ["asyncio", "trio", "sync"])
+def test_sigterm_with_the_default_handler_finishes_the_session_then_dies(tmp_path: Path, form: str) -> None:
+    """With no handler of the trainer's own: the hook finishes the session, then SIGTERM ends the process."""
+    project, acked, _ = _trainer(tmp_path)
+    proc = h.start_trainer(
+        "--project", project, "--run", "r", "--acked", str(acked), "--hooks",
+        "--batch-size", "100000", "--flush-interval", "60",
+        *(["--sync"] if form == "sync" else ["--backend", form]),
+    )  # fmt: skip
+    h.wait_ready(proc)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGTERM, err.decode()[-2000:]
+    acknowledged = set(h.acked_uids(acked))
+    uids = h.trackio_uids(project, "r")
+    assert acknowledged and acknowledged <= set(uids) and max(uids.values()) == 1
+    assert b"Run finished" in err

@@ -1,0 +1,69 @@
+"""Trackio replays are idempotent per record id, whatever the batch composition was."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import uuid
+from collections.abc import Iterator
+
+import orjson
+import pytest
+
+from asynctrace.sinks._trackio_writer import TrackioWriter, WriteItem, decode_record_id, stored_record_ids
+
+
+def _item(
+    prefix: str, n: int, step: int = 0, *, replayed: bool = False, key: str = "train/traces"
+) -> WriteItem:
+    payload = orjson.dumps({"messages": [{"role": "user", "content": f"{prefix}-{n}"}], "metadata": {"n": n}})
+    return (f"{prefix}-{n}", step, key, payload, replayed)
+
+
+@pytest.fixture
+def writer(project: str) -> Iterator[TrackioWriter]:
+    w = TrackioWriter(project, "r")
+    with contextlib.redirect_stdout(io.StringIO()):
+        w.open()
+    yield w
+    with contextlib.redirect_stdout(io.StringIO()):
+        w.finish()
+
+
+def test_decode_record_id() -> None:
+    """A trace's log id and index name exactly one record id; other log ids are not ours."""
+    assert decode_record_id("at-abc-10", 0) == "abc-10"
+    assert decode_record_id("at-abc-10", 3) == "abc-13"
+    assert decode_record_id("at-a-b-7", 1) == "a-b-8"
+    assert decode_record_id("at-odd", 0) == "odd"
+    assert decode_record_id("at-odd", 2) is None
+    assert decode_record_id("7f3a9c", 0) is None and decode_record_id(None, 0) is None
+
+
+def test_replay_with_another_composition_skips_what_is_stored(writer: TrackioWriter, project: str) -> None:
+    """A replay overlapping an earlier write, split differently, writes only the records not yet stored."""
+    prefix = uuid.uuid4().hex[:12]
+    assert writer.write([_item(prefix, n) for n in range(10)]) == 0
+    replay = [_item(prefix, n, replayed=True) for n in range(3, 13)]
+    assert writer.write(replay) == 7
+    ids = stored_record_ids(project, writer.run.id)
+    assert ids == {f"{prefix}-{n}" for n in range(13)}
+    # A second identical replay writes nothing at all.
+    assert writer.write(replay) == 10
+
+
+def test_gaps_steps_and_keys_each_map_back_to_their_record(writer: TrackioWriter, project: str) -> None:
+    """Records with gaps in their ids, of several steps and keys in one batch, decode to their own ids."""
+    prefix = uuid.uuid4().hex[:12]
+    items = [
+        _item(prefix, 0, 1),
+        _item(prefix, 2, 1),
+        _item(prefix, 3, 2),
+        _item(prefix, 4, 1, key="eval/traces"),
+        _item(prefix, 5, 1),
+        _item("other", 1, 1),
+    ]
+    writer.write(items)
+    assert stored_record_ids(project, writer.run.id) == {i[0] for i in items}
+    assert stored_record_ids(project, writer.run.id, steps=[2]) == {f"{prefix}-3"}
+    assert writer.write([(*i[:4], True) for i in items]) == len(items)

@@ -1,0 +1,165 @@
+"""Security: names stay inside their directory, credentials stay out of output, redaction comes first."""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import anyio
+import pytest
+
+import asynctrace as at
+from asynctrace._security import scrub
+from tests._util import sample
+
+pytestmark = pytest.mark.anyio
+
+HF = "hf_AbCdEfGhIjKlMnOpQrStUvWx1234"
+WRITE = "tw-" + "5" * 30
+WANDB = "0123456789abcdef" * 2 + "cafebabe"
+
+
+@pytest.fixture
+def tokens(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    monkeypatch.setenv("HF_TOKEN", HF)
+    monkeypatch.setenv("TRACKIO_WRITE_TOKEN", WRITE)
+    monkeypatch.setenv("WANDB_API_KEY", WANDB)
+    return [HF, WRITE, WANDB]
+
+
+BAD_NAMES = ["../escape", "/etc/passwd", "a/b", "a\\b", "..", ".", "nul\x00byte", "tab\there"]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_project_and_run_names_cannot_escape_their_directory(name: str) -> None:
+    """A name with a path separator, '.'/'..', NUL or a control character is refused up front."""
+    with pytest.raises(ValueError, match="project"):
+        at.TraceSession(name, sinks=[at.testing.MemorySink()])
+    with pytest.raises(ValueError, match="run"):
+        at.TraceSession("ok", run=name, sinks=[at.testing.MemorySink()])
+    with pytest.raises(ValueError):
+        at.TrackioSink(project=name)
+
+
+def test_ordinary_names_are_accepted() -> None:
+    """Dots, dashes, spaces and unicode inside a name are fine."""
+    for name in ("my.model", "grpo-7b_v2", "run 1", "実験"):
+        at.TraceSession(name, run=name, sinks=[at.testing.MemorySink()])
+
+
+def test_scrub_replaces_every_kind_of_credential(tokens: list[str]) -> None:
+    """Environment credentials, hf_ tokens, write tokens in URLs and bearer tokens are replaced."""
+    text = (
+        f"push to https://x.hf.space/api?write_token={WRITE}&a=1 failed with {HF}; "
+        f"key {WANDB}; url https://h/?write_token=other-secret-123; Authorization: Bearer abcdefgh12345"
+    )
+    clean = scrub(text)
+    for secret in [*tokens, "other-secret-123", "abcdefgh12345"]:
+        assert secret not in clean
+    assert "write_token=***" in clean and "a=1" in clean
+
+
+class _LeakyError(at.Sink):
+    """A sink whose errors quote credentials, like a hub client echoing its request URL."""
+
+    name = "leaky"
+
+    async def write(self, records: Sequence[at.TraceRecord]) -> None:
+        raise at.PermanentSinkError(f"POST https://hub/upload?write_token={WRITE} token={HF} key={WANDB}")
+
+
+async def test_no_credential_in_stats_logs_or_dead_letters(
+    tmp_path: Path, tokens: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sink error quoting tokens is scrubbed in stats, log lines and the dead-letter file."""
+    caplog.set_level(logging.DEBUG, logger="asynctrace")
+    spool = tmp_path / "spool"
+    async with at.TraceSession("p", run="r", sinks=[_LeakyError()], spool_dir=spool) as s:
+        await s.log_samples([sample(i) for i in range(3)], step=0)
+    st = s.stats()
+    assert st.failed == 3
+    error = st.sinks["leaky"].last_error
+    assert error is not None and "write_token=***" in error
+    dead = b"".join(p.read_bytes() for p in spool.glob("dead-*.jsonl"))
+    assert dead and b"write_token=***" in dead
+    for secret in tokens:
+        assert secret not in error
+        assert secret not in caplog.text
+        assert secret.encode() not in dead
+
+
+async def test_no_credential_in_the_spool_or_the_console(tmp_path: Path, tokens: list[str]) -> None:
+    """A token that ended up inside a sample is kept out of the spool files and the console sink."""
+    spool = tmp_path / "spool"
+    console = io.StringIO()
+    leaked = {"prompt": f"my token is {HF}, see https://s/?write_token={WRITE}", "response": WANDB}
+    async with at.TraceSession(
+        "p",
+        run="r",
+        sinks=[at.ConsoleSink(console), at.testing.MemorySink(hang=True)],
+        spool_dir=spool,
+        durability="enqueue",
+        finish_timeout=0.5,
+        flush_interval=0.01,
+    ) as s:
+        await s.log_samples([leaked], step=0)
+        await anyio.sleep(0.3)
+        data = b"".join(p.read_bytes() for p in spool.glob("seg-*.jsonl"))
+        assert b"my token is ***" in data
+    output = console.getvalue()
+    assert "my token is ***" in output
+    for secret in tokens:
+        assert secret.encode() not in data
+        assert secret not in output
+
+
+async def test_redact_runs_before_encoding_and_before_the_spool(tmp_path: Path) -> None:
+    """`redact=` strips PII from prompts before the sample is encoded: sinks and spool never see it."""
+    email = re.compile(r"[\w.]+@[\w.]+")
+
+    def redact(s: at.Sample) -> at.Sample:
+        messages = [{**m, "content": email.sub("<email>", m["content"])} for m in s.messages]
+        metadata = {k: v for k, v in s.metadata.items() if k != "user_id"}
+        return at.Sample(messages=messages, metadata=metadata, spans=s.spans, score=s.score)
+
+    spool = tmp_path / "spool"
+    sink = at.testing.MemorySink()
+    holder = at.testing.MemorySink("held", hang=True)
+    pii = {"prompt": "mail jane.doe@example.com about it", "response": "ok", "user_id": "u-1234"}
+    async with at.TraceSession(
+        "p",
+        run="r",
+        sinks=[sink, holder],
+        spool_dir=spool,
+        durability="enqueue",
+        redact=redact,
+        finish_timeout=0.5,
+    ) as s:
+        await s.log_samples([pii, at.Sample(messages=[{"role": "user", "content": "x@y.org"}])], step=0)
+        data = b"".join(p.read_bytes() for p in spool.glob("seg-*.jsonl"))
+    assert b"<email>" in data and b"example.com" not in data and b"u-1234" not in data
+    await anyio.sleep(0)
+    assert [m["content"] for r in sink.records for m in r.sample.messages] == [
+        "mail <email> about it",
+        "ok",
+        "<email>",
+    ]
+    assert all("user_id" not in r.sample.metadata for r in sink.records)
+
+
+async def test_a_failing_redact_is_a_record_error_naming_the_sample() -> None:
+    """A redact callable that raises is reported as a RecordError for that sample, like any bad field."""
+
+    def redact(s: at.Sample) -> at.Sample:
+        if "secret" in str(s.messages):
+            raise KeyError("cannot redact")
+        return s
+
+    sink = at.testing.MemorySink()
+    async with at.TraceSession("p", sinks=[sink], redact=redact) as s:
+        with pytest.raises(at.RecordError, match="sample 1"):
+            await s.log_samples([sample(0), {"prompt": "secret", "response": "r"}], step=0)
+        assert await s.log_samples([sample(2)], step=1) == 1
