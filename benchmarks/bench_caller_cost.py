@@ -1,0 +1,176 @@
+"""Caller cost per sample: ``await session.log_samples(batch of 32)`` vs Trackio's ``run.log``.
+
+Both variants get the same 32-sample batches, built before timing (``asynctrace.Sample`` for
+the session, ``trackio.Trace`` for Trackio). Only the time spent inside the caller's call is
+summed (``time.perf_counter`` around each call); between calls the caller yields to the event
+loop for ``--gap`` seconds, standing in for the training step, so background work (the
+session's writer, Trackio's sender thread) runs as it would in a trainer. The session has a
+queue large enough that ``on_full="block"`` never waits, and the default ``TrackioSink``
+(Trackio in a writer process). Variants alternate over ``--rounds`` rounds; the median
+round is reported and the ratio is the median of per-round ratios. Before timing, the script
+touches and frees ``--prefault-mb`` of memory, so that neither variant pays a VM's first touch
+of guest memory (several times a normal page fault on the machine these were written on).
+
+    python benchmarks/bench_caller_cost.py            # default sizes
+    python benchmarks/bench_caller_cost.py --quick    # smoke run
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+os.environ["TRACKIO_DIR"] = tempfile.mkdtemp(prefix="asynctrace-bench-")
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Any
+
+import _common as common
+import anyio
+import orjson
+
+GOAL = 10.0  # the session must be at least this many times cheaper for the caller
+BATCH = 32
+LABELS = {"session": "await session.log_samples(32)", "trackio": "run.log({key: [Trace x32]})"}
+
+
+async def session_round(
+    bodies: list[dict[str, Any]], calls: int, warmup: int, gap: float
+) -> tuple[float, float, int]:
+    """Wall and on-CPU seconds spent inside ``log_samples`` over `calls` timed calls, and the
+    traces found in SQLite afterwards."""
+    import asynctrace as at
+
+    samples = common.to_samples(bodies)
+    size = max(len(orjson.dumps(b)) for b in bodies[:64])
+    project = common.project_name("caller")
+    spent = cpu = 0.0
+    async with at.TraceSession(
+        project,
+        queue_size=len(samples) + 1,
+        max_queue_bytes=len(samples) * (size + 1024) + 2**20,
+        finish_timeout=300.0,
+    ) as session:
+        await session.flush()  # the writer process is up before timing starts
+        for c in range(warmup + calls):
+            batch = samples[c * BATCH : (c + 1) * BATCH]
+            t0, c0 = time.perf_counter(), time.thread_time()
+            await session.log_samples(batch, step=c)
+            dt, dc = time.perf_counter() - t0, time.thread_time() - c0
+            if c >= warmup:
+                spent += dt
+                cpu += dc
+            await anyio.sleep(gap)
+        run = session.run
+    stats = session.stats()
+    if stats.written != len(samples) or stats.dropped:
+        raise SystemExit(f"session round lost samples: {stats.summary()}")
+    return spent, cpu, common.count_trackio_traces(project, run)
+
+
+async def trackio_round(
+    bodies: list[dict[str, Any]], calls: int, warmup: int, gap: float
+) -> tuple[float, float, int]:
+    """Wall and on-CPU seconds spent inside ``run.log`` over `calls` timed calls, and the
+    traces found in SQLite afterwards."""
+    import trackio
+
+    traces = common.to_traces(bodies)
+    project = common.project_name("caller-direct")
+    with common.quiet():
+        run = trackio.init(project, embed=False, auto_log_cpu=False, auto_log_gpu=False)
+    spent = cpu = 0.0
+    for c in range(warmup + calls):
+        batch = traces[c * BATCH : (c + 1) * BATCH]
+        t0, c0 = time.perf_counter(), time.thread_time()
+        run.log({"train/traces": batch}, step=c)
+        dt, dc = time.perf_counter() - t0, time.thread_time() - c0
+        if c >= warmup:
+            spent += dt
+            cpu += dc
+        await anyio.sleep(gap)
+    with common.quiet():
+        await anyio.to_thread.run_sync(run.finish)
+    return spent, cpu, common.count_trackio_traces(project, run.name)
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    common.print_machine("start")
+    common.prefault(args.prefault_mb)
+    plan = {"2.5KB": (args.calls, args.gap), "32KB": (args.calls_32k, args.gap_32k)}
+    rows: list[list[str]] = []
+    ratios: list[tuple[str, float, list[float]]] = []
+    for size_name in args.sizes:
+        calls, gap = plan[size_name]
+        n = (calls + args.warmup) * BATCH
+        bodies = common.sample_bodies(n, common.SIZES[size_name])
+        per_sample: dict[str, list[float]] = {"session": [], "trackio": []}
+        cpu_per_sample: dict[str, list[float]] = {"session": [], "trackio": []}
+        for r in range(args.rounds):
+            order = ("session", "trackio") if r % 2 == 0 else ("trackio", "session")
+            for variant in order:
+                fn = session_round if variant == "session" else trackio_round
+                spent, cpu, stored = await fn(bodies, calls, args.warmup, gap)
+                if stored != n:
+                    raise SystemExit(f"{variant} round stored {stored} traces, expected {n}")
+                per_sample[variant].append(spent / (calls * BATCH) * 1e6)
+                cpu_per_sample[variant].append(cpu / (calls * BATCH) * 1e6)
+        round_ratios = [d / s for s, d in zip(per_sample["session"], per_sample["trackio"], strict=True)]
+        ratios.append((size_name, statistics.median(round_ratios), round_ratios))
+        for variant, label in LABELS.items():
+            values = per_sample[variant]
+            rows.append([size_name, label, f"{statistics.median(values):.2f}",
+                         " / ".join(f"{v:.2f}" for v in values),
+                         f"{statistics.median(cpu_per_sample[variant]):.2f}",
+                         f"{calls * BATCH}", f"{gap * 1e3:.0f}"])
+    print(f"caller cost per sample, batches of {BATCH}; time inside the call only; "
+          f"{args.rounds} alternating rounds (median)")
+    common.print_table(["sample", "call", "us/sample", "rounds (us/sample)", "on-CPU us/sample",
+                        "samples timed/round", "gap ms"], rows)
+    print("(us/sample: wall time inside the call, the goal's measure; on-CPU: the calling thread's CPU")
+    print(" time inside the call, which leaves out time it was preempted or waiting for the GIL)")
+    print()
+    ok = True
+    for size_name, ratio, round_ratios in ratios:
+        met = ratio >= GOAL
+        ok &= met
+        print(f"ratio {size_name}: run.log cost / log_samples cost = {common.fmt_ratio(ratio)} "
+              f"(per round: {', '.join(common.fmt_ratio(x) for x in round_ratios)}; "
+              f"goal >= {GOAL:.0f}x: {'met' if met else 'NOT met'})")
+    common.print_machine("end")
+    return 0 if ok or not args.strict else 1
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--calls", type=int, default=200, help="timed calls per round, 2.5 KB samples")
+    p.add_argument("--calls-32k", type=int, default=60, help="timed calls per round, 32 KB samples")
+    p.add_argument("--warmup", type=int, default=10, help="untimed calls at the start of each round")
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds per variant")
+    p.add_argument("--gap", type=float, default=0.015,
+                   help="seconds the caller yields between 2.5 KB calls (the training step stand-in)")
+    p.add_argument("--gap-32k", type=float, default=0.05, help="the same for 32 KB calls")
+    p.add_argument("--prefault-mb", type=int, default=512,
+                   help="touch and free this much memory first (VM first-touch warm-up; 0 = off)")
+    p.add_argument("--sizes", nargs="+", default=list(common.SIZES), choices=list(common.SIZES))
+    p.add_argument("--quick", action="store_true", help="tiny smoke run")
+    p.add_argument("--verbose", action="store_true", help="show Trackio's and the writer's stderr")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a goal is not met")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.calls, args.calls_32k, args.warmup, args.rounds, args.prefault_mb = 20, 8, 2, 1, 0
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    common.cleanup_trackio_dir_at_exit()
+    args = parse_args(argv)
+    with common.stderr_to_log(not args.verbose):
+        return anyio.run(main_async, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

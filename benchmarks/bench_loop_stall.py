@@ -1,0 +1,238 @@
+"""Event-loop stall: how late a 1 ms ticker runs while samples flow into Trackio.
+
+A ticker task does ``await anyio.sleep(0.001)`` in a loop and records its lag (actual minus
+expected interval). Meanwhile a producer coroutine pushes ``--samples`` samples (2.5 KB) in
+batches of 32, yielding to the loop between batches, and then waits until the data is in
+Trackio's SQLite store; that whole window is measured:
+
+- ``session``: ``await session.log_samples(batch)``, then ``await session.finish()``
+  (default ``TrackioSink``: Trackio in a writer process);
+- ``direct``: ``run.log({"train/traces": [Trace x32]})`` called from the coroutine, then
+  ``run.finish()`` in a worker thread (``anyio.to_thread``) so that at least the final
+  drain does not block the loop outright;
+- ``session-thread``: the session with ``TrackioSink(process=False)`` (Trackio in a worker
+  thread of this process), for reference;
+- ``idle``: the ticker alone, for the machine's own noise floor.
+
+Opening the session / ``trackio.init`` happens before the window. Counts are verified.
+
+    python benchmarks/bench_loop_stall.py
+    python benchmarks/bench_loop_stall.py --quick
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+os.environ["TRACKIO_DIR"] = tempfile.mkdtemp(prefix="asynctrace-bench-")
+
+import argparse
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import _common as common
+import anyio
+
+GOAL_P99_MS = 1.0
+GOAL_MAX_MS = 5.0
+BATCH = 32
+TICK = 0.001
+VARIANTS = ["idle", "session", "direct", "session-thread"]
+LABELS = {
+    "idle": "ticker alone (noise floor)",
+    "session": "TraceSession, TrackioSink (writer process)",
+    "direct": "run.log from the coroutine, finish in a thread",
+    "session-thread": "TraceSession, TrackioSink(process=False)",
+}
+
+
+class Ticker:
+    """Records the lag of every 1 ms sleep while `recording` is set.
+
+    Besides the wall-clock lag it records how much of each interval the loop's thread spent
+    on a CPU (``time.thread_time``): lag with the thread on a CPU is work the loop itself did
+    (the producer, the session, ``run.log``); the rest is time the thread was not running
+    (other processes on the machine, or another thread of this process holding the GIL).
+    """
+
+    def __init__(self) -> None:
+        self.recording = False
+        self.lags: list[float] = []
+        self.busy: list[float] = []
+        self.stop = False
+
+    async def run(self) -> None:
+        while not self.stop:
+            t0 = time.perf_counter()
+            c0 = time.thread_time()
+            await anyio.sleep(TICK)
+            lag = time.perf_counter() - t0 - TICK
+            if self.recording:
+                self.lags.append(lag)
+                self.busy.append(min(lag, time.thread_time() - c0))
+
+
+Window = tuple[list[float], list[float], float]  # wall lags, on-CPU lags (s), window length (s)
+
+
+async def window(ticker: Ticker, body: Callable[[], Awaitable[None]]) -> Window:
+    """Run `body` with the ticker recording."""
+    await anyio.sleep(0.05)  # let the ticker settle
+    ticker.lags = []
+    ticker.busy = []
+    ticker.recording = True
+    t0 = time.perf_counter()
+    try:
+        await body()
+    finally:
+        elapsed = time.perf_counter() - t0
+        ticker.recording = False
+    return ticker.lags, ticker.busy, elapsed
+
+
+async def run_idle(ticker: Ticker, seconds: float) -> Window:
+    async def body() -> None:
+        await anyio.sleep(seconds)
+
+    return await window(ticker, body)
+
+
+async def run_session(ticker: Ticker, samples: list[Any], *, process: bool) -> Window:
+    import asynctrace as at
+
+    project = common.project_name("stall")
+    async with at.TraceSession(
+        project, sinks=[at.TrackioSink(process=process)], finish_timeout=600.0
+    ) as session:
+        await session.flush()  # the sink is open before the window starts
+
+        async def body() -> None:
+            for c in range(0, len(samples), BATCH):
+                await session.log_samples(samples[c : c + BATCH], step=c // BATCH)
+                await anyio.sleep(0)
+            await session.finish()
+
+        result = await window(ticker, body)
+    stats = session.stats()
+    _verify(stats.written == len(samples) and stats.check(), f"session: {stats.summary()}")
+    _verify_stored(project, session.run, len(samples))
+    return result
+
+
+async def run_direct(ticker: Ticker, traces: list[Any]) -> Window:
+    import trackio
+
+    project = common.project_name("stall-direct")
+    with common.quiet():
+        run = trackio.init(project, embed=False, auto_log_cpu=False, auto_log_gpu=False)
+
+    async def body() -> None:
+        for c in range(0, len(traces), BATCH):
+            run.log({"train/traces": traces[c : c + BATCH]}, step=c // BATCH)
+            await anyio.sleep(0)
+        await anyio.to_thread.run_sync(run.finish)
+
+    with common.quiet():
+        result = await window(ticker, body)
+    _verify_stored(project, run.name, len(traces))
+    return result
+
+
+def _verify(ok: bool, message: str) -> None:
+    if not ok:
+        raise SystemExit(f"verification failed: {message}")
+
+
+def _verify_stored(project: str, run: str, expected: int) -> None:
+    stored = common.count_trackio_traces(project, run)
+    _verify(stored == expected, f"{project}: {stored} traces in SQLite, expected {expected}")
+
+
+async def measure(
+    args: argparse.Namespace, samples: list[Any], traces: list[Any]
+) -> dict[str, list[Window]]:
+    results: dict[str, list[Window]] = {v: [] for v in VARIANTS}
+    ticker = Ticker()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker.run)
+        for r in range(args.rounds):
+            order = VARIANTS[1:] if r % 2 == 0 else VARIANTS[:0:-1]
+            results["idle"].append(await run_idle(ticker, args.idle_seconds))
+            for variant in order:
+                if variant == "session":
+                    results[variant].append(await run_session(ticker, samples, process=True))
+                elif variant == "session-thread":
+                    results[variant].append(await run_session(ticker, samples, process=False))
+                else:
+                    results[variant].append(await run_direct(ticker, traces))
+        ticker.stop = True
+    return results
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    common.print_machine("start")
+    bodies = common.sample_bodies(args.samples, common.SIZES["2.5KB"])
+    samples = common.to_samples(bodies)
+    traces = common.to_traces(bodies)
+    with common.quiet():  # Trackio's banners (process=False and direct runs print to stdout)
+        results = await measure(args, samples, traces)
+
+    summary: dict[str, tuple[float, float, float]] = {}
+    rows: list[list[str]] = []
+    for variant in VARIANTS:
+        lags = [lag for lags, _, _ in results[variant] for lag in lags]
+        busy = [b for _, busy, _ in results[variant] for b in busy]
+        seconds = sum(t for _, _, t in results[variant])
+        p50, p99 = common.percentile(lags, 50) * 1e3, common.percentile(lags, 99) * 1e3
+        worst = max(lags) * 1e3
+        summary[variant] = (p50, p99, worst)
+        rate = "" if variant == "idle" else f"{args.samples * args.rounds / seconds:,.0f}"
+        rows.append([LABELS[variant], f"{len(lags)}", f"{seconds:.1f}", rate,
+                     f"{p50:.3f}", f"{p99:.3f}", f"{worst:.1f}",
+                     f"{common.percentile(busy, 99) * 1e3:.3f}", f"{max(busy) * 1e3:.1f}"])
+    print(f"1 ms ticker lag while {args.samples} samples (2.5 KB, batches of {BATCH}) go into Trackio "
+          f"and finish; {args.rounds} round(s), all ticks pooled")
+    common.print_table(["variant", "ticks", "window s", "samples/s", "p50 lag ms", "p99 lag ms",
+                        "max lag ms", "on-CPU p99 ms", "on-CPU max ms"], rows)
+    print("(on-CPU: the part of each lag during which the loop's thread was running; the rest of a")
+    print(" lag is time it was not: other processes on this machine, or another thread holding the GIL)")
+    print()
+    s_p50, s_p99, s_max = summary["session"]
+    for other in ("direct", "session-thread"):
+        o_p50, o_p99, o_max = summary[other]
+        print(f"ratio {other} / session: p50 {o_p50 / s_p50:.1f}x, p99 {o_p99 / s_p99:.1f}x, "
+              f"max {o_max / s_max:.1f}x")
+    ok_p99 = s_p99 < GOAL_P99_MS
+    ok_max = s_max < GOAL_MAX_MS
+    print(f"goal session p99 < {GOAL_P99_MS:g} ms: {s_p99:.3f} ms, {'met' if ok_p99 else 'NOT met'}")
+    print(f"goal session max < {GOAL_MAX_MS:g} ms: {s_max:.1f} ms, {'met' if ok_max else 'NOT met'}")
+    common.print_machine("end")
+    return 0 if (ok_p99 and ok_max) or not args.strict else 1
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--samples", type=int, default=20_000, help="samples per variant and round")
+    p.add_argument("--rounds", type=int, default=1, help="rounds (variant order alternates)")
+    p.add_argument("--idle-seconds", type=float, default=2.0, help="length of the idle reference window")
+    p.add_argument("--quick", action="store_true", help="tiny smoke run")
+    p.add_argument("--verbose", action="store_true", help="show Trackio's and the writer's stderr")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a goal is not met")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.samples, args.rounds, args.idle_seconds = 640, 1, 0.3
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    common.cleanup_trackio_dir_at_exit()
+    args = parse_args(argv)
+    with common.stderr_to_log(not args.verbose):
+        return anyio.run(main_async, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""End-to-end throughput, first submit to ``finish`` returning.
+
+Trackio: ``TraceSession`` with the default ``TrackioSink`` (writer process) vs direct batched
+Trackio (``run.log`` with lists of 32 ``trackio.Trace``, then ``run.finish()``). Opening the
+session / ``trackio.init`` is outside the timed window; the data being in SQLite is inside
+it. Counts are verified with a COUNT query on Trackio's ``traces`` table.
+
+JSONL: ``TraceSession`` with only a ``JsonlSink`` vs a bare loop that orjson-encodes each
+record dict (the same fields ``JsonlSink`` writes) and appends it to a buffered file. Counts
+are verified by counting lines.
+
+Variants alternate over ``--rounds`` rounds; the median round is reported.
+
+    python benchmarks/bench_throughput.py
+    python benchmarks/bench_throughput.py --quick
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+os.environ["TRACKIO_DIR"] = tempfile.mkdtemp(prefix="asynctrace-bench-")
+
+import argparse
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import _common as common
+import anyio
+import orjson
+
+GOAL_TRACKIO = 0.9
+GOAL_JSONL = 0.5
+BATCH = 32
+
+
+async def session_trackio(samples: list[Any]) -> float:
+    import asynctrace as at
+
+    project = common.project_name("tput")
+    async with at.TraceSession(project, finish_timeout=600.0) as session:
+        await session.flush()  # writer process up and the run open: not part of the window
+        t0 = time.perf_counter()
+        for c in range(0, len(samples), BATCH):
+            await session.log_samples(samples[c : c + BATCH], step=c // BATCH)
+        stats = await session.finish()
+        elapsed = time.perf_counter() - t0
+    _check(stats.written == len(samples) and stats.check(), f"session: {stats.summary()}")
+    stored = common.count_trackio_traces(project, session.run)
+    _check(stored == len(samples), f"session stored {stored} traces, expected {len(samples)}")
+    return elapsed
+
+
+def direct_trackio(traces: list[Any]) -> float:
+    import trackio
+
+    project = common.project_name("tput-direct")
+    with common.quiet():
+        run = trackio.init(project, embed=False, auto_log_cpu=False, auto_log_gpu=False)
+        t0 = time.perf_counter()
+        for c in range(0, len(traces), BATCH):
+            run.log({"train/traces": traces[c : c + BATCH]}, step=c // BATCH)
+        run.finish()
+        elapsed = time.perf_counter() - t0
+    stored = common.count_trackio_traces(project, run.name)
+    _check(stored == len(traces), f"direct Trackio stored {stored} traces, expected {len(traces)}")
+    return elapsed
+
+
+async def session_jsonl(samples: list[Any], workdir: Path) -> float:
+    import asynctrace as at
+
+    path = workdir / f"session-{uuid.uuid4().hex[:8]}.jsonl"
+    async with at.TraceSession(
+        common.project_name("jsonl"), sinks=[at.JsonlSink(path)], finish_timeout=600.0
+    ) as session:
+        await session.flush()
+        t0 = time.perf_counter()
+        for c in range(0, len(samples), BATCH):
+            await session.log_samples(samples[c : c + BATCH], step=c // BATCH)
+        stats = await session.finish()
+        elapsed = time.perf_counter() - t0
+    _check(stats.written == len(samples) and stats.check(), f"session: {stats.summary()}")
+    lines = common.count_jsonl_lines(path)
+    _check(lines == len(samples), f"session JSONL has {lines} lines, expected {len(samples)}")
+    path.unlink()
+    return elapsed
+
+
+def bare_jsonl(bodies: list[dict[str, Any]], workdir: Path) -> float:
+    """The floor: encode each record dict with orjson and append it to a buffered file."""
+    path = workdir / f"bare-{uuid.uuid4().hex[:8]}.jsonl"
+    prefix = uuid.uuid4().hex[:12]
+    t0 = time.perf_counter()
+    with open(path, "ab") as f:
+        for i, body in enumerate(bodies):
+            record = {
+                "id": f"{prefix}-{i}",
+                "step": i // BATCH,
+                "split": "train",
+                "key": "train/traces",
+                "timestamp": time.time(),
+                "sample": body,
+            }
+            f.write(orjson.dumps(record) + b"\n")
+    elapsed = time.perf_counter() - t0
+    lines = common.count_jsonl_lines(path)
+    _check(lines == len(bodies), f"bare JSONL has {lines} lines, expected {len(bodies)}")
+    path.unlink()
+    return elapsed
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise SystemExit(f"verification failed: {message}")
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    common.print_machine("start")
+    size = common.SIZES[args.size]
+    rows: list[list[str]] = []
+    results: list[tuple[str, float, list[float], float]] = []  # name, median ratio, per round, goal
+
+    # -- Trackio ---------------------------------------------------------------------------
+    bodies = common.sample_bodies(args.trackio_samples, size)
+    samples = common.to_samples(bodies)
+    traces = common.to_traces(bodies)
+    times: dict[str, list[float]] = {"session": [], "direct": []}
+    for r in range(args.rounds):
+        for variant in ("session", "direct") if r % 2 == 0 else ("direct", "session"):
+            if variant == "session":
+                times[variant].append(await session_trackio(samples))
+            else:
+                times[variant].append(direct_trackio(traces))
+    n = len(samples)
+    s_rate = n / statistics.median(times["session"])
+    d_rate = n / statistics.median(times["direct"])
+    pairs = [d / s for s, d in zip(times["session"], times["direct"], strict=True)]
+    rows.append(["Trackio", "TraceSession + TrackioSink", f"{n}", f"{s_rate:,.0f}",
+                 " / ".join(f"{n / t:,.0f}" for t in times["session"])])
+    rows.append(["Trackio", "direct run.log(lists of 32) + finish", f"{n}", f"{d_rate:,.0f}",
+                 " / ".join(f"{n / t:,.0f}" for t in times["direct"])])
+    results.append(
+        ("Trackio: session / direct batched Trackio", statistics.median(pairs), pairs, GOAL_TRACKIO)
+    )
+    del traces
+
+    # -- JSONL -----------------------------------------------------------------------------
+    workdir = Path(tempfile.mkdtemp(prefix="asynctrace-bench-jsonl-"))
+    try:
+        bodies = common.sample_bodies(args.jsonl_samples, size)
+        samples = common.to_samples(bodies)
+        times = {"session": [], "bare": []}
+        for r in range(args.rounds):
+            for variant in ("session", "bare") if r % 2 == 0 else ("bare", "session"):
+                if variant == "session":
+                    times[variant].append(await session_jsonl(samples, workdir))
+                else:
+                    times[variant].append(bare_jsonl(bodies, workdir))
+    finally:
+        for p in workdir.glob("*"):
+            p.unlink()
+        workdir.rmdir()
+    n = len(samples)
+    s_rate = n / statistics.median(times["session"])
+    b_rate = n / statistics.median(times["bare"])
+    pairs = [b / s for s, b in zip(times["session"], times["bare"], strict=True)]
+    rows.append(["JSONL", "TraceSession + JsonlSink", f"{n}", f"{s_rate:,.0f}",
+                 " / ".join(f"{n / t:,.0f}" for t in times["session"])])
+    rows.append(["JSONL", "bare orjson + buffered append", f"{n}", f"{b_rate:,.0f}",
+                 " / ".join(f"{n / t:,.0f}" for t in times["bare"])])
+    results.append(
+        ("JSONL: session / bare orjson-and-write loop", statistics.median(pairs), pairs, GOAL_JSONL)
+    )
+
+    print(f"end-to-end throughput, {args.size} samples, batches of {BATCH}, {args.rounds} alternating "
+          f"rounds; samples/s is the median round; ratios are the median of per-round ratios "
+          f"(counts verified)")
+    common.print_table(["sink", "variant", "samples", "samples/s (median)", "rounds (samples/s)"], rows)
+    print()
+    ok = True
+    for name, ratio, pairs, goal in results:
+        met = ratio >= goal
+        ok &= met
+        print(f"ratio {name} = {ratio:.3f}x (per round: {', '.join(f'{x:.2f}x' for x in pairs)}; "
+              f"goal >= {goal}x: {'met' if met else 'NOT met'})")
+    common.print_machine("end")
+    return 0 if ok or not args.strict else 1
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trackio-samples", type=int, default=20_000, help="samples per Trackio round")
+    p.add_argument("--jsonl-samples", type=int, default=100_000, help="samples per JSONL round")
+    p.add_argument("--size", default="2.5KB", choices=list(common.SIZES))
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds per variant")
+    p.add_argument("--quick", action="store_true", help="tiny smoke run")
+    p.add_argument("--verbose", action="store_true", help="show Trackio's and the writer's stderr")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a goal is not met")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.trackio_samples, args.jsonl_samples, args.rounds = 640, 3_200, 1
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    common.cleanup_trackio_dir_at_exit()
+    args = parse_args(argv)
+    with common.stderr_to_log(not args.verbose):
+        return anyio.run(main_async, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
