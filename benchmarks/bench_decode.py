@@ -4,8 +4,10 @@ Two comparisons, each in one process run:
 
 1. a 256 x 4096 batch of multi-turn rollouts (prompt, assistant and tool turns, right padding,
    per-token versions): `decode_rollouts` (rows selected on the device, one transfer per tensor,
-   one `decode_batch` call) versus a per-sample loop (`.item()`, `.cpu().tolist()` and one
-   `decode` per turn, per sample);
+   every turn decoded in one go) versus a per-sample loop (`.item()`, `.cpu().tolist()` and one
+   `tokenizer.decode` per turn, per sample). The toy tokenizer is byte-level BPE, so the batched
+   path decodes from its exact byte table; `[1b]` times it with the tokenizer's own
+   `decode_batch` instead, to show what the table is worth;
 2. a step of 1024 samples of which a cap keeps 16 (top/bottom by reward), through a
    `TraceSession` into a memory sink: `log_rollouts` (the cap picks rows from the rewards, only
    those are decoded) versus decoding all 1024 and handing them to `log_samples`.
@@ -27,7 +29,19 @@ import torch
 
 from asynctrace import Sample, TraceSession
 from asynctrace.rollouts import decode_rollouts, toy_tokenizer
+from asynctrace.rollouts._bytelevel import byte_table
+from asynctrace.rollouts._text import tokenizer_decode
 from asynctrace.testing import MemorySink
+
+
+class OwnDecode:
+    """The tokenizer behind an object the byte table does not recognise: its own `decode_batch`."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def decode_batch(self, sequences: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        return list(self.inner.decode_batch(sequences, skip_special_tokens=skip_special_tokens))
 
 
 def make_batch(
@@ -123,23 +137,31 @@ def best_of(repeat: int, device: str, *fns: Callable[[], object]) -> list[float]
 
 
 def compare_batch(args: argparse.Namespace, tokenizer: Any) -> None:
-    """[1] the batched path versus the per-sample loop, on the same batch."""
+    """[1] the batched path versus the per-sample loop, on the same batch; [1b] without the table."""
     batch = make_batch(args.rows, args.width, tokenizer.get_vocab_size(), args.group, 0, args.device)
     tokens = int(batch["attention_mask"].sum())
     everything = list(range(args.rows))
-    reference = per_sample_loop(batch, tokenizer, everything)
-    if [s.messages for s in batched(batch, tokenizer, None)] != [s.messages for s in reference]:
-        raise SystemExit("the two paths disagree; refusing to time them")
-    loop_s, batch_s = best_of(
+    own = OwnDecode(tokenizer)
+    reference = [s.messages for s in per_sample_loop(batch, tokenizer, everything)]
+    for variant in (tokenizer, own):
+        if [s.messages for s in batched(batch, variant, None)] != reference:
+            raise SystemExit("the batched path and the per-sample loop disagree; refusing to time them")
+    table = byte_table(tokenizer, lambda seqs: tokenizer_decode(tokenizer, seqs)) is not None
+    loop_s, batch_s, own_s = best_of(
         args.repeat,
         args.device,
         lambda: per_sample_loop(batch, tokenizer, everything),
         lambda: batched(batch, tokenizer, None),
+        lambda: batched(batch, own, None),
     )
     print(
         f"[1] {args.rows} x {args.width} ({tokens} real tokens, multi-turn): "
         f"per-sample loop {loop_s * 1e3:.0f} ms, batched {batch_s * 1e3:.0f} ms, "
-        f"ratio {loop_s / batch_s:.1f}x"
+        f"ratio {loop_s / batch_s:.1f}x (outputs identical; byte-level table: {'yes' if table else 'no'})"
+    )
+    print(
+        f"[1b] batched with the tokenizer's own decode_batch: {own_s * 1e3:.0f} ms, "
+        f"ratio {loop_s / own_s:.1f}x"
     )
 
 
