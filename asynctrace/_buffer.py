@@ -182,6 +182,22 @@ class Buffer:
 
     def _enqueue(self, records: Sequence[TraceRecord], out: Admission, on_full: OnFull | None = None) -> None:
         """Admit records in order under the bound and the on_full policy."""
+        n = len(records)
+        if n and self.depth + n <= self.queue_size:
+            # The usual case, everything fits: one extend and one update of each counter.
+            total = sum([len(r.payload) for r in records])
+            if self.nbytes + total <= self.max_bytes:
+                self.queue.extend(records)
+                self.depth += n
+                self.nbytes += total
+                before = self.undispatched
+                self.undispatched = before + n
+                if before == 0:
+                    self.first_undispatched_at = self.clock()
+                    out.wake = True
+                elif before < self.batch_size <= before + n:
+                    out.wake = True
+                return
         on_full = on_full or self.on_full
         for i, record in enumerate(records):
             if not self._fits(record.nbytes):
