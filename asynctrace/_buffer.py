@@ -30,7 +30,7 @@ OnFull = Literal["block", "drop_newest", "drop_oldest"]
 class Batch:
     """Records dispatched together to every sink; resolved when every sink is done with them."""
 
-    __slots__ = ("errors", "failed", "lanes_left", "nbytes", "records")
+    __slots__ = ("errors", "failed", "lanes_left", "nbytes", "records", "started")
 
     def __init__(self, records: list[TraceRecord], lanes: int) -> None:
         self.records = records
@@ -38,6 +38,8 @@ class Batch:
         self.lanes_left = lanes
         self.failed = False
         self.errors: list[tuple[str, str]] = []  # (sink, error) of the sinks that failed it
+        # Until a sink starts on it, drop_oldest may still take records out of it.
+        self.started = False
 
 
 class Marker:
@@ -119,6 +121,7 @@ class Buffer:
         self.undispatched = 0
         self.first_undispatched_at: float | None = None
         self.control_items = 0
+        self.unstarted: deque[Batch] = deque()
         self.closed = False
         self.thread_waiters = 0
         self._entry_seq = 0
@@ -165,9 +168,31 @@ class Buffer:
             return True
         return self.undispatched == self.batch_size
 
+    def _evict_one_dispatched(self) -> bool:
+        """Take the oldest record out of a batch no sink has started on yet."""
+        unstarted = self.unstarted
+        while unstarted and (unstarted[0].started or not unstarted[0].records):
+            unstarted.popleft()
+        if not unstarted:
+            return False
+        batch = unstarted[0]
+        record = batch.records.pop(0)
+        batch.nbytes -= record.nbytes
+        self.depth -= 1
+        self.nbytes -= record.nbytes
+        self._drop("queue_full", 1, (record,))
+        return True
+
     def _evict_oldest_for(self, nbytes: int) -> bool:
-        """drop_oldest: remove the oldest undispatched records until `nbytes` fits."""
+        """drop_oldest: remove the oldest records no sink has started on until `nbytes` fits.
+
+        Batches already handed to a slow sink's inbox are older than anything still queued, so
+        they are evicted first; without that, a slow sink would hold most of the bound out of
+        reach and drop_oldest would mostly drop the newest.
+        """
         while not self._fits(nbytes):
+            if self._evict_one_dispatched():
+                continue
             for i, item in enumerate(self.queue):
                 if isinstance(item, TraceRecord):
                     del self.queue[i]
@@ -399,6 +424,18 @@ class Buffer:
             self.undispatched -= len(records)
             self.first_undispatched_at = self.clock() if self.undispatched else None
             return Batch(records, len(self.sinks))
+
+    def dispatched(self, batch: Batch) -> None:
+        """The batch is in the sinks' inboxes (and spooled): drop_oldest may now evict from it."""
+        if self.on_full == "drop_oldest":
+            with self.lock:
+                self.unstarted.append(batch)
+
+    def start(self, batches: Sequence[Batch]) -> None:
+        """A sink is about to write these batches: from now on they are out of eviction's reach."""
+        with self.lock:
+            for batch in batches:
+                batch.started = True
 
     def resolve(self, batch: Batch, lane: int, ok: bool, retries: int, error: str | None) -> bool:
         """One sink is done with a batch; True when buffer room was freed."""

@@ -131,6 +131,7 @@ class Writer:
                     with anyio.CancelScope(shield=True):
                         if isinstance(item, Batch):
                             await self._spool_batch(item)
+                            self.buffer.dispatched(item)
                         for lane in self._lanes:
                             lane.inbox.append(item)
                             lane.signal.set()
@@ -206,9 +207,10 @@ class Writer:
     async def _write_batches(
         self, lane: _Lane, batches: list[Batch], on_retry: Callable[[BaseException | None], None]
     ) -> None:
+        self.buffer.start(batches)
         error = lane.dead
         ok = error is None
-        if ok:
+        if ok and any(b.records for b in batches):
             records: list[TraceRecord] = (
                 batches[0].records if len(batches) == 1 else [r for b in batches for r in b.records]
             )

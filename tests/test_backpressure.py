@@ -133,3 +133,18 @@ async def test_blocking_timeout_drops_the_rest() -> None:
             n = await s.log_samples([sample(i) for i in range(5)], step=0, timeout=0.2)
         assert n == 2
         assert s.stats().dropped == {"queue_full": 3}
+
+
+async def test_drop_oldest_keeps_the_newest_behind_a_slow_sink() -> None:
+    """Behind a slow sink, drop_oldest evicts from batches no sink has started, so the newest survive."""
+    sink = at.testing.MemorySink("slow", delay=0.05)
+    async with at.TraceSession("p", sinks=[sink], queue_size=40, batch_size=4, on_full="drop_oldest") as s:
+        for i in range(400):
+            await s.log_samples([sample(i)], step=0)
+            if i % 50 == 0:
+                await anyio.sleep(0.01)
+    st = s.stats()
+    uids = [int(r.sample.metadata["uid"].split(":")[1]) for r in sink.records]
+    assert st.check() and st.written == len(uids) and st.written + st.dropped["queue_full"] == 400
+    # Everything still buffered at the end was among the newest: the last 36 all survive.
+    assert set(range(400 - 36, 400)) <= set(uids)
