@@ -376,7 +376,8 @@ class Buffer:
                 # EVICTED: already counted as capped.
             if self.spool_on_admit and self.spool is not None:
                 self.spool.stage(staged)
-            out.accepted = len(ready)
+            # Held rows count as accepted, as they do in log_samples; drops below subtract.
+            out.accepted = len(staged)
             self._enqueue(ready, out)
         return out
 

@@ -325,7 +325,7 @@ def encode_sample(
             messages = [{"role": "user", "content": prompt}]
             if response is not None:
                 messages.append({"role": "assistant", "content": response})
-            body = {"messages": messages, "metadata": metadata}
+            body: dict[str, Any] = {"messages": messages, "metadata": metadata}
             try:
                 payload = _dumps(body)
             except TypeError as exc:

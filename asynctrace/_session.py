@@ -866,6 +866,9 @@ class TraceSession:
                     **decode_kwargs,
                 )
             )
+        except anyio.get_cancelled_exc_class():
+            self._buffer.cancel(kept, "cancelled")
+            raise
         except BaseException:
             self._buffer.cancel(kept, "invalid")
             raise

@@ -146,8 +146,10 @@ def sample_body(i: int, size: int, *, seed: int = 0) -> dict[str, Any]:
         "policy_version": 3,
     }
     system = {"role": "system", "content": "You are a careful math tutor. Think step by step."}
-    skeleton = {"messages": [system, {"role": "user", "content": ""}, {"role": "assistant", "content": ""}],
-                "metadata": {**metadata, "prompt_len": 0, "response_len": 0}}
+    skeleton = {
+        "messages": [system, {"role": "user", "content": ""}, {"role": "assistant", "content": ""}],
+        "metadata": {**metadata, "prompt_len": 0, "response_len": 0},
+    }
     room = max(64, size - len(orjson.dumps(skeleton)))
     prompt = _text(rng, room // 4)
     response = _text(rng, room - len(prompt))

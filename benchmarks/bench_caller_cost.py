@@ -122,14 +122,33 @@ async def main_async(args: argparse.Namespace) -> int:
         ratios.append((size_name, statistics.median(round_ratios), round_ratios))
         for variant, label in LABELS.items():
             values = per_sample[variant]
-            rows.append([size_name, label, f"{statistics.median(values):.2f}",
-                         " / ".join(f"{v:.2f}" for v in values),
-                         f"{statistics.median(cpu_per_sample[variant]):.2f}",
-                         f"{calls * BATCH}", f"{gap * 1e3:.0f}"])
-    print(f"caller cost per sample, batches of {BATCH}; time inside the call only; "
-          f"{args.rounds} alternating rounds (median)")
-    common.print_table(["sample", "call", "us/sample", "rounds (us/sample)", "on-CPU us/sample",
-                        "samples timed/round", "gap ms"], rows)
+            rows.append(
+                [
+                    size_name,
+                    label,
+                    f"{statistics.median(values):.2f}",
+                    " / ".join(f"{v:.2f}" for v in values),
+                    f"{statistics.median(cpu_per_sample[variant]):.2f}",
+                    f"{calls * BATCH}",
+                    f"{gap * 1e3:.0f}",
+                ]
+            )
+    print(
+        f"caller cost per sample, batches of {BATCH}; time inside the call only; "
+        f"{args.rounds} alternating rounds (median)"
+    )
+    common.print_table(
+        [
+            "sample",
+            "call",
+            "us/sample",
+            "rounds (us/sample)",
+            "on-CPU us/sample",
+            "samples timed/round",
+            "gap ms",
+        ],
+        rows,
+    )
     print("(us/sample: wall time inside the call, the goal's measure; on-CPU: the calling thread's CPU")
     print(" time inside the call, which leaves out time it was preempted or waiting for the GIL)")
     print()
@@ -137,9 +156,11 @@ async def main_async(args: argparse.Namespace) -> int:
     for size_name, ratio, round_ratios in ratios:
         met = ratio >= GOAL
         ok &= met
-        print(f"ratio {size_name}: run.log cost / log_samples cost = {common.fmt_ratio(ratio)} "
-              f"(per round: {', '.join(common.fmt_ratio(x) for x in round_ratios)}; "
-              f"goal >= {GOAL:.0f}x: {'met' if met else 'NOT met'})")
+        print(
+            f"ratio {size_name}: run.log cost / log_samples cost = {common.fmt_ratio(ratio)} "
+            f"(per round: {', '.join(common.fmt_ratio(x) for x in round_ratios)}; "
+            f"goal >= {GOAL:.0f}x: {'met' if met else 'NOT met'})"
+        )
     common.print_machine("end")
     return 0 if ok or not args.strict else 1
 
@@ -150,11 +171,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--calls-32k", type=int, default=60, help="timed calls per round, 32 KB samples")
     p.add_argument("--warmup", type=int, default=10, help="untimed calls at the start of each round")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds per variant")
-    p.add_argument("--gap", type=float, default=0.015,
-                   help="seconds the caller yields between 2.5 KB calls (the training step stand-in)")
+    p.add_argument(
+        "--gap",
+        type=float,
+        default=0.015,
+        help="seconds the caller yields between 2.5 KB calls (the training step stand-in)",
+    )
     p.add_argument("--gap-32k", type=float, default=0.05, help="the same for 32 KB calls")
-    p.add_argument("--prefault-mb", type=int, default=512,
-                   help="touch and free this much memory first (VM first-touch warm-up; 0 = off)")
+    p.add_argument(
+        "--prefault-mb",
+        type=int,
+        default=512,
+        help="touch and free this much memory first (VM first-touch warm-up; 0 = off)",
+    )
     p.add_argument("--sizes", nargs="+", default=list(common.SIZES), choices=list(common.SIZES))
     p.add_argument("--quick", action="store_true", help="tiny smoke run")
     p.add_argument("--verbose", action="store_true", help="show Trackio's and the writer's stderr")

@@ -151,9 +151,7 @@ def _verify_stored(project: str, run: str, expected: int) -> None:
     _verify(stored == expected, f"{project}: {stored} traces in SQLite, expected {expected}")
 
 
-async def measure(
-    args: argparse.Namespace, samples: list[Any], traces: list[Any]
-) -> dict[str, list[Window]]:
+async def measure(args: argparse.Namespace, samples: list[Any], traces: list[Any]) -> dict[str, list[Window]]:
     results: dict[str, list[Window]] = {v: [] for v in VARIANTS}
     ticker = Ticker()
     async with anyio.create_task_group() as tg:
@@ -190,21 +188,47 @@ async def main_async(args: argparse.Namespace) -> int:
         worst = max(lags) * 1e3
         summary[variant] = (p50, p99, worst)
         rate = "" if variant == "idle" else f"{args.samples * args.rounds / seconds:,.0f}"
-        rows.append([LABELS[variant], f"{len(lags)}", f"{seconds:.1f}", rate,
-                     f"{p50:.3f}", f"{p99:.3f}", f"{worst:.1f}",
-                     f"{common.percentile(busy, 99) * 1e3:.3f}", f"{max(busy) * 1e3:.1f}"])
-    print(f"1 ms ticker lag while {args.samples} samples (2.5 KB, batches of {BATCH}) go into Trackio "
-          f"and finish; {args.rounds} round(s), all ticks pooled")
-    common.print_table(["variant", "ticks", "window s", "samples/s", "p50 lag ms", "p99 lag ms",
-                        "max lag ms", "on-CPU p99 ms", "on-CPU max ms"], rows)
+        rows.append(
+            [
+                LABELS[variant],
+                f"{len(lags)}",
+                f"{seconds:.1f}",
+                rate,
+                f"{p50:.3f}",
+                f"{p99:.3f}",
+                f"{worst:.1f}",
+                f"{common.percentile(busy, 99) * 1e3:.3f}",
+                f"{max(busy) * 1e3:.1f}",
+            ]
+        )
+    print(
+        f"1 ms ticker lag while {args.samples} samples (2.5 KB, batches of {BATCH}) go into Trackio "
+        f"and finish; {args.rounds} round(s), all ticks pooled"
+    )
+    common.print_table(
+        [
+            "variant",
+            "ticks",
+            "window s",
+            "samples/s",
+            "p50 lag ms",
+            "p99 lag ms",
+            "max lag ms",
+            "on-CPU p99 ms",
+            "on-CPU max ms",
+        ],
+        rows,
+    )
     print("(on-CPU: the part of each lag during which the loop's thread was running; the rest of a")
     print(" lag is time it was not: other processes on this machine, or another thread holding the GIL)")
     print()
     s_p50, s_p99, s_max = summary["session"]
     for other in ("direct", "session-thread"):
         o_p50, o_p99, o_max = summary[other]
-        print(f"ratio {other} / session: p50 {o_p50 / s_p50:.1f}x, p99 {o_p99 / s_p99:.1f}x, "
-              f"max {o_max / s_max:.1f}x")
+        print(
+            f"ratio {other} / session: p50 {o_p50 / s_p50:.1f}x, p99 {o_p99 / s_p99:.1f}x, "
+            f"max {o_max / s_max:.1f}x"
+        )
     ok_p99 = s_p99 < GOAL_P99_MS
     ok_max = s_max < GOAL_MAX_MS
     print(f"goal session p99 < {GOAL_P99_MS:g} ms: {s_p99:.3f} ms, {'met' if ok_p99 else 'NOT met'}")

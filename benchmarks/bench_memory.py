@@ -185,13 +185,26 @@ async def child(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_child(policy: str, warmup_mib: int, args: argparse.Namespace) -> dict[str, Any]:
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", policy, "--warmup-mib", str(warmup_mib),
-           "--bound-mib", str(args.bound_mib), "--total-mib", str(args.total_mib),
-           "--sink-ms-per-record", str(args.sink_ms_per_record), "--sample-ms", str(args.sample_ms)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        policy,
+        "--warmup-mib",
+        str(warmup_mib),
+        "--bound-mib",
+        str(args.bound_mib),
+        "--total-mib",
+        str(args.total_mib),
+        "--sink-ms-per-record",
+        str(args.sink_ms_per_record),
+        "--sample-ms",
+        str(args.sample_ms),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
-            result: dict[str, Any] = json.loads(line[len("RESULT "):])
+            result: dict[str, Any] = json.loads(line[len("RESULT ") :])
             return result
     tail = "\n".join((out.stdout + out.stderr).splitlines()[-30:])
     raise SystemExit(f"child for {policy} failed (exit {out.returncode}):\n{tail}")
@@ -221,45 +234,82 @@ def main_parent(args: argparse.Namespace) -> int:
         )
         r["ratio"], r["speed"], r["accounting"] = ratio, speed, accounting
         ok &= ratio < GOAL and accounting
-        rows.append([
-            r["policy"],
-            f"{r['warmup_mib']}",
-            f"{r['produced_mib']:.0f}",
-            f"{r['bound'] / MIB:.0f}",
-            f"{r['baseline_rss'] / MIB:.0f}",
-            f"{r['peak_rss'] / MIB:.0f}",
-            f"{r['growth'] / MIB:.1f}",
-            f"{ratio:.2f}",
-            f"{r['max_queue_bytes_seen'] / MIB:.1f}",
-            common.fmt_ratio(speed),
-        ])
-    print(f"peak RSS growth with a {args.bound_mib} MiB byte bound, 32 KB samples, batches of {BATCH}, "
-          f"slow sink {args.sink_ms_per_record:g} ms/record; one fresh process per policy")
+        rows.append(
+            [
+                r["policy"],
+                f"{r['warmup_mib']}",
+                f"{r['produced_mib']:.0f}",
+                f"{r['bound'] / MIB:.0f}",
+                f"{r['baseline_rss'] / MIB:.0f}",
+                f"{r['peak_rss'] / MIB:.0f}",
+                f"{r['growth'] / MIB:.1f}",
+                f"{ratio:.2f}",
+                f"{r['max_queue_bytes_seen'] / MIB:.1f}",
+                common.fmt_ratio(speed),
+            ]
+        )
+    print(
+        f"peak RSS growth with a {args.bound_mib} MiB byte bound, 32 KB samples, batches of {BATCH}, "
+        f"slow sink {args.sink_ms_per_record:g} ms/record; one fresh process per policy"
+    )
     print("(producer / sink rate: the producer's measured samples/s over the sink's rate, 1 / its delay)")
-    common.print_table(["on_full", "warm-up MiB", "produced MiB", "bound MiB", "baseline RSS MiB",
-                        "peak RSS MiB", "growth MiB", "growth / bound", "max queue_bytes MiB",
-                        "producer / sink rate"], rows)
+    common.print_table(
+        [
+            "on_full",
+            "warm-up MiB",
+            "produced MiB",
+            "bound MiB",
+            "baseline RSS MiB",
+            "peak RSS MiB",
+            "growth MiB",
+            "growth / bound",
+            "max queue_bytes MiB",
+            "producer / sink rate",
+        ],
+        rows,
+    )
     print()
     rows = []
     for r in results:
-        rows.append([
-            r["policy"], f"{r['warmup_mib']}", f"{r['submitted']}", f"{r['written']}",
-            f"{r['dropped'].get('queue_full', 0)}", f"{r['pending']}",
-            "yes" if r["accounting"] else "NO",
-            f"{r['snapshots']} ({r['invariant_violations']} / {r['bound_violations']})",
-            f"{r['kept_first_frac']:.0%}", f"{r['kept_last_frac']:.0%}",
-        ])
-    common.print_table(["on_full", "warm-up MiB", "submitted", "written", "dropped queue_full", "pending",
-                        "accounting exact", "live snapshots (invariant / bound violations)",
-                        "oldest bound's worth kept", "newest bound's worth kept"], rows)
+        rows.append(
+            [
+                r["policy"],
+                f"{r['warmup_mib']}",
+                f"{r['submitted']}",
+                f"{r['written']}",
+                f"{r['dropped'].get('queue_full', 0)}",
+                f"{r['pending']}",
+                "yes" if r["accounting"] else "NO",
+                f"{r['snapshots']} ({r['invariant_violations']} / {r['bound_violations']})",
+                f"{r['kept_first_frac']:.0%}",
+                f"{r['kept_last_frac']:.0%}",
+            ]
+        )
+    common.print_table(
+        [
+            "on_full",
+            "warm-up MiB",
+            "submitted",
+            "written",
+            "dropped queue_full",
+            "pending",
+            "accounting exact",
+            "live snapshots (invariant / bound violations)",
+            "oldest bound's worth kept",
+            "newest bound's worth kept",
+        ],
+        rows,
+    )
     print()
     for r in results:
         met = r["ratio"] < GOAL
-        print(f"ratio {r['policy']}, {r['warmup_mib']} MiB warm-up: "
-              f"peak RSS growth / byte bound = {r['ratio']:.2f} "
-              f"(goal < {GOAL}: {'met' if met else 'NOT met'}); "
-              f"producer / sink = {common.fmt_ratio(r['speed'])}; "
-              f"accounting {'exact' if r['accounting'] else 'NOT exact'}")
+        print(
+            f"ratio {r['policy']}, {r['warmup_mib']} MiB warm-up: "
+            f"peak RSS growth / byte bound = {r['ratio']:.2f} "
+            f"(goal < {GOAL}: {'met' if met else 'NOT met'}); "
+            f"producer / sink = {common.fmt_ratio(r['speed'])}; "
+            f"accounting {'exact' if r['accounting'] else 'NOT exact'}"
+        )
     common.print_machine("end")
     return 0 if ok or not args.strict else 1
 
@@ -268,13 +318,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bound-mib", type=int, default=64, help="max_queue_bytes, MiB")
     p.add_argument("--total-mib", type=int, default=1024, help="MiB of samples the producer logs")
-    p.add_argument("--sink-ms-per-record", type=float, default=10.0,
-                   help="the slow sink's sleep per record while the producer runs")
+    p.add_argument(
+        "--sink-ms-per-record",
+        type=float,
+        default=10.0,
+        help="the slow sink's sleep per record while the producer runs",
+    )
     p.add_argument("--sample-ms", type=float, default=2.0, help="RSS sampling period")
-    p.add_argument("--short-warmup-mib", type=int, default=4,
-                   help="MiB logged and drained before the baseline")
-    p.add_argument("--long-warmup-mib", type=int, default=None,
-                   help="the long warm-up (default: half the bound)")
+    p.add_argument(
+        "--short-warmup-mib", type=int, default=4, help="MiB logged and drained before the baseline"
+    )
+    p.add_argument(
+        "--long-warmup-mib", type=int, default=None, help="the long warm-up (default: half the bound)"
+    )
     p.add_argument("--warmup-mib", type=int, default=4, help=argparse.SUPPRESS)
     p.add_argument("--quick", action="store_true", help="tiny smoke run")
     p.add_argument("--strict", action="store_true", help="exit 1 when a goal is not met")

@@ -141,10 +141,24 @@ async def main_async(args: argparse.Namespace) -> int:
     s_rate = n / statistics.median(times["session"])
     d_rate = n / statistics.median(times["direct"])
     pairs = [d / s for s, d in zip(times["session"], times["direct"], strict=True)]
-    rows.append(["Trackio", "TraceSession + TrackioSink", f"{n}", f"{s_rate:,.0f}",
-                 " / ".join(f"{n / t:,.0f}" for t in times["session"])])
-    rows.append(["Trackio", "direct run.log(lists of 32) + finish", f"{n}", f"{d_rate:,.0f}",
-                 " / ".join(f"{n / t:,.0f}" for t in times["direct"])])
+    rows.append(
+        [
+            "Trackio",
+            "TraceSession + TrackioSink",
+            f"{n}",
+            f"{s_rate:,.0f}",
+            " / ".join(f"{n / t:,.0f}" for t in times["session"]),
+        ]
+    )
+    rows.append(
+        [
+            "Trackio",
+            "direct run.log(lists of 32) + finish",
+            f"{n}",
+            f"{d_rate:,.0f}",
+            " / ".join(f"{n / t:,.0f}" for t in times["direct"]),
+        ]
+    )
     results.append(
         ("Trackio: session / direct batched Trackio", statistics.median(pairs), pairs, GOAL_TRACKIO)
     )
@@ -170,25 +184,43 @@ async def main_async(args: argparse.Namespace) -> int:
     s_rate = n / statistics.median(times["session"])
     b_rate = n / statistics.median(times["bare"])
     pairs = [b / s for s, b in zip(times["session"], times["bare"], strict=True)]
-    rows.append(["JSONL", "TraceSession + JsonlSink", f"{n}", f"{s_rate:,.0f}",
-                 " / ".join(f"{n / t:,.0f}" for t in times["session"])])
-    rows.append(["JSONL", "bare orjson + buffered append", f"{n}", f"{b_rate:,.0f}",
-                 " / ".join(f"{n / t:,.0f}" for t in times["bare"])])
+    rows.append(
+        [
+            "JSONL",
+            "TraceSession + JsonlSink",
+            f"{n}",
+            f"{s_rate:,.0f}",
+            " / ".join(f"{n / t:,.0f}" for t in times["session"]),
+        ]
+    )
+    rows.append(
+        [
+            "JSONL",
+            "bare orjson + buffered append",
+            f"{n}",
+            f"{b_rate:,.0f}",
+            " / ".join(f"{n / t:,.0f}" for t in times["bare"]),
+        ]
+    )
     results.append(
         ("JSONL: session / bare orjson-and-write loop", statistics.median(pairs), pairs, GOAL_JSONL)
     )
 
-    print(f"end-to-end throughput, {args.size} samples, batches of {BATCH}, {args.rounds} alternating "
-          f"rounds; samples/s is the median round; ratios are the median of per-round ratios "
-          f"(counts verified)")
+    print(
+        f"end-to-end throughput, {args.size} samples, batches of {BATCH}, {args.rounds} alternating "
+        f"rounds; samples/s is the median round; ratios are the median of per-round ratios "
+        f"(counts verified)"
+    )
     common.print_table(["sink", "variant", "samples", "samples/s (median)", "rounds (samples/s)"], rows)
     print()
     ok = True
     for name, ratio, pairs, goal in results:
         met = ratio >= goal
         ok &= met
-        print(f"ratio {name} = {ratio:.3f}x (per round: {', '.join(f'{x:.2f}x' for x in pairs)}; "
-              f"goal >= {goal}x: {'met' if met else 'NOT met'})")
+        print(
+            f"ratio {name} = {ratio:.3f}x (per round: {', '.join(f'{x:.2f}x' for x in pairs)}; "
+            f"goal >= {goal}x: {'met' if met else 'NOT met'})"
+        )
     common.print_machine("end")
     return 0 if ok or not args.strict else 1
 

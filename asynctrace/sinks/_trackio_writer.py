@@ -13,10 +13,10 @@ the database which of its records are already there and skips them.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import sqlite3
 import struct
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -216,7 +216,14 @@ class TrackioWriter:
                 run_id=self.run.id,
                 metrics_list=[dict(metrics)],
                 steps=[step],
-                log_ids=[uuid.uuid4().hex],
+                # Derived from the content, so a retry after a commit that did land (a timeout
+                # after it, a restarted writer) maps onto the same row instead of adding one.
+                log_ids=[
+                    "atm-"
+                    + hashlib.sha1(
+                        orjson.dumps([self.run.id, step, dict(metrics)], option=orjson.OPT_SORT_KEYS)
+                    ).hexdigest()[:32]
+                ],
                 config=self._config_once(),
             )
             return
@@ -225,4 +232,10 @@ class TrackioWriter:
     def finish(self) -> None:
         if self.run is not None and not self.finished:
             self.run.finish()
+            # trackio.init made this the current run; clear it so Trackio's own exit hook does
+            # not finish it a second time.
+            from trackio import context_vars
+
+            if context_vars.current_run.get() is self.run:
+                context_vars.current_run.set(None)
         self.finished = True

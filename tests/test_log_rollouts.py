@@ -1,0 +1,94 @@
+"""log_rollouts: the cap and sampler choose rows from rewards before anything is decoded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+import torch
+
+import asynctrace as at
+from asynctrace import rollouts
+from tests._util import read_traces
+
+pytestmark = pytest.mark.anyio
+
+
+def _batch(n: int) -> tuple[Any, Any, Any, list[str]]:
+    tok = rollouts.toy_tokenizer()
+    texts = [f"problem {i} answer {i * 7}" for i in range(n)]
+    prompts = [tok.encode(f"problem {i}").ids for i in range(n)]
+    answers = [tok.encode(f" answer {i * 7}").ids for i in range(n)]
+    width = max(len(p) + len(a) for p, a in zip(prompts, answers, strict=True))
+    ids = torch.zeros(n, width, dtype=torch.long)
+    loss = torch.zeros(n, width, dtype=torch.long)
+    attn = torch.zeros(n, width, dtype=torch.bool)
+    for i, (p, a) in enumerate(zip(prompts, answers, strict=True)):
+        ids[i, : len(p) + len(a)] = torch.tensor(p + a)
+        loss[i, len(p) : len(p) + len(a)] = 1
+        attn[i, : len(p) + len(a)] = True
+    return tok, ids, (loss, attn), texts
+
+
+class CountingTokenizer:
+    """Wraps a real tokenizer and counts how many sequences it was asked to decode."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.decoded = 0
+
+    def batch_decode(self, sequences: list[list[int]], **_: Any) -> list[str]:
+        self.decoded += len(sequences)
+        return list(self.inner.decode_batch(sequences, skip_special_tokens=False))
+
+
+async def test_cap_decides_before_decoding(project: str) -> None:
+    """With a top_bottom cap of 4 of 64 rows, only kept rows are decoded and the extremes land in Trackio."""
+    tok, ids, (loss, attn), _ = _batch(64)
+    counting = CountingTokenizer(tok)
+    rewards = torch.tensor([float((i * 37) % 64) for i in range(64)])
+    async with at.TraceSession(project, run="r", max_traces_per_step=4, sampler="top_bottom") as s:
+        n = await s.log_rollouts(
+            ids, tokenizer=counting, step=0, rewards=rewards, loss_mask=loss, attention_mask=attn
+        )
+        assert n == 4
+    st = s.stats()
+    assert st.written == 4 and st.dropped == {"capped": 60} and st.check()
+    assert counting.decoded <= 2 * 4  # a prompt and a response per kept row, never all 64
+    rows = read_traces(project, "r")
+    assert sorted(r["metadata"]["reward"] for r in rows) == [0.0, 1.0, 62.0, 63.0]
+    for r in rows:
+        i = next(i for i in range(64) if float((i * 37) % 64) == r["metadata"]["reward"])
+        assert r["messages"][0] == {"role": "user", "content": f"problem {i}"}
+        assert r["messages"][1] == {"role": "assistant", "content": f" answer {i * 7}"}
+
+
+async def test_rows_beyond_a_filled_first_cap_are_counted_capped() -> None:
+    """With `first`, a later call whose rows cannot be kept decodes nothing and counts them capped."""
+    tok, ids, (loss, attn), _ = _batch(8)
+    counting = CountingTokenizer(tok)
+    sink = at.testing.MemorySink()
+    async with at.TraceSession("p", sinks=[sink], max_traces_per_step=5) as s:
+        assert await s.log_rollouts(ids, tokenizer=counting, step=3, loss_mask=loss, attention_mask=attn) == 5
+        before = counting.decoded
+        assert await s.log_rollouts(ids, tokenizer=counting, step=3, loss_mask=loss) == 0
+        assert counting.decoded == before
+    assert s.stats().dropped == {"capped": 11} and s.stats().written == 5
+
+
+async def test_decode_failure_releases_reserved_rows() -> None:
+    """If decoding fails, the reserved rows are counted as invalid and the error reaches the caller."""
+    sink = at.testing.MemorySink()
+    async with at.TraceSession("p", sinks=[sink], max_traces_per_step=2, sampler="top_bottom") as s:
+        with pytest.raises(ValueError, match="loss_mask"):
+            await s.log_rollouts(
+                [[1, 2, 3], [4, 5]],
+                tokenizer=rollouts.toy_tokenizer(),
+                step=0,
+                rewards=[1.0, 2.0],
+                loss_mask=[[0, 1]],
+            )
+        await anyio.sleep(0)
+    st = s.stats()
+    assert st.dropped.get("invalid") == 2 and st.check() and st.pending == 0
