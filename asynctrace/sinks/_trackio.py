@@ -13,6 +13,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import orjson
 from anyio.streams.buffered import BufferedByteReceiveStream
 
@@ -26,6 +27,10 @@ __all__ = ["TrackioSink"]
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
+
+# Bytes per pipe write, and records per header slice, between turns of the event loop.
+_SEND_SLICE = 64 * 1024
+_HEADER_SLICE = 64
 
 class TrackioSink(Sink):
     """Logs each batch as one Trackio log entry per step carrying a list of traces.
@@ -157,7 +162,20 @@ class TrackioSink(Sink):
         # A send cut short by a timeout leaves half a frame in the pipe; the next attempt
         # then starts a fresh writer process instead of talking to a confused one.
         self._broken = True
-        await proc.stdin.send(b"".join((HEADER.pack(len(head)), head, *payloads)))
+        # Sent in slices of about a pipe's capacity, with a turn for the event loop between
+        # them: one joined copy of a whole batch would hold the training loop for a millisecond.
+        await proc.stdin.send(HEADER.pack(len(head)) + head)
+        chunk: list[bytes] = []
+        size = 0
+        for payload in payloads:
+            chunk.append(payload)
+            size += len(payload)
+            if size >= _SEND_SLICE:
+                await proc.stdin.send(b"".join(chunk))
+                await anyio.lowlevel.checkpoint()
+                chunk, size = [], 0
+        if chunk:
+            await proc.stdin.send(b"".join(chunk))
         self._broken = False
         return seq
 
@@ -207,10 +225,15 @@ class TrackioSink(Sink):
             skipped = await anyio.to_thread.run_sync(writer.write, items, abandon_on_cancel=True)
             self.duplicates_skipped += skipped
             return
-        header = {
-            "op": "write",
-            "items": [[r.id, r.step, r.key, len(r.payload), int(r.replayed)] for r in records],
-        }
+        entries: list[list[Any]] = []
+        for start in range(0, len(records), _HEADER_SLICE):
+            if start:
+                await anyio.lowlevel.checkpoint()
+            entries += [
+                [r.id, r.step, r.key, len(r.payload), int(r.replayed)]
+                for r in records[start : start + _HEADER_SLICE]
+            ]
+        header = {"op": "write", "items": entries}
         reply = await self._call(records, header, [r.payload for r in records])
         self.duplicates_skipped += int(reply.get("skipped", 0))
 
