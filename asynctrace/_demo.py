@@ -151,23 +151,11 @@ def _training_text() -> Iterator[str]:
 
 def build_tokenizer(vocab_size: int = 600) -> Tokenizer:
     """Train a small byte-level BPE tokenizer on the built-in corpus (in-process, nothing downloaded)."""
-    try:
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise RuntimeError(
-            "the demo needs the `tokenizers` package: pip install tokenizers (or asynctrace[tokenizers])"
-        ) from exc
+    from .rollouts import toy_tokenizer
 
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+    tokenizer: Tokenizer = toy_tokenizer(
+        vocab_size, corpus=list(_training_text()), special_tokens=SPECIAL_TOKENS
     )
-    tokenizer.train_from_iterator(list(_training_text()), trainer=trainer)
     return tokenizer
 
 

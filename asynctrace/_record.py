@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from ._security import describe
 from .exceptions import RecordError
 
 __all__ = ["Sample", "SampleLike", "TraceRecord"]
@@ -349,6 +350,54 @@ def encode_sample(
     if raw_score is None:
         raw_score = body["metadata"].get("reward")
     return payload, _finite_or_none(raw_score)
+
+
+def encode_samples(
+    items: Sequence[Any],
+    *,
+    redact: Callable[[Sample], Sample] | None = None,
+    skip_invalid: bool = False,
+    max_bytes: int | None = None,
+    bound: str = "max_queue_bytes",
+    score_needed_by: str | None = None,
+) -> tuple[list[tuple[bytes, float | None]], int]:
+    """Validate and encode a call's samples in the caller; returns (payload, score) pairs and
+    how many were invalid.
+
+    An invalid sample raises `RecordError` naming its index and field path, or with
+    `skip_invalid` is left out and counted. `max_bytes` refuses samples larger than the bound
+    named `bound`; `score_needed_by` names the sampler that needs every sample to have a score.
+    """
+    out: list[tuple[bytes, float | None]] = []
+    invalid = 0
+    for i, obj in enumerate(items):
+        try:
+            payload, score = encode_sample(obj, i, redact)
+            if max_bytes is not None and len(payload) > max_bytes:
+                raise RecordError(
+                    f"sample {i}: encodes to {len(payload)} bytes, more than {bound}={max_bytes}",
+                    index=i,
+                    path="",
+                )
+            if score is None and score_needed_by is not None:
+                raise RecordError(
+                    f"sample {i}: score: the {score_needed_by} ranks by score; "
+                    "give a finite `score` or metadata['reward']",
+                    index=i,
+                    path="score",
+                )
+        except RecordError:
+            if not skip_invalid:
+                raise
+            invalid += 1
+            continue
+        except Exception as exc:  # a redact callable or an odd mapping failed
+            if not skip_invalid:
+                raise RecordError(f"sample {i}: {describe(exc)}", index=i, path="") from exc
+            invalid += 1
+            continue
+        out.append((payload, score))
+    return out, invalid
 
 
 def sample_from(obj: SampleLike, index: int = 0) -> Sample:

@@ -27,7 +27,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from . import _segments, _shutdown
 from ._buffer import Buffer, Marker, MetricsItem, OnFull
-from ._record import Sample, SampleLike, TraceRecord, as_list, encode_sample
+from ._record import Sample, SampleLike, TraceRecord, as_list, encode_samples
 from ._retry import NO_RETRY, RetryPolicy
 from ._sampling import Gate, Sampler, SamplerName, resolve_sampler
 from ._security import check_name
@@ -563,39 +563,19 @@ class TraceSession:
         items = as_list(samples)
         key = self._key_for(split)
         now = time.time()
+        encoded, invalid = encode_samples(
+            items,
+            redact=self.redact,
+            skip_invalid=self.on_invalid == "skip",
+            max_bytes=self.max_queue_bytes,
+            score_needed_by=type(self.sampler).__name__ if self._needs_score else None,
+        )
         prefix = self._id_prefix
         ids = self._ids
-        records: list[TraceRecord] = []
-        invalid = 0
-        skip = self.on_invalid == "skip"
-        for i, obj in enumerate(items):
-            try:
-                payload, score = encode_sample(obj, i, self.redact)
-                if len(payload) > self.max_queue_bytes:
-                    raise RecordError(
-                        f"sample {i}: encodes to {len(payload)} bytes, more than "
-                        f"max_queue_bytes={self.max_queue_bytes}",
-                        index=i,
-                        path="",
-                    )
-                if score is None and self._needs_score:
-                    raise RecordError(
-                        f"sample {i}: score: the {type(self.sampler).__name__} ranks by score; "
-                        "give a finite `score` or metadata['reward']",
-                        index=i,
-                        path="score",
-                    )
-            except RecordError:
-                if not skip:
-                    raise
-                invalid += 1
-                continue
-            except Exception as exc:  # a redact callable or an odd mapping failed
-                if not skip:
-                    raise RecordError(f"sample {i}: {describe(exc)}", index=i, path="") from exc
-                invalid += 1
-                continue
-            records.append(TraceRecord(f"{prefix}-{next(ids)}", step, split, key, payload, now, score))
+        records = [
+            TraceRecord(f"{prefix}-{next(ids)}", step, split, key, payload, now, score)
+            for payload, score in encoded
+        ]
         return records, invalid
 
     def _commit_spool(self, blocking: bool = True) -> None:

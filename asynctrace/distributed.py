@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
-from ._record import Sample, SampleLike, as_list, encode_sample
+from ._record import Sample, SampleLike, as_list, encode_samples
 from ._sampling import Entry, ReservoirSampler, Sampler, SamplerName, StepSelection, resolve_sampler
 from ._session import SyncTraceSession, TraceSession
 from ._stats import SessionStats
-from .exceptions import RecordError, SessionClosedError
+from .exceptions import SessionClosedError
 from .sinks import Sink, TrackioSink
 
 if TYPE_CHECKING:
@@ -351,31 +351,12 @@ class DistributedTraceLogger:
             raise SessionClosedError("the logger is finished")
 
     def _encode(self, items: Sequence[Any]) -> tuple[list[tuple[bytes, float | None]], int]:
-        out: list[tuple[bytes, float | None]] = []
-        invalid = 0
-        skip = self.on_invalid == "skip"
-        for i, obj in enumerate(items):
-            try:
-                payload, score = encode_sample(obj, i, self.redact)
-                if score is None and self.sampler.needs_score:
-                    raise RecordError(
-                        f"sample {i}: score: the {type(self.sampler).__name__} ranks by score; "
-                        "give a finite `score` or metadata['reward']",
-                        index=i,
-                        path="score",
-                    )
-            except RecordError:
-                if not skip:
-                    raise
-                invalid += 1
-                continue
-            except Exception as exc:  # a redact callable or an odd mapping failed
-                if not skip:
-                    raise RecordError(f"sample {i}: {exc}", index=i, path="") from exc
-                invalid += 1
-                continue
-            out.append((payload, score))
-        return out, invalid
+        return encode_samples(
+            items,
+            redact=self.redact,
+            skip_invalid=self.on_invalid == "skip",
+            score_needed_by=type(self.sampler).__name__ if self.sampler.needs_score else None,
+        )
 
     def log_samples(
         self,

@@ -16,7 +16,7 @@ import threading
 import time
 import weakref
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -33,8 +33,8 @@ except ImportError:  # older Ray: a restarting actor fails calls with RayActorEr
         """Never raised: stands in for the class on Ray versions without it."""
 
 
-from .._record import Sample, SampleLike, as_list, encode_sample
-from ..exceptions import RecordError
+from .._record import Sample, SampleLike, as_list, encode_samples
+from .._security import describe
 
 __all__ = ["ClientStats", "TraceClient"]
 
@@ -122,8 +122,8 @@ WireGroup = tuple[str, int, list[bytes]]
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    # First line only (remote tracebacks are long), scrubbed of credentials like every message.
+    return describe(exc).splitlines()[0]
 
 
 def _check_positive_int(name: str, value: Any) -> None:
@@ -229,35 +229,17 @@ class TraceClient:
 
     # -- caller side (any thread) -----------------------------------------------------------
 
-    def _encode(self, items: Iterable[Any]) -> tuple[list[bytes], int, int]:
+    def _encode(self, items: Sequence[Any]) -> tuple[list[bytes], int, int]:
         """Validate and encode in the caller, as the session does; returns payloads, bytes, invalid."""
-        payloads: list[bytes] = []
-        nbytes = 0
-        invalid = 0
-        skip = self.on_invalid == "skip"
-        for i, obj in enumerate(items):
-            try:
-                payload, _ = encode_sample(obj, i, self.redact)
-                if len(payload) > self.max_batch_bytes:
-                    raise RecordError(
-                        f"sample {i}: encodes to {len(payload)} bytes, more than "
-                        f"max_batch_bytes={self.max_batch_bytes}",
-                        index=i,
-                        path="",
-                    )
-            except RecordError:
-                if not skip:
-                    raise
-                invalid += 1
-                continue
-            except Exception as exc:  # a redact callable or an odd mapping failed
-                if not skip:
-                    raise RecordError(f"sample {i}: {_describe(exc)}", index=i, path="") from exc
-                invalid += 1
-                continue
-            payloads.append(payload)
-            nbytes += len(payload)
-        return payloads, nbytes, invalid
+        encoded, invalid = encode_samples(
+            items,
+            redact=self.redact,
+            skip_invalid=self.on_invalid == "skip",
+            max_bytes=self.max_batch_bytes,
+            bound="max_batch_bytes",
+        )
+        payloads = [payload for payload, _ in encoded]
+        return payloads, sum(len(p) for p in payloads), invalid
 
     def log_samples_nowait(
         self,

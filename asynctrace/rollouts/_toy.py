@@ -25,8 +25,14 @@ _CORPUS = (
 )
 
 
-def toy_tokenizer(vocab_size: int = 1000) -> Any:
-    """A byte-level BPE `tokenizers.Tokenizer` trained on a few lines of chat, tool and code text.
+def toy_tokenizer(
+    vocab_size: int = 1000,
+    *,
+    corpus: Sequence[str] | None = None,
+    special_tokens: Sequence[str] = SPECIAL_TOKENS,
+) -> Any:
+    """A byte-level BPE `tokenizers.Tokenizer` trained in-process, by default on a few lines of
+    chat, tool and code text (or on `corpus`).
 
     Byte-level means every string round-trips exactly through encode and decode, so it is a
     faithful stand-in for a real model's tokenizer. Needs the `tokenizers` package.
@@ -38,13 +44,13 @@ def toy_tokenizer(vocab_size: int = 1000) -> Any:
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(_CORPUS * 4, trainer)
+    tokenizer.train_from_iterator(list(corpus) if corpus is not None else _CORPUS * 4, trainer)
     # Registered as added tokens so that encode keeps them whole and decode writes them back.
-    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
+    tokenizer.add_special_tokens(list(special_tokens))
     return tokenizer
 
 

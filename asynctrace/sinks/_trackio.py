@@ -32,6 +32,7 @@ _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 _SEND_SLICE = 64 * 1024
 _HEADER_SLICE = 64
 
+
 class TrackioSink(Sink):
     """Logs each batch as one Trackio log entry per step carrying a list of traces.
 
