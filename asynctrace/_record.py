@@ -186,6 +186,21 @@ def _find_bad_path(value: Any, path: str, depth: int = 0) -> tuple[str, str]:
 
 
 def _check_messages(messages: Any, index: int) -> None:
+    # The common case in one tight loop of exact type checks; anything unusual (subclasses
+    # included) takes the careful path below, which accepts or names what is wrong.
+    if type(messages) is list:
+        for message in messages:
+            if type(message) is not dict or type(message.get("role")) is not str:
+                break
+            content = message.get("content")
+            if content is not None and type(content) is not str and type(content) is not list:
+                break
+        else:
+            return
+    _check_messages_slowly(messages, index)
+
+
+def _check_messages_slowly(messages: Any, index: int) -> None:
     if not isinstance(messages, list):
         raise RecordError(
             f"sample {index}: messages: expected a list of dicts, got {type(messages).__name__}",

@@ -83,13 +83,21 @@ class JsonlSink(Sink):
         append = parts.append
         dumps = orjson.dumps
         middles = self._middles
+        last_ts, ts_json = None, b""
         for r in records:
             middle = middles.get((r.split, r.key))
             if middle is None:
                 middle = middles[(r.split, r.key)] = (
                     b',"split":' + dumps(r.split) + b',"key":' + dumps(r.key) + b',"timestamp":'
                 )
-            append(b'{"id":%b,"step":%d%b%r,"sample":' % (dumps(r.id), r.step, middle, r.timestamp))
+            if r.timestamp != last_ts:  # one call's records share a timestamp
+                last_ts, ts_json = r.timestamp, dumps(r.timestamp)
+            rid = r.id
+            # Session ids are plain ASCII; anything else is escaped properly.
+            id_json = (
+                rid.encode() if rid.isascii() and '"' not in rid and "\\" not in rid else dumps(rid)[1:-1]
+            )
+            append(b'{"id":"%b","step":%d%b%b,"sample":' % (id_json, r.step, middle, ts_json))
             append(r.payload)
             append(b"}\n")
         await anyio.to_thread.run_sync(self._write_lines, parts, 3, abandon_on_cancel=True)

@@ -51,3 +51,17 @@ async def test_console_sink_is_readable_and_truncated() -> None:
     text = out.getvalue()
     assert "train/traces step 2" in text and "short question" in text
     assert "more chars]" in text and len(text) < 1000
+
+
+async def test_jsonl_escapes_unusual_ids_and_names(tmp_path: Path) -> None:
+    """Record ids, splits and keys that need JSON escaping still give valid lines."""
+    from asynctrace._record import TraceRecord
+
+    sink = at.JsonlSink(tmp_path / "odd.jsonl")
+    await sink.open()
+    ids = ['a"b', "c\\d", "é-1", "plain-2"]
+    await sink.write([TraceRecord(i, 1, 'sp"lit', "k\\ey", b'{"messages":[]}', 1.5) for i in ids])
+    await sink.close()
+    lines = [orjson.loads(line) for line in (tmp_path / "odd.jsonl").read_bytes().splitlines()]
+    assert [line["id"] for line in lines] == ids
+    assert all(line["split"] == 'sp"lit' and line["key"] == "k\\ey" for line in lines)
