@@ -36,7 +36,8 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._session import SyncTraceSession, TraceSession, _SyncRunner
+    from ._session import TraceSession
+    from ._sync import SyncTraceSession, _SyncRunner
 
 __all__ = ["install_shutdown_hooks"]
 
@@ -224,7 +225,7 @@ def install_shutdown_hooks(
     Must be called from the main thread. Returns a function that removes the hooks (finishing
     the session removes them too).
     """
-    from ._session import SyncTraceSession
+    from ._sync import SyncTraceSession
 
     target = session.session if isinstance(session, SyncTraceSession) else session
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:

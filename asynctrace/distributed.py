@@ -32,8 +32,9 @@ import orjson
 
 from ._record import Sample, SampleLike, as_list, encode_samples
 from ._sampling import Entry, ReservoirSampler, Sampler, SamplerName, StepSelection, resolve_sampler
-from ._session import SyncTraceSession, TraceSession
+from ._session import TraceSession
 from ._stats import SessionStats
+from ._sync import SyncTraceSession
 from .exceptions import SessionClosedError
 from .sinks import Sink, TrackioSink
 

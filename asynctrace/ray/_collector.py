@@ -26,8 +26,9 @@ import orjson
 import ray
 from ray.actor import ActorHandle
 
-from .._session import SyncTraceSession, TraceSession
+from .._session import TraceSession
 from .._stats import SessionStats
+from .._sync import SyncTraceSession
 from ..exceptions import SessionClosedError
 
 __all__ = ["RemoteTraceCollector", "TraceCollector", "start_collector"]

@@ -100,6 +100,11 @@ class JsonlSink(Sink):
             append(b'{"id":"%b","step":%d%b%b,"sample":' % (id_json, r.step, middle, ts_json))
             append(r.payload)
             append(b"}\n")
+        if self.rotate_every is None:
+            # One joined buffer (a memcpy, here) makes one write call that releases the GIL for
+            # its whole length; many small writes from the thread would trade the GIL with the
+            # training loop at every buffer flush.
+            parts = [b"".join(parts)]
         await anyio.to_thread.run_sync(self._write_lines, parts, 3, abandon_on_cancel=True)
 
     async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
