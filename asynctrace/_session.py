@@ -632,6 +632,10 @@ class TraceSession:
         if adm.wake:
             self._wake()
         if not adm.waiting:
+            if self._buffer.undispatched >= self.batch_size:
+                # A full batch is waiting for the writer: give it a turn, so that a caller
+                # that never awaits anything else cannot starve the sinks (never a wait for room).
+                await anyio.lowlevel.checkpoint()
             return adm.accepted
         return adm.accepted - await self._wait_for_room(adm.waiting, timeout)
 
