@@ -147,13 +147,6 @@ class Buffer:
                 # record is staged before it is dispatched, and dispatched ones are never dropped.)
                 self.spool.resolve([r for r in records if not r.replayed])
 
-    def count_dropped(self, reason: str, n: int) -> None:
-        """Count samples that were submitted and dropped before entering the pipeline."""
-        with self.lock:
-            self.submitted += n
-            self.pending += n
-            self._drop(reason, n)
-
     def _fits(self, nbytes: int) -> bool:
         return self.depth < self.queue_size and self.nbytes + nbytes <= self.max_bytes
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,24 +103,6 @@ class TraceRecord:
             f"TraceRecord(id={self.id!r}, step={self.step}, split={self.split!r}, "
             f"key={self.key!r}, nbytes={len(self.payload)})"
         )
-
-
-class IdFactory:
-    """Unique record ids: a per-session random prefix and a counter (cheap, stable across retries)."""
-
-    __slots__ = ("_n", "_prefix")
-
-    def __init__(self) -> None:
-        self._prefix = uuid.uuid4().hex[:12]
-        self._n = 0
-
-    def next_ids(self, count: int) -> range:
-        start = self._n
-        self._n += count
-        return range(start, start + count)
-
-    def format(self, n: int) -> str:
-        return f"{self._prefix}-{n}"
 
 
 def _finite_or_none(value: Any) -> float | None:

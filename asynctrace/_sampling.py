@@ -227,10 +227,6 @@ class Gate:
         self._open: dict[tuple[str, int], _OpenStep] = {}
         self._closed_upto: dict[str, int] = {}
 
-    @property
-    def open_steps(self) -> int:
-        return len(self._open)
-
     def offer(self, split: str, step: int, entries: Iterable[Entry], now: float) -> GateResult:
         result = GateResult()
         entries = list(entries)
