@@ -25,6 +25,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from . import _segments, _shutdown
 from ._buffer import Buffer, Marker, MetricsItem, OnFull
+from ._checks import check_int, check_seconds, check_step
 from ._record import Sample, SampleLike, TraceRecord, as_list, encode_samples
 from ._retry import NO_RETRY, RetryPolicy
 from ._sampling import Gate, Sampler, SamplerName, resolve_sampler
@@ -59,13 +60,6 @@ _ON_FULL = ("block", "drop_newest", "drop_oldest")
 _ON_INVALID = ("raise", "skip")
 _DURABILITY = ("writer", "enqueue")
 _DEFAULT_RETRY = RetryPolicy()
-
-
-def _positive(name: str, value: float, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
 
 
 def _threadsafe_caller() -> Callable[[Callable[[], None]], None]:
@@ -142,26 +136,14 @@ class TraceSession:
             raise ValueError(f"run must be a non-empty str or None, got {run!r}")
         if run is not None:
             check_name("run", run)
-        if max_traces_per_step is not None and (
-            isinstance(max_traces_per_step, bool)
-            or not isinstance(max_traces_per_step, int)
-            or max_traces_per_step < 1
-        ):
-            raise ValueError(
-                f"max_traces_per_step must be a positive int or None, got {max_traces_per_step!r}"
-            )
-        for name, value in (
-            ("queue_size", queue_size),
-            ("max_queue_bytes", max_queue_bytes),
-            ("batch_size", batch_size),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if isinstance(max_open_steps, bool) or not isinstance(max_open_steps, int) or max_open_steps < 0:
-            raise ValueError(f"max_open_steps must be an int >= 0, got {max_open_steps!r}")
-        _positive("flush_interval", flush_interval)
-        _positive("finish_timeout", finish_timeout)
-        _positive("step_timeout", step_timeout, allow_none=True)  # type: ignore[arg-type]
+        check_int("max_traces_per_step", max_traces_per_step, allow_none=True)
+        check_int("queue_size", queue_size)
+        check_int("max_queue_bytes", max_queue_bytes)
+        check_int("batch_size", batch_size)
+        check_int("max_open_steps", max_open_steps, minimum=0)
+        check_seconds("flush_interval", flush_interval)
+        check_seconds("finish_timeout", finish_timeout)
+        check_seconds("step_timeout", step_timeout, allow_none=True)
         if on_full not in _ON_FULL:
             raise ValueError(f"on_full must be one of {_ON_FULL}, got {on_full!r}")
         if on_invalid not in _ON_INVALID:
@@ -547,18 +529,11 @@ class TraceSession:
             key = self._keys[split] = self.trace_key.format(split=split)
         return key
 
-    @staticmethod
-    def _check_step(step: Any, split: Any) -> None:
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"step must be an int >= 0, got {step!r}")
-        if not isinstance(split, str) or not split:
-            raise ValueError(f"split must be a non-empty str, got {split!r}")
-
     def _encode(
         self, samples: SampleLike | Iterable[SampleLike], step: int, split: str
     ) -> tuple[list[TraceRecord], int]:
         """Validate and encode every sample once, in the caller; returns records and the invalid count."""
-        self._check_step(step, split)
+        check_step(step, split)
         items = as_list(samples)
         key = self._key_for(split)
         now = time.time()
@@ -732,7 +707,7 @@ class TraceSession:
 
     def _push_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         self._check_open()
-        self._check_step(step, "train")
+        check_step(step, "train")
         if not isinstance(metrics, Mapping):
             raise ValueError(f"metrics must be a mapping of str to number, got {type(metrics).__name__}")
         clean: dict[str, float] = {}
@@ -780,7 +755,7 @@ class TraceSession:
 
     def _reserve(self, scores: Sequence[float | None], *, step: int, split: str) -> list[Entry | None]:
         self._check_open()
-        self._check_step(step, split)
+        check_step(step, split)
         if self._needs_score:
             for i, s in enumerate(scores):
                 if s is None or not math.isfinite(s):
@@ -831,7 +806,7 @@ class TraceSession:
         from .rollouts._decode import row_scores
 
         self._check_open()
-        self._check_step(step, split)
+        check_step(step, split)
         n = len(input_ids)
         entries = self._reserve(row_scores(rewards, n), step=step, split=split)
         rows = [i for i, e in enumerate(entries) if e is not None]

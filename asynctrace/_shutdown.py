@@ -35,6 +35,8 @@ from collections.abc import Callable, Coroutine, Iterable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from ._checks import check_seconds
+
 if TYPE_CHECKING:
     from ._session import TraceSession
     from ._sync import SyncTraceSession, _SyncRunner
@@ -228,8 +230,7 @@ def install_shutdown_hooks(
     from ._sync import SyncTraceSession
 
     target = session.session if isinstance(session, SyncTraceSession) else session
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout must be a positive number, got {timeout!r}")
+    check_seconds("timeout", timeout)
     if threading.current_thread() is not threading.main_thread():
         raise ValueError(
             "install_shutdown_hooks must be called from the main thread (Python runs signal "

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
+from ._checks import check_int, check_step
 from ._record import Sample, SampleLike, as_list, encode_samples
 from ._sampling import Entry, ReservoirSampler, Sampler, SamplerName, StepSelection, resolve_sampler
 from ._session import TraceSession
@@ -194,14 +195,7 @@ class DistributedTraceLogger:
     ) -> None:
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
-        if max_traces_per_step is not None and (
-            isinstance(max_traces_per_step, bool)
-            or not isinstance(max_traces_per_step, int)
-            or max_traces_per_step < 1
-        ):
-            raise ValueError(
-                f"max_traces_per_step must be a positive int or None, got {max_traces_per_step!r}"
-            )
+        check_int("max_traces_per_step", max_traces_per_step, allow_none=True)
         if mode in ("global", "per_rank") and max_traces_per_step is None:
             raise ValueError(
                 f"mode {mode!r} selects max_traces_per_step samples per step; give one "
@@ -344,10 +338,7 @@ class DistributedTraceLogger:
     # -- logging (local, any thread) ----------------------------------------------------------
 
     def _check(self, step: Any, split: Any) -> None:
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"step must be an int >= 0, got {step!r}")
-        if not isinstance(split, str) or not split:
-            raise ValueError(f"split must be a non-empty str, got {split!r}")
+        check_step(step, split)
         if self._final is not None:
             raise SessionClosedError("the logger is finished")
 
@@ -469,8 +460,7 @@ class DistributedTraceLogger:
         the selection goes to this rank's session. ``"per_rank_stream"``: nothing to do (the
         session closes steps by itself). Samples logged later for an ended step count as ``"late"``.
         """
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        check_int("step", step, minimum=0)
         if self._final is not None:
             raise SessionClosedError("the logger is finished")
         if self.mode == "per_rank_stream":

@@ -33,6 +33,7 @@ except ImportError:  # older Ray: a restarting actor fails calls with RayActorEr
         """Never raised: stands in for the class on Ray versions without it."""
 
 
+from .._checks import check_int, check_seconds, check_step
 from .._record import Sample, SampleLike, as_list, encode_samples
 from .._security import describe
 
@@ -126,11 +127,6 @@ def _describe(exc: BaseException) -> str:
     return describe(exc).splitlines()[0]
 
 
-def _check_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
 class TraceClient:
     """Logs samples from inside a Ray actor or task to a `TraceCollector`, never blocking the caller.
 
@@ -167,10 +163,9 @@ class TraceClient:
             ("max_buffered", max_buffered),
             ("max_buffered_bytes", max_buffered_bytes),
         ):
-            _check_positive_int(name, value)
-        for name, seconds in (("flush_interval", flush_interval), ("close_timeout", close_timeout)):
-            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
-                raise ValueError(f"{name} must be a positive number of seconds, got {seconds!r}")
+            check_int(name, value)
+        check_seconds("flush_interval", flush_interval)
+        check_seconds("close_timeout", close_timeout)
         if on_invalid not in ("raise", "skip"):
             raise ValueError(f"on_invalid must be 'raise' or 'skip', got {on_invalid!r}")
         if max_buffered < batch_size:
@@ -254,10 +249,7 @@ class TraceClient:
         ``on_invalid="skip"``. Samples that do not fit the local bound, or arrive after `close()`
         or after the collector died, are dropped and counted in `stats().dropped`.
         """
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"step must be an int >= 0, got {step!r}")
-        if not isinstance(split, str) or not split:
-            raise ValueError(f"split must be a non-empty str, got {split!r}")
+        check_step(step, split)
         items = as_list(samples)
         if self._closing or self._gone:
             # Nothing will be shipped: skip the encoding, only count.

@@ -26,6 +26,7 @@ import orjson
 import ray
 from ray.actor import ActorHandle
 
+from .._checks import check_seconds
 from .._session import TraceSession
 from .._stats import SessionStats
 from .._sync import SyncTraceSession
@@ -78,9 +79,8 @@ class TraceCollector:
         sigterm_timeout: float = 2.0,
         **session_kwargs: Any,
     ) -> None:
-        for name, seconds in (("ingest_timeout", ingest_timeout), ("sigterm_timeout", sigterm_timeout)):
-            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
-                raise ValueError(f"{name} must be a positive number of seconds, got {seconds!r}")
+        check_seconds("ingest_timeout", ingest_timeout)
+        check_seconds("sigterm_timeout", sigterm_timeout)
         if session_factory is not None:
             if project is not None or run is not None or session_kwargs:
                 raise ValueError("give either session_factory or project/run/session keywords, not both")

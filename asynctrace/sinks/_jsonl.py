@@ -10,6 +10,7 @@ from typing import IO
 import anyio
 import orjson
 
+from .._checks import check_int
 from .._record import TraceRecord
 from ._base import Sink
 
@@ -27,8 +28,7 @@ class JsonlSink(Sink):
     def __init__(
         self, path: str | os.PathLike[str], *, rotate_every: int | None = None, fsync: bool = False
     ) -> None:
-        if rotate_every is not None and (isinstance(rotate_every, bool) or rotate_every < 1):
-            raise ValueError(f"rotate_every must be a positive int or None, got {rotate_every!r}")
+        check_int("rotate_every", rotate_every, allow_none=True)
         self.name = "jsonl"
         self.path = Path(path)
         self.rotate_every = rotate_every
