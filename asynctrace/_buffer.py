@@ -34,7 +34,7 @@ class Batch:
 
     def __init__(self, records: list[TraceRecord], lanes: int) -> None:
         self.records = records
-        self.nbytes = sum(r.nbytes for r in records)
+        self.nbytes = sum([len(r.payload) for r in records])
         self.lanes_left = lanes
         self.failed = False
         self.errors: list[tuple[str, str]] = []  # (sink, error) of the sinks that failed it
@@ -150,6 +150,12 @@ class Buffer:
     def _fits(self, nbytes: int) -> bool:
         return self.depth < self.queue_size and self.nbytes + nbytes <= self.max_bytes
 
+    @property
+    def pressed(self) -> bool:
+        """Half the bound is taken: queued records should go out now, not at batch_size or
+        flush_interval (a bound smaller than a batch would otherwise only drain on the timer)."""
+        return self.depth * 2 >= self.queue_size or self.nbytes * 2 >= self.max_bytes
+
     def _push(self, record: TraceRecord) -> bool:
         """Append one record; True when the writer should be woken."""
         self.queue.append(record)
@@ -159,7 +165,7 @@ class Buffer:
         if self.undispatched == 1:
             self.first_undispatched_at = self.clock()
             return True
-        return self.undispatched == self.batch_size
+        return self.undispatched == self.batch_size or self.pressed
 
     def _evict_one_dispatched(self) -> bool:
         """Take the oldest record out of a batch no sink has started on yet."""
@@ -213,7 +219,7 @@ class Buffer:
                 if before == 0:
                     self.first_undispatched_at = self.clock()
                     out.wake = True
-                elif before < self.batch_size <= before + n:
+                elif before < self.batch_size <= before + n or self.pressed:
                     out.wake = True
                 return
         on_full = on_full or self.on_full
@@ -411,10 +417,20 @@ class Buffer:
                 self.queue.popleft()
                 self.control_items -= 1
                 return head
-            records: list[TraceRecord] = []
             queue = self.queue
-            while queue and len(records) < self.batch_size and isinstance(queue[0], TraceRecord):
-                records.append(queue.popleft())  # type: ignore[arg-type]
+            records: list[TraceRecord]
+            if not self.control_items:
+                # Only records are queued: take them in bulk, without a check per record.
+                if len(queue) <= self.batch_size:
+                    records = list(queue)  # type: ignore[arg-type]
+                    queue.clear()
+                else:
+                    pop = queue.popleft
+                    records = [pop() for _ in range(self.batch_size)]  # type: ignore[misc]
+            else:
+                records = []
+                while queue and len(records) < self.batch_size and isinstance(queue[0], TraceRecord):
+                    records.append(queue.popleft())  # type: ignore[arg-type]
             self.undispatched -= len(records)
             self.first_undispatched_at = self.clock() if self.undispatched else None
             return Batch(records, len(self.sinks))

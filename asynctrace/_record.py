@@ -166,19 +166,21 @@ def _find_bad_path(value: Any, path: str, depth: int = 0) -> tuple[str, str]:
     return path, reason
 
 
+def _messages_ok(messages: list[Any]) -> bool:
+    # The common case in one tight loop of exact type checks; False sends anything unusual
+    # (subclasses included) to the careful path, which accepts or names what is wrong.
+    for message in messages:
+        if type(message) is not dict or type(message.get("role")) is not str:
+            return False
+        content = message.get("content")
+        if content is not None and type(content) is not str and type(content) is not list:
+            return False
+    return True
+
+
 def _check_messages(messages: Any, index: int) -> None:
-    # The common case in one tight loop of exact type checks; anything unusual (subclasses
-    # included) takes the careful path below, which accepts or names what is wrong.
-    if type(messages) is list:
-        for message in messages:
-            if type(message) is not dict or type(message.get("role")) is not str:
-                break
-            content = message.get("content")
-            if content is not None and type(content) is not str and type(content) is not list:
-                break
-        else:
-            return
-    _check_messages_slowly(messages, index)
+    if type(messages) is not list or not _messages_ok(messages):
+        _check_messages_slowly(messages, index)
 
 
 def _check_messages_slowly(messages: Any, index: int) -> None:
@@ -329,6 +331,23 @@ def encode_sample(
                 path, reason = _find_bad_path(body, "")
                 raise RecordError(f"sample {index}: {path}: {reason}", index=index, path=path) from exc
             return payload, _fast_score(metadata.get("reward"))
+    if redact is None and type(obj) is Sample:
+        # The other common shape: a plain Sample with list messages and dict metadata.
+        messages = obj.messages
+        metadata = obj.metadata
+        if type(messages) is list and type(metadata) is dict and obj.spans is None and _messages_ok(messages):
+            score = obj.score
+            if score is None:
+                body = {"messages": messages, "metadata": metadata}
+                score = metadata.get("reward")
+            else:
+                body = {"messages": messages, "metadata": metadata, "score": score}
+            try:
+                payload = _dumps(body)
+            except TypeError as exc:
+                path, reason = _find_bad_path(body, "")
+                raise RecordError(f"sample {index}: {path}: {reason}", index=index, path=path) from exc
+            return payload, _fast_score(score)
     if redact is not None:
         sample = obj if isinstance(obj, Sample) else sample_from(obj, index)
         obj = redact(sample)

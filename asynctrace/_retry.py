@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -60,12 +61,25 @@ async def call_with_retry(
         with anyio.fail_after(policy.attempt_timeout):
             return await fn()
 
+    # Nearly every call succeeds at once, so the first attempt runs without a tenacity
+    # retrier: building one costs several times the attempt's own overhead on every batch.
+    try:
+        return await attempt()
+    except Exception as exc:
+        if policy.max_attempts == 1 or not _retryable(exc):
+            raise
+        on_retry(exc)
+    # Attempt 1 failed: the first backoff, then tenacity runs attempts 2..max_attempts. Its
+    # attempt k is attempt k + 1 overall, hence the doubled multiplier.
+    first_wait = min(policy.initial_backoff, policy.max_backoff)
+    await anyio.sleep(first_wait + random.uniform(0, policy.initial_backoff))
+
     def before_sleep(state: RetryCallState) -> None:
         on_retry(state.outcome.exception() if state.outcome else None)
 
     retrying = AsyncRetrying(
-        stop=stop_after_attempt(policy.max_attempts),
-        wait=wait_exponential(multiplier=policy.initial_backoff, max=policy.max_backoff)
+        stop=stop_after_attempt(policy.max_attempts - 1),
+        wait=wait_exponential(multiplier=2 * policy.initial_backoff, max=policy.max_backoff)
         + wait_random(0, policy.initial_backoff),
         retry=retry_if_exception(_retryable),
         sleep=anyio.sleep,

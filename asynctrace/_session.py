@@ -186,6 +186,8 @@ class TraceSession:
         self.max_queue_bytes = max_queue_bytes
         self.on_full = on_full
         self.batch_size = batch_size
+        # log_samples yields to the writer once this many records wait for it (see there).
+        self._yield_at = 2 * batch_size
         self.flush_interval = float(flush_interval)
         self.retry = retry if retry is not None else NO_RETRY
         self.finish_timeout = float(finish_timeout)
@@ -607,9 +609,12 @@ class TraceSession:
         if adm.wake:
             self._wake()
         if not adm.waiting:
-            if self._buffer.undispatched >= self.batch_size:
-                # A full batch is waiting for the writer: give it a turn, so that a caller
-                # that never awaits anything else cannot starve the sinks (never a wait for room).
+            buf = self._buffer
+            if buf.undispatched >= self._yield_at or buf.pressed:
+                # The writer has fallen behind (two batches wait, or half the bound is taken):
+                # give it a turn, so that a caller that never awaits anything else cannot
+                # starve the sinks. Never a wait for room, and a caller that awaits between
+                # calls (as a trainer does) lets the writer run there, outside this call.
                 await anyio.lowlevel.checkpoint()
             return adm.accepted
         return adm.accepted - await self._wait_for_room(adm.waiting, timeout)

@@ -106,7 +106,7 @@ class Writer:
         """Seconds until a batch must go out; 0 when one is ready, None when idle."""
         buf = self.buffer
         with buf.lock:
-            if buf.control_items or buf.undispatched >= buf.batch_size:
+            if buf.control_items or buf.undispatched >= buf.batch_size or (buf.undispatched and buf.pressed):
                 return 0.0
             if buf.undispatched and buf.first_undispatched_at is not None:
                 return max(0.0, buf.first_undispatched_at + self.flush_interval - now)

@@ -171,3 +171,20 @@ async def test_a_caller_that_awaits_nothing_else_does_not_starve_the_writer() ->
         during = len(sink.records)
     assert during > 64 * 4  # far more than one buffer's worth was written while the loop ran
     assert s.stats().check()
+
+
+@pytest.mark.parametrize("bound", ["records", "bytes"])
+async def test_a_bound_smaller_than_a_batch_drains_without_waiting_for_the_timer(bound: str) -> None:
+    """With room for fewer records than a batch, batches go out as the bound half fills, not on the timer."""
+    sink = at.testing.MemorySink()
+    limits = {"queue_size": 8} if bound == "records" else {"max_queue_bytes": 8 * 150}
+    async with at.TraceSession(
+        "p", sinks=[sink], batch_size=256, flush_interval=30.0, on_full="drop_newest", **limits
+    ) as s:
+        for i in range(2000):
+            await s.log_samples([sample(i)], step=0)
+        during = len(sink.records)
+    st = s.stats()
+    assert st.check() and st.written + st.dropped.get("queue_full", 0) == 2000
+    # The timer never fired (30 s), yet most records were written while the loop ran.
+    assert during > 1000, (during, st.summary())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import anyio
@@ -109,3 +110,40 @@ async def test_sink_that_cannot_open_counts_failed() -> None:
     st = s.stats()
     assert st.sinks["no-open"].failed == 4 and "no credentials" in (st.sinks["no-open"].last_error or "")
     assert len(good.records) == 4 and st.check()
+
+
+async def test_backoff_doubles_from_initial_and_stops_at_max_attempts() -> None:
+    """call_with_retry waits initial*2**k (+ jitter below initial) between its max_attempts attempts."""
+    from asynctrace._retry import call_with_retry
+
+    policy = at.RetryPolicy(max_attempts=4, initial_backoff=0.05, max_backoff=0.15, attempt_timeout=1.0)
+    starts: list[float] = []
+    retried: list[BaseException | None] = []
+
+    async def always_fails() -> None:
+        starts.append(time.monotonic())
+        raise OSError(f"attempt {len(starts)}")
+
+    with pytest.raises(OSError, match="attempt 4"):
+        await call_with_retry(policy, always_fails, retried.append)
+    assert len(starts) == 4 and len(retried) == 3
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    # 0.05, 0.10, then 0.20 clipped to max_backoff=0.15; each plus jitter in [0, 0.05].
+    for gap, base in zip(gaps, (0.05, 0.10, 0.15), strict=True):
+        assert base * 0.95 <= gap <= base + 0.05 + 0.05, gaps
+
+
+async def test_a_permanent_error_on_the_first_attempt_is_not_retried() -> None:
+    """PermanentSinkError and cancellation skip the retrier entirely."""
+    from asynctrace._retry import call_with_retry
+
+    calls = 0
+
+    async def permanent() -> None:
+        nonlocal calls
+        calls += 1
+        raise at.PermanentSinkError("no")
+
+    with pytest.raises(at.PermanentSinkError):
+        await call_with_retry(FAST, permanent, lambda e: pytest.fail("retried"))
+    assert calls == 1

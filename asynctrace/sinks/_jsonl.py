@@ -83,21 +83,21 @@ class JsonlSink(Sink):
         append = parts.append
         dumps = orjson.dumps
         middles = self._middles
-        last_ts, ts_json = None, b""
+        # Records of one call share step, split, key and timestamp: the header's tail after
+        # the id is built once per run of equal ones.
+        last: tuple[int, str, str, float] | None = None
+        tail = b""
         for r in records:
-            middle = middles.get((r.split, r.key))
-            if middle is None:
-                middle = middles[(r.split, r.key)] = (
-                    b',"split":' + dumps(r.split) + b',"key":' + dumps(r.key) + b',"timestamp":'
-                )
-            if r.timestamp != last_ts:  # one call's records share a timestamp
-                last_ts, ts_json = r.timestamp, dumps(r.timestamp)
-            rid = r.id
-            # Session ids are plain ASCII; anything else is escaped properly.
-            id_json = (
-                rid.encode() if rid.isascii() and '"' not in rid and "\\" not in rid else dumps(rid)[1:-1]
-            )
-            append(b'{"id":"%b","step":%d%b%b,"sample":' % (id_json, r.step, middle, ts_json))
+            fields = (r.step, r.split, r.key, r.timestamp)
+            if fields != last:
+                last = fields
+                middle = middles.get((r.split, r.key))
+                if middle is None:
+                    middle = middles[(r.split, r.key)] = (
+                        b',"split":' + dumps(r.split) + b',"key":' + dumps(r.key) + b',"timestamp":'
+                    )
+                tail = b',"step":%d%b%b,"sample":' % (r.step, middle, dumps(r.timestamp))
+            append(b'{"id":' + dumps(r.id) + tail)
             append(r.payload)
             append(b"}\n")
         if self.rotate_every is None:
