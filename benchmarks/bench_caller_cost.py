@@ -1,15 +1,19 @@
 """Caller cost per sample: ``await session.log_samples(batch of 32)`` vs Trackio's ``run.log``.
 
-Both variants get the same 32-sample batches, built before timing (``asynctrace.Sample`` for
-the session, ``trackio.Trace`` for Trackio). Only the time spent inside the caller's call is
-summed (``time.perf_counter`` around each call); between calls the caller yields to the event
-loop for ``--gap`` seconds, standing in for the training step, so background work (the
-session's writer, Trackio's sender thread) runs as it would in a trainer. The session has a
-queue large enough that ``on_full="block"`` never waits, and the default ``TrackioSink``
-(Trackio in a writer process). Variants alternate over ``--rounds`` rounds; the median
-round is reported and the ratio is the median of per-round ratios. Before timing, the script
-touches and frees ``--prefault-mb`` of memory, so that neither variant pays a VM's first touch
-of guest memory (several times a normal page fault on the machine these were written on).
+Both variants get the same 32-sample batches (``asynctrace.Sample`` for the session,
+``trackio.Trace`` for Trackio), built in two ways, each measured: all before timing starts
+(``--inputs ahead``: by the time a batch is logged, its data has long left the CPU caches),
+or each from a fresh decode of its JSON right before its call, untimed (``--inputs fresh``:
+as a trainer builds its samples from a rollout just before logging them). Only the time
+spent inside the caller's call is summed (``time.perf_counter`` around each call); between
+calls the caller yields to the event loop for ``--gap`` seconds, standing in for the
+training step, so background work (the session's writer, Trackio's sender thread) runs as
+it would in a trainer. The session has a queue large enough that ``on_full="block"`` never
+waits, and the default ``TrackioSink`` (Trackio in a writer process). Variants alternate
+over ``--rounds`` rounds; the median round is reported and the ratio is the median of
+per-round ratios. Before timing, the script touches and frees ``--prefault-mb`` of memory,
+so that neither variant pays a VM's first touch of guest memory (several times a normal
+page fault on the machine these were written on).
 
     python benchmarks/bench_caller_cost.py            # default sizes
     python benchmarks/bench_caller_cost.py --quick    # smoke run
@@ -26,6 +30,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import _common as common
@@ -37,26 +42,38 @@ BATCH = 32
 LABELS = {"session": "await session.log_samples(32)", "trackio": "run.log({key: [Trace x32]})"}
 
 
+def batches(
+    bodies: list[dict[str, Any]], build: Callable[[list[dict[str, Any]]], list[Any]], fresh: bool
+) -> Callable[[int], list[Any]]:
+    """Call c's batch: built up front ("ahead"), or built from a fresh decode of the JSON right
+    before the call ("fresh"), as a trainer builds its samples just before logging them."""
+    if not fresh:
+        built = build(bodies)
+        return lambda c: built[c * BATCH : (c + 1) * BATCH]
+    raw = [orjson.dumps(b) for b in bodies]
+    return lambda c: build([orjson.loads(r) for r in raw[c * BATCH : (c + 1) * BATCH]])
+
+
 async def session_round(
-    bodies: list[dict[str, Any]], calls: int, warmup: int, gap: float
+    bodies: list[dict[str, Any]], calls: int, warmup: int, gap: float, fresh: bool
 ) -> tuple[float, float, int]:
     """Wall and on-CPU seconds spent inside ``log_samples`` over `calls` timed calls, and the
     traces found in SQLite afterwards."""
     import asynctrace as at
 
-    samples = common.to_samples(bodies)
+    batch_for = batches(bodies, common.to_samples, fresh)
     size = max(len(orjson.dumps(b)) for b in bodies[:64])
     project = common.project_name("caller")
     spent = cpu = 0.0
     async with at.TraceSession(
         project,
-        queue_size=len(samples) + 1,
-        max_queue_bytes=len(samples) * (size + 1024) + 2**20,
+        queue_size=len(bodies) + 1,
+        max_queue_bytes=len(bodies) * (size + 1024) + 2**20,
         finish_timeout=300.0,
     ) as session:
         await session.flush()  # the writer process is up before timing starts
         for c in range(warmup + calls):
-            batch = samples[c * BATCH : (c + 1) * BATCH]
+            batch = batch_for(c)
             t0, c0 = time.perf_counter(), time.thread_time()
             await session.log_samples(batch, step=c)
             dt, dc = time.perf_counter() - t0, time.thread_time() - c0
@@ -66,25 +83,25 @@ async def session_round(
             await anyio.sleep(gap)
         run = session.run
     stats = session.stats()
-    if stats.written != len(samples) or stats.dropped:
+    if stats.written != len(bodies) or stats.dropped:
         raise SystemExit(f"session round lost samples: {stats.summary()}")
     return spent, cpu, common.count_trackio_traces(project, run)
 
 
 async def trackio_round(
-    bodies: list[dict[str, Any]], calls: int, warmup: int, gap: float
+    bodies: list[dict[str, Any]], calls: int, warmup: int, gap: float, fresh: bool
 ) -> tuple[float, float, int]:
     """Wall and on-CPU seconds spent inside ``run.log`` over `calls` timed calls, and the
     traces found in SQLite afterwards."""
     import trackio
 
-    traces = common.to_traces(bodies)
+    batch_for = batches(bodies, common.to_traces, fresh)
     project = common.project_name("caller-direct")
     with common.quiet():
         run = trackio.init(project, embed=False, auto_log_cpu=False, auto_log_gpu=False)
     spent = cpu = 0.0
     for c in range(warmup + calls):
-        batch = traces[c * BATCH : (c + 1) * BATCH]
+        batch = batch_for(c)
         t0, c0 = time.perf_counter(), time.thread_time()
         run.log({"train/traces": batch}, step=c)
         dt, dc = time.perf_counter() - t0, time.thread_time() - c0
@@ -107,32 +124,35 @@ async def main_async(args: argparse.Namespace) -> int:
         calls, gap = plan[size_name]
         n = (calls + args.warmup) * BATCH
         bodies = common.sample_bodies(n, common.SIZES[size_name])
-        per_sample: dict[str, list[float]] = {"session": [], "trackio": []}
-        cpu_per_sample: dict[str, list[float]] = {"session": [], "trackio": []}
-        for r in range(args.rounds):
-            order = ("session", "trackio") if r % 2 == 0 else ("trackio", "session")
-            for variant in order:
-                fn = session_round if variant == "session" else trackio_round
-                spent, cpu, stored = await fn(bodies, calls, args.warmup, gap)
-                if stored != n:
-                    raise SystemExit(f"{variant} round stored {stored} traces, expected {n}")
-                per_sample[variant].append(spent / (calls * BATCH) * 1e6)
-                cpu_per_sample[variant].append(cpu / (calls * BATCH) * 1e6)
-        round_ratios = [d / s for s, d in zip(per_sample["session"], per_sample["trackio"], strict=True)]
-        ratios.append((size_name, statistics.median(round_ratios), round_ratios))
-        for variant, label in LABELS.items():
-            values = per_sample[variant]
-            rows.append(
-                [
-                    size_name,
-                    label,
-                    f"{statistics.median(values):.2f}",
-                    " / ".join(f"{v:.2f}" for v in values),
-                    f"{statistics.median(cpu_per_sample[variant]):.2f}",
-                    f"{calls * BATCH}",
-                    f"{gap * 1e3:.0f}",
-                ]
-            )
+        for inputs in args.inputs:
+            fresh = inputs == "fresh"
+            per_sample: dict[str, list[float]] = {"session": [], "trackio": []}
+            cpu_per_sample: dict[str, list[float]] = {"session": [], "trackio": []}
+            for r in range(args.rounds):
+                order = ("session", "trackio") if r % 2 == 0 else ("trackio", "session")
+                for variant in order:
+                    fn = session_round if variant == "session" else trackio_round
+                    spent, cpu, stored = await fn(bodies, calls, args.warmup, gap, fresh)
+                    if stored != n:
+                        raise SystemExit(f"{variant} round stored {stored} traces, expected {n}")
+                    per_sample[variant].append(spent / (calls * BATCH) * 1e6)
+                    cpu_per_sample[variant].append(cpu / (calls * BATCH) * 1e6)
+            round_ratios = [d / s for s, d in zip(per_sample["session"], per_sample["trackio"], strict=True)]
+            ratios.append((f"{size_name}, inputs {inputs}", statistics.median(round_ratios), round_ratios))
+            for variant, label in LABELS.items():
+                values = per_sample[variant]
+                rows.append(
+                    [
+                        size_name,
+                        inputs,
+                        label,
+                        f"{statistics.median(values):.2f}",
+                        " / ".join(f"{v:.2f}" for v in values),
+                        f"{statistics.median(cpu_per_sample[variant]):.2f}",
+                        f"{calls * BATCH}",
+                        f"{gap * 1e3:.0f}",
+                    ]
+                )
     print(
         f"caller cost per sample, batches of {BATCH}; time inside the call only; "
         f"{args.rounds} alternating rounds (median)"
@@ -140,6 +160,7 @@ async def main_async(args: argparse.Namespace) -> int:
     common.print_table(
         [
             "sample",
+            "inputs",
             "call",
             "us/sample",
             "rounds (us/sample)",
@@ -150,7 +171,9 @@ async def main_async(args: argparse.Namespace) -> int:
         rows,
     )
     print("(us/sample: wall time inside the call, the goal's measure; on-CPU: the calling thread's CPU")
-    print(" time inside the call, which leaves out time it was preempted or waiting for the GIL)")
+    print(" time inside the call, which leaves out time it was preempted or waiting for the GIL;")
+    print(" inputs ahead: every batch built before timing starts; fresh: each batch built from a")
+    print(" fresh decode of its JSON just before its call, untimed, as a trainer builds samples)")
     print()
     ok = True
     for size_name, ratio, round_ratios in ratios:
@@ -183,6 +206,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=512,
         help="touch and free this much memory first (VM first-touch warm-up; 0 = off)",
+    )
+    p.add_argument(
+        "--inputs",
+        nargs="+",
+        default=["ahead", "fresh"],
+        choices=["ahead", "fresh"],
+        help="build every batch before timing (ahead) and/or each just before its call (fresh)",
     )
     p.add_argument("--sizes", nargs="+", default=list(common.SIZES), choices=list(common.SIZES))
     p.add_argument("--quick", action="store_true", help="tiny smoke run")

@@ -37,6 +37,7 @@ import orjson
 GOAL_TRACKIO = 0.9
 GOAL_JSONL = 0.5
 BATCH = 32
+Results = list[tuple[str, float, list[float], float]]  # name, median ratio, per round, goal
 
 
 async def session_trackio(samples: list[Any]) -> float:
@@ -124,9 +125,32 @@ async def main_async(args: argparse.Namespace) -> int:
     common.print_machine("start")
     size = common.SIZES[args.size]
     rows: list[list[str]] = []
-    results: list[tuple[str, float, list[float], float]] = []  # name, median ratio, per round, goal
+    results: Results = []
 
-    # -- Trackio ---------------------------------------------------------------------------
+    if "trackio" in args.sinks:
+        await trackio_part(args, size, rows, results)
+    if "jsonl" in args.sinks:
+        await jsonl_part(args, size, rows, results)
+    print(
+        f"end-to-end throughput, {args.size} samples, batches of {BATCH}, {args.rounds} alternating "
+        f"rounds; samples/s is the median round; ratios are the median of per-round ratios "
+        f"(counts verified)"
+    )
+    common.print_table(["sink", "variant", "samples", "samples/s (median)", "rounds (samples/s)"], rows)
+    print()
+    ok = True
+    for name, ratio, pairs, goal in results:
+        met = ratio >= goal
+        ok &= met
+        print(
+            f"ratio {name} = {ratio:.3f}x (per round: {', '.join(f'{x:.2f}x' for x in pairs)}; "
+            f"goal >= {goal}x: {'met' if met else 'NOT met'})"
+        )
+    common.print_machine("end")
+    return 0 if ok or not args.strict else 1
+
+
+async def trackio_part(args: argparse.Namespace, size: int, rows: list[list[str]], results: Results) -> None:
     bodies = common.sample_bodies(args.trackio_samples, size)
     samples = common.to_samples(bodies)
     traces = common.to_traces(bodies)
@@ -162,9 +186,9 @@ async def main_async(args: argparse.Namespace) -> int:
     results.append(
         ("Trackio: session / direct batched Trackio", statistics.median(pairs), pairs, GOAL_TRACKIO)
     )
-    del traces
 
-    # -- JSONL -----------------------------------------------------------------------------
+
+async def jsonl_part(args: argparse.Namespace, size: int, rows: list[list[str]], results: Results) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="asynctrace-bench-jsonl-"))
     try:
         bodies = common.sample_bodies(args.jsonl_samples, size)
@@ -206,29 +230,14 @@ async def main_async(args: argparse.Namespace) -> int:
         ("JSONL: session / bare orjson-and-write loop", statistics.median(pairs), pairs, GOAL_JSONL)
     )
 
-    print(
-        f"end-to-end throughput, {args.size} samples, batches of {BATCH}, {args.rounds} alternating "
-        f"rounds; samples/s is the median round; ratios are the median of per-round ratios "
-        f"(counts verified)"
-    )
-    common.print_table(["sink", "variant", "samples", "samples/s (median)", "rounds (samples/s)"], rows)
-    print()
-    ok = True
-    for name, ratio, pairs, goal in results:
-        met = ratio >= goal
-        ok &= met
-        print(
-            f"ratio {name} = {ratio:.3f}x (per round: {', '.join(f'{x:.2f}x' for x in pairs)}; "
-            f"goal >= {goal}x: {'met' if met else 'NOT met'})"
-        )
-    common.print_machine("end")
-    return 0 if ok or not args.strict else 1
-
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trackio-samples", type=int, default=20_000, help="samples per Trackio round")
     p.add_argument("--jsonl-samples", type=int, default=100_000, help="samples per JSONL round")
+    p.add_argument(
+        "--sinks", nargs="+", default=["trackio", "jsonl"], choices=["trackio", "jsonl"], help="parts to run"
+    )
     p.add_argument("--size", default="2.5KB", choices=list(common.SIZES))
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds per variant")
     p.add_argument("--quick", action="store_true", help="tiny smoke run")
