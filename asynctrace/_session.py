@@ -188,6 +188,7 @@ class TraceSession:
         self.batch_size = batch_size
         # log_samples yields to the writer once this many records wait for it (see there).
         self._yield_at = 2 * batch_size
+        self._since_turn = 0
         self.flush_interval = float(flush_interval)
         self.retry = retry if retry is not None else NO_RETRY
         self.finish_timeout = float(finish_timeout)
@@ -610,11 +611,18 @@ class TraceSession:
             self._wake()
         if not adm.waiting:
             buf = self._buffer
-            if buf.undispatched >= self._yield_at or buf.pressed:
-                # The writer has fallen behind (two batches wait, or half the bound is taken):
-                # give it a turn, so that a caller that never awaits anything else cannot
-                # starve the sinks. Never a wait for room, and a caller that awaits between
-                # calls (as a trainer does) lets the writer run there, outside this call.
+            under_pressure = False
+            if buf.pressed:
+                self._since_turn += len(records) + invalid
+                under_pressure = self._since_turn >= min(self.batch_size, buf.depth // 2 + 1)
+            if under_pressure or buf.undispatched >= self._yield_at:
+                # The writer has fallen behind: two batches wait for it, or half the bound is
+                # taken and a batch's worth (or half of what is held) came in since its last
+                # turn. Give it a turn, so that a caller that never awaits anything else cannot
+                # starve the sinks. Never a wait for room, and not on every call under pressure
+                # (a turn of the loop costs tens of microseconds); a caller that awaits between
+                # calls, as a trainer does, lets the writer run there, outside this call.
+                self._since_turn = 0
                 await anyio.lowlevel.checkpoint()
             return adm.accepted
         return adm.accepted - await self._wait_for_room(adm.waiting, timeout)
