@@ -27,6 +27,7 @@ import tempfile
 os.environ["TRACKIO_DIR"] = tempfile.mkdtemp(prefix="asynctrace-bench-")
 
 import argparse
+import resource
 import statistics
 import sys
 import time
@@ -40,6 +41,12 @@ import orjson
 GOAL = 10.0  # the session must be at least this many times cheaper for the caller
 BATCH = 32
 LABELS = {"session": "await session.log_samples(32)", "trackio": "run.log({key: [Trace x32]})"}
+
+
+def minor_faults() -> int:
+    """Minor page faults of the calling thread so far (Linux; the process's elsewhere)."""
+    who = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+    return resource.getrusage(who).ru_minflt
 
 
 def batches(
@@ -56,15 +63,16 @@ def batches(
 
 async def session_round(
     bodies: list[dict[str, Any]], calls: int, warmup: int, gap: float, fresh: bool
-) -> tuple[float, float, int]:
-    """Wall and on-CPU seconds spent inside ``log_samples`` over `calls` timed calls, and the
-    traces found in SQLite afterwards."""
+) -> tuple[float, float, int, int]:
+    """Wall and on-CPU seconds and minor page faults inside ``log_samples`` over `calls` timed
+    calls, and the traces found in SQLite afterwards."""
     import asynctrace as at
 
     batch_for = batches(bodies, common.to_samples, fresh)
     size = max(len(orjson.dumps(b)) for b in bodies[:64])
     project = common.project_name("caller")
     spent = cpu = 0.0
+    faults = 0
     async with at.TraceSession(
         project,
         queue_size=len(bodies) + 1,
@@ -74,25 +82,27 @@ async def session_round(
         await session.flush()  # the writer process is up before timing starts
         for c in range(warmup + calls):
             batch = batch_for(c)
+            f0 = minor_faults()
             t0, c0 = time.perf_counter(), time.thread_time()
             await session.log_samples(batch, step=c)
             dt, dc = time.perf_counter() - t0, time.thread_time() - c0
             if c >= warmup:
                 spent += dt
                 cpu += dc
+                faults += minor_faults() - f0
             await anyio.sleep(gap)
         run = session.run
     stats = session.stats()
     if stats.written != len(bodies) or stats.dropped:
         raise SystemExit(f"session round lost samples: {stats.summary()}")
-    return spent, cpu, common.count_trackio_traces(project, run)
+    return spent, cpu, faults, common.count_trackio_traces(project, run)
 
 
 async def trackio_round(
     bodies: list[dict[str, Any]], calls: int, warmup: int, gap: float, fresh: bool
-) -> tuple[float, float, int]:
-    """Wall and on-CPU seconds spent inside ``run.log`` over `calls` timed calls, and the
-    traces found in SQLite afterwards."""
+) -> tuple[float, float, int, int]:
+    """Wall and on-CPU seconds and minor page faults inside ``run.log`` over `calls` timed calls,
+    and the traces found in SQLite afterwards."""
     import trackio
 
     batch_for = batches(bodies, common.to_traces, fresh)
@@ -100,18 +110,21 @@ async def trackio_round(
     with common.quiet():
         run = trackio.init(project, embed=False, auto_log_cpu=False, auto_log_gpu=False)
     spent = cpu = 0.0
+    faults = 0
     for c in range(warmup + calls):
         batch = batch_for(c)
+        f0 = minor_faults()
         t0, c0 = time.perf_counter(), time.thread_time()
         run.log({"train/traces": batch}, step=c)
         dt, dc = time.perf_counter() - t0, time.thread_time() - c0
         if c >= warmup:
             spent += dt
             cpu += dc
+            faults += minor_faults() - f0
         await anyio.sleep(gap)
     with common.quiet():
         await anyio.to_thread.run_sync(run.finish)
-    return spent, cpu, common.count_trackio_traces(project, run.name)
+    return spent, cpu, faults, common.count_trackio_traces(project, run.name)
 
 
 async def main_async(args: argparse.Namespace) -> int:
@@ -128,15 +141,17 @@ async def main_async(args: argparse.Namespace) -> int:
             fresh = inputs == "fresh"
             per_sample: dict[str, list[float]] = {"session": [], "trackio": []}
             cpu_per_sample: dict[str, list[float]] = {"session": [], "trackio": []}
+            faults_per_sample: dict[str, list[float]] = {"session": [], "trackio": []}
             for r in range(args.rounds):
                 order = ("session", "trackio") if r % 2 == 0 else ("trackio", "session")
                 for variant in order:
                     fn = session_round if variant == "session" else trackio_round
-                    spent, cpu, stored = await fn(bodies, calls, args.warmup, gap, fresh)
+                    spent, cpu, faults, stored = await fn(bodies, calls, args.warmup, gap, fresh)
                     if stored != n:
                         raise SystemExit(f"{variant} round stored {stored} traces, expected {n}")
                     per_sample[variant].append(spent / (calls * BATCH) * 1e6)
                     cpu_per_sample[variant].append(cpu / (calls * BATCH) * 1e6)
+                    faults_per_sample[variant].append(faults / (calls * BATCH))
             round_ratios = [d / s for s, d in zip(per_sample["session"], per_sample["trackio"], strict=True)]
             ratios.append((f"{size_name}, inputs {inputs}", statistics.median(round_ratios), round_ratios))
             for variant, label in LABELS.items():
@@ -149,6 +164,7 @@ async def main_async(args: argparse.Namespace) -> int:
                         f"{statistics.median(values):.2f}",
                         " / ".join(f"{v:.2f}" for v in values),
                         f"{statistics.median(cpu_per_sample[variant]):.2f}",
+                        f"{statistics.median(faults_per_sample[variant]):.2f}",
                         f"{calls * BATCH}",
                         f"{gap * 1e3:.0f}",
                     ]
@@ -165,6 +181,7 @@ async def main_async(args: argparse.Namespace) -> int:
             "us/sample",
             "rounds (us/sample)",
             "on-CPU us/sample",
+            "page faults/sample",
             "samples timed/round",
             "gap ms",
         ],
@@ -172,6 +189,7 @@ async def main_async(args: argparse.Namespace) -> int:
     )
     print("(us/sample: wall time inside the call, the goal's measure; on-CPU: the calling thread's CPU")
     print(" time inside the call, which leaves out time it was preempted or waiting for the GIL;")
+    print(" page faults: minor faults of the calling thread inside the call (getrusage);")
     print(" inputs ahead: every batch built before timing starts; fresh: each batch built from a")
     print(" fresh decode of its JSON just before its call, untimed, as a trainer builds samples)")
     print()

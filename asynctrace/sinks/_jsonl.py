@@ -77,6 +77,10 @@ class JsonlSink(Sink):
         await anyio.to_thread.run_sync(self._roll)
 
     async def write(self, records: Sequence[TraceRecord]) -> None:
+        await anyio.to_thread.run_sync(self._write_lines, self._lines(records), 3, abandon_on_cancel=True)
+
+    def _lines(self, records: Sequence[TraceRecord]) -> list[bytes]:
+        """The batch's lines, as one buffer or (when rotating) three pieces a line."""
         # Three pieces a line: a small header, the sample bytes encoded at submission, and the
         # closing brace. Only the header is made here; the payload is never copied or re-encoded.
         parts: list[bytes] = []
@@ -105,7 +109,7 @@ class JsonlSink(Sink):
             # its whole length; many small writes from the thread would trade the GIL with the
             # training loop at every buffer flush.
             parts = [b"".join(parts)]
-        await anyio.to_thread.run_sync(self._write_lines, parts, 3, abandon_on_cancel=True)
+        return parts
 
     async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         line = orjson.dumps({"step": step, "metrics": dict(metrics)}) + b"\n"
