@@ -28,6 +28,7 @@ import tempfile
 os.environ["TRACKIO_DIR"] = tempfile.mkdtemp(prefix="asynctrace-bench-")
 
 import argparse
+import gc
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -75,7 +76,26 @@ class Ticker:
                 self.busy.append(min(lag, time.thread_time() - c0))
 
 
-Window = tuple[list[float], list[float], float]  # wall lags, on-CPU lags (s), window length (s)
+class GcWatch:
+    """Pauses of Python's cyclic garbage collector (any thread) while `recording` is set."""
+
+    def __init__(self) -> None:
+        self.recording = False
+        self.pauses: list[tuple[int, float]] = []  # (generation, seconds)
+        self._started = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self.recording:
+            self.pauses.append((info["generation"], time.perf_counter() - self._started))
+
+
+GC = GcWatch()
+
+# wall lags, on-CPU lags (s), window length (s), GC pauses (generation, s)
+Window = tuple[list[float], list[float], float, list[tuple[int, float]]]
 
 
 async def window(ticker: Ticker, body: Callable[[], Awaitable[None]]) -> Window:
@@ -83,14 +103,15 @@ async def window(ticker: Ticker, body: Callable[[], Awaitable[None]]) -> Window:
     await anyio.sleep(0.05)  # let the ticker settle
     ticker.lags = []
     ticker.busy = []
-    ticker.recording = True
+    GC.pauses = []
+    ticker.recording = GC.recording = True
     t0 = time.perf_counter()
     try:
         await body()
     finally:
         elapsed = time.perf_counter() - t0
-        ticker.recording = False
-    return ticker.lags, ticker.busy, elapsed
+        ticker.recording = GC.recording = False
+    return ticker.lags, ticker.busy, elapsed, GC.pauses
 
 
 async def run_idle(ticker: Ticker, seconds: float) -> Window:
@@ -181,9 +202,11 @@ async def main_async(args: argparse.Namespace) -> int:
     summary: dict[str, tuple[float, float, float]] = {}
     rows: list[list[str]] = []
     for variant in VARIANTS:
-        lags = [lag for lags, _, _ in results[variant] for lag in lags]
-        busy = [b for _, busy, _ in results[variant] for b in busy]
-        seconds = sum(t for _, _, t in results[variant])
+        lags = [lag for lags, _, _, _ in results[variant] for lag in lags]
+        busy = [b for _, busy, _, _ in results[variant] for b in busy]
+        seconds = sum(t for _, _, t, _ in results[variant])
+        pauses = [p for _, _, _, gcs in results[variant] for p in gcs]
+        longest = max(pauses, key=lambda p: p[1], default=None)
         p50, p99 = common.percentile(lags, 50) * 1e3, common.percentile(lags, 99) * 1e3
         worst = max(lags) * 1e3
         summary[variant] = (p50, p99, worst)
@@ -199,6 +222,8 @@ async def main_async(args: argparse.Namespace) -> int:
                 f"{worst:.1f}",
                 f"{common.percentile(busy, 99) * 1e3:.3f}",
                 f"{max(busy) * 1e3:.1f}",
+                f"{len(pauses)}",
+                "" if longest is None else f"{longest[1] * 1e3:.1f} (gen {longest[0]})",
             ]
         )
     print(
@@ -216,11 +241,14 @@ async def main_async(args: argparse.Namespace) -> int:
             "max lag ms",
             "on-CPU p99 ms",
             "on-CPU max ms",
+            "GC passes",
+            "longest GC pass ms",
         ],
         rows,
     )
     print("(on-CPU: the part of each lag during which the loop's thread was running; the rest of a")
-    print(" lag is time it was not: other processes on this machine, or another thread holding the GIL)")
+    print(" lag is time it was not: other processes on this machine, or another thread holding the GIL;")
+    print(" GC: passes of Python's cyclic garbage collector in this process during the window)")
     print()
     s_p50, s_p99, s_max = summary["session"]
     for other in ("direct", "session-thread"):
