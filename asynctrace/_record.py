@@ -295,6 +295,15 @@ def _dumps(body: dict[str, Any]) -> bytes:
     return bytes(memoryview(orjson.dumps(body, default=_coerce, option=_DUMPS_OPTIONS)))
 
 
+def _encode_body(body: dict[str, Any], index: int) -> bytes:
+    """The body's JSON; a `RecordError` naming the first field that cannot be encoded."""
+    try:
+        return _dumps(body)
+    except TypeError as exc:
+        path, reason = _find_bad_path(body, "")
+        raise RecordError(f"sample {index}: {path or '<sample>'}: {reason}", index=index, path=path) from exc
+
+
 def _fast_score(value: Any) -> float | None:
     if type(value) is float:
         return value if math.isfinite(value) else None
@@ -325,12 +334,7 @@ def encode_sample(
             if response is not None:
                 messages.append({"role": "assistant", "content": response})
             body: dict[str, Any] = {"messages": messages, "metadata": metadata}
-            try:
-                payload = _dumps(body)
-            except TypeError as exc:
-                path, reason = _find_bad_path(body, "")
-                raise RecordError(f"sample {index}: {path}: {reason}", index=index, path=path) from exc
-            return payload, _fast_score(metadata.get("reward"))
+            return _encode_body(body, index), _fast_score(metadata.get("reward"))
     if redact is None and type(obj) is Sample:
         # The other common shape: a plain Sample with list messages and dict metadata.
         messages = obj.messages
@@ -342,12 +346,7 @@ def encode_sample(
                 score = metadata.get("reward")
             else:
                 body = {"messages": messages, "metadata": metadata, "score": score}
-            try:
-                payload = _dumps(body)
-            except TypeError as exc:
-                path, reason = _find_bad_path(body, "")
-                raise RecordError(f"sample {index}: {path}: {reason}", index=index, path=path) from exc
-            return payload, _fast_score(score)
+            return _encode_body(body, index), _fast_score(score)
     if redact is not None:
         sample = obj if isinstance(obj, Sample) else sample_from(obj, index)
         obj = redact(sample)
@@ -356,11 +355,7 @@ def encode_sample(
     spans = body.get("spans")
     if spans is not None and not (isinstance(spans, list) and all(isinstance(s, dict) for s in spans)):
         raise RecordError(f"sample {index}: spans: expected a list of dicts", index=index, path="spans")
-    try:
-        payload = _dumps(body)
-    except TypeError as exc:
-        path, reason = _find_bad_path(body, "")
-        raise RecordError(f"sample {index}: {path or '<sample>'}: {reason}", index=index, path=path) from exc
+    payload = _encode_body(body, index)
     raw_score = body.get("score")
     if raw_score is None:
         raw_score = body["metadata"].get("reward")

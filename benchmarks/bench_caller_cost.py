@@ -49,6 +49,32 @@ def minor_faults() -> int:
     return resource.getrusage(who).ru_minflt
 
 
+class Meter:
+    """Wall and on-CPU seconds and the calling thread's minor page faults inside the calls it
+    times (``with meter(timed): call``); untimed calls (the warm-up) are run but not counted."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = 0.0
+        self.faults = 0
+        self._timed = False
+        self._start = (0.0, 0.0, 0)
+
+    def __call__(self, timed: bool) -> Meter:
+        self._timed = timed
+        return self
+
+    def __enter__(self) -> None:
+        faults = minor_faults()  # its system call stays outside the timed span
+        self._start = (time.perf_counter(), time.thread_time(), faults)
+
+    def __exit__(self, *exc: object) -> None:
+        wall, cpu, faults = time.perf_counter(), time.thread_time(), minor_faults()
+        if self._timed:
+            self.wall += wall - self._start[0]
+            self.cpu += cpu - self._start[1]
+            self.faults += faults - self._start[2]
+
+
 def batches(
     bodies: list[dict[str, Any]], build: Callable[[list[dict[str, Any]]], list[Any]], fresh: bool
 ) -> Callable[[int], list[Any]]:
@@ -71,8 +97,7 @@ async def session_round(
     batch_for = batches(bodies, common.to_samples, fresh)
     size = max(len(orjson.dumps(b)) for b in bodies[:64])
     project = common.project_name("caller")
-    spent = cpu = 0.0
-    faults = 0
+    meter = Meter()
     async with at.TraceSession(
         project,
         queue_size=len(bodies) + 1,
@@ -82,20 +107,14 @@ async def session_round(
         await session.flush()  # the writer process is up before timing starts
         for c in range(warmup + calls):
             batch = batch_for(c)
-            f0 = minor_faults()
-            t0, c0 = time.perf_counter(), time.thread_time()
-            await session.log_samples(batch, step=c)
-            dt, dc = time.perf_counter() - t0, time.thread_time() - c0
-            if c >= warmup:
-                spent += dt
-                cpu += dc
-                faults += minor_faults() - f0
+            with meter(c >= warmup):
+                await session.log_samples(batch, step=c)
             await anyio.sleep(gap)
         run = session.run
     stats = session.stats()
     if stats.written != len(bodies) or stats.dropped:
         raise SystemExit(f"session round lost samples: {stats.summary()}")
-    return spent, cpu, faults, common.count_trackio_traces(project, run)
+    return meter.wall, meter.cpu, meter.faults, common.count_trackio_traces(project, run)
 
 
 async def trackio_round(
@@ -109,22 +128,15 @@ async def trackio_round(
     project = common.project_name("caller-direct")
     with common.quiet():
         run = trackio.init(project, embed=False, auto_log_cpu=False, auto_log_gpu=False)
-    spent = cpu = 0.0
-    faults = 0
+    meter = Meter()
     for c in range(warmup + calls):
         batch = batch_for(c)
-        f0 = minor_faults()
-        t0, c0 = time.perf_counter(), time.thread_time()
-        run.log({"train/traces": batch}, step=c)
-        dt, dc = time.perf_counter() - t0, time.thread_time() - c0
-        if c >= warmup:
-            spent += dt
-            cpu += dc
-            faults += minor_faults() - f0
+        with meter(c >= warmup):
+            run.log({"train/traces": batch}, step=c)
         await anyio.sleep(gap)
     with common.quiet():
         await anyio.to_thread.run_sync(run.finish)
-    return spent, cpu, faults, common.count_trackio_traces(project, run.name)
+    return meter.wall, meter.cpu, meter.faults, common.count_trackio_traces(project, run.name)
 
 
 async def main_async(args: argparse.Namespace) -> int:
