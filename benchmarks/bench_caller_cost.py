@@ -11,7 +11,11 @@ training step, so background work (the session's writer, Trackio's sender thread
 it would in a trainer. The session has a queue large enough that ``on_full="block"`` never
 waits, and the default ``TrackioSink`` (Trackio in a writer process). Variants alternate
 over ``--rounds`` rounds; the median round is reported and the ratio is the median of
-per-round ratios. Before timing, the script touches and frees ``--prefault-mb`` of memory,
+per-round ratios. Two "floor" variants (``--no-floors`` leaves them out) time only
+``orjson.dumps`` of each sample's body, with and without the exact-size copy the session
+keeps, paced the same way: the least any design that encodes in the caller must spend, so
+run.log's cost over a floor's is the most such a design could reach in that run (the
+``ceiling`` lines). Before timing, the script touches and frees ``--prefault-mb`` of memory,
 so that neither variant pays a VM's first touch of guest memory (several times a normal
 page fault on the machine these were written on).
 
@@ -40,7 +44,12 @@ import orjson
 
 GOAL = 10.0  # the session must be at least this many times cheaper for the caller
 BATCH = 32
-LABELS = {"session": "await session.log_samples(32)", "trackio": "run.log({key: [Trace x32]})"}
+LABELS = {
+    "session": "await session.log_samples(32)",
+    "trackio": "run.log({key: [Trace x32]})",
+    "encode": "floor: orjson.dumps + copy x32",
+    "dumps": "floor: orjson.dumps x32",
+}
 
 
 def minor_faults() -> int:
@@ -139,34 +148,84 @@ async def trackio_round(
     return meter.wall, meter.cpu, meter.faults, common.count_trackio_traces(project, run.name)
 
 
+async def floor_round(
+    bodies: list[dict[str, Any]], calls: int, warmup: int, gap: float, fresh: bool, *, copy: bool
+) -> tuple[float, float, int, int]:
+    """The least any encode in the caller costs: only ``orjson.dumps`` of each sample's body
+    (and, with `copy`, the exact-size copy the session keeps so that what it holds is what its
+    byte bound counts), paced like the other variants, with nothing running in the background.
+    The encodings are kept until the next call, as a queue would keep them."""
+    batch_for = batches(bodies, common.to_samples, fresh)
+    meter = Meter()
+    dumps = orjson.dumps
+    kept: list[bytes] = []
+    for c in range(warmup + calls):
+        batch = batch_for(c)
+        with meter(c >= warmup):
+            if copy:  # each copy made at once, freeing orjson's buffer, as the session does
+                kept = [
+                    bytes(memoryview(dumps({"messages": s.messages, "metadata": s.metadata}))) for s in batch
+                ]
+            else:
+                kept = [dumps({"messages": s.messages, "metadata": s.metadata}) for s in batch]
+        await anyio.sleep(gap)
+    del kept
+    return meter.wall, meter.cpu, meter.faults, len(bodies)
+
+
+async def encode_round(
+    bodies: list[dict[str, Any]], calls: int, warmup: int, gap: float, fresh: bool
+) -> tuple[float, float, int, int]:
+    return await floor_round(bodies, calls, warmup, gap, fresh, copy=True)
+
+
+async def dumps_round(
+    bodies: list[dict[str, Any]], calls: int, warmup: int, gap: float, fresh: bool
+) -> tuple[float, float, int, int]:
+    return await floor_round(bodies, calls, warmup, gap, fresh, copy=False)
+
+
+ROUNDS = {"session": session_round, "trackio": trackio_round, "encode": encode_round, "dumps": dumps_round}
+
+
 async def main_async(args: argparse.Namespace) -> int:
     common.print_machine("start")
     common.prefault(args.prefault_mb)
     plan = {"2.5KB": (args.calls, args.gap), "32KB": (args.calls_32k, args.gap_32k)}
     rows: list[list[str]] = []
     ratios: list[tuple[str, float, list[float]]] = []
+    ceilings: list[tuple[str, str, float]] = []
+    variants = ("session", "trackio", *(("encode", "dumps") if args.floors else ()))
     for size_name in args.sizes:
         calls, gap = plan[size_name]
         n = (calls + args.warmup) * BATCH
         bodies = common.sample_bodies(n, common.SIZES[size_name])
         for inputs in args.inputs:
             fresh = inputs == "fresh"
-            per_sample: dict[str, list[float]] = {"session": [], "trackio": []}
-            cpu_per_sample: dict[str, list[float]] = {"session": [], "trackio": []}
-            faults_per_sample: dict[str, list[float]] = {"session": [], "trackio": []}
+            per_sample: dict[str, list[float]] = {v: [] for v in variants}
+            cpu_per_sample: dict[str, list[float]] = {v: [] for v in variants}
+            faults_per_sample: dict[str, list[float]] = {v: [] for v in variants}
             for r in range(args.rounds):
-                order = ("session", "trackio") if r % 2 == 0 else ("trackio", "session")
+                order = variants if r % 2 == 0 else variants[::-1]
                 for variant in order:
-                    fn = session_round if variant == "session" else trackio_round
+                    fn = ROUNDS[variant]
                     spent, cpu, faults, stored = await fn(bodies, calls, args.warmup, gap, fresh)
                     if stored != n:
                         raise SystemExit(f"{variant} round stored {stored} traces, expected {n}")
                     per_sample[variant].append(spent / (calls * BATCH) * 1e6)
                     cpu_per_sample[variant].append(cpu / (calls * BATCH) * 1e6)
                     faults_per_sample[variant].append(faults / (calls * BATCH))
+            for variant in variants[1:]:
+                if variant == "trackio":
+                    continue
+                # run.log's cost over a floor's: the most any design that encodes in the caller
+                # could reach in this run (the floors run nothing else).
+                per_round = [d / f for f, d in zip(per_sample[variant], per_sample["trackio"], strict=True)]
+                ceilings.append((f"{size_name}, inputs {inputs}", variant, statistics.median(per_round)))
             round_ratios = [d / s for s, d in zip(per_sample["session"], per_sample["trackio"], strict=True)]
             ratios.append((f"{size_name}, inputs {inputs}", statistics.median(round_ratios), round_ratios))
-            for variant, label in LABELS.items():
+            for variant in variants:
+                label = LABELS[variant]
                 values = per_sample[variant]
                 rows.append(
                     [
@@ -203,7 +262,9 @@ async def main_async(args: argparse.Namespace) -> int:
     print(" time inside the call, which leaves out time it was preempted or waiting for the GIL;")
     print(" page faults: minor faults of the calling thread inside the call (getrusage);")
     print(" inputs ahead: every batch built before timing starts; fresh: each batch built from a")
-    print(" fresh decode of its JSON just before its call, untimed, as a trainer builds samples)")
+    print(" fresh decode of its JSON just before its call, untimed, as a trainer builds samples;")
+    print(" floor: only orjson.dumps of each sample (with or without the exact-size copy the session")
+    print(" keeps), nothing else running: the least an encode in the caller costs)")
     print()
     ok = True
     for size_name, ratio, round_ratios in ratios:
@@ -213,6 +274,11 @@ async def main_async(args: argparse.Namespace) -> int:
             f"ratio {size_name}: run.log cost / log_samples cost = {common.fmt_ratio(ratio)} "
             f"(per round: {', '.join(common.fmt_ratio(x) for x in round_ratios)}; "
             f"goal >= {GOAL:.0f}x: {'met' if met else 'NOT met'})"
+        )
+    for name, variant, ceiling in ceilings:
+        print(
+            f"ceiling {name}: run.log cost / {LABELS[variant].removeprefix('floor: ')} cost = "
+            f"{common.fmt_ratio(ceiling)} (the most a caller that encodes could reach here)"
         )
     common.print_machine("end")
     return 0 if ok or not args.strict else 1
@@ -243,6 +309,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=["ahead", "fresh"],
         choices=["ahead", "fresh"],
         help="build every batch before timing (ahead) and/or each just before its call (fresh)",
+    )
+    p.add_argument(
+        "--floors",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time the encode floors (orjson.dumps with and without the copy)",
     )
     p.add_argument("--sizes", nargs="+", default=list(common.SIZES), choices=list(common.SIZES))
     p.add_argument("--quick", action="store_true", help="tiny smoke run")

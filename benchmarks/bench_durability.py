@@ -37,6 +37,7 @@ from typing import Any
 
 import _common as common
 import anyio
+import orjson
 
 GOAL_WRITER = 1.1
 GOAL_ENQUEUE = 3.0
@@ -63,7 +64,7 @@ async def caller_round(
     variant: str, samples: list[Any], calls: int, warmup: int, gap: float, spool: Path
 ) -> tuple[float, float]:
     """Seconds spent inside ``log_samples`` over `calls` timed calls: wall and on-CPU."""
-    size = len(common.orjson.dumps(common.sample_body(0, common.SIZES["2.5KB"])))
+    size = len(orjson.dumps(common.sample_body(0, common.SIZES["2.5KB"])))
     project = common.project_name(f"dur-{variant}")
     spent = cpu = 0.0
     async with _session(project, variant, spool, len(samples), size) as session:
@@ -85,7 +86,7 @@ async def caller_round(
 
 async def throughput_round(variant: str, samples: list[Any], spool: Path) -> float:
     """Records per second from the first submit to ``finish()`` returning."""
-    size = len(common.orjson.dumps(common.sample_body(0, common.SIZES["2.5KB"])))
+    size = len(orjson.dumps(common.sample_body(0, common.SIZES["2.5KB"])))
     project = common.project_name(f"tput-{variant}")
     async with _session(project, variant, spool, len(samples), size) as session:
         await session.flush()

@@ -269,7 +269,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--samples", type=int, default=20_000, help="samples per variant and round")
     p.add_argument("--rounds", type=int, default=1, help="rounds (variant order alternates)")
-    p.add_argument("--idle-seconds", type=float, default=2.0, help="length of the idle reference window")
+    p.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=8.0,
+        help="length of the idle reference window (about the session's at the default --samples, "
+        "so that both windows have the same chance of a rare pause)",
+    )
     p.add_argument("--quick", action="store_true", help="tiny smoke run")
     p.add_argument("--verbose", action="store_true", help="show Trackio's and the writer's stderr")
     p.add_argument("--strict", action="store_true", help="exit 1 when a goal is not met")
