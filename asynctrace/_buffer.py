@@ -261,21 +261,27 @@ class Buffer:
         step: int,
         nowait: bool,
         invalid: int = 0,
+        refused: int = 0,
     ) -> Admission:
-        """Count and admit one submission (records of one split and step)."""
+        """Count and admit one submission (records of one split and step). `refused` counts
+        samples the cap turned away before they were encoded (see `keeps`)."""
         out = Admission()
         with self.lock:
             if self.closed:
                 if not nowait:
                     raise SessionClosedError("the session is finished; it accepts no more samples")
-                self.submitted += len(records) + invalid
-                self.pending += len(records) + invalid
-                self._drop("closed", len(records) + invalid)
+                self.submitted += len(records) + invalid + refused
+                self.pending += len(records) + invalid + refused
+                self._drop("closed", len(records) + invalid + refused)
                 return out
             n = len(records)
-            self.submitted += n + invalid
-            self.pending += n + invalid
-            self._drop("invalid", invalid)
+            self.submitted += n + invalid + refused
+            self.pending += n + invalid + refused
+            if invalid:
+                self._drop("invalid", invalid)
+            if refused:
+                assert self.gate is not None
+                self._drop("late" if self.gate.is_closed(split, step) else "capped", refused)
             if self.gate is None:
                 passed: Sequence[TraceRecord] = records
                 out.accepted = n
@@ -301,6 +307,14 @@ class Buffer:
                 self.accepted -= len(out.waiting)
                 out.waiting = []
         return out
+
+    def keeps(self, scores: Sequence[float | None], *, split: str, step: int) -> list[bool] | None:
+        """Which of a submission's samples the cap would keep if offered now (None: cannot
+        tell); a sample it would refuse need not be encoded. Counts nothing."""
+        if self.gate is None:
+            return None
+        with self.lock:
+            return self.gate.keeps(split, step, scores, self._entry_seq + 1)
 
     def admit_waiting(self, records: Sequence[TraceRecord]) -> Admission:
         """Retry records that were waiting for room (block policy)."""

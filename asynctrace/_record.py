@@ -382,32 +382,78 @@ def encode_samples(
     invalid = 0
     for i, obj in enumerate(items):
         try:
-            payload, score = encode_sample(obj, i, redact)
-            if max_bytes is not None and len(payload) > max_bytes:
-                raise RecordError(
-                    f"sample {i}: encodes to {len(payload)} bytes, more than {bound}={max_bytes}",
-                    index=i,
-                    path="",
-                )
-            if score is None and score_needed_by is not None:
-                raise RecordError(
-                    f"sample {i}: score: the {score_needed_by} ranks by score; "
-                    "give a finite `score` or metadata['reward']",
-                    index=i,
-                    path="score",
-                )
+            out.append(encode_checked(obj, i, redact, max_bytes, bound, score_needed_by))
         except RecordError:
             if not skip_invalid:
                 raise
             invalid += 1
-            continue
-        except Exception as exc:  # a redact callable or an odd mapping failed
-            if not skip_invalid:
-                raise RecordError(f"sample {i}: {describe(exc)}", index=i, path="") from exc
-            invalid += 1
-            continue
-        out.append((payload, score))
     return out, invalid
+
+
+def encode_checked(
+    obj: Any,
+    index: int,
+    redact: Callable[[Sample], Sample] | None,
+    max_bytes: int | None,
+    bound: str = "max_queue_bytes",
+    score_needed_by: str | None = None,
+) -> tuple[bytes, float | None]:
+    """`encode_sample` plus the session's checks (size bound, score); every failure is a `RecordError`."""
+    try:
+        payload, score = encode_sample(obj, index, redact)
+    except RecordError:
+        raise
+    except Exception as exc:  # a redact callable or an odd mapping failed
+        raise RecordError(f"sample {index}: {describe(exc)}", index=index, path="") from exc
+    if max_bytes is not None and len(payload) > max_bytes:
+        raise RecordError(
+            f"sample {index}: encodes to {len(payload)} bytes, more than {bound}={max_bytes}",
+            index=index,
+            path="",
+        )
+    if score is None and score_needed_by is not None:
+        raise missing_score(index, score_needed_by)
+    return payload, score
+
+
+def missing_score(index: int, sampler: str) -> RecordError:
+    return RecordError(
+        f"sample {index}: score: the {sampler} ranks by score; give a finite `score` or metadata['reward']",
+        index=index,
+        path="score",
+    )
+
+
+class _Unknown:
+    pass
+
+
+UNKNOWN: Any = _Unknown()
+
+
+def preview_score(obj: Any) -> Any:
+    """The ranking score `encode_sample` will find, read without encoding anything; `UNKNOWN`
+    for a shape whose score only the full path can tell."""
+    if type(obj) is Sample:
+        raw = obj.score
+        if raw is None:
+            metadata = obj.metadata
+            if type(metadata) is not dict:
+                return UNKNOWN
+            raw = metadata.get("reward")
+        return _fast_score(raw)
+    if type(obj) is dict:
+        raw = obj.get("score")
+        if raw is None:
+            extra = obj.get("metadata")
+            if extra is None:
+                raw = obj.get("reward")
+            elif type(extra) is dict:
+                raw = extra["reward"] if "reward" in extra else obj.get("reward")
+            else:
+                return UNKNOWN
+        return _fast_score(raw)
+    return UNKNOWN
 
 
 def sample_from(obj: SampleLike, index: int = 0) -> Sample:

@@ -6,7 +6,7 @@ import abc
 import heapq
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -53,6 +53,12 @@ class StepSelection(abc.ABC):
     def held(self) -> list[Entry]:
         """Entries still held (for holding samplers), released when the step closes."""
 
+    def keeps(self, scores: Sequence[float | None], first_seq: int) -> list[bool] | None:
+        """Which of these candidates, offered in order after everything offered so far (with
+        sequence numbers from `first_seq`), would still be kept; None when it cannot tell
+        without offering them. Must not change the selection."""
+        return None
+
 
 class Sampler(abc.ABC):
     """Chooses at most `k` samples per (split, step). Subclass to write your own."""
@@ -79,6 +85,10 @@ class _FirstSelection(StepSelection):
             self._n += 1
             return True, None
         return False, None
+
+    def keeps(self, scores: Sequence[float | None], first_seq: int) -> list[bool] | None:
+        room = self._k - self._n
+        return [i < room for i in range(len(scores))]
 
     def held(self) -> list[Entry]:
         return []
@@ -126,6 +136,30 @@ class _TopBottomSelection(StepSelection):
         entries = [e for _, _, e in self._top] + [e for _, _, e in self._bottom]
         entries.sort(key=lambda e: -(e.score or 0.0))
         return entries
+
+    def keeps(self, scores: Sequence[float | None], first_seq: int) -> list[bool] | None:
+        n = len(scores)
+        if len(self._top) + len(self._bottom) + n <= self._n_top + self._n_bottom:
+            return [True] * n
+        maybe: Sequence[int] = range(n)
+        if len(self._top) == self._n_top and len(self._bottom) == self._n_bottom:
+            # Both full: a score from the weakest kept high one down to the strongest kept low
+            # one cannot enter (a tie loses to the earlier arrival), whatever else arrives, and
+            # offering it would change nothing.
+            hi = self._top[0][0] if self._top else math.inf
+            lo = -self._bottom[0][0] if self._bottom else -math.inf
+            maybe = [i for i, sc in enumerate(scores) if sc is not None and (sc > hi or sc < lo)]
+            if not maybe:
+                return [False] * n
+        # Offer the rest to a copy: the same code decides, so the answer cannot drift from it.
+        sim = _TopBottomSelection(0)
+        sim._n_top, sim._n_bottom = self._n_top, self._n_bottom
+        sim._top, sim._bottom = list(self._top), list(self._bottom)
+        probes = {i: Entry(scores[i], first_seq + i) for i in maybe}
+        for probe in probes.values():
+            sim.offer(probe)
+        kept = {id(e) for _, _, e in sim._top} | {id(e) for _, _, e in sim._bottom}
+        return [i in probes and id(probes[i]) in kept for i in range(n)]
 
 
 class TopBottomSampler(Sampler):
@@ -226,6 +260,28 @@ class Gate:
         self.step_timeout = step_timeout
         self._open: dict[tuple[str, int], _OpenStep] = {}
         self._closed_upto: dict[str, int] = {}
+
+    def is_closed(self, split: str, step: int) -> bool:
+        """True when samples for this step are late."""
+        closed_upto = self._closed_upto.get(split)
+        return closed_upto is not None and step <= closed_upto
+
+    def keeps(
+        self, split: str, step: int, scores: Sequence[float | None], first_seq: int
+    ) -> list[bool] | None:
+        """Which candidates an offer made now would keep (see `StepSelection.keeps`); changes nothing.
+
+        Within an open step a selection only gets harder to enter (a count fills up, a held
+        set only improves), so a candidate refused here would be refused later too.
+        """
+        if self.is_closed(split, step):
+            return [False] * len(scores)
+        opened = self._open.get((split, step))
+        if opened is not None:
+            return opened.selection.keeps(scores, first_seq)
+        if isinstance(self.sampler, (FirstSampler, TopBottomSampler)):
+            return self.sampler.new_step(split, step, self.k).keeps(scores, first_seq)
+        return None  # another sampler's new selection may cost something (a seeded RNG)
 
     def offer(self, split: str, step: int, entries: Iterable[Entry], now: float) -> GateResult:
         result = GateResult()

@@ -26,7 +26,17 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from . import _segments, _shutdown
 from ._buffer import Buffer, Marker, MetricsItem, OnFull
 from ._checks import check_int, check_seconds, check_step
-from ._record import Sample, SampleLike, TraceRecord, as_list, encode_samples
+from ._record import (
+    UNKNOWN,
+    Sample,
+    SampleLike,
+    TraceRecord,
+    as_list,
+    encode_checked,
+    encode_samples,
+    missing_score,
+    preview_score,
+)
 from ._retry import NO_RETRY, RetryPolicy
 from ._sampling import Gate, Sampler, SamplerName, resolve_sampler
 from ._security import check_name
@@ -51,6 +61,9 @@ class _State(enum.Enum):
     OPEN = "open"
     CLOSING = "closing"
     CLOSED = "closed"
+
+
+_OPEN = _State.OPEN
 
 
 # A coroutine function run as a task of the session (see TraceSession._run_jobs).
@@ -220,6 +233,10 @@ class TraceSession:
             else None
         )
         self._needs_score = gate is not None and self.sampler.needs_score
+        self._score_needed_by = type(self.sampler).__name__ if self._needs_score else None
+        # With a cap, encode only what it would keep (see _encode_kept); a redact callable
+        # may change a score, so then everything is encoded first.
+        self._precheck_cap = gate is not None and redact is None
         self._buffer = Buffer(
             queue_size=queue_size,
             max_bytes=max_queue_bytes,
@@ -533,27 +550,85 @@ class TraceSession:
         return key
 
     def _encode(
-        self, samples: SampleLike | Iterable[SampleLike], step: int, split: str
-    ) -> tuple[list[TraceRecord], int]:
-        """Validate and encode every sample once, in the caller; returns records and the invalid count."""
-        check_step(step, split)
-        items = as_list(samples)
-        key = self._key_for(split)
+        self, samples: SampleLike | Iterable[SampleLike], step: int, split: str, *, precheck: bool = True
+    ) -> tuple[list[TraceRecord], int, int]:
+        """Validate and encode samples once, in the caller; returns records, the invalid count and
+        how many the cap refused before they were encoded (only with `precheck`)."""
+        if type(step) is not int or step < 0 or type(split) is not str or not split:
+            check_step(step, split)  # raises, or accepts an int subclass
+        items = samples if type(samples) is list else as_list(samples)
+        key = self._keys.get(split) or self._key_for(split)
         now = time.time()
-        encoded, invalid = encode_samples(
-            items,
-            redact=self.redact,
-            skip_invalid=self.on_invalid == "skip",
-            max_bytes=self.max_queue_bytes,
-            score_needed_by=type(self.sampler).__name__ if self._needs_score else None,
-        )
+        kept = self._encode_kept(items, step, split) if precheck and self._precheck_cap else None
+        if kept is not None:
+            encoded, invalid, refused = kept
+        else:
+            refused = 0
+            encoded, invalid = encode_samples(
+                items,
+                redact=self.redact,
+                skip_invalid=self.on_invalid == "skip",
+                max_bytes=self.max_queue_bytes,
+                score_needed_by=self._score_needed_by,
+            )
         prefix = self._id_prefix
         ids = self._ids
         records = [
             TraceRecord(f"{prefix}-{next(ids)}", step, split, key, payload, now, score)
             for payload, score in encoded
         ]
-        return records, invalid
+        return records, invalid, refused
+
+    def _encode_kept(
+        self, items: Sequence[Any], step: int, split: str
+    ) -> tuple[list[tuple[bytes, float | None]], int, int] | None:
+        """Encode only the samples the cap would keep if offered now; None when that cannot be
+        told cheaply (the caller then encodes everything).
+
+        A sample the cap refuses is counted as capped without being encoded or validated, as
+        `log_rollouts` skips decoding rows it will not keep. The gate still decides at
+        admission; a selection only gets harder to enter, so nothing refused here could have
+        been kept there.
+        """
+        n = len(items)
+        scored = self._needs_score
+        scores: list[Any] = [preview_score(obj) for obj in items] if scored else [None] * n
+        if scored and any(sc is UNKNOWN for sc in scores):
+            return None
+        skip = self.on_invalid == "skip"
+        invalid: set[int] = set()
+        if scored:
+            for i, sc in enumerate(scores):
+                if sc is None:
+                    if not skip:
+                        raise missing_score(i, type(self.sampler).__name__)
+                    invalid.add(i)
+        candidates = [i for i in range(n) if i not in invalid]
+        encoded: dict[int, tuple[bytes, float | None]] = {}
+        while candidates:
+            keeps = self._buffer.keeps([scores[i] for i in candidates], split=split, step=step)
+            if keeps is None:
+                return None
+            failed = False
+            for i, keep in zip(candidates, keeps, strict=True):
+                if not keep or i in encoded:
+                    continue
+                try:
+                    pair = encode_checked(items[i], i, None, self.max_queue_bytes, "max_queue_bytes", None)
+                except RecordError:
+                    if not skip:
+                        raise
+                    invalid.add(i)
+                    failed = True
+                    continue
+                if scored and pair[1] != scores[i]:
+                    return None  # the preview misread this shape; let the full path decide
+                encoded[i] = pair
+            if not failed:
+                break
+            # An invalid sample takes no place, so one refused in its favour may fit now.
+            candidates = [i for i in candidates if i not in invalid]
+        return [encoded[i] for i in sorted(encoded)], len(invalid), n - len(invalid) - len(encoded)
 
     def _commit_spool(self, blocking: bool = True) -> None:
         spool = self._spool
@@ -600,11 +675,16 @@ class TraceSession:
         With ``on_full="block"`` this waits for room (at most `timeout` seconds, after which
         the rest are dropped as ``"queue_full"``); the drop policies never wait.
         """
-        self._check_open()
-        if not self._on_loop_thread():
+        # Inline checks: after a training step every function this call touches runs cold,
+        # and on the machines measured each costs microseconds (docs/performance.md).
+        if self._state is not _OPEN:
+            self._check_open()
+        if threading.get_ident() != self._loop_thread:
             return await anyio.to_thread.run_sync(self._log_blocking, samples, step, split, timeout)
-        records, invalid = self._encode(samples, step, split)
-        adm = self._buffer.admit(records, split=split, step=step, nowait=False, invalid=invalid)
+        records, invalid, refused = self._encode(samples, step, split)
+        adm = self._buffer.admit(
+            records, split=split, step=step, nowait=False, invalid=invalid, refused=refused
+        )
         if self._spool_sync:
             self._commit_spool()
         if adm.wake:
@@ -663,9 +743,9 @@ class TraceSession:
     ) -> int:
         """The blocking form, for threads other than the session's event loop."""
         self._check_open()
-        records, invalid = self._encode(samples, step, split)
+        records, invalid, refused = self._encode(samples, step, split)
         buf = self._buffer
-        adm = buf.admit(records, split=split, step=step, nowait=False, invalid=invalid)
+        adm = buf.admit(records, split=split, step=step, nowait=False, invalid=invalid, refused=refused)
         if self._spool_sync:
             self._commit_spool()
         if adm.wake:
@@ -708,8 +788,10 @@ class TraceSession:
         """
         if self._state is _State.UNOPENED:
             raise SessionClosedError("the session is not open yet; use `async with` or `with`")
-        records, invalid = self._encode(samples, step, split)
-        adm = self._buffer.admit(records, split=split, step=step, nowait=True, invalid=invalid)
+        records, invalid, refused = self._encode(samples, step, split)
+        adm = self._buffer.admit(
+            records, split=split, step=step, nowait=True, invalid=invalid, refused=refused
+        )
         if self._spool_sync:
             # Never blocks: if another commit is under way, that one or the writer's next
             # one writes these records (before any sink sees them).
@@ -784,7 +866,7 @@ class TraceSession:
         self, entries: Sequence[Entry], samples: Sequence[SampleLike], *, step: int, split: str
     ) -> int:
         try:
-            records, invalid = self._encode(samples, step, split)
+            records, invalid, _ = self._encode(samples, step, split, precheck=False)
             if invalid:
                 raise RecordError("every reserved row must encode", index=None, path="")
         except BaseException:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 
 import anyio
@@ -122,3 +123,46 @@ async def test_sync_session_threads_exact_cap(project: str) -> None:
     rows = read_traces(project, "sync")
     assert sorted(r["step"] for r in rows) == [0, 0, 0, 1, 1, 1]
     assert all(orjson.dumps(r["messages"]) for r in rows)
+
+
+async def test_top_bottom_is_exact_when_tasks_and_threads_race_on_a_step() -> None:
+    """8 tasks and 4 threads log shuffled rewards into the same steps under top_bottom (cap 8):
+    each step keeps exactly its 4 highest and 4 lowest rewards, though each caller asks the
+    cap what it would keep before encoding while the others change the selection."""
+    sink = at.testing.MemorySink()
+    producers, per_step = 12, 240
+    rewards = {step: random.Random(step).sample(range(per_step), per_step) for step in range(STEPS)}
+    async with at.TraceSession(
+        "p", sinks=[sink], max_traces_per_step=CAP, sampler="top_bottom", max_open_steps=STEPS
+    ) as session:
+
+        def share(p: int, step: int) -> list[dict[str, object]]:
+            mine = rewards[step][p::producers]
+            return [sample(r, reward=float(r), step=step) for r in mine]
+
+        async def task_producer(p: int) -> None:
+            for step in range(STEPS):
+                batch = share(p, step)
+                for c in range(0, len(batch), 3):
+                    await session.log_samples(batch[c : c + 3], step=step)
+                    await anyio.lowlevel.checkpoint()
+
+        def thread_producer(p: int) -> None:
+            for step in range(STEPS):
+                batch = share(p, step)
+                for c in range(0, len(batch), 3):
+                    session.log_samples_nowait(batch[c : c + 3], step=step)
+
+        threads = [threading.Thread(target=thread_producer, args=(8 + t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        async with anyio.create_task_group() as tg:
+            for p in range(8):
+                tg.start_soon(task_producer, p)
+        await anyio.to_thread.run_sync(lambda: [t.join() for t in threads])
+    stats = session.stats()
+    assert stats.check() and stats.written == STEPS * CAP
+    assert stats.dropped == {"capped": STEPS * (per_step - CAP)}
+    expected = [0.0, 1.0, 2.0, 3.0, *(float(per_step - i) for i in range(4, 0, -1))]
+    for step, records in sink.steps().items():
+        assert sorted(r.sample.metadata["reward"] for r in records) == expected, step

@@ -159,3 +159,61 @@ async def test_splits_are_capped_separately() -> None:
         sorted((r.split, r.key) for r in sink.records)
         == [("eval", "eval/traces")] * 2 + [("train", "train/traces")] * 2
     )
+
+
+async def test_a_cap_does_not_encode_what_it_refuses() -> None:
+    """Samples the `first` cap refuses are counted as capped without being encoded, so even
+    unencodable ones among them cost no RecordError; a bad one the cap would keep still raises."""
+    sink = at.testing.MemorySink()
+    async with at.TraceSession("p", sinks=[sink], max_traces_per_step=4) as s:
+        bad = {"prompt": "q", "response": "a", "blob": object()}
+        assert await s.log_samples([sample(i) for i in range(4)], step=0) == 4
+        assert await s.log_samples([bad] * 50, step=0) == 0  # step 0 is full: nothing is encoded
+        with pytest.raises(at.RecordError, match=r"sample 1: metadata\.blob"):
+            await s.log_samples([sample(0, step=1), bad], step=1)
+        assert await s.log_samples([sample(i, step=1) for i in range(6)], step=1) == 4
+    st = s.stats()
+    assert st.written == 8 and st.dropped == {"capped": 52} and st.check()
+    assert st.submitted == 60  # the call that raised submitted nothing
+
+
+async def _top_bottom_run(precheck: bool, seed: int) -> tuple[list[tuple[int, list[str]]], at.SessionStats]:
+    rng = random.Random(seed)
+    sink = at.testing.MemorySink()
+    async with at.TraceSession(
+        "p", sinks=[sink], max_traces_per_step=6, sampler="top_bottom", on_invalid="skip", max_open_steps=2
+    ) as s:
+        s._precheck_cap = precheck
+        for step in range(8):
+            for _ in range(rng.randrange(1, 6)):
+                calls = []
+                for _i in range(rng.randrange(0, 40)):
+                    reward = float(rng.randrange(-20, 20))  # ties on purpose: earlier arrival wins
+                    item = sample(rng.randrange(10**6), reward=reward, step=step)
+                    roll = rng.random()
+                    if roll < 0.08:
+                        item["blob"] = object()  # invalid: encoding fails
+                    elif roll < 0.12:
+                        del item["reward"]  # invalid: no score to rank by
+                    calls.append(item)
+                await s.log_samples(calls, step=max(0, step - rng.randrange(0, 4)))
+    kept = sorted((st, sorted(r.sample.metadata["uid"] for r in recs)) for st, recs in sink.steps().items())
+    return kept, s.stats()
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_top_bottom_keeps_the_same_samples_when_refused_ones_are_not_encoded(seed: int) -> None:
+    """With and without the cap's check before encoding, top_bottom keeps the very same samples,
+    invalid ones among the best included; an unencodable sample the cap refuses counts as
+    capped (or late) instead of invalid, since it is never encoded."""
+    with_check, st_with = await _top_bottom_run(True, seed)
+    without, st_without = await _top_bottom_run(False, seed)
+    assert with_check == without
+    assert st_with.written == st_without.written and st_with.submitted == st_without.submitted
+    d_with, d_without = st_with.dropped, st_without.dropped
+    assert sum(d_with.values()) == sum(d_without.values())
+    # Unencodable samples the cap refuses (or that come late) are counted so without encoding.
+    assert d_with.get("late", 0) >= d_without.get("late", 0)
+    assert d_with["capped"] >= d_without["capped"]
+    assert 0 < d_with["invalid"] < d_without["invalid"]  # missing scores are still caught
+    assert st_with.check() and st_without.check()
