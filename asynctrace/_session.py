@@ -592,9 +592,14 @@ class TraceSession:
         """
         n = len(items)
         scored = self._needs_score
-        scores: list[Any] = [preview_score(obj) for obj in items] if scored else [None] * n
-        if scored and any(sc is UNKNOWN for sc in scores):
-            return None
+        if scored:
+            scores: list[Any] = [preview_score(obj) for obj in items]
+            if any(sc is UNKNOWN for sc in scores):
+                return None
+        elif all(type(obj) is Sample or type(obj) is dict for obj in items):
+            scores = [None] * n
+        else:
+            return None  # an unusual item gets the full path, and its error if it is wrong
         skip = self.on_invalid == "skip"
         invalid: set[int] = set()
         if scored:

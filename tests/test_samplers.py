@@ -217,3 +217,12 @@ async def test_top_bottom_keeps_the_same_samples_when_refused_ones_are_not_encod
     assert d_with["capped"] >= d_without["capped"]
     assert 0 < d_with["invalid"] < d_without["invalid"]  # missing scores are still caught
     assert st_with.check() and st_without.check()
+
+
+async def test_a_cap_still_rejects_what_is_not_a_sample() -> None:
+    """Only samples and dicts are refused unencoded: anything else in a call to a capped
+    session still gets its clear RecordError, even beyond the cap."""
+    async with at.TraceSession("p", sinks=[at.testing.MemorySink()], max_traces_per_step=1) as s:
+        with pytest.raises(at.RecordError, match=r"sample 2: expected an asynctrace.Sample or a mapping"):
+            await s.log_samples([sample(0), sample(1), "not a sample"], step=0)
+    assert s.stats().submitted == 0
