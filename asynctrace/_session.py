@@ -591,7 +591,8 @@ class TraceSession:
         been kept there.
         """
         n = len(items)
-        scored = self._needs_score
+        ranked_by = self._score_needed_by  # the sampler's name when it ranks by score
+        scored = ranked_by is not None
         if scored:
             scores: list[Any] = [preview_score(obj) for obj in items]
             if any(sc is UNKNOWN for sc in scores):
@@ -602,11 +603,11 @@ class TraceSession:
             return None  # an unusual item gets the full path, and its error if it is wrong
         skip = self.on_invalid == "skip"
         invalid: set[int] = set()
-        if scored:
+        if ranked_by is not None:
             for i, sc in enumerate(scores):
                 if sc is None:
                     if not skip:
-                        raise missing_score(i, type(self.sampler).__name__)
+                        raise missing_score(i, ranked_by)
                     invalid.add(i)
         candidates = [i for i in range(n) if i not in invalid]
         encoded: dict[int, tuple[bytes, float | None]] = {}

@@ -31,6 +31,7 @@ import tempfile
 os.environ["TRACKIO_DIR"] = tempfile.mkdtemp(prefix="asynctrace-bench-")
 
 import argparse
+import functools
 import resource
 import statistics
 import sys
@@ -173,19 +174,12 @@ async def floor_round(
     return meter.wall, meter.cpu, meter.faults, len(bodies)
 
 
-async def encode_round(
-    bodies: list[dict[str, Any]], calls: int, warmup: int, gap: float, fresh: bool
-) -> tuple[float, float, int, int]:
-    return await floor_round(bodies, calls, warmup, gap, fresh, copy=True)
-
-
-async def dumps_round(
-    bodies: list[dict[str, Any]], calls: int, warmup: int, gap: float, fresh: bool
-) -> tuple[float, float, int, int]:
-    return await floor_round(bodies, calls, warmup, gap, fresh, copy=False)
-
-
-ROUNDS = {"session": session_round, "trackio": trackio_round, "encode": encode_round, "dumps": dumps_round}
+ROUNDS = {
+    "session": session_round,
+    "trackio": trackio_round,
+    "encode": functools.partial(floor_round, copy=True),
+    "dumps": functools.partial(floor_round, copy=False),
+}
 
 
 async def main_async(args: argparse.Namespace) -> int:
