@@ -33,7 +33,7 @@ from ._record import (
     TraceRecord,
     as_list,
     encode_checked,
-    encode_samples,
+    encode_records,
     missing_score,
     preview_score,
 )
@@ -560,19 +560,24 @@ class TraceSession:
         key = self._keys.get(split) or self._key_for(split)
         now = time.time()
         kept = self._encode_kept(items, step, split) if precheck and self._precheck_cap else None
-        if kept is not None:
-            encoded, invalid, refused = kept
-        else:
-            refused = 0
-            encoded, invalid = encode_samples(
+        prefix = self._id_prefix
+        ids = self._ids
+        if kept is None:
+            records, invalid = encode_records(
                 items,
+                step=step,
+                split=split,
+                key=key,
+                prefix=prefix,
+                ids=ids,
+                now=now,
                 redact=self.redact,
                 skip_invalid=self.on_invalid == "skip",
                 max_bytes=self.max_queue_bytes,
                 score_needed_by=self._score_needed_by,
             )
-        prefix = self._id_prefix
-        ids = self._ids
+            return records, invalid, 0
+        encoded, invalid, refused = kept
         records = [
             TraceRecord(f"{prefix}-{next(ids)}", step, split, key, payload, now, score)
             for payload, score in encoded
@@ -693,8 +698,8 @@ class TraceSession:
         )
         if self._spool_sync:
             self._commit_spool()
-        if adm.wake:
-            self._wake()
+        if adm.wake and self._writer is not None:
+            self._writer.wake()  # on the loop's thread, checked above
         if not adm.waiting:
             buf = self._buffer
             under_pressure = False

@@ -36,8 +36,9 @@ class Signal:
         self._flag = False
 
     def set(self) -> None:
-        self._flag = True
-        self._event.set()
+        if not self._flag:  # set already: the event is set too, until the waiter takes it
+            self._flag = True
+            self._event.set()
 
     async def wait(self, timeout: float | None) -> None:
         if not self._flag:

@@ -176,6 +176,68 @@ def test_junk_records_raise_or_are_counted_and_never_kill_the_writer(junk: list[
             assert not (isinstance(value, float) and math.isnan(value))
 
 
+_good_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant"]), "content": st.one_of(st.none(), st.text(max_size=20))}
+)
+_message = st.one_of(
+    st.fixed_dictionaries({"role": st.one_of(st.just("user"), _value), "content": _value}),
+    st.fixed_dictionaries({"role": st.just("assistant")}),
+    _value,
+)
+_plain_sample = st.builds(
+    at.Sample,
+    messages=st.one_of(st.lists(_good_message, max_size=3), st.lists(_message, max_size=3), _value),
+    metadata=st.one_of(
+        st.fixed_dictionaries(
+            {"reward": st.one_of(st.floats(allow_nan=True, allow_infinity=True), _leaf, _junk)},
+            optional={"x": _value},
+        ),
+        st.dictionaries(st.text(max_size=5), _value, max_size=3),
+        _value,
+    ),
+)
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+@given(
+    items=st.lists(_plain_sample, min_size=1, max_size=3),
+    max_bytes=st.sampled_from([None, 120, 10_000]),
+    ranked=st.booleans(),
+)
+def test_inline_encoding_agrees_with_the_careful_path(
+    items: list[at.Sample], max_bytes: int | None, ranked: bool
+) -> None:
+    """A Sample encoded inline gives the payload, score or RecordError that the careful path gives."""
+    import itertools
+
+    from asynctrace._record import encode_records
+
+    def outcome(item: at.Sample, careful: bool) -> tuple[Any, ...]:
+        try:
+            records, invalid = encode_records(
+                [item],
+                step=3,
+                split="train",
+                key="k",
+                prefix="p",
+                ids=itertools.count(),
+                now=1.0,
+                redact=(lambda s: s) if careful else None,  # any redact takes the careful path
+                skip_invalid=False,
+                max_bytes=max_bytes,
+                score_needed_by="top_bottom sampler" if ranked else None,
+            )
+        except at.RecordError as exc:
+            return ("error", exc.index, exc.path)
+        (record,) = records
+        return (record.payload, record.score, record.step, record.id, invalid)
+
+    for item in items:
+        assert outcome(item, careful=False) == outcome(item, careful=True)
+
+
 @pytest.mark.anyio
 async def test_odd_but_valid_values_reach_trackio(project: str) -> None:
     """NaN, huge strings, tool calls and coerced values go through Trackio's writer without killing it."""
