@@ -15,9 +15,12 @@ per-round ratios. Two "floor" variants (``--no-floors`` leaves them out) time on
 ``orjson.dumps`` of each sample's body, with and without the exact-size copy the session
 keeps, paced the same way: the least any design that encodes in the caller must spend, so
 run.log's cost over a floor's is the most such a design could reach in that run (the
-``ceiling`` lines). Before timing, the script touches and frees ``--prefault-mb`` of memory,
-so that neither variant pays a VM's first touch of guest memory (several times a normal
-page fault on the machine these were written on).
+``ceiling`` lines). Last (``--no-cold`` leaves it out), it times two calls with nothing to
+do, a Python function that returns 0 and ``log_samples([])``, paced the same way and back to
+back: what running code cold after a training step costs on the machine. Before timing,
+the script touches and frees ``--prefault-mb`` of memory, so that neither variant pays a
+VM's first touch of guest memory (several times a normal page fault on the machine these
+were written on).
 
     python benchmarks/bench_caller_cost.py            # default sizes
     python benchmarks/bench_caller_cost.py --quick    # smoke run
@@ -36,7 +39,7 @@ import resource
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import _common as common
@@ -174,7 +177,41 @@ async def floor_round(
     return meter.wall, meter.cpu, meter.faults, len(bodies)
 
 
-ROUNDS = {
+async def cold_calls(calls: int, gap: float) -> list[list[str]]:
+    """Median microseconds per call of two calls with nothing to do, paced by `gap` and back to
+    back: what running code cold after a training step costs here, before any sample."""
+    import asynctrace as at
+
+    def trivial() -> int:
+        return 0
+
+    medians: dict[str, list[str]] = {"trivial": [], "empty": []}
+    async with at.TraceSession(common.project_name("cold"), finish_timeout=60.0) as session:
+        await session.flush()
+        step = 0
+        for pace in (gap, 0.0):
+            times: dict[str, list[float]] = {"trivial": [], "empty": []}
+            for _ in range(calls):
+                start = time.perf_counter()
+                trivial()
+                times["trivial"].append(time.perf_counter() - start)
+                if pace:
+                    await anyio.sleep(pace)
+                start = time.perf_counter()
+                await session.log_samples([], step=step)
+                times["empty"].append(time.perf_counter() - start)
+                step += 1
+                if pace:
+                    await anyio.sleep(pace)
+            for name, values in times.items():
+                medians[name].append(f"{statistics.median(values) * 1e6:.1f}")
+    return [
+        ["a Python function that returns 0", *medians["trivial"]],
+        ["await session.log_samples([])", *medians["empty"]],
+    ]
+
+
+ROUNDS: dict[str, Callable[..., Awaitable[tuple[float, float, int, int]]]] = {
     "session": session_round,
     "trackio": trackio_round,
     "encode": functools.partial(floor_round, copy=True),
@@ -274,6 +311,16 @@ async def main_async(args: argparse.Namespace) -> int:
             f"ceiling {name}: run.log cost / {LABELS[variant].removeprefix('floor: ')} cost = "
             f"{common.fmt_ratio(ceiling)} (the most a caller that encodes could reach here)"
         )
+    if args.cold:
+        print()
+        print(
+            f"a call with nothing to do, {args.calls} calls each way (median us per call; "
+            "the timer's own cost included)"
+        )
+        common.print_table(
+            ["call", f"paced ({args.gap * 1e3:.0f} ms between calls)", "back to back"],
+            await cold_calls(args.calls, args.gap),
+        )
     common.print_machine("end")
     return 0 if ok or not args.strict else 1
 
@@ -309,6 +356,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="also time the encode floors (orjson.dumps with and without the copy)",
+    )
+    p.add_argument(
+        "--cold",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time calls with nothing to do, paced and back to back",
     )
     p.add_argument("--sizes", nargs="+", default=list(common.SIZES), choices=list(common.SIZES))
     p.add_argument("--quick", action="store_true", help="tiny smoke run")
