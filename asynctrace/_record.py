@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -289,16 +289,13 @@ def _body(obj: Any, index: int) -> dict[str, Any]:
     )
 
 
-def _dumps(body: dict[str, Any]) -> bytes:
-    # orjson's result keeps its growth buffer (16 KiB held for a 2.5 KB sample), and a queued
-    # payload lives until written: an exact-size copy keeps the byte bound true to memory.
-    return bytes(memoryview(orjson.dumps(body, default=_coerce, option=_DUMPS_OPTIONS)))
-
-
 def _encode_body(body: dict[str, Any], index: int) -> bytes:
     """The body's JSON; a `RecordError` naming the first field that cannot be encoded."""
     try:
-        return _dumps(body)
+        # orjson's result keeps its growth buffer (16 KiB held for a 2.5 KB sample), and a
+        # queued payload lives until written: an exact-size copy keeps the byte bound true to
+        # memory.
+        return bytes(memoryview(orjson.dumps(body, default=_coerce, option=_DUMPS_OPTIONS)))
     except TypeError as exc:
         path, reason = _find_bad_path(body, "")
         raise RecordError(f"sample {index}: {path or '<sample>'}: {reason}", index=index, path=path) from exc
@@ -388,78 +385,6 @@ def encode_samples(
                 raise
             invalid += 1
     return out, invalid
-
-
-def encode_records(
-    items: Sequence[Any],
-    *,
-    step: int,
-    split: str,
-    key: str,
-    prefix: str,
-    ids: Iterator[int],
-    now: float,
-    redact: Callable[[Sample], Sample] | None,
-    skip_invalid: bool,
-    max_bytes: int | None,
-    score_needed_by: str | None,
-) -> tuple[list[TraceRecord], int]:
-    """`encode_samples` and the records built from it, in one pass; returns the records and how
-    many samples were invalid.
-
-    A plain `Sample` is checked and encoded inline: after a training step every function a
-    call touches runs cold, at several microseconds each on the machines measured
-    (docs/performance.md). Anything else, and any sample the inline path does not accept,
-    goes through `encode_checked`, which accepts it or raises the `RecordError` naming why.
-    """
-    records: list[TraceRecord] = []
-    append = records.append
-    invalid = 0
-    dumps = orjson.dumps
-    fast = redact is None
-    for i, obj in enumerate(items):
-        if fast and type(obj) is Sample and obj.spans is None and obj.score is None:
-            messages = obj.messages
-            metadata = obj.metadata
-            if type(messages) is list and type(metadata) is dict:
-                for message in messages:
-                    if type(message) is not dict or type(message.get("role")) is not str:
-                        break
-                    content = message.get("content")
-                    if content is not None and type(content) is not str and type(content) is not list:
-                        break
-                else:
-                    try:
-                        payload: bytes | None = bytes(
-                            memoryview(
-                                dumps(
-                                    {"messages": messages, "metadata": metadata},
-                                    default=_coerce,
-                                    option=_DUMPS_OPTIONS,
-                                )
-                            )
-                        )
-                    except Exception:  # the full path below names the field at fault
-                        payload = None
-                    if payload is not None and (max_bytes is None or len(payload) <= max_bytes):
-                        score = metadata.get("reward")
-                        if type(score) is float:
-                            score = score if math.isfinite(score) else None
-                        else:
-                            score = _finite_or_none(score)
-                        if score is not None or score_needed_by is None:
-                            record_id = f"{prefix}-{next(ids)}"
-                            append(TraceRecord(record_id, step, split, key, payload, now, score))
-                            continue
-        try:
-            payload, score = encode_checked(obj, i, redact, max_bytes, "max_queue_bytes", score_needed_by)
-        except RecordError:
-            if not skip_invalid:
-                raise
-            invalid += 1
-            continue
-        append(TraceRecord(f"{prefix}-{next(ids)}", step, split, key, payload, now, score))
-    return records, invalid
 
 
 def encode_checked(

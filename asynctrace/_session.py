@@ -33,7 +33,7 @@ from ._record import (
     TraceRecord,
     as_list,
     encode_checked,
-    encode_records,
+    encode_samples,
     missing_score,
     preview_score,
 )
@@ -560,24 +560,19 @@ class TraceSession:
         key = self._keys.get(split) or self._key_for(split)
         now = time.time()
         kept = self._encode_kept(items, step, split) if precheck and self._precheck_cap else None
-        prefix = self._id_prefix
-        ids = self._ids
-        if kept is None:
-            records, invalid = encode_records(
+        if kept is not None:
+            encoded, invalid, refused = kept
+        else:
+            refused = 0
+            encoded, invalid = encode_samples(
                 items,
-                step=step,
-                split=split,
-                key=key,
-                prefix=prefix,
-                ids=ids,
-                now=now,
                 redact=self.redact,
                 skip_invalid=self.on_invalid == "skip",
                 max_bytes=self.max_queue_bytes,
                 score_needed_by=self._score_needed_by,
             )
-            return records, invalid, 0
-        encoded, invalid, refused = kept
+        prefix = self._id_prefix
+        ids = self._ids
         records = [
             TraceRecord(f"{prefix}-{next(ids)}", step, split, key, payload, now, score)
             for payload, score in encoded
@@ -698,8 +693,8 @@ class TraceSession:
         )
         if self._spool_sync:
             self._commit_spool()
-        if adm.wake and self._writer is not None:
-            self._writer.wake()  # on the loop's thread, checked above
+        if adm.wake:
+            self._wake()
         if not adm.waiting:
             buf = self._buffer
             under_pressure = False
