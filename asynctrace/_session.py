@@ -39,11 +39,11 @@ from ._record import (
 )
 from ._retry import NO_RETRY, RetryPolicy
 from ._sampling import Gate, Sampler, SamplerName, resolve_sampler
-from ._security import check_name
+from ._security import check_name, describe
 from ._spool import Durability, Spool
 from ._stats import SessionStats
 from ._sync import SyncTraceSession, _SyncRunner
-from ._writer import Writer, describe
+from ._writer import Writer
 from .exceptions import RecordError, SessionClosedError
 from .sinks._base import Sink
 
@@ -232,8 +232,9 @@ class TraceSession:
             if max_traces_per_step is not None
             else None
         )
-        self._needs_score = gate is not None and self.sampler.needs_score
-        self._score_needed_by = type(self.sampler).__name__ if self._needs_score else None
+        # The sampler's name when it ranks by score (every sample then needs one), else None.
+        needs_score = gate is not None and self.sampler.needs_score
+        self._score_needed_by = type(self.sampler).__name__ if needs_score else None
         # With a cap, encode only what it would keep (see _encode_kept); a redact callable
         # may change a score, so then everything is encoded first.
         self._precheck_cap = gate is not None and redact is None
@@ -592,23 +593,21 @@ class TraceSession:
         """
         n = len(items)
         ranked_by = self._score_needed_by  # the sampler's name when it ranks by score
-        scored = ranked_by is not None
-        if scored:
-            scores: list[Any] = [preview_score(obj) for obj in items]
-            if any(sc is UNKNOWN for sc in scores):
-                return None
-        elif all(type(obj) is Sample or type(obj) is dict for obj in items):
-            scores = [None] * n
-        else:
-            return None  # an unusual item gets the full path, and its error if it is wrong
         skip = self.on_invalid == "skip"
         invalid: set[int] = set()
         if ranked_by is not None:
+            scores: list[Any] = [preview_score(obj) for obj in items]
+            if any(sc is UNKNOWN for sc in scores):
+                return None
             for i, sc in enumerate(scores):
                 if sc is None:
                     if not skip:
                         raise missing_score(i, ranked_by)
                     invalid.add(i)
+        elif all(type(obj) is Sample or type(obj) is dict for obj in items):
+            scores = [None] * n
+        else:
+            return None  # an unusual item gets the full path, and its error if it is wrong
         candidates = [i for i in range(n) if i not in invalid]
         encoded: dict[int, tuple[bytes, float | None]] = {}
         while candidates:
@@ -627,7 +626,7 @@ class TraceSession:
                     invalid.add(i)
                     failed = True
                     continue
-                if scored and pair[1] != scores[i]:
+                if ranked_by is not None and pair[1] != scores[i]:
                     return None  # the preview misread this shape; let the full path decide
                 encoded[i] = pair
             if not failed:
@@ -857,11 +856,11 @@ class TraceSession:
     def _reserve(self, scores: Sequence[float | None], *, step: int, split: str) -> list[Entry | None]:
         self._check_open()
         check_step(step, split)
-        if self._needs_score:
+        if self._score_needed_by is not None:
             for i, s in enumerate(scores):
                 if s is None or not math.isfinite(s):
                     raise RecordError(
-                        f"sample {i}: rewards: the {type(self.sampler).__name__} ranks by score; "
+                        f"sample {i}: rewards: the {self._score_needed_by} ranks by score; "
                         "every row needs a finite reward",
                         index=i,
                         path="rewards",

@@ -22,7 +22,7 @@ from .sinks._base import Sink
 
 logger = logging.getLogger("asynctrace")
 
-__all__ = ["Signal", "Writer", "describe"]
+__all__ = ["Signal", "Writer"]
 
 # Records encoded for the spool per event-loop turn (see Writer._spool_batch).
 SPOOL_SLICE = 32
