@@ -7,6 +7,7 @@ so that importing it early can never pin the wrong directory.
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
 import io
@@ -19,7 +20,7 @@ import statistics
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import orjson
@@ -60,6 +61,22 @@ def cleanup_trackio_dir_at_exit() -> None:
     path = os.environ.get("TRACKIO_DIR")
     if path and os.path.basename(path).startswith("asynctrace-bench-"):
         atexit.register(shutil.rmtree, path, ignore_errors=True)
+
+
+def run_main(
+    main_async: Callable[[argparse.Namespace], Awaitable[int]],
+    parse_args: Callable[[list[str] | None], argparse.Namespace],
+    argv: list[str] | None = None,
+) -> int:
+    """A benchmark's entry point: parse `argv` and run `main_async` on anyio, with Trackio's
+    banners and the writer's stderr hidden unless ``--verbose``; the Trackio directory is
+    removed at exit."""
+    import anyio
+
+    cleanup_trackio_dir_at_exit()
+    args = parse_args(argv)
+    with stderr_to_log(not args.verbose):
+        return anyio.run(main_async, args)
 
 
 @contextlib.contextmanager

@@ -286,10 +286,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    common.cleanup_trackio_dir_at_exit()
-    args = parse_args(argv)
-    with common.stderr_to_log(not args.verbose):
-        return anyio.run(main_async, args)
+    return common.run_main(main_async, parse_args, argv)
 
 
 if __name__ == "__main__":
