@@ -73,11 +73,12 @@ def direct_trackio(traces: list[Any]) -> float:
     return elapsed
 
 
-def jsonl_sinks() -> dict[str, Callable[[Path], Any]]:
-    """The session's sink for the JSONL rounds, and (--diagnose) three stand-ins that show where
-    the time goes: a sink that does nothing, one that only hands each batch to a worker thread
-    and back (no file), and JsonlSink's own lines written on the event loop, which the library
-    never does (a file write can block) and which is here for reference only."""
+def jsonl_sinks() -> dict[str, tuple[Callable[[Path], Any], dict[str, Any]]]:
+    """The session's sink (and session options) for the JSONL rounds, and (--diagnose)
+    stand-ins that show where the time goes: a sink that does nothing, one that only hands each
+    batch to a worker thread and back (no file), JsonlSink's own lines written on the event loop,
+    which the library never does (a file write can block) and which is here for reference only,
+    and JsonlSink with writes four times as large."""
     import anyio
 
     import asynctrace as at
@@ -98,40 +99,61 @@ def jsonl_sinks() -> dict[str, Callable[[Path], Any]]:
         async def write(self, records: Any) -> None:
             self._write_lines(self._lines(records), 3)
 
+    class JoinedJsonlSink(at.JsonlSink):
+        async def write(self, records: Any) -> None:
+            joined = b"".join(self._lines(records))
+            await anyio.to_thread.run_sync(self._write_lines, [joined], abandon_on_cancel=True)
+
     return {
-        "TraceSession + JsonlSink": at.JsonlSink,
-        "(diagnose) session + sink doing nothing": lambda path: NothingSink(),
-        "(diagnose) session + empty thread hop per batch": lambda path: ThreadHopSink(),
-        "(diagnose) session + JsonlSink lines written on the loop": OnLoopJsonlSink,
+        "TraceSession + JsonlSink": (at.JsonlSink, {}),
+        "(diagnose) session + sink doing nothing": (lambda path: NothingSink(), {}),
+        "(diagnose) session + empty thread hop per batch": (lambda path: ThreadHopSink(), {}),
+        "(diagnose) session + JsonlSink lines written on the loop": (OnLoopJsonlSink, {}),
+        "(diagnose) session + JsonlSink, batch_size=1024": (at.JsonlSink, {"batch_size": 1024}),
+        "(diagnose) session + JsonlSink as before writev": (JoinedJsonlSink, {"coalesce": 1}),
     }
 
 
-async def session_jsonl(samples: list[Any], workdir: Path, make_sink: Callable[[Path], Any]) -> float:
+async def session_jsonl(
+    samples: list[Any], workdir: Path, make_sink: Callable[[Path], Any], options: dict[str, Any]
+) -> tuple[float, float]:
+    """Seconds from the first submit to `finish` returning, and the event loop's thread's CPU
+    seconds in that window."""
     import asynctrace as at
 
+    from asynctrace import _writer
+
     path = workdir / f"session-{uuid.uuid4().hex[:8]}.jsonl"
+    options = dict(options)
+    # The "as before" variant: a lane that fell behind wrote at most batch_size records a call.
+    _writer.COALESCE, coalesce = options.pop("coalesce", _writer.COALESCE), _writer.COALESCE
     async with at.TraceSession(
-        common.project_name("jsonl"), sinks=[make_sink(path)], finish_timeout=600.0
+        common.project_name("jsonl"), sinks=[make_sink(path)], finish_timeout=600.0, **options
     ) as session:
         await session.flush()
         t0 = time.perf_counter()
+        c0 = time.thread_time()
         for c in range(0, len(samples), BATCH):
             await session.log_samples(samples[c : c + BATCH], step=c // BATCH)
         stats = await session.finish()
         elapsed = time.perf_counter() - t0
+        cpu = time.thread_time() - c0
+    _writer.COALESCE = coalesce
     _check(stats.written == len(samples) and stats.check(), f"session: {stats.summary()}")
     if path.exists() or isinstance(make_sink, type):
         lines = common.count_jsonl_lines(path)
         _check(lines == len(samples), f"session JSONL has {lines} lines, expected {len(samples)}")
         path.unlink()
-    return elapsed
+    return elapsed, cpu
 
 
-def bare_jsonl(bodies: list[dict[str, Any]], workdir: Path) -> float:
-    """The floor: encode each record dict with orjson and append it to a buffered file."""
+def bare_jsonl(bodies: list[dict[str, Any]], workdir: Path) -> tuple[float, float]:
+    """The floor: encode each record dict with orjson and append it to a buffered file
+    (seconds, and CPU seconds of this thread)."""
     path = workdir / f"bare-{uuid.uuid4().hex[:8]}.jsonl"
     prefix = uuid.uuid4().hex[:12]
     t0 = time.perf_counter()
+    c0 = time.thread_time()
     with open(path, "ab") as f:
         for i, body in enumerate(bodies):
             record = {
@@ -144,10 +166,11 @@ def bare_jsonl(bodies: list[dict[str, Any]], workdir: Path) -> float:
             }
             f.write(orjson.dumps(record) + b"\n")
     elapsed = time.perf_counter() - t0
+    cpu = time.thread_time() - c0
     lines = common.count_jsonl_lines(path)
     _check(lines == len(bodies), f"bare JSONL has {lines} lines, expected {len(bodies)}")
     path.unlink()
-    return elapsed
+    return elapsed, cpu
 
 
 def _check(ok: bool, message: str) -> None:
@@ -170,7 +193,14 @@ async def main_async(args: argparse.Namespace) -> int:
         f"rounds; samples/s is the median round; ratios are the median of per-round ratios "
         f"(counts verified)"
     )
-    common.print_table(["sink", "variant", "samples", "samples/s (median)", "rounds (samples/s)"], rows)
+    if "jsonl" in args.sinks:
+        print(
+            "(loop CPU: CPU time of the event loop's thread, which also runs the caller, over the "
+            "timed window, per sample; median round)"
+        )
+    common.print_table(
+        ["sink", "variant", "samples", "samples/s (median)", "rounds (samples/s)", "loop CPU us/sample"], rows
+    )
     print()
     ok = True
     for name, ratio, pairs, goal in results:
@@ -206,6 +236,7 @@ async def trackio_part(args: argparse.Namespace, size: int, rows: list[list[str]
             f"{n}",
             f"{s_rate:,.0f}",
             " / ".join(f"{n / t:,.0f}" for t in times["session"]),
+            "",
         ]
     )
     rows.append(
@@ -215,6 +246,7 @@ async def trackio_part(args: argparse.Namespace, size: int, rows: list[list[str]
             f"{n}",
             f"{d_rate:,.0f}",
             " / ".join(f"{n / t:,.0f}" for t in times["direct"]),
+            "",
         ]
     )
     results.append(
@@ -228,6 +260,7 @@ async def jsonl_part(args: argparse.Namespace, size: int, rows: list[list[str]],
         sinks = dict(list(sinks.items())[:1])
     workdir = Path(tempfile.mkdtemp(prefix="asynctrace-bench-jsonl-"))
     times: dict[str, list[float]] = {name: [] for name in [*sinks, "bare"]}
+    cpus: dict[str, list[float]] = {name: [] for name in [*sinks, "bare"]}
     try:
         bodies = common.sample_bodies(args.jsonl_samples, size)
         samples = common.to_samples(bodies)
@@ -235,9 +268,12 @@ async def jsonl_part(args: argparse.Namespace, size: int, rows: list[list[str]],
             order = [*sinks, "bare"] if r % 2 == 0 else ["bare", *sinks]
             for variant in order:
                 if variant == "bare":
-                    times[variant].append(bare_jsonl(bodies, workdir))
+                    elapsed, cpu = bare_jsonl(bodies, workdir)
                 else:
-                    times[variant].append(await session_jsonl(samples, workdir, sinks[variant]))
+                    make_sink, options = sinks[variant]
+                    elapsed, cpu = await session_jsonl(samples, workdir, make_sink, options)
+                times[variant].append(elapsed)
+                cpus[variant].append(cpu)
     finally:
         for p in workdir.glob("*"):
             p.unlink()
@@ -251,6 +287,7 @@ async def jsonl_part(args: argparse.Namespace, size: int, rows: list[list[str]],
                 f"{n}",
                 f"{n / statistics.median(times[variant]):,.0f}",
                 " / ".join(f"{n / t:,.0f}" for t in times[variant]),
+                f"{statistics.median(cpus[variant]) / n * 1e6:.2f}",
             ]
         )
     for variant in sinks:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
 import anyio
 import pytest
@@ -188,3 +189,43 @@ async def test_a_bound_smaller_than_a_batch_drains_without_waiting_for_the_timer
     assert st.check() and st.written + st.dropped.get("queue_full", 0) == 2000
     # The timer never fired (30 s), yet most records were written while the loop ran.
     assert during > 1000, (during, st.summary())
+
+
+class _GatedSink(at.Sink):
+    """Holds its first write until released; records the size of every write."""
+
+    name = "gated"
+
+    def __init__(self) -> None:
+        self.release = anyio.Event()
+        self.sizes: list[int] = []
+
+    async def write(self, records: Sequence[at.TraceRecord]) -> None:
+        await self.release.wait()
+        self.sizes.append(len(records))
+
+
+@pytest.mark.parametrize(("case", "largest"), [("records", 40), ("bytes", 20), ("drop_oldest", 10)])
+async def test_a_sink_that_fell_behind_gets_larger_writes_within_limits(
+    monkeypatch: pytest.MonkeyPatch, case: str, largest: int
+) -> None:
+    """Batches that piled up behind a busy sink reach it in writes of up to four batches' worth,
+    past the first batch no more bytes than the cap, and one batch's worth under drop_oldest
+    (whose evictions must not find older records pinned); every record is written once."""
+    from asynctrace import _writer
+    from asynctrace._record import encode_sample
+
+    samples = [[sample(i, step=step, pad="x" * 50) for i in range(10)] for step in range(10)]
+    if case == "bytes":
+        # Room for two batches and a half: a lane stops coalescing at two.
+        one = len(encode_sample(samples[0][0], 0)[0])
+        monkeypatch.setattr(_writer, "COALESCE_BYTES", 25 * one)
+    on_full = "drop_oldest" if case == "drop_oldest" else "block"
+    sink = _GatedSink()
+    async with at.TraceSession("p", sinks=[sink], batch_size=10, queue_size=1000, on_full=on_full) as s:
+        for step, batch in enumerate(samples):
+            await s.log_samples(batch, step=step)
+        assert not await s.flush(timeout=0.2)  # every batch dispatched; the first write is held
+        sink.release.set()
+    assert sum(sink.sizes) == 100
+    assert max(sink.sizes) == largest
