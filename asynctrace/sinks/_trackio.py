@@ -226,15 +226,30 @@ class TrackioSink(Sink):
             skipped = await anyio.to_thread.run_sync(writer.write, items, abandon_on_cancel=True)
             self.duplicates_skipped += skipped
             return
-        entries: list[list[Any]] = []
+        # One list per field, not one per record: a write's header then adds five objects
+        # for the garbage collector to track, however many records it carries.
+        ids: list[str] = []
+        steps: list[int] = []
+        keys: list[str] = []
+        sizes: list[int] = []
+        replayed: list[int] = []
         for start in range(0, len(records), _HEADER_SLICE):
             if start:
                 await anyio.lowlevel.checkpoint()
-            entries += [
-                [r.id, r.step, r.key, len(r.payload), int(r.replayed)]
-                for r in records[start : start + _HEADER_SLICE]
-            ]
-        header = {"op": "write", "items": entries}
+            part = records[start : start + _HEADER_SLICE]
+            ids += [r.id for r in part]
+            steps += [r.step for r in part]
+            keys += [r.key for r in part]
+            sizes += [len(r.payload) for r in part]
+            replayed += [int(r.replayed) for r in part]
+        header = {
+            "op": "write",
+            "ids": ids,
+            "steps": steps,
+            "keys": keys,
+            "sizes": sizes,
+            "replayed": replayed,
+        }
         reply = await self._call(records, header, [r.payload for r in records])
         self.duplicates_skipped += int(reply.get("skipped", 0))
 

@@ -85,7 +85,9 @@ def _handle(
     if op == "write":
         items = []
         offset = 0
-        for record_id, step, key, size, replayed in header["items"]:
+        fields = ("ids", "steps", "keys", "sizes", "replayed")
+        columns = zip(*(header[f] for f in fields), strict=True)
+        for record_id, step, key, size, replayed in columns:
             items.append((record_id, step, key, blob[offset : offset + size], bool(replayed)))
             offset += size
         reply["skipped"] = writer.write(items)
