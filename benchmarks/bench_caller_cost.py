@@ -15,9 +15,10 @@ per-round ratios. Two "floor" variants (``--no-floors`` leaves them out) time on
 ``orjson.dumps`` of each sample's body, with and without the exact-size copy the session
 keeps, paced the same way: the least any design that encodes in the caller must spend, so
 run.log's cost over a floor's is the most such a design could reach in that run (the
-``ceiling`` lines). Last (``--no-cold`` leaves it out), it times two calls with nothing to
-do, a Python function that returns 0 and ``log_samples([])``, paced the same way and back to
-back: what running code cold after a training step costs on the machine. Before timing,
+``ceiling`` lines). Last (``--no-cold`` leaves it out), it times three calls with nothing
+to do, a Python function that returns 0, taking and releasing a ``threading.Lock`` (the
+buffer holds one for every admission) and ``log_samples([])``, paced the same way and back
+to back: what running code cold after a training step costs on the machine. Before timing,
 the script touches and frees ``--prefault-mb`` of memory, so that neither variant pays a
 VM's first touch of guest memory (several times a normal page fault on the machine these
 were written on).
@@ -38,6 +39,7 @@ import functools
 import resource
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -178,23 +180,34 @@ async def floor_round(
 
 
 async def cold_calls(calls: int, gap: float) -> list[list[str]]:
-    """Median microseconds per call of two calls with nothing to do, paced by `gap` and back to
+    """Median microseconds per call of three calls with nothing to do, paced by `gap` and back to
     back: what running code cold after a training step costs here, before any sample."""
     import asynctrace as at
 
     def trivial() -> int:
         return 0
 
-    medians: dict[str, list[str]] = {"trivial": [], "empty": []}
+    lock = threading.Lock()
+
+    def locked() -> None:
+        with lock:
+            pass
+
+    medians: dict[str, list[str]] = {"trivial": [], "lock": [], "empty": []}
     async with at.TraceSession(common.project_name("cold"), finish_timeout=60.0) as session:
         await session.flush()
         step = 0
         for pace in (gap, 0.0):
-            times: dict[str, list[float]] = {"trivial": [], "empty": []}
+            times: dict[str, list[float]] = {"trivial": [], "lock": [], "empty": []}
             for _ in range(calls):
                 start = time.perf_counter()
                 trivial()
                 times["trivial"].append(time.perf_counter() - start)
+                if pace:
+                    await anyio.sleep(pace)
+                start = time.perf_counter()
+                locked()
+                times["lock"].append(time.perf_counter() - start)
                 if pace:
                     await anyio.sleep(pace)
                 start = time.perf_counter()
@@ -207,6 +220,7 @@ async def cold_calls(calls: int, gap: float) -> list[list[str]]:
                 medians[name].append(f"{statistics.median(values) * 1e6:.1f}")
     return [
         ["a Python function that returns 0", *medians["trivial"]],
+        ["with a threading.Lock, nothing inside", *medians["lock"]],
         ["await session.log_samples([])", *medians["empty"]],
     ]
 
