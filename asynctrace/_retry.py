@@ -17,6 +17,7 @@ from tenacity import (
     wait_random,
 )
 
+from ._checks import check_int, check_seconds
 from .exceptions import PermanentSinkError
 
 __all__ = ["RetryPolicy"]
@@ -34,12 +35,12 @@ class RetryPolicy:
     attempt_timeout: float = 30.0
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
-        if self.initial_backoff < 0 or self.max_backoff < 0:
-            raise ValueError("backoffs must be >= 0")
-        if not self.attempt_timeout > 0:
-            raise ValueError(f"attempt_timeout must be > 0, got {self.attempt_timeout}")
+        check_int("max_attempts", self.max_attempts)
+        for name in ("initial_backoff", "max_backoff"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
+        check_seconds("attempt_timeout", self.attempt_timeout)
 
 
 NO_RETRY = RetryPolicy(max_attempts=1)

@@ -163,6 +163,8 @@ class TraceSession:
             raise ValueError(f"on_invalid must be one of {_ON_INVALID}, got {on_invalid!r}")
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise ValueError(f"retry must be a RetryPolicy or None, got {type(retry).__name__}")
+        if not isinstance(trace_key, str) or not trace_key:
+            raise ValueError(f"trace_key must be a non-empty str, got {trace_key!r}")
         try:
             trace_key.format(split="train")
         except (KeyError, IndexError, ValueError) as exc:
@@ -183,6 +185,10 @@ class TraceSession:
             from .sinks import TrackioSink
 
             sinks = [TrackioSink()]
+        if isinstance(sinks, Sink):
+            raise ValueError(f"sinks must be a list of sinks, got one {type(sinks).__name__}: pass [sink]")
+        if isinstance(sinks, (str, bytes)) or not isinstance(sinks, Iterable):
+            raise ValueError(f"sinks must be a list of asynctrace.Sink instances, got {type(sinks).__name__}")
         sinks = list(sinks)
         if not sinks:
             raise ValueError("sinks must name at least one sink (or be None for the default TrackioSink)")

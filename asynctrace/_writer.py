@@ -26,10 +26,6 @@ __all__ = ["Signal", "Writer"]
 
 # Records encoded for the spool per event-loop turn (see Writer._spool_batch).
 SPOOL_SLICE = 32
-# A lane that fell behind writes what piled up in one call: up to this many batches' worth of
-# records (one under drop_oldest), and past one batch no more than COALESCE_BYTES of samples.
-COALESCE = 4
-COALESCE_BYTES = 8 * 2**20
 
 
 class Signal:
@@ -185,10 +181,7 @@ class Writer:
                 lane.sink.name,
                 lane.dead,
             )
-        # Under drop_oldest a record a sink has started on can no longer be evicted for a newer
-        # one, so a lane there takes no more than a batch's worth at a time.
         batch_size = self.buffer.batch_size
-        coalesce_to = batch_size if self.buffer.on_full == "drop_oldest" else COALESCE * batch_size
         while True:
             if not lane.inbox:
                 await lane.signal.wait(None)
@@ -200,19 +193,17 @@ class Writer:
             if isinstance(item, MetricsItem):
                 await self._write_metrics(lane, item, on_retry)
                 continue
-            # A sink that fell behind gets what piled up in fewer, larger writes: each write
-            # costs the event loop a hand-off to a thread or process, whatever its size.
+            # A sink that fell behind gets what piled up in fewer, larger writes, each of at
+            # most batch_size records (the contract's bound on one sink write).
             batches = [item]
             n = len(item.records)
-            nbytes = item.nbytes
             while lane.inbox and isinstance(lane.inbox[0], Batch):
                 nxt = lane.inbox[0]
-                if n + len(nxt.records) > coalesce_to or nbytes + nxt.nbytes > COALESCE_BYTES:
+                if n + len(nxt.records) > batch_size:
                     break
                 lane.inbox.popleft()
                 batches.append(nxt)  # type: ignore[arg-type]
                 n += len(nxt.records)  # type: ignore[union-attr]
-                nbytes += nxt.nbytes  # type: ignore[union-attr]
             await self._write_batches(lane, batches, on_retry)  # type: ignore[arg-type]
 
     async def _write_batches(

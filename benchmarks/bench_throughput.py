@@ -78,9 +78,7 @@ def jsonl_sinks() -> dict[str, tuple[Callable[[Path], Any], dict[str, Any]]]:
     stand-ins that show where the time goes: a sink that does nothing, one that only hands each
     batch to a worker thread and back (no file), JsonlSink's own lines written on the event loop,
     which the library never does (a file write can block) and which is here for reference only,
-    JsonlSink with batches four times as large, and JsonlSink as it was before it used writev
-    (each batch's lines joined into one buffer on the event loop, and a lane that fell behind
-    writing no more than a batch's worth at a time)."""
+    and JsonlSink with batches four times as large."""
     import anyio
 
     import asynctrace as at
@@ -101,21 +99,12 @@ def jsonl_sinks() -> dict[str, tuple[Callable[[Path], Any], dict[str, Any]]]:
         async def write(self, records: Any) -> None:
             self._write_lines(self._lines(records), 3)
 
-    class JoinedJsonlSink(at.JsonlSink):
-        async def write(self, records: Any) -> None:
-            joined = b"".join(self._lines(records))
-            await anyio.to_thread.run_sync(self._write_lines, [joined], abandon_on_cancel=True)
-
     return {
         "TraceSession + JsonlSink": (at.JsonlSink, {}),
         "(diagnose) session + sink doing nothing": (lambda path: NothingSink(), {}),
         "(diagnose) session + empty thread hop per batch": (lambda path: ThreadHopSink(), {}),
         "(diagnose) session + JsonlSink lines written on the loop": (OnLoopJsonlSink, {}),
         "(diagnose) session + JsonlSink, batch_size=1024": (at.JsonlSink, {"batch_size": 1024}),
-        "(diagnose) session + JsonlSink as before (joined on the loop, one batch a write)": (
-            JoinedJsonlSink,
-            {"coalesce": 1},
-        ),
     }
 
 
@@ -125,12 +114,8 @@ async def session_jsonl(
     """Seconds from the first submit to `finish` returning, and the event loop's thread's CPU
     seconds in that window."""
     import asynctrace as at
-    from asynctrace import _writer
 
     path = workdir / f"session-{uuid.uuid4().hex[:8]}.jsonl"
-    options = dict(options)
-    # The "as before" variant: a lane that fell behind wrote at most batch_size records a call.
-    _writer.COALESCE, coalesce = options.pop("coalesce", _writer.COALESCE), _writer.COALESCE
     async with at.TraceSession(
         common.project_name("jsonl"), sinks=[make_sink(path)], finish_timeout=600.0, **options
     ) as session:
@@ -142,7 +127,6 @@ async def session_jsonl(
         stats = await session.finish()
         elapsed = time.perf_counter() - t0
         cpu = time.thread_time() - c0
-    _writer.COALESCE = coalesce
     _check(stats.written == len(samples) and stats.check(), f"session: {stats.summary()}")
     if path.exists() or isinstance(make_sink, type):
         lines = common.count_jsonl_lines(path)

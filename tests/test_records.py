@@ -39,7 +39,7 @@ def test_record_error_names_index_and_path() -> None:
 
 
 def test_unambiguous_values_are_coerced() -> None:
-    """numpy and torch scalars, 0-d tensors, datetimes and tuples are coerced; others refused."""
+    """numpy and torch scalars, 0-d arrays and tensors, datetimes and tuples are coerced; others refused."""
     from asynctrace._record import encode_sample
 
     payload, score = encode_sample(
@@ -48,6 +48,7 @@ def test_unambiguous_values_are_coerced() -> None:
             "response": "r",
             "reward": np.float32(0.5),
             "n": np.int64(3),
+            "mean": np.asarray([0.25, 0.75]).mean(keepdims=True).reshape(()),
             "adv": torch.tensor(1.25),
             "when": dt.datetime(2026, 1, 2, 3, 4, 5),
             "pair": (1, 2),
@@ -55,7 +56,14 @@ def test_unambiguous_values_are_coerced() -> None:
         0,
     )
     meta = orjson.loads(payload)["metadata"]
-    assert meta == {"reward": 0.5, "n": 3, "adv": 1.25, "when": "2026-01-02T03:04:05", "pair": [1, 2]}
+    assert meta == {
+        "reward": 0.5,
+        "n": 3,
+        "mean": 0.5,
+        "adv": 1.25,
+        "when": "2026-01-02T03:04:05",
+        "pair": [1, 2],
+    }
     assert score == 0.5
     with pytest.raises(at.RecordError, match=r"tensor of shape \(2,\)"):
         encode_sample({"prompt": "p", "t": torch.zeros(2)}, 0)
@@ -97,11 +105,23 @@ def test_constructor_rejects_bad_options() -> None:
         ({"trace_key": "{step}/x"}, "trace_key"),
         ({"sinks": []}, "sinks"),
         ({"on_invalid": "ignore"}, "on_invalid"),
+        ({"sinks": at.testing.MemorySink()}, r"sinks must be a list of sinks, got one MemorySink"),
+        ({"sinks": "trackio"}, "sinks"),
+        ({"trace_key": 5}, "trace_key"),
     ]:
         with pytest.raises(ValueError, match=name):
             at.TraceSession("p", sinks=kwargs.pop("sinks", [at.testing.MemorySink()]), **kwargs)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="max_attempts"):
-        at.RetryPolicy(max_attempts=0)
+    for retry_kwargs, name in [
+        ({"max_attempts": 0}, "max_attempts"),
+        ({"max_attempts": 1.5}, "max_attempts"),
+        ({"max_attempts": "3"}, "max_attempts"),
+        ({"initial_backoff": -1}, "initial_backoff"),
+        ({"attempt_timeout": 0}, "attempt_timeout"),
+    ]:
+        with pytest.raises(ValueError, match=name):
+            at.RetryPolicy(**retry_kwargs)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_chars"):
+        at.ConsoleSink(max_chars="x")  # type: ignore[arg-type]
 
 
 # Values that are valid JSON once coerced, and values that never are.

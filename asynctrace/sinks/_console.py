@@ -9,6 +9,7 @@ from typing import Any, TextIO
 import anyio
 import orjson
 
+from .._checks import check_int
 from .._record import TraceRecord
 from .._security import scrub
 from ._base import Sink
@@ -26,8 +27,7 @@ class ConsoleSink(Sink):
     """Prints each trace as a short block: header with step and metadata, then one line per message."""
 
     def __init__(self, stream: TextIO | None = None, max_chars: int = 2000) -> None:
-        if max_chars < 1:
-            raise ValueError(f"max_chars must be >= 1, got {max_chars!r}")
+        check_int("max_chars", max_chars)
         self.name = "console"
         self.stream = stream
         self.max_chars = max_chars

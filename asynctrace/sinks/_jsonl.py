@@ -16,35 +16,6 @@ from ._base import Sink
 
 __all__ = ["JsonlSink"]
 
-# Pieces per writev call: Linux accepts up to IOV_MAX (1024) buffers in one call.
-_IOV_MAX = 1024
-_writev = getattr(os, "writev", None)  # POSIX only
-
-
-def _write_all(f: IO[bytes], parts: list[bytes]) -> None:
-    """Write `parts` in order, handing them to the kernel as they are: no joined copy."""
-    if _writev is None:  # Windows: one joined buffer
-        data = memoryview(b"".join(parts))
-        while data:
-            data = data[f.write(data) or 0 :]
-        return
-    fd = f.fileno()
-    for start in range(0, len(parts), _IOV_MAX):
-        chunk: list[bytes] | list[bytes | memoryview] = parts[start : start + _IOV_MAX]
-        left = sum(map(len, chunk))
-        while left:
-            written = _writev(fd, chunk)
-            left -= written
-            if not left:
-                break
-            # A regular file takes everything unless the disk fills up (an error) or a signal
-            # cuts in: carry on after the last byte written.
-            i = 0
-            while written >= len(chunk[i]):
-                written -= len(chunk[i])
-                i += 1
-            chunk = [memoryview(chunk[i])[written:], *chunk[i + 1 :]]
-
 
 class JsonlSink(Sink):
     """Appends records as JSON lines; with `rotate_every`, starts ``name.00001.jsonl`` etc. every N records.
@@ -75,11 +46,14 @@ class JsonlSink(Sink):
 
     def _roll(self) -> IO[bytes]:
         if self._file is not None:
+            if self.fsync:
+                # Lines of this batch already in the file count as written with the rest.
+                self._file.flush()
+                os.fsync(self._file.fileno())
             self._file.close()
         path = self._next_path()
         path.parent.mkdir(parents=True, exist_ok=True)
-        # Unbuffered: every batch goes out in writev calls of its own pieces (see _write_all).
-        self._file = open(path, "ab", buffering=0)  # noqa: SIM115 - closed in close()/_roll()
+        self._file = open(path, "ab")  # noqa: SIM115 - closed in close()/_roll()
         self.paths.append(path)
         self._in_file = 0
         return self._file
@@ -88,7 +62,7 @@ class JsonlSink(Sink):
         """Write lines given as `per_line` consecutive pieces each (no joined copy is made)."""
         f = self._file or self._roll()
         if self.rotate_every is None:
-            _write_all(f, parts)
+            f.writelines(parts)
         else:
             lines = len(parts) // per_line
             i = 0
@@ -96,9 +70,10 @@ class JsonlSink(Sink):
                 if self._in_file >= self.rotate_every:
                     f = self._roll()
                 take = min(self.rotate_every - self._in_file, lines - i)
-                _write_all(f, parts[i * per_line : (i + take) * per_line])
+                f.writelines(parts[i * per_line : (i + take) * per_line])
                 self._in_file += take
                 i += take
+        f.flush()
         if self.fsync:
             os.fsync(f.fileno())
 
@@ -109,7 +84,7 @@ class JsonlSink(Sink):
         await anyio.to_thread.run_sync(self._write_lines, self._lines(records), 3, abandon_on_cancel=True)
 
     def _lines(self, records: Sequence[TraceRecord]) -> list[bytes]:
-        """The batch's lines, three pieces a line."""
+        """The batch's lines, as one buffer or (when rotating) three pieces a line."""
         # Three pieces a line: a small header, the sample bytes encoded at submission, and the
         # closing brace. Only the header is made here; the payload is never copied or re-encoded.
         parts: list[bytes] = []
@@ -133,9 +108,11 @@ class JsonlSink(Sink):
             append(b'{"id":' + dumps(r.id) + tail)
             append(r.payload)
             append(b"}\n")
-        # Not joined: the thread hands the pieces to the kernel in one writev per 1024, which
-        # releases the GIL for the whole copy; joining them would cost the event loop a copy
-        # of the batch.
+        if self.rotate_every is None:
+            # One joined buffer (a memcpy, here) makes one write call that releases the GIL for
+            # its whole length; many small writes from the thread would trade the GIL with the
+            # training loop at every buffer flush.
+            parts = [b"".join(parts)]
         return parts
 
     async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:

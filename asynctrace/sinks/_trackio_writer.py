@@ -50,6 +50,9 @@ def decode_record_id(log_id: str | None, index: int | None) -> str | None:
     return None if parts is None else f"{parts[0]}-{parts[1] + index}"
 
 
+_STEPS_PER_QUERY = 500
+
+
 def stored_record_ids(project: str, run_id: str, steps: Iterable[int] | None = None) -> set[str]:
     """Record ids whose traces are in the project's database for `run_id` (optionally some steps)."""
     from trackio.sqlite_storage import SQLiteStorage
@@ -58,14 +61,19 @@ def stored_record_ids(project: str, run_id: str, steps: Iterable[int] | None = N
     if not path.exists():
         return set()
     query = "SELECT log_id, trace_index FROM traces WHERE run_id = ?"
-    params: list[Any] = [run_id]
+    queries: list[tuple[str, list[Any]]] = [(query, [run_id])]
     if steps is not None:
         wanted = sorted(set(steps))
-        query += f" AND step IN ({','.join('?' * len(wanted))})"
-        params += wanted
+        # SQLite before 3.32 allows 999 parameters a statement: a batch can span more steps.
+        queries = [
+            (f"{query} AND step IN ({','.join('?' * len(part))})", [run_id, *part])
+            for part in (wanted[i : i + _STEPS_PER_QUERY] for i in range(0, len(wanted), _STEPS_PER_QUERY))
+        ]
+    rows: list[tuple[str, int]] = []
     with sqlite3.connect(path, timeout=30.0) as conn:
         try:
-            rows = conn.execute(query, params).fetchall()
+            for sql, params in queries:
+                rows += conn.execute(sql, params).fetchall()
         except sqlite3.OperationalError as exc:
             if "no such table" in str(exc):
                 return set()

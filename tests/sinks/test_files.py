@@ -67,34 +67,22 @@ async def test_jsonl_escapes_unusual_ids_and_names(tmp_path: Path) -> None:
     assert all(line["split"] == 'sp"lit' and line["key"] == "k\\ey" for line in lines)
 
 
-def _expected_jsonl_parts(n: int) -> list[bytes]:
-    return [b'{"i":%d,"pad":"%s"}\n' % (i, b"x" * (i % 97)) for i in range(n)]
-
-
-@pytest.mark.parametrize("short", [True, False], ids=["short-writes", "no-writev"])
-async def test_jsonl_writes_every_byte_in_order_however_the_kernel_takes_them(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, short: bool
+async def test_jsonl_fsync_covers_every_file_a_batch_touches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A write cut short (or a platform without writev) still lands every piece once, in order,
-    across more pieces than one writev call takes."""
+    """With fsync and rotation, a file rolled away from in the middle of a batch is synced too."""
     import os
 
-    from asynctrace.sinks import _jsonl
+    synced: list[str] = []
+    real_fsync = os.fsync
 
-    calls = []
-    if short:
-        # A real write of at most 1000 bytes per call, as when a signal cuts a writev short.
-        def short_writev(fd: int, buffers: list[bytes | memoryview]) -> int:
-            calls.append(len(buffers))
-            return os.write(fd, b"".join(buffers)[:1000])
+    def fsync(fd: int) -> None:
+        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")).name)
+        real_fsync(fd)
 
-        monkeypatch.setattr(_jsonl, "_writev", short_writev)
-    else:
-        monkeypatch.setattr(_jsonl, "_writev", None)
-    parts = _expected_jsonl_parts(2500)  # more than _IOV_MAX pieces
-    path = tmp_path / "raw.jsonl"
-    with open(path, "ab", buffering=0) as f:
-        _jsonl._write_all(f, parts)
-    assert path.read_bytes() == b"".join(parts)
-    if short:
-        assert len(calls) > 3 and max(calls) <= _jsonl._IOV_MAX
+    monkeypatch.setattr(os, "fsync", fsync)
+    sink = at.JsonlSink(tmp_path / "t.jsonl", rotate_every=4, fsync=True)
+    async with at.TraceSession("p", sinks=[sink], batch_size=10) as s:
+        await s.log_samples([sample(i) for i in range(10)], step=0)
+    assert [p.name for p in sink.paths] == ["t.00000.jsonl", "t.00001.jsonl", "t.00002.jsonl"]
+    assert set(synced) == {"t.00000.jsonl", "t.00001.jsonl", "t.00002.jsonl"}

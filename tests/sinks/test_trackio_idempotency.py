@@ -67,3 +67,25 @@ def test_gaps_steps_and_keys_each_map_back_to_their_record(writer: TrackioWriter
     assert stored_record_ids(project, writer.run.id) == {i[0] for i in items}
     assert stored_record_ids(project, writer.run.id, steps=[2]) == {f"{prefix}-3"}
     assert writer.write([(*i[:4], True) for i in items]) == len(items)
+
+
+def test_looking_up_many_steps_fits_old_sqlite_limits(
+    writer: TrackioWriter, project: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replayed batch spanning more steps than SQLite before 3.32 allows parameters (999) is
+    still checked against what is stored, and skipped where it is."""
+    import sqlite3
+
+    prefix = uuid.uuid4().hex[:12]
+    items = [_item(prefix, n, step=n) for n in range(1200)]
+    writer.write(items)
+    connect = sqlite3.connect
+
+    def limited(*args: object, **kwargs: object) -> sqlite3.Connection:
+        conn = connect(*args, **kwargs)  # type: ignore[arg-type]
+        conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+        return conn
+
+    monkeypatch.setattr(sqlite3, "connect", limited)
+    assert stored_record_ids(project, writer.run.id, steps=range(1200)) == {i[0] for i in items}
+    assert writer.write([(*i[:4], True) for i in items]) == len(items)
