@@ -141,11 +141,14 @@ class Buffer:
             self.pending -= n
             if self.on_drop is not None:
                 self.on_drop(reason, n)
-            if records and self.spool_on_admit and self.spool is not None:
-                # A record staged on admission and dropped since is done with. A replayed one is
-                # not: it stays in the spool for the next replay. (With durability "writer" no
-                # record is staged before it is dispatched, and dispatched ones are never dropped.)
-                self.spool.resolve([r for r in records if not r.replayed])
+            if records and self.spool is not None:
+                # A record that reached the spool (staged on admission, or with durability
+                # "writer" when its batch was dispatched, which drop_oldest may still evict
+                # from) and was dropped since is done with. A replayed one is not: it stays in
+                # the spool for the next replay.
+                done = [r for r in records if r._spool is not None and not r.replayed]
+                if done:
+                    self.spool.resolve(done)
 
     def _fits(self, nbytes: int) -> bool:
         return self.depth < self.queue_size and self.nbytes + nbytes <= self.max_bytes
@@ -351,14 +354,19 @@ class Buffer:
 
     # -- reservations for log_rollouts ---------------------------------------------------
 
-    def reserve(self, scores: Sequence[float | None], *, split: str, step: int) -> list[Entry | None]:
-        """Ask the gate which rows can be kept before they are decoded; counts the rest."""
+    def reserve(
+        self, scores: Sequence[float | None], *, split: str, step: int, invalid: int = 0
+    ) -> list[Entry | None]:
+        """Ask the gate which rows can be kept before they are decoded; counts the rest, and
+        `invalid` rows that were left out (counted as submitted and dropped)."""
         with self.lock:
             if self.closed:
                 raise SessionClosedError("the session is finished; it accepts no more samples")
             n = len(scores)
-            self.submitted += n
-            self.pending += n
+            self.submitted += n + invalid
+            self.pending += n + invalid
+            if invalid:
+                self._drop("invalid", invalid)
             entries: list[Entry] = []
             for s in scores:
                 self._entry_seq += 1
@@ -378,6 +386,14 @@ class Buffer:
         out = Admission()
         ready: list[TraceRecord] = []
         with self.lock:
+            if self.closed:
+                # finish() ran while these rows were decoded: nothing would deliver them now.
+                n = sum(1 for e in entries if e.state != EVICTED)
+                for e in entries:
+                    e.state = EVICTED
+                self.accepted -= n
+                self._drop("closed", n)
+                return out
             staged: list[TraceRecord] = []
             for e, r in zip(entries, records, strict=True):
                 if e.state == HELD:

@@ -643,7 +643,9 @@ class TraceSession:
 
     def _commit_spool(self, blocking: bool = True) -> None:
         spool = self._spool
-        if spool is not None and spool.has_staged:
+        if spool is not None and (blocking or spool.has_staged):
+            # Blocking, even with nothing staged: another thread's commit may have taken this
+            # caller's records and still be writing them; taking the commit lock waits for it.
             spool.commit(blocking=blocking)
 
     def _on_loop_thread(self) -> bool:
@@ -859,19 +861,30 @@ class TraceSession:
 
     # -- reservations (used by log_rollouts) -----------------------------------------------
 
-    def _reserve(self, scores: Sequence[float | None], *, step: int, split: str) -> list[Entry | None]:
-        self._check_open()
-        check_step(step, split)
+    def _reserve(
+        self, scores: Sequence[float | None], rows: list[int], *, step: int, split: str
+    ) -> tuple[list[int], list[Entry]]:
+        """Reserve places for `rows` by their scores; returns the rows the cap can keep and
+        their entries. A row without the score a ranking sampler needs raises, or with
+        ``on_invalid="skip"`` is counted as ``"invalid"``."""
+        invalid = 0
         if self._score_needed_by is not None:
-            for i, s in enumerate(scores):
-                if s is None or not math.isfinite(s):
-                    raise RecordError(
-                        f"sample {i}: rewards: the {self._score_needed_by} ranks by score; "
-                        "every row needs a finite reward",
-                        index=i,
-                        path="rewards",
-                    )
-        return self._buffer.reserve(scores, split=split, step=step)
+            missing = [i for i in rows if scores[i] is None or not math.isfinite(scores[i])]  # type: ignore[arg-type]
+            if missing and self.on_invalid != "skip":
+                i = missing[0]
+                raise RecordError(
+                    f"sample {i}: rewards: the {self._score_needed_by} ranks by score; "
+                    "every row needs a finite reward",
+                    index=i,
+                    path="rewards",
+                )
+            if missing:
+                gone = set(missing)
+                rows = [i for i in rows if i not in gone]
+                invalid = len(missing)
+        entries = self._buffer.reserve([scores[i] for i in rows], split=split, step=step, invalid=invalid)
+        kept = [(i, e) for i, e in zip(rows, entries, strict=True) if e is not None]
+        return [i for i, _ in kept], [e for _, e in kept]
 
     async def _fill(
         self, entries: Sequence[Entry], samples: Sequence[SampleLike], *, step: int, split: str
@@ -909,14 +922,15 @@ class TraceSession:
         for the other arguments). Rows that cannot be kept are counted as ``"capped"``.
         """
         from .rollouts import decode_rollouts
-        from .rollouts._decode import row_scores
+        from .rollouts._decode import _check_rows, row_scores
 
         self._check_open()
         check_step(step, split)
         n = len(input_ids)
-        entries = self._reserve(row_scores(rewards, n), step=step, split=split)
-        rows = [i for i, e in enumerate(entries) if e is not None]
-        kept = [e for e in entries if e is not None]
+        # `rows` picks (and orders) the rows to log, as in decode_rollouts; the cap chooses
+        # among those.
+        candidates = _check_rows(decode_kwargs.pop("rows", None), n)
+        rows, kept = self._reserve(row_scores(rewards, n), candidates, step=step, split=split)
         if not rows:
             return 0
         try:

@@ -91,18 +91,20 @@ class _Hooks:
                     signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
             self.previous.pop(signum, None)
 
-    def _restore(self, signum: int) -> Handler:
-        previous = self.previous.pop(signum, signal.SIG_DFL)
+    def _restore(self, signum: int, previous: Handler) -> None:
+        self.previous.pop(signum, None)
         signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
-        return previous
 
     # -- the handler ---------------------------------------------------------------------
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         session = self.session
+        # Read once, here: the drain's finish() uninstalls the hooks, which forgets them, and
+        # handing on must still reach the handler that was there before (Python's SIGINT
+        # handler raising KeyboardInterrupt, not the default action that kills the process).
         previous = self.previous.get(signum, signal.SIG_DFL)
         if self.busy or not session._is_open():
-            self._hand_on(signum, frame)
+            self._hand_on(signum, frame, previous)
             return
         self.busy = True
         final = _is_default(previous)
@@ -117,15 +119,20 @@ class _Hooks:
                 _drain_from_outside(session, final, self.timeout)
             finally:
                 self.busy = False
-            self._hand_on(signum, frame)
+            self._hand_on(signum, frame, previous)
             return
         if not _schedule(
-            session, self._drain_then_hand_on, signum, final, otherwise=lambda: self._redeliver(signum)
+            session,
+            self._drain_then_hand_on,
+            signum,
+            final,
+            previous,
+            otherwise=lambda: self._redeliver(signum, previous),
         ):
             self.busy = False
-            self._hand_on(signum, frame)
+            self._hand_on(signum, frame, previous)
 
-    async def _drain_then_hand_on(self, signum: int, final: bool) -> None:
+    async def _drain_then_hand_on(self, signum: int, final: bool, previous: Handler) -> None:
         try:
             await _drain(self.session, final, self.timeout)
         finally:
@@ -133,16 +140,16 @@ class _Hooks:
             # exception the previous handler raises (KeyboardInterrupt, SystemExit) leaves the
             # event loop as it would have from the handler itself, instead of landing in the
             # session's task group.
-            if not _call_soon(self.session, lambda: self._redeliver(signum)):
-                self._redeliver(signum)
+            if not _call_soon(self.session, lambda: self._redeliver(signum, previous)):
+                self._redeliver(signum, previous)
 
-    def _redeliver(self, signum: int) -> None:
+    def _redeliver(self, signum: int, previous: Handler) -> None:
         self.busy = False
-        self._restore(signum)
+        self._restore(signum, previous)
         signal.raise_signal(signum)
 
-    def _hand_on(self, signum: int, frame: FrameType | None) -> None:
-        previous = self._restore(signum)
+    def _hand_on(self, signum: int, frame: FrameType | None, previous: Handler) -> None:
+        self._restore(signum, previous)
         if previous is None or previous == signal.SIG_IGN:
             return
         if previous == signal.SIG_DFL:

@@ -92,3 +92,76 @@ async def test_decode_failure_releases_reserved_rows() -> None:
         await anyio.sleep(0)
     st = s.stats()
     assert st.dropped.get("invalid") == 2 and st.check() and st.pending == 0
+
+
+async def test_rows_without_a_score_are_skipped_as_invalid_when_asked() -> None:
+    """With on_invalid="skip", rows a ranking sampler cannot score (NaN, or past a short
+    rewards column) are counted as invalid and the rest are logged; with "raise", nothing is."""
+    tok, ids, (loss, attn), _ = _batch(6)
+    rewards = torch.tensor([5.0, float("nan"), 1.0, 4.0, 2.0])  # row 5 has no reward at all
+    sink = at.testing.MemorySink()
+    async with at.TraceSession(
+        "p", sinks=[sink], max_traces_per_step=2, sampler="top_bottom", on_invalid="skip"
+    ) as s:
+        n = await s.log_rollouts(
+            ids, tokenizer=tok, step=0, rewards=rewards, loss_mask=loss, attention_mask=attn
+        )
+    st = s.stats()
+    assert n == 2 and st.check()
+    assert st.dropped == {"invalid": 2, "capped": 2}
+    assert sorted(x.metadata["reward"] for x in sink.samples) == [1.0, 5.0]
+    async with at.TraceSession(
+        "p", sinks=[at.testing.MemorySink()], max_traces_per_step=2, sampler="top_bottom"
+    ) as s:
+        with pytest.raises(at.RecordError, match="sample 1: rewards"):
+            await s.log_rollouts(
+                ids, tokenizer=tok, step=0, rewards=rewards, loss_mask=loss, attention_mask=attn
+            )
+    assert s.stats().submitted == 0
+
+
+async def test_rows_picks_and_orders_what_the_cap_chooses_from() -> None:
+    """rows= works as in decode_rollouts: only those rows, in that order, are offered to the cap."""
+    import numpy as np
+
+    tok, ids, (loss, attn), _ = _batch(6)
+    sink = at.testing.MemorySink()
+    async with at.TraceSession("p", sinks=[sink], max_traces_per_step=3) as s:
+        n = await s.log_rollouts(
+            ids, tokenizer=tok, step=0, loss_mask=loss, attention_mask=attn, rows=[4, np.int64(1), 5, 0]
+        )
+    st = s.stats()
+    assert n == 3 and st.submitted == 4 and st.dropped == {"capped": 1} and st.check()
+    assert [x.messages[-1]["content"] for x in sink.samples] == [" answer 28", " answer 7", " answer 35"]
+    async with at.TraceSession("p", sinks=[at.testing.MemorySink()]) as s:
+        with pytest.raises(ValueError, match="rows: 9 is out of range"):
+            await s.log_rollouts(ids, tokenizer=tok, step=0, loss_mask=loss, rows=[9])
+
+
+async def test_rows_decoded_after_finish_are_counted_closed() -> None:
+    """Rows reserved before finish() but decoded after it are dropped as "closed", not reported
+    as accepted into a buffer nothing drains any more."""
+    import time
+
+    tok, ids, (loss, _), _ = _batch(4)
+
+    class SlowTokenizer(CountingTokenizer):
+        def batch_decode(self, sequences: list[list[int]], **kw: Any) -> list[str]:
+            time.sleep(0.5)
+            return super().batch_decode(sequences, **kw)
+
+    sink = at.testing.MemorySink()
+    s = at.TraceSession("p", sinks=[sink])
+    async with s:
+        got: list[int] = []
+
+        async def log() -> None:
+            got.append(await s.log_rollouts(ids, tokenizer=SlowTokenizer(tok), step=0, loss_mask=loss))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(log)
+            await anyio.sleep(0.1)
+            await s.finish(timeout=1)
+    st = s.stats()
+    assert got == [0] and not sink.records
+    assert st.dropped == {"closed": 4} and st.pending == 0 and st.check()

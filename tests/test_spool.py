@@ -6,6 +6,7 @@ import os
 import stat
 import threading
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -281,9 +282,11 @@ async def test_sync_session_with_spool(tmp_path: Path) -> None:
     assert st.replayed == 10 and st.written == 14 and st.check()
 
 
+@pytest.mark.parametrize("durability", ["enqueue", "writer"])
 @pytest.mark.parametrize("on_full", ["drop_oldest", "drop_newest", "block"])
-async def test_queue_full_drops_in_enqueue_mode_leave_nothing_behind(tmp_path: Path, on_full: str) -> None:
-    """Records spooled and then dropped for room are resolved too: a clean finish leaves no segment."""
+async def test_queue_full_drops_leave_nothing_behind(tmp_path: Path, on_full: str, durability: str) -> None:
+    """Records spooled and then dropped for room (under "writer", evicted from dispatched
+    batches by drop_oldest) are resolved too: a clean finish leaves no segment."""
     spool = tmp_path / "spool"
     sink = at.testing.MemorySink(delay=0.05)
     async with at.TraceSession(
@@ -291,7 +294,7 @@ async def test_queue_full_drops_in_enqueue_mode_leave_nothing_behind(tmp_path: P
         run="r",
         sinks=[sink],
         spool_dir=spool,
-        durability="enqueue",
+        durability=durability,  # type: ignore[arg-type]
         queue_size=8,
         batch_size=4,
         on_full=on_full,  # type: ignore[arg-type]
@@ -302,3 +305,59 @@ async def test_queue_full_drops_in_enqueue_mode_leave_nothing_behind(tmp_path: P
     assert st.check() and st.pending == 0 and st.dropped.get("queue_full", 0) > 0
     assert st.written == len(sink.records) == 50 - st.dropped_total
     assert not _segment_files(spool)
+
+
+def test_enqueue_waits_for_a_commit_that_took_its_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """durability="enqueue": when another thread's commit took a caller's staged records and is
+    still writing them, the caller's log_samples returns only once they are on disk."""
+    import time
+
+    from asynctrace import _buffer, _spool
+
+    spool = tmp_path / "spool"
+    append, admit = _spool.Spool._append, _buffer.Buffer.admit
+
+    def slow_append(self: Any, f: Any, data: bytes) -> Any:
+        if b"uid-" in data:
+            time.sleep(0.3)  # a slow disk
+        return append(self, f, data)
+
+    def paused_admit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = admit(self, *args, **kwargs)
+        if threading.current_thread().name == "B":
+            time.sleep(0.05)  # B is descheduled right after staging; A's commit takes B's record
+        return out
+
+    monkeypatch.setattr(_spool.Spool, "_append", slow_append)
+    monkeypatch.setattr(_buffer.Buffer, "admit", paused_admit)
+
+    def on_disk(uid: str) -> bool:
+        return any(uid.encode() in p.read_bytes() for p in spool.glob("seg-*.jsonl"))
+
+    seen: dict[str, bool] = {}
+    with at.TraceSession(
+        "p",
+        run="r",
+        sinks=[at.testing.MemorySink(delay=5)],
+        spool_dir=spool,
+        durability="enqueue",
+        flush_interval=60,
+        finish_timeout=0.1,
+    ) as s:
+
+        def a() -> None:
+            time.sleep(0.02)
+            s.log_samples([{"prompt": "a", "response": "uid-A"}], step=0)
+
+        def b() -> None:
+            s.log_samples([{"prompt": "b", "response": "uid-B"}], step=0)
+            seen["B"] = on_disk("uid-B")
+
+        threads = [threading.Thread(target=b, name="B"), threading.Thread(target=a, name="A")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert seen == {"B": True}

@@ -68,7 +68,7 @@ def to_samples(
         if groups is not None:
             metadata["prompt_index"] = groups[i]
         breakdown: dict[str, float | None] = {}
-        total, counted = 0.0, False
+        total = 0.0
         for (name, column), weight in zip(columns.items(), weights, strict=True):
             value = short.pick(column, i, f"rewards[{name!r}]")
             if value is MISSING or value is None:
@@ -79,10 +79,9 @@ def to_samples(
                 continue
             breakdown[name] = value
             total += weight * value
-            counted = True
         if columns and breakdown:
             metadata["reward_breakdown"] = breakdown
-        if counted:
+            # TRL's nansum: a row whose every reward function returned NaN gets 0.0.
             metadata["reward"] = total
         advantage = short.pick(advantages, i, "advantages")
         if advantage is not MISSING and advantage is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -51,9 +52,13 @@ def _check_rows(rows: Sequence[int] | None, n: int) -> list[int]:
     if hasattr(rows, "tolist"):
         rows = rows.tolist()
     picked: list[int] = []
-    for row in rows:
-        if isinstance(row, bool) or not isinstance(row, int):
-            raise ValueError(f"rows: expected ints, got {type(row).__name__}")
+    for item in rows:
+        try:
+            if isinstance(item, bool):
+                raise TypeError
+            row = operator.index(item)  # an int, or an integer scalar such as numpy's
+        except TypeError:
+            raise ValueError(f"rows: expected ints, got {type(item).__name__}") from None
         if not 0 <= row < n:
             raise ValueError(f"rows: {row} is out of range for {n} samples")
         picked.append(row)

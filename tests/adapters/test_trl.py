@@ -44,6 +44,8 @@ def test_columns_become_samples_with_a_nested_breakdown() -> None:
     assert samples[0].metadata["reward"] == 1.5
     assert samples[2].metadata["reward_breakdown"] == {"accuracy": 1.0, "format": None}
     assert samples[2].metadata["reward"] == 1.0
+    all_nan = trl.to_samples(["q"], ["a"], rewards={"accuracy": [math.nan], "format": [math.nan]})
+    assert all_nan[0].metadata["reward"] == 0.0  # TRL's nansum over the functions
     assert [s.metadata["advantage"] for s in samples] == [0.7, -0.7, 0.9, -0.9]
     assert [s.metadata["prompt_index"] for s in samples] == [0, 0, 1, 1]
     assert [s.metadata["model_version"] for s in samples] == [3, 3, 3, 4]

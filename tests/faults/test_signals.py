@@ -69,3 +69,40 @@ def test_sigterm_with_the_default_handler_finishes_the_session_then_dies(tmp_pat
     uids = h.trackio_uids(project, "r")
     assert acknowledged and acknowledged <= set(uids) and max(uids.values()) == 1
     assert b"Run finished" in err
+
+
+_CTRL_C_CHILD = """
+import sys, time
+import asynctrace as at
+sink = at.testing.MemorySink()
+try:
+    with at.TraceSession("p", run="r", sinks=[sink], shutdown_hooks=True, flush_interval=60,
+                         batch_size=10**5) as s:
+        print("ready", flush=True)
+        step = 0
+        while True:
+            s.log_samples([{"prompt": "q", "response": "a"}], step=step)
+            step += 1
+            time.sleep(0.01)
+except KeyboardInterrupt:
+    print("KeyboardInterrupt", len(sink.records), s.stats().pending, flush=True)
+    sys.exit(0)
+"""
+
+
+def test_ctrl_c_finishes_a_sync_session_then_raises_keyboard_interrupt() -> None:
+    """Ctrl-C with the hook on a synchronous session: the session is finished, then the trainer
+    gets KeyboardInterrupt (its except and finally blocks run), not a kill by SIGINT."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CTRL_C_CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    word, written, pending = out.split()
+    assert word == b"KeyboardInterrupt" and int(written) > 0 and int(pending) == 0
