@@ -280,6 +280,10 @@ class TraceSession:
         self._room_event: anyio.Event | None = None
         self._async_waiters = 0
         self._finishing: anyio.Event | None = None
+        # Set once finish() is done, for waiters on other threads (a signal handler).
+        self._closed_event = threading.Event()
+        # Run on the loop, through its own callback machinery, once finish() is done.
+        self._after_finish: list[Callable[[], None]] = []
         self._final: SessionStats | None = None
         self._sync: _SyncRunner | None = None
         self._opening_sync = False
@@ -418,6 +422,9 @@ class TraceSession:
     def _is_open(self) -> bool:
         return self._state is _State.OPEN
 
+    def _is_closing(self) -> bool:
+        return self._state is _State.CLOSING
+
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
@@ -531,6 +538,18 @@ class TraceSession:
             if self._jobs is not None:
                 self._jobs.close()
             self._finishing.set()
+            self._closed_event.set()
+            # After the state is CLOSED: a signal handler that saw CLOSING has added its
+            # callback by now, and one that runs later sees CLOSED and hands on by itself.
+            while self._after_finish:
+                callback = self._after_finish.pop(0)
+                call = self._call_soon
+                try:
+                    if call is None:
+                        raise RuntimeError
+                    call(callback)
+                except RuntimeError:
+                    callback()
         return stats
 
     async def _close_sink(self, sink: Sink, name: str, budget: float) -> None:

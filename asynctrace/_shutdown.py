@@ -28,8 +28,10 @@ import atexit
 import contextlib
 import functools
 import logging
+import os
 import signal
 import threading
+import time
 import weakref
 from collections.abc import Callable, Coroutine, Iterable
 from types import FrameType
@@ -77,6 +79,7 @@ class _Hooks:
         self.timeout = timeout
         self.previous: dict[int, Handler] = {}
         self.busy = False
+        self.deferred = 0  # signals taken again later because a lock was held (see _held)
         for signum in signals:
             self.previous[signum] = signal.getsignal(signum)
             signal.signal(signum, self._on_signal)
@@ -103,9 +106,21 @@ class _Hooks:
         # handing on must still reach the handler that was there before (Python's SIGINT
         # handler raising KeyboardInterrupt, not the default action that kills the process).
         previous = self.previous.get(signum, signal.SIG_DFL)
+        if not self.busy and session._is_closing():
+            self._after_finish(signum, frame, previous)
+            return
         if self.busy or not session._is_open():
             self._hand_on(signum, frame, previous)
             return
+        off_loop = session._loop_thread != threading.main_thread().ident
+        if off_loop and self.deferred < _MAX_DEFERRALS and _held(session):
+            # This thread was interrupted holding a lock the drain needs (inside a logging
+            # call): waiting here would wait for ourselves. Let it go on and release the lock,
+            # and take the signal again in a moment.
+            self.deferred += 1
+            threading.Timer(_DEFER_S, os.kill, (os.getpid(), signum)).start()
+            return
+        self.deferred = 0
         self.busy = True
         final = _is_default(previous)
         logger.warning(
@@ -114,7 +129,7 @@ class _Hooks:
             "finishing" if final else "flushing",
             self.timeout,
         )
-        if session._loop_thread != threading.main_thread().ident:
+        if off_loop:
             try:
                 _drain_from_outside(session, final, self.timeout)
             finally:
@@ -131,6 +146,22 @@ class _Hooks:
         ):
             self.busy = False
             self._hand_on(signum, frame, previous)
+
+    def _after_finish(self, signum: int, frame: FrameType | None, previous: Handler) -> None:
+        """The session is finishing already: hand the signal on once that finish is done."""
+        session = self.session
+        self.busy = True
+        if session._loop_thread != threading.main_thread().ident:
+            try:
+                # finish() drains within its own deadline and closes sinks with a short grace.
+                if not session._closed_event.wait(session.finish_timeout + 6.0):
+                    logger.error("asynctrace: the session did not finish in time at shutdown")
+            finally:
+                self.busy = False
+            self._hand_on(signum, frame, previous)
+            return
+        # This thread runs the finish: it cannot be waited for here.
+        session._after_finish.append(lambda: self._redeliver(signum, previous))
 
     async def _drain_then_hand_on(self, signum: int, final: bool, previous: Handler) -> None:
         try:
@@ -157,6 +188,27 @@ class _Hooks:
             return
         assert callable(previous)
         previous(signum, frame)
+
+
+# A signal that finds a lock the drain needs held is taken again this much later, at most this
+# many times in a row (then the drain is tried anyway, bounded by its deadline).
+_DEFER_S = 0.05
+_MAX_DEFERRALS = 40
+
+
+def _held(session: TraceSession) -> bool:
+    """True when a lock the drain needs stays held for a while: most likely by the thread the
+    signal interrupted (the loop's thread holds these for milliseconds at most)."""
+    locks = [session._buffer.lock]
+    spool = session._spool
+    if spool is not None:
+        locks.append(spool._io)
+    give_up = time.monotonic() + 0.2
+    while any(lock.locked() for lock in locks):
+        if time.monotonic() > give_up:
+            return True
+        time.sleep(0.005)
+    return False
 
 
 async def _drain(session: TraceSession, final: bool, timeout: float) -> None:

@@ -106,3 +106,65 @@ def test_ctrl_c_finishes_a_sync_session_then_raises_keyboard_interrupt() -> None
     assert proc.returncode == 0, err.decode()[-2000:]
     word, written, pending = out.split()
     assert word == b"KeyboardInterrupt" and int(written) > 0 and int(pending) == 0
+
+
+_CLOSE_MARKER_CHILD = """
+import asyncio, os, sys, time
+import asynctrace as at
+
+class Sink(at.testing.MemorySink):
+    async def close(self):
+        with open(sys.argv[1], "w") as f:
+            f.write(str(len(self.records)))
+
+sink = Sink(delay=float(sys.argv[3]))
+options = dict(run="r", sinks=[sink], shutdown_hooks=True, batch_size=4, flush_interval=60,
+               finish_timeout=30)
+
+async def main():
+    async with at.TraceSession("p", **options) as s:
+        for step in range(20):
+            await s.log_samples([{"prompt": "q", "response": "a"}], step=step)
+        print("finishing", flush=True)
+    await asyncio.sleep(30)
+
+if sys.argv[2] == "async-finish":
+    asyncio.run(main())
+with at.TraceSession("p", **options) as s:
+    for step in range(20):
+        s.log_samples([{"prompt": "q", "response": "a"}], step=step)
+    if sys.argv[2] == "lock":
+        # The signal lands while this thread holds the lock the drain needs.
+        with s.session._buffer.lock:
+            os.kill(os.getpid(), 15)
+            time.sleep(0.1)
+    else:
+        print("finishing", flush=True)
+time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize("moment", ["lock", "finish", "async-finish"])
+def test_sigterm_finishes_the_session_wherever_it_lands(tmp_path: Path, moment: str) -> None:
+    """SIGTERM while the training thread holds the session's lock, or while finish() is under
+    way (a synchronous or an asyncio session): the session is still finished (every record
+    written, sinks closed), then the signal ends the process, well within the deadline."""
+    import subprocess
+    import sys
+
+    marker = tmp_path / "closed"
+    delay = "0" if moment == "lock" else "0.2"  # a finish of about a second to land in
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CLOSE_MARKER_CHILD, str(marker), moment, delay],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    if moment != "lock":
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"finishing"
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGTERM, err.decode()[-2000:]
+    assert marker.read_text() == "20", err.decode()[-2000:]
+    assert time.monotonic() - start < 10
