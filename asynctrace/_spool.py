@@ -498,10 +498,11 @@ class Spool:
 
     def unresolved(self) -> int:
         """Records the spool still holds for a later replay."""
-        return sum(f.live for f in self._files.values() if not f.deleted and f.kind == seg.SEGMENT)
+        # list() copies in one step: a commit on another thread may add or drop files meanwhile.
+        return sum(f.live for f in list(self._files.values()) if not f.deleted and f.kind == seg.SEGMENT)
 
     def stats(self, duplicates: int = 0) -> SpoolStats:
-        files = [f for f in self._files.values() if not f.deleted]
+        files = [f for f in list(self._files.values()) if not f.deleted]  # see unresolved()
         return SpoolStats(
             directory=str(self.directory),
             durability=self.durability,
