@@ -98,10 +98,21 @@ def _tool_call(call: Any) -> dict[str, Any]:
 
 def _metadata(episode: Any, completion: Any) -> dict[str, Any]:
     metadata: dict[str, Any] = {}
-    for key in ("episode_id", "request_len", "response_len", "target"):
+    for key in ("episode_id", "target"):
         value = field(episode, key)
         if value is not None:
             metadata[key] = jsonable(value)
+    # torchforge's apps set Episode.request_len / response_len to the padding budgets
+    # (max_req_tokens, max_res_tokens), not to this sample's lengths: kept under names that say
+    # so, while prompt_len / response_len are the token counts, as the other adapters give them.
+    for key, name in (("request_len", "max_request_len"), ("response_len", "max_response_len")):
+        value = field(episode, key)
+        if value is not None:
+            metadata[name] = jsonable(value)
+    for ids, name in (("prompt_ids", "prompt_len"), ("token_ids", "response_len")):
+        tokens = field(completion, ids)
+        if tokens is not None:
+            metadata[name] = len(tokens)
     for key in ("reward", "advantage"):
         value = field(episode, key)
         if value is not None:

@@ -118,6 +118,11 @@ def test_several_episodes_per_prompt_keep_the_breakdown_nested(tokenizer: Any) -
     assert meta["policy_version"] == 7 and meta["stop_reason"] == "stop" and meta["target"] == "7"
     assert meta["episode_id"] == "ep-7" and meta["advantage"] == 0.25
     assert meta["completion_metadata"] == {"latency_s": 0.5}
+    # request_len / response_len are torchforge's padding budgets; the lengths are the tokens'.
+    completion = episode(tokenizer, 7).completion
+    assert meta["max_request_len"] == meta["max_response_len"] == 512
+    assert meta["response_len"] == len(completion.token_ids) < 512
+    assert meta["prompt_len"] == len(completion.prompt_ids) < 512
 
 
 def test_a_single_episode_is_accepted(tokenizer: Any) -> None:
@@ -173,7 +178,7 @@ def test_eval_episodes_with_missing_optional_fields(tokenizer: Any) -> None:
     bare = Episode(episode_id="eval-0", pad_id=0, request_len=8, response_len=8, request="q", response="a")
     (sample,) = torchforge.to_samples([bare])
     assert sample.messages == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
-    assert set(sample.metadata) == {"episode_id", "request_len", "response_len"}
+    assert set(sample.metadata) == {"episode_id", "max_request_len", "max_response_len"}
 
 
 @pytest.mark.anyio
