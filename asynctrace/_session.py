@@ -543,12 +543,7 @@ class TraceSession:
             # callback by now, and one that runs later sees CLOSED and hands on by itself.
             while self._after_finish:
                 callback = self._after_finish.pop(0)
-                call = self._call_soon
-                try:
-                    if call is None:
-                        raise RuntimeError
-                    call(callback)
-                except RuntimeError:
+                if not _shutdown._call_soon(self, callback):
                     callback()
         return stats
 
@@ -888,7 +883,7 @@ class TraceSession:
         ``on_invalid="skip"`` is counted as ``"invalid"``."""
         invalid = 0
         if self._score_needed_by is not None:
-            missing = [i for i in rows if scores[i] is None or not math.isfinite(scores[i])]  # type: ignore[arg-type]
+            missing = [i for i in rows if scores[i] is None]  # row_scores: None unless finite
             if missing and self.on_invalid != "skip":
                 i = missing[0]
                 raise RecordError(
@@ -897,10 +892,8 @@ class TraceSession:
                     index=i,
                     path="rewards",
                 )
-            if missing:
-                gone = set(missing)
-                rows = [i for i in rows if i not in gone]
-                invalid = len(missing)
+            rows = [i for i in rows if scores[i] is not None]
+            invalid = len(missing)
         entries = self._buffer.reserve([scores[i] for i in rows], split=split, step=step, invalid=invalid)
         kept = [(i, e) for i, e in zip(rows, entries, strict=True) if e is not None]
         return [i for i, _ in kept], [e for _, e in kept]

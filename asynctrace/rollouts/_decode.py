@@ -53,12 +53,10 @@ def _check_rows(rows: Sequence[int] | None, n: int) -> list[int]:
         rows = rows.tolist()
     picked: list[int] = []
     for item in rows:
-        try:
-            if isinstance(item, bool):
-                raise TypeError
-            row = operator.index(item)  # an int, or an integer scalar such as numpy's
-        except TypeError:
-            raise ValueError(f"rows: expected ints, got {type(item).__name__}") from None
+        # An int, or an integer scalar such as numpy's; a bool is not a row number.
+        if isinstance(item, bool) or not hasattr(item, "__index__"):
+            raise ValueError(f"rows: expected ints, got {type(item).__name__}")
+        row = operator.index(item)
         if not 0 <= row < n:
             raise ValueError(f"rows: {row} is out of range for {n} samples")
         picked.append(row)
