@@ -361,3 +361,66 @@ def test_enqueue_waits_for_a_commit_that_took_its_records(
         for t in threads:
             t.join()
     assert seen == {"B": True}
+
+
+def _sleep_until(event: Any) -> None:
+    event.wait(30)
+
+
+def test_forked_child_does_not_keep_the_spool_locked_after_finish(tmp_path: Path) -> None:
+    """A process forked while a session holds the spool (a DataLoader worker, say) and still
+    alive after finish() does not keep the directory locked against the next session."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    spool = tmp_path / "spool"
+    release = ctx.Event()
+    with at.TraceSession("p", run="r", sinks=[at.testing.MemorySink()], spool_dir=spool):
+        child = ctx.Process(target=_sleep_until, args=(release,), daemon=True)
+        child.start()
+    try:
+        with at.TraceSession("p", run="r2", sinks=[at.testing.MemorySink()], spool_dir=spool) as s:
+            s.log_samples([sample(0)], step=0)
+        assert s.stats().written == 1
+    finally:
+        release.set()
+        child.join(10)
+
+
+_CRASHER = """
+import os, signal, sys, time
+import asynctrace as at
+
+s = at.TraceSession("p", run="r", sinks=[at.testing.MemorySink()], spool_dir=sys.argv[1])
+s.__enter__()
+pid = os.fork()
+if pid == 0:
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    time.sleep(30)
+    os._exit(0)
+print(pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_forked_child_does_not_keep_a_dead_sessions_spool_locked(tmp_path: Path) -> None:
+    """When the session's process is killed and a child it forked lives on, the next session
+    can still open the spool directory."""
+    import signal
+    import subprocess
+    import sys
+
+    spool = tmp_path / "spool"
+    proc = subprocess.run(
+        [sys.executable, "-c", _CRASHER, str(spool)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    orphan = int(proc.stdout.split()[0])
+    try:
+        with at.TraceSession("p", run="r", sinks=[at.testing.MemorySink()], spool_dir=spool) as s:
+            s.log_samples([sample(0)], step=0)
+        assert s.stats().written == 1
+    finally:
+        os.kill(orphan, signal.SIGKILL)
