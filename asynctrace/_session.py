@@ -14,6 +14,7 @@ import os
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
@@ -61,9 +62,30 @@ class _State(enum.Enum):
     OPEN = "open"
     CLOSING = "closing"
     CLOSED = "closed"
+    FORKED = "forked"  # a copy in a process forked from the session's own
 
 
 _OPEN = _State.OPEN
+
+# Sessions open in this process, so a forked child can disown its copies (below).
+_live: weakref.WeakSet[TraceSession] = weakref.WeakSet()
+
+
+def _disown_in_child() -> None:
+    # A forked child has the session's state but not its writer thread or task: what it logged
+    # would wait forever in its copy of the buffer, and its finish() would wait for a loop that
+    # is not there (unwinding a `with` block, or at exit). Its copies refuse to log instead.
+    for session in list(_live):
+        session._state = _State.FORKED
+        buf = session._buffer
+        # The lock may have been held by a thread the child does not have.
+        buf.lock = threading.Lock()
+        buf.room = threading.Condition(buf.lock)
+    _live.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_disown_in_child)
 
 
 # A coroutine function run as a task of the session (see TraceSession._run_jobs).
@@ -273,6 +295,7 @@ class TraceSession:
         self._jobs: MemoryObjectSendStream[Job] | None = None
         self._keys: dict[str, str] = {}
         self._state = _State.UNOPENED
+        self._pid = os.getpid()
         self._loop_thread: int | None = None
         self._call_soon: Callable[[Callable[[], None]], None] | None = None
         self._tg: anyio.abc.TaskGroup | None = None
@@ -341,7 +364,9 @@ class TraceSession:
             raise
         self._jobs, jobs = anyio.create_memory_object_stream[Job](math.inf)
         self._tg.start_soon(self._run_jobs, jobs)
+        self._pid = os.getpid()
         self._state = _State.OPEN
+        _live.add(self)
 
     async def _run_jobs(self, jobs: MemoryObjectReceiveStream[Job]) -> None:
         # Starting a task needs a task context (anyio detects the event loop from it), which a
@@ -425,6 +450,9 @@ class TraceSession:
     def _is_closing(self) -> bool:
         return self._state is _State.CLOSING
 
+    def _is_forked(self) -> bool:
+        return self._state is _State.FORKED
+
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
@@ -432,6 +460,10 @@ class TraceSession:
         tb: TracebackType | None,
     ) -> None:
         assert self._tg is not None
+        if self._state is _State.FORKED:
+            # The parent finishes the session. The child's copy of the task group waits on a
+            # loop that forking left unusable (asyncio refuses to run it in a child at all).
+            return
         try:
             # Shielded: a cancelled or crashing body must still drain and close every sink.
             with anyio.CancelScope(shield=True):
@@ -477,6 +509,8 @@ class TraceSession:
             return self._final
         if self._state is _State.UNOPENED:
             raise SessionClosedError("the session was never opened; use `async with` or `with`")
+        if self._state is _State.FORKED:
+            return self.stats()  # the parent process finishes it
         if self._finishing is not None:
             with anyio.CancelScope(shield=True):
                 await self._finishing.wait()
@@ -535,6 +569,7 @@ class TraceSession:
                 logger.warning("asynctrace: session finished with losses: %s", stats.summary())
             self._final = stats
             self._state = _State.CLOSED
+            _live.discard(self)
             if self._jobs is not None:
                 self._jobs.close()
             self._finishing.set()
@@ -559,10 +594,20 @@ class TraceSession:
     # -- submission ------------------------------------------------------------------------
 
     def _check_open(self) -> None:
-        if self._state is _State.UNOPENED:
-            raise SessionClosedError("the session is not open yet; use `async with` or `with`")
+        self._check_nowait()
         if self._state is not _State.OPEN:
             raise SessionClosedError("the session is finished; it accepts no more samples")
+
+    def _check_nowait(self) -> None:
+        # What even log_samples_nowait refuses (it counts samples after finish as "closed").
+        if self._state is _State.UNOPENED:
+            raise SessionClosedError("the session is not open yet; use `async with` or `with`")
+        if self._state is _State.FORKED:
+            raise SessionClosedError(
+                f"this session belongs to process {self._pid}, which this process was forked "
+                "from; a forked child cannot log through it (open a session in the child, or "
+                "see docs/distributed.md to send samples to one session from many processes)"
+            )
 
     def _key_for(self, split: str) -> str:
         key = self._keys.get(split)
@@ -813,8 +858,8 @@ class TraceSession:
         After the session is finished, samples are counted as dropped (``"closed"``) rather
         than raising, so a rollout thread racing shutdown never crashes.
         """
-        if self._state is _State.UNOPENED:
-            raise SessionClosedError("the session is not open yet; use `async with` or `with`")
+        if self._state is not _OPEN and self._state is not _State.CLOSED:
+            self._check_nowait()
         records, invalid, refused = self._encode(samples, step, split)
         adm = self._buffer.admit(
             records, split=split, step=step, nowait=True, invalid=invalid, refused=refused
@@ -859,10 +904,20 @@ class TraceSession:
         self._buffer.push_item(marker)
         self._wake()
         timeout = None if deadline is None else max(0.0, deadline - anyio.current_time())
+        writer = self._writer
+        assert writer is not None
         with anyio.move_on_after(timeout):
-            await marker.done.wait()
-            return True
-        return False
+            # A finish() on another task stops the writer, after which the marker never arrives.
+            async with anyio.create_task_group() as tg:
+
+                async def until_stopped() -> None:
+                    await writer.stopped.wait()
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(until_stopped)
+                await marker.done.wait()
+                tg.cancel_scope.cancel()
+        return marker.done.is_set()
 
     def stats(self) -> SessionStats:
         """A consistent snapshot of the session's accounting (and of its spool, if it has one)."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
+import logging
 import queue
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -20,6 +22,38 @@ if TYPE_CHECKING:
     from ._session import TraceSession
 
 __all__ = ["SyncTraceSession"]
+
+logger = logging.getLogger("asynctrace")
+
+
+def _finish_bound(timeout: float) -> float:
+    # finish() drains within `timeout`, then gives closing the sinks at least min(timeout, 5 s);
+    # past that (and a margin), the loop thread is blocked by something other than the drain.
+    return timeout + min(timeout, 5.0) + 1.0
+
+
+def _bounded(fn: Callable[[], Any], bound: float) -> Any:
+    """`fn()`, waited for at most `bound` seconds (then `TimeoutError`; `fn` goes on alone).
+
+    Handing work to the loop thread blocks until that thread takes it, so the waiting is done
+    by a helper thread: a loop thread blocked by a misbehaving sink cannot hold the caller.
+    """
+    done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            done.set_result(fn())
+        except BaseException as exc:
+            done.set_exception(exc)
+
+    try:
+        threading.Thread(target=run, name="asynctrace-wait", daemon=True).start()
+    except RuntimeError:  # no new threads at interpreter shutdown (Python 3.12+): wait inline
+        return fn()
+    try:
+        return done.result(bound)
+    except concurrent.futures.TimeoutError:
+        raise TimeoutError from None
 
 
 class SyncTraceSession:
@@ -70,7 +104,8 @@ class SyncTraceSession:
         """Blocking `TraceSession.flush`."""
         runner = self.session._sync
         assert runner is not None
-        return bool(runner.call(self.session.flush, timeout))
+        bound = None if timeout is None else timeout + 1.0
+        return bool(runner.call(self.session.flush, timeout, bound=bound))
 
     def finish(self, timeout: float | None = None) -> SessionStats:
         """Drain, close every sink and stop the writer thread; idempotent."""
@@ -126,23 +161,55 @@ class _SyncRunner:
             raise
         _shutdown.register_runner(self)
 
-    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def call(self, fn: Callable[..., Any], *args: Any, bound: float | None = None) -> Any:
+        """Run `fn` on the loop thread; with `bound`, give up waiting after that many seconds."""
+        self.session._check_nowait()  # a forked child has no loop thread to call
         with self._lock:
             if self._closed:
                 raise SessionClosedError("the session is finished")
-        return self.portal.call(fn, *args)
+        if bound is None:
+            return self.portal.call(fn, *args)
+        try:
+            return _bounded(functools.partial(self.portal.call, fn, *args), bound)
+        except TimeoutError:
+            raise TimeoutError(
+                f"the session's event loop did not answer within {bound:.1f}s: something is "
+                "blocking its thread (a sink doing blocking work in an async method?)"
+            ) from None
 
     def close(self, timeout: float) -> SessionStats:
+        if self.session._is_forked():
+            # A forked child's copy: the loop thread is the parent's, which finishes the session.
+            return self.session.stats()
+        session = self.session
         with self._lock:
-            if self._closed:
-                return self.session.stats() if self.session._final is None else self.session._final
+            first = not self._closed
             self._closed = True
+        if not first:
+            # Another thread is finishing: wait for that finish, as the async finish() does.
+            session._closed_event.wait(_finish_bound(timeout))
+            return session.stats() if session._final is None else session._final
         _shutdown.unregister_runner(self)
+
+        def teardown() -> SessionStats:
+            try:
+                stats: SessionStats = self.portal.call(session.finish, timeout)
+                self._cm.__exit__(None, None, None)
+                return stats
+            finally:
+                self._shutdown_thread()
+
         try:
-            stats: SessionStats = self.portal.call(self.session.finish, timeout)
-            self._cm.__exit__(None, None, None)
+            stats: SessionStats = _bounded(teardown, _finish_bound(timeout))
+        except TimeoutError:
+            logger.error(
+                "asynctrace: finish() could not complete within %.1fs: the session's event "
+                "loop thread is blocked (a sink doing blocking work in an async method?); it "
+                "goes on finishing if that thread is freed",
+                _finish_bound(timeout),
+            )
+            stats = session.stats()
         finally:
-            self._shutdown_thread()
             # finish() ran on the loop thread, where signal handlers cannot be restored.
             hooks = self.session._hooks
             if hooks is not None:

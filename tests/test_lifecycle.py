@@ -92,3 +92,117 @@ async def test_metrics_reach_trackio(project: str) -> None:
 
     logs = SQLiteStorage.get_logs(project, "m")
     assert any(row.get("reward/mean") == 0.25 and row.get("step") == 4 for row in logs)
+
+
+async def test_flush_racing_finish_returns_when_the_writer_stops() -> None:
+    """A flush() waiting while another task's finish() gives up on a hanging sink returns False
+    when the writer stops, instead of waiting forever."""
+    async with at.TraceSession("p", sinks=[at.testing.MemorySink(hang=True)], flush_interval=0.01) as s:
+        await s.log_samples([sample(0)], step=0)
+        result: list[bool] = []
+
+        async def flusher() -> None:
+            result.append(await s.flush())
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(flusher)
+            await anyio.sleep(0.1)
+            with anyio.fail_after(10):
+                await s.finish(timeout=0.3)
+                with anyio.fail_after(2):
+                    while not result:
+                        await anyio.sleep(0.01)
+    assert result == [False] and s.stats().pending == 1
+
+
+class _LoopBlockingSink(at.Sink):
+    """Breaks the sink contract: blocks the session's event loop thread inside write()."""
+
+    name = "blocking"
+
+    def __init__(self) -> None:
+        import threading
+
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    async def write(self, records: object) -> None:
+        self.entered.set()
+        self.release.wait(30)
+
+
+def test_sync_finish_keeps_its_deadline_when_the_loop_thread_is_blocked() -> None:
+    """The blocking form's finish(timeout=1) returns within its bound and reports the record as
+    pending, even when a misbehaving sink blocks the loop thread for much longer."""
+    import time
+
+    sink = _LoopBlockingSink()
+    s = at.TraceSession("p", sinks=[sink], flush_interval=0.01).start()
+    try:
+        s.log_samples([sample(0)], step=0)
+        assert sink.entered.wait(10)
+        started = time.monotonic()
+        stats = s.finish(timeout=1.0)
+        took = time.monotonic() - started
+        assert took < 5.0 and stats.pending == 1
+    finally:
+        sink.release.set()
+
+
+def test_sync_finish_from_a_second_thread_waits_for_the_first() -> None:
+    """Two threads finishing a blocking session both get the final stats, after the sinks closed."""
+    import threading
+
+    mem = at.testing.MemorySink(delay=0.5)
+    s = at.TraceSession("p", sinks=[mem], flush_interval=0.01, finish_timeout=10).start()
+    s.log_samples([sample(i) for i in range(3)], step=0)
+    first = threading.Thread(target=s.finish)
+    first.start()
+    try:
+        import time
+
+        time.sleep(0.1)
+        stats = s.finish()
+        assert stats.written == 3 and stats.pending == 0 and mem.closed
+    finally:
+        first.join(20)
+
+
+_FORKER = """
+import os, sys, time
+import asynctrace as at
+
+sink = at.testing.MemorySink()
+with at.TraceSession("p", run="r", sinks=[sink]) as s:
+    s.log_samples([{"prompt": "q", "response": "parent"}], step=0)
+    pid = os.fork()
+    if pid == 0:
+        for call in (s.log_samples_nowait, s.log_samples):
+            try:
+                call([{"prompt": "q", "response": "child"}], step=0)
+                print("child logged", flush=True)
+            except at.SessionClosedError as exc:
+                print("child refused:", exc, flush=True)
+        sys.exit(0)  # unwinds the with block: finish() must not wait for the parent's loop
+    _, status = os.waitpid(pid, 0)
+    print("child exit", os.waitstatus_to_exitcode(status), flush=True)
+    s.log_samples([{"prompt": "q", "response": "parent again"}], step=1)
+print("parent wrote", sorted(r.step for r in sink.records), s.stats().check(), flush=True)
+"""
+
+
+def test_forked_child_cannot_log_through_its_parents_session(tmp_path: object) -> None:
+    """A child forked inside a blocking session gets a clear error when it logs through the
+    parent's session and exits without hanging; the parent's session goes on unharmed."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _FORKER], capture_output=True, text=True, timeout=60, cwd=str(tmp_path)
+    )
+    out = proc.stdout.splitlines()
+    assert proc.returncode == 0, proc.stderr
+    refusals = [line for line in out if line.startswith("child refused:")]
+    assert len(refusals) == 2 and "forked" in refusals[0] and "child logged" not in out
+    assert "child exit 0" in out
+    assert out[-1] == "parent wrote [0, 1] True"
