@@ -33,6 +33,26 @@ class GeneratedOutputGroup:
     global_step_when_scheduled: int
 
 
+@dataclass
+class AsyncGroup:
+    """SkyRL's GeneratedOutputGroup (skyrl/train/fully_async_trainer.py), field for field."""
+
+    generator_output: dict[str, Any]
+    uid: str
+    global_step_when_scheduled: int
+    group_completion_time_s: float | None = None
+    prompts: list[Any] | None = None
+
+
+@dataclass
+class LegacyAsyncGroup:
+    """GeneratedOutputGroup of older skyrl-train releases, which kept no prompts."""
+
+    generator_output: dict[str, Any]
+    uid: str
+    global_step_when_scheduled: int
+
+
 SYSTEM = {"role": "system", "content": "You are a careful solver."}
 
 
@@ -313,3 +333,169 @@ async def test_end_to_end_cap_holds_per_training_step(tokenizer: Any, project: s
     assert len(traces) == 3
     assert {t["step"] for t in traces} == {4}
     assert traces[0]["messages"][-1]["content"] == "group 0 sample 0"
+
+
+def test_overlong_filtered_response_is_one_assistant_turn(tokenizer: Any) -> None:
+    """A response whose loss mask overlong filtering zeroed is an assistant turn marked loss_masked."""
+    gi = generator_input(["Count to a million."] * 2)
+    go = generator_output(
+        tokenizer,
+        ["Count to a million."] * 2,
+        [[("assistant", "1, 2, 3, 4")]] * 2,
+        stop_reasons=["stop", "length"],
+    )
+    go["loss_masks"][1] = [0] * len(go["loss_masks"][1])
+    kept, truncated = skyrl.to_samples(gi, go, tokenizer=tokenizer)
+    assert truncated.messages == [
+        *chat("Count to a million."),
+        {"role": "assistant", "content": "1, 2, 3, 4"},
+    ]
+    assert truncated.metadata["num_turns"] == 1
+    assert truncated.metadata["loss_masked"] is True
+    assert "loss_masked" not in kept.metadata
+
+
+def test_overlong_filtered_step_stays_an_assistant_turn(tokenizer: Any) -> None:
+    """A truncated step-wise row masked out entirely is still an assistant turn after the merge."""
+    obs, act = step_wise_rows(tokenizer, "question", [("Let me look.", "result: 42"), ("It is", "")])
+    go = {
+        "prompt_token_ids": obs,
+        "response_ids": act,
+        "rewards": [0.0, 0.0],
+        "loss_masks": [[1] * len(act[0]), [0] * len(act[1])],
+        "stop_reasons": ["stop", "length"],
+        "trajectory_ids": [TrajectoryID("a", 0)] * 2,
+        "is_last_step": [False, True],
+    }
+    (sample,) = skyrl.to_samples(generator_input(["question"]), go, tokenizer=tokenizer)
+    assert sample.messages[2:] == [
+        {"role": "assistant", "content": "Let me look."},
+        {"role": "tool", "content": "result: 42"},
+        {"role": "assistant", "content": "It is"},
+    ]
+    assert sample.metadata["num_turns"] == 2
+    assert sample.metadata["loss_masked"] is True
+
+
+def test_fully_async_groups_with_skyrl_field_list(tokenizer: Any) -> None:
+    """Groups with SkyRL's real fields (prompts, no generator_input) and legacy ones both convert."""
+    question = "What is 2 + 2?"
+    go = generator_output(tokenizer, [question] * 2, [[("assistant", "4")], [("assistant", "5")]])
+    groups = [
+        AsyncGroup(
+            go,
+            uid="17",
+            global_step_when_scheduled=3,
+            group_completion_time_s=1.5,
+            prompts=[chat(question)] * 2,
+        ),
+        LegacyAsyncGroup(go, uid="18", global_step_when_scheduled=4),
+    ]
+    samples = skyrl.to_step_samples(groups, tokenizer=tokenizer)
+    assert [s.messages for s in samples[:2]] == [
+        [*chat(question), {"role": "assistant", "content": "4"}],
+        [*chat(question), {"role": "assistant", "content": "5"}],
+    ]
+    assert samples[2].messages == [
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": "4"},
+    ]
+    assert [s.metadata["trajectory_id"] for s in samples] == ["17:0", "17:1", "18:0", "18:1"]
+    assert [s.metadata["group_uid"] for s in samples] == ["17", "17", "18", "18"]
+    assert [s.metadata["policy_version"] for s in samples] == [3, 3, 4, 4]
+    assert [s.metadata["prompt_index"] for s in samples] == [0, 1, 2, 3]
+
+
+def test_fully_async_step_wise_group_maps_trajectories_to_prompts(tokenizer: Any) -> None:
+    """A step-wise group with one prompt per trajectory merges each trajectory under its prompt."""
+    steps = [("Let me look.", "result: 42"), ("It is 42.", "")]
+    obs, act = step_wise_rows(tokenizer, "question", steps)
+    go = {
+        "prompt_token_ids": [obs[0], obs[0], obs[1]],
+        "response_ids": [act[0], act[0], act[1]],
+        "rewards": [0.0, 0.0, 1.0],
+        "loss_masks": [[1] * len(a) for a in (act[0], act[0], act[1])],
+        "stop_reasons": ["stop"] * 3,
+        "trajectory_ids": [TrajectoryID("7", 0), TrajectoryID("7", 1), TrajectoryID("7", 0)],
+        "is_last_step": [False, True, True],
+    }
+    group = AsyncGroup(go, uid="7", global_step_when_scheduled=2, prompts=[chat("question")] * 2)
+    first, second = skyrl.to_step_samples([group], tokenizer=tokenizer)
+    assert [m["role"] for m in first.messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert second.messages == [*chat("question"), {"role": "assistant", "content": "Let me look."}]
+    assert [first.metadata["trajectory_id"], second.metadata["trajectory_id"]] == ["7:0", "7:1"]
+    assert [first.metadata["prompt_index"], second.metadata["prompt_index"]] == [0, 1]
+
+
+def test_input_trajectory_ids_name_non_step_wise_samples(tokenizer: Any) -> None:
+    """Without ids on the output, the input's per-row ids give trajectory_id and group_uid."""
+    questions = ["question q17", "question q17", "question q42", "question q42"]
+    in_ids = [TrajectoryID("q17", 0), TrajectoryID("q17", 1), TrajectoryID("q42", 0), TrajectoryID("q42", 1)]
+    gi = generator_input(questions, trajectory_ids=in_ids)
+    go = generator_output(tokenizer, questions, [[("assistant", f"answer {i}")] for i in range(4)])
+    samples = skyrl.to_samples(gi, go, tokenizer=tokenizer)
+    assert [s.metadata["trajectory_id"] for s in samples] == ["q17:0", "q17:1", "q42:0", "q42:1"]
+    assert [s.metadata["group_uid"] for s in samples] == ["q17", "q17", "q42", "q42"]
+    assert [s.metadata["prompt_index"] for s in samples] == [0, 1, 2, 3]
+
+
+def test_appended_eos_stays_with_the_last_assistant_turn(tokenizer: Any) -> None:
+    """The EOS SkyRL appends after a stop string (mask 0) ends the last assistant turn, not a tool turn."""
+    observation = "<|im_end|>\n<|im_start|>user\nresult<|im_end|>\n<|im_start|>assistant\n"
+    turns = [
+        ("assistant", "<search>x</search>"),
+        ("tool", observation),
+        ("assistant", "<answer>4</answer>"),
+        ("tool", "<|im_end|>"),
+    ]
+    go = generator_output(tokenizer, ["q"], [turns])
+    (sample,) = skyrl.to_samples(generator_input(["q"]), go, tokenizer=tokenizer)
+    assert sample.messages[2:] == [
+        {"role": "assistant", "content": "<search>x</search>"},
+        {"role": "tool", "content": observation},
+        {"role": "assistant", "content": "<answer>4</answer><|im_end|>"},
+    ]
+    assert sample.metadata["num_turns"] == 2
+
+
+def test_masked_chat_template_framing_stays_with_the_assistant_turns(tokenizer: Any) -> None:
+    """The masked header before the first answer and newline after the last join those turns."""
+    user = "\n<|im_start|>user\nfile.txt<|im_end|>\n<|im_start|>assistant\n"
+    turns = [
+        ("header", "<|im_start|>assistant\n"),
+        ("assistant", "ls<|im_end|>"),
+        ("user", user),
+        ("assistant", "done<|im_end|>"),
+        ("newline", "\n"),
+    ]
+    go = generator_output(tokenizer, ["list files"], [turns])
+    (sample,) = skyrl.to_samples(generator_input(["list files"]), go, tokenizer=tokenizer)
+    assert sample.messages[2:] == [
+        {"role": "assistant", "content": "<|im_start|>assistant\nls<|im_end|>"},
+        {"role": "tool", "content": user},
+        {"role": "assistant", "content": "done<|im_end|>\n"},
+    ]
+    assert sample.metadata["num_turns"] == 2
+
+
+def test_step_wise_final_observation_stays_an_environment_turn(tokenizer: Any) -> None:
+    """SkyRL's step-wise rows end with their observation; the last one is not folded into the answer."""
+    prompt = encode(tokenizer, [("user", "question")])[0]
+    first_ids, first_mask = encode(tokenizer, [("assistant", "Let me look."), ("tool", "result: 42")])
+    last_ids, last_mask = encode(tokenizer, [("assistant", "It is 42."), ("tool", "Correct!")])
+    go = {
+        "prompt_token_ids": [prompt, prompt + first_ids],
+        "response_ids": [first_ids, last_ids],
+        "rewards": [0.0, 1.0],
+        "loss_masks": [first_mask, last_mask],
+        "stop_reasons": ["stop", "stop"],
+        "trajectory_ids": [TrajectoryID("a", 0)] * 2,
+        "is_last_step": [False, True],
+    }
+    (sample,) = skyrl.to_samples(generator_input(["question"]), go, tokenizer=tokenizer)
+    assert sample.messages[2:] == [
+        {"role": "assistant", "content": "Let me look."},
+        {"role": "tool", "content": "result: 42"},
+        {"role": "assistant", "content": "It is 42."},
+        {"role": "tool", "content": "Correct!"},
+    ]
