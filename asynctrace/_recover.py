@@ -84,6 +84,11 @@ class RecoverReport:
             if st.pending:
                 line += f", {st.pending} undelivered (kept in the spool)"
             out.append(line)
+            if st.failed or st.pending:
+                # The reason: the session's own warnings are quieted while recover runs (below).
+                for name, sink in st.sinks.items():
+                    if sink.last_error and (sink.failed or st.pending):
+                        out.append(f"    {name} failed: {sink.last_error}")
         for name, problem in self.problems:
             out.append(f"  skipped: {name}: {problem}")
         if self.dead_letters_left:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 import asynctrace as at
@@ -34,3 +35,21 @@ def test_recover_refuses_a_spool_in_use_or_missing(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "in use by another session" in result.output
     missing = CliRunner().invoke(main, ["recover", str(tmp_path / "nope"), "--no-progress"])
     assert missing.exit_code == 2 and "no spool directory" in missing.output
+
+
+def test_recover_says_why_records_could_not_be_delivered(
+    tmp_path: Path, project: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When Trackio cannot store anything, the summary gives the sink's error, not only a count."""
+    spool = tmp_path / "spool"
+    with at.TraceSession(
+        project, run="r", sinks=[at.testing.MemorySink(hang=True)], spool_dir=spool, finish_timeout=0.2
+    ) as s:
+        s.log_samples([sample(i) for i in range(6)], step=0)
+    # The writer process reads TRACKIO_DIR from the environment it inherits: a path under a file.
+    (tmp_path / "afile").touch()
+    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "afile" / "sub"))
+    result = CliRunner().invoke(main, ["recover", str(spool), "--no-progress"])
+    assert result.exit_code == 1, result.output
+    assert f"{project}/r: 6 replayed, 0 written, 6 failed (kept as dead letters)" in result.output
+    assert "trackio failed: " in result.output and "Not a directory" in result.output

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping, Sequence
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 import anyio
 import orjson
@@ -15,6 +18,8 @@ from .._record import TraceRecord
 from ._base import Sink
 
 __all__ = ["JsonlSink"]
+
+_T = TypeVar("_T")
 
 
 class JsonlSink(Sink):
@@ -37,12 +42,32 @@ class JsonlSink(Sink):
         self._file: IO[bytes] | None = None
         self._middles: dict[tuple[str, str], bytes] = {}
         self._in_file = 0
+        self._next_index: int | None = None
+        # File work runs in worker threads that a timeout abandons (a blocking file: a FIFO, a
+        # hung mount). `_io` keeps one at a time on the file; `_busy` counts those started or
+        # waiting, so that `close` never waits for an abandoned one: the last to finish closes.
+        self._io = threading.Lock()
+        self._state = threading.Lock()
+        self._busy = 0
+        self._closed = False
 
     def _next_path(self) -> Path:
         if self.rotate_every is None:
             return self.path
-        index = len(self.paths)
-        return self.path.with_name(f"{self.path.stem}.{index:05d}{self.path.suffix or '.jsonl'}")
+        suffix = self.path.suffix or ".jsonl"
+        if self._next_index is None:
+            # A session reusing the path goes on after the files already there, so that no
+            # file ever holds more than `rotate_every` lines.
+            pattern = re.compile(rf"{re.escape(self.path.stem)}\.(\d{{5,}}){re.escape(suffix)}")
+            found = [
+                int(m.group(1))
+                for p in (self.path.parent.iterdir() if self.path.parent.is_dir() else ())
+                if (m := pattern.fullmatch(p.name))
+            ]
+            self._next_index = max(found) + 1 if found else 0
+        index = self._next_index
+        self._next_index += 1
+        return self.path.with_name(f"{self.path.stem}.{index:05d}{suffix}")
 
     def _roll(self) -> IO[bytes]:
         if self._file is not None:
@@ -77,11 +102,48 @@ class JsonlSink(Sink):
         if self.fsync:
             os.fsync(f.fileno())
 
+    def _guarded(self, fn: Callable[..., _T], *args: object) -> _T:
+        """Run `fn` on the file, one at a time; after `close`, the last one out closes the file."""
+        with self._state:
+            if self._closed:
+                raise RuntimeError("JsonlSink is closed")
+            self._busy += 1
+        try:
+            with self._io:
+                return fn(*args)
+        finally:
+            with self._state:
+                self._busy -= 1
+                last = self._closed and not self._busy
+            if last:
+                # This call was given up on (the sink closed meanwhile): nobody awaits an error.
+                with contextlib.suppress(OSError):
+                    self._close_file()
+
+    def _open_once(self) -> None:
+        # A retry after an abandoned attempt that did open the file in the end has nothing to do.
+        if self._file is None:
+            self._roll()
+
+    def _close_file(self) -> None:
+        f, self._file = self._file, None
+        if f is not None:
+            f.close()
+
+    def _close(self) -> None:
+        with self._state:
+            self._closed = True
+            busy = self._busy
+        if not busy:
+            self._close_file()
+
     async def open(self) -> None:
-        await anyio.to_thread.run_sync(self._roll)
+        await anyio.to_thread.run_sync(self._guarded, self._open_once, abandon_on_cancel=True)
 
     async def write(self, records: Sequence[TraceRecord]) -> None:
-        await anyio.to_thread.run_sync(self._write_lines, self._lines(records), 3, abandon_on_cancel=True)
+        await anyio.to_thread.run_sync(
+            self._guarded, self._write_lines, self._lines(records), 3, abandon_on_cancel=True
+        )
 
     def _lines(self, records: Sequence[TraceRecord]) -> list[bytes]:
         """The batch's lines, as one buffer or (when rotating) three pieces a line."""
@@ -117,9 +179,9 @@ class JsonlSink(Sink):
 
     async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         line = orjson.dumps({"step": step, "metrics": dict(metrics)}) + b"\n"
-        await anyio.to_thread.run_sync(self._write_lines, [line], abandon_on_cancel=True)
+        await anyio.to_thread.run_sync(self._guarded, self._write_lines, [line], abandon_on_cancel=True)
 
     async def close(self) -> None:
-        f, self._file = self._file, None
-        if f is not None:
-            await anyio.to_thread.run_sync(f.close)
+        # Closing flushes, which can block like a write; a write still stuck in a thread (given
+        # up on by its timeout) closes the file itself when it returns.
+        await anyio.to_thread.run_sync(self._close, abandon_on_cancel=True)

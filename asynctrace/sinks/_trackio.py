@@ -7,6 +7,7 @@ import itertools
 import os
 import subprocess
 import sys
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,69 @@ from ._trackio_writer import HEADER, TrackioWriter
 __all__ = ["TrackioSink"]
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+
+# Starts the writer with this same asynctrace first on its path, and without the current
+# directory: `python -m` would put that first, so a directory holding another `asynctrace/`
+# (a vendored or older checkout) would shadow this one. Portable to 3.10, which lacks `-P`.
+_BOOTSTRAP = (
+    "import sys\n"
+    "if sys.path and sys.path[0] in ('', '.'):\n"
+    "    del sys.path[0]\n"
+    "sys.path.insert(0, sys.argv.pop(1))\n"
+    "from asynctrace.sinks._trackio_worker import main\n"
+    "sys.exit(main())\n"
+)
+
+# Sinks with a writer process, so that a forked child can let go of their pipes (below).
+_live_sinks: weakref.WeakSet[TrackioSink] = weakref.WeakSet()
+
+
+def _release_pipes_in_child() -> None:
+    """After a fork: point the child's copies of the writer's pipe ends at /dev/null.
+
+    A forked child (a fork-started data worker, a helper) inherits the parent's end of the
+    writer's stdin; while any copy is open the writer never sees end of input, so after the
+    trainer dies it would neither finish the run nor exit until the child did. The child never
+    talks to the writer (its copy of the session refuses to log). The descriptors are redirected
+    rather than closed so that the child's copies of the pipe objects, when collected, close
+    /dev/null and not a descriptor the child has since opened for something else.
+    """
+    fds = [fd for sink in list(_live_sinks) for fd in sink._pipe_fds]
+    if not fds:
+        return
+    try:
+        devnull = os.open(os.devnull, os.O_RDWR)
+    except OSError:
+        return
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.dup2(devnull, fd, inheritable=False)
+    os.close(devnull)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_release_pipes_in_child)
+
+
+def _pipe_fds(proc: anyio.abc.Process) -> tuple[int, ...]:
+    """This process's ends of the writer's stdin and stdout pipes.
+
+    Best effort: anyio does not expose them, so they are found through the backend's process
+    (a trio `FdStream`, or an asyncio pipe transport). Where none is found, the writer still
+    notices its parent has gone (see `_trackio_worker`).
+    """
+    inner = getattr(proc, "_process", None)
+    fds: list[int] = []
+    for stream in (getattr(inner, "stdin", None), getattr(inner, "stdout", None)):
+        fileno = getattr(stream, "fileno", None)
+        if fileno is None:
+            transport = getattr(stream, "transport", None) or getattr(stream, "_transport", None)
+            pipe = transport.get_extra_info("pipe") if transport is not None else None
+            fileno = getattr(pipe, "fileno", None)
+        if callable(fileno):
+            with contextlib.suppress(Exception):
+                fds.append(int(fileno()))
+    return tuple(fds)
 
 
 # Bytes per pipe write, and records per header slice, between turns of the event loop.
@@ -70,6 +134,7 @@ class TrackioSink(Sink):
         self._broken = False
         self._open_seq: int | None = None  # the open request, until its reply is read
         self._inflight: tuple[object, int] | None = None  # (what, seq) of a request awaiting its reply
+        self._pipe_fds: tuple[int, ...] = ()  # this process's ends of the writer's pipes
         #: Replayed records that were already in Trackio and so were not written again.
         self.duplicates_skipped = 0
 
@@ -112,16 +177,15 @@ class TrackioSink(Sink):
 
     async def _spawn(self) -> None:
         await self._kill()
-        env = dict(os.environ)
         # The child must import this same asynctrace, wherever it was imported from here.
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH", "")) if p)
         self._proc = await anyio.open_process(
-            [sys.executable, "-m", "asynctrace.sinks._trackio_worker"],
+            [sys.executable, "-c", _BOOTSTRAP, _PACKAGE_PARENT],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=None,
-            env=env,
         )
+        self._pipe_fds = _pipe_fds(self._proc)
+        _live_sinks.add(self)
         assert self._proc.stdout is not None
         self._reader = BufferedByteReceiveStream(self._proc.stdout)
         self._broken = False
@@ -142,6 +206,7 @@ class TrackioSink(Sink):
         proc, self._proc = self._proc, None
         self._open_seq = None
         self._inflight = None
+        self._pipe_fds = ()
         if proc is None:
             return
         if proc.returncode is None:
@@ -269,6 +334,7 @@ class TrackioSink(Sink):
                 self.finished = self._writer.finished
             return
         proc, self._proc = self._proc, None
+        self._pipe_fds = ()
         if proc is None:
             return
         try:

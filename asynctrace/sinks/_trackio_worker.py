@@ -1,10 +1,13 @@
-"""Trackio writer process: ``python -m asynctrace.sinks._trackio_worker``.
+"""Trackio writer process (`TrackioSink` starts it; ``python -m asynctrace.sinks._trackio_worker``).
 
 Trackio's Python-heavy work (building rows, SQLite, its own threads) would compete with the
 caller's event loop for the GIL; in a process of its own it cannot. The protocol on stdin is
 frames of ``>I`` header length, an orjson header, then the concatenated payloads; each request
 gets one orjson line on the protocol pipe. If the parent dies, stdin closes and the run is
-finished anyway, so a killed trainer never leaves its Trackio run open.
+finished anyway, so a killed trainer never leaves its Trackio run open. A process that
+inherited the parent's end of stdin without the fork hook in `_trackio` (a child started with
+``pass_fds``, a fork from C code) would keep that end open: the writer also stops when its
+parent process changes, that is, when the parent is gone.
 
 SIGINT and SIGTERM are ignored here: a Ctrl-C or a scheduler's SIGTERM reaches the whole process
 group, and the parent's shutdown hooks need this process to finish writing what they flush. It
@@ -16,9 +19,11 @@ from __future__ import annotations
 import io
 import os
 import queue
+import select
 import signal
 import sys
 import threading
+import time
 from typing import Any, TextIO
 
 import orjson
@@ -121,7 +126,24 @@ def _read_frames(stdin: int, frames: queue.Queue[tuple[dict[str, Any], bytes] | 
         frames.put(None)
 
 
+_PARENT_POLL = 0.2  # seconds between checks that the parent is still there
+
+
+def _watch_parent(parent: int, stdin: int, frames: queue.Queue[tuple[dict[str, Any], bytes] | None]) -> None:
+    """Watcher thread: once the parent is gone, stop as end of input would, even while another
+    process still holds the pipe open."""
+    while os.getppid() == parent:
+        time.sleep(_PARENT_POLL)
+    # What the parent sent before it died is in the pipe: let the reader thread take it first.
+    for _ in range(20):
+        if not select.select([stdin], [], [], 0)[0]:
+            break
+        time.sleep(0.05)
+    frames.put(None)
+
+
 def main() -> int:
+    parent = os.getppid()
     stdin = sys.stdin.fileno()
     # Trackio prints to stdout; keep the protocol on a private copy of fd 1 and send
     # everything else the process prints to stderr.
@@ -132,6 +154,7 @@ def main() -> int:
         signal.signal(signum, signal.SIG_IGN)
     frames: queue.Queue[tuple[dict[str, Any], bytes] | None] = queue.Queue()
     threading.Thread(target=_read_frames, args=(stdin, frames), daemon=True).start()
+    threading.Thread(target=_watch_parent, args=(parent, stdin, frames), daemon=True).start()
     writer: TrackioWriter | None = None
     try:
         while True:

@@ -142,7 +142,18 @@ class TrackioWriter:
 
     @property
     def local(self) -> bool:
-        return self.space_id is None and self.server_url is None
+        """Whether the run writes to local SQLite, as Trackio itself decided.
+
+        Trackio also reads ``TRACKIO_SPACE_ID`` / ``TRACKIO_SERVER_URL`` from the environment,
+        so the constructor's arguments alone cannot tell: the opened run knows.
+        """
+        is_local = getattr(self.run, "_is_local", None)
+        if isinstance(is_local, bool):
+            return is_local
+        from trackio import utils
+
+        space_id, server_url = utils.resolve_space_id_and_server_url(self.space_id, self.server_url)
+        return space_id is None and server_url is None
 
     def open(self) -> None:
         import trackio
@@ -163,14 +174,19 @@ class TrackioWriter:
         )
 
     def _config_once(self) -> dict[str, Any] | None:
+        """The run's config while it is not stored yet; `_config_stored` marks it stored."""
         run = self.run
         if getattr(run, "_config_logged", True) or not run.config:
             return None
         from trackio import utils
 
-        run._config_logged = True
         config: dict[str, Any] = utils.to_json_safe(run.config)  # type: ignore[no-untyped-call]
         return config
+
+    def _config_stored(self, config: dict[str, Any] | None) -> None:
+        # Only once the write carrying it committed: a failed write is retried with the config.
+        if config is not None:
+            self.run._config_logged = True
 
     def write(self, items: Sequence[WriteItem]) -> int:
         """Log the records as traces; returns how many replayed ones were already stored (skipped).
@@ -192,6 +208,7 @@ class TrackioWriter:
             from trackio.sqlite_storage import SQLiteStorage
 
             entries = _entries(items)
+            config = self._config_once()
             SQLiteStorage.bulk_log(
                 project=self.project,
                 run=self.run.name,
@@ -199,8 +216,9 @@ class TrackioWriter:
                 metrics_list=[{key: [_trace(i[3]) for i in group]} for _, key, _, group in entries],
                 steps=[step for step, _, _, _ in entries],
                 log_ids=[log_id for _, _, log_id, _ in entries],
-                config=self._config_once(),
+                config=config,
             )
+            self._config_stored(config)
             return skipped
         from trackio import Trace
 
@@ -218,6 +236,7 @@ class TrackioWriter:
         if self.local:
             from trackio.sqlite_storage import SQLiteStorage
 
+            config = self._config_once()
             SQLiteStorage.bulk_log(
                 project=self.project,
                 run=self.run.name,
@@ -232,8 +251,9 @@ class TrackioWriter:
                         orjson.dumps([self.run.id, step, dict(metrics)], option=orjson.OPT_SORT_KEYS)
                     ).hexdigest()[:32]
                 ],
-                config=self._config_once(),
+                config=config,
             )
+            self._config_stored(config)
             return
         self.run.log(dict(metrics), step=step)
 

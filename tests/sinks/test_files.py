@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
+import select
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import orjson
 import pytest
 
@@ -86,3 +93,127 @@ async def test_jsonl_fsync_covers_every_file_a_batch_touches(
         await s.log_samples([sample(i) for i in range(10)], step=0)
     assert [p.name for p in sink.paths] == ["t.00000.jsonl", "t.00001.jsonl", "t.00002.jsonl"]
     assert set(synced) == {"t.00000.jsonl", "t.00001.jsonl", "t.00002.jsonl"}
+
+
+async def test_jsonl_rotation_goes_on_after_the_files_of_an_earlier_session(tmp_path: Path) -> None:
+    """A session reusing a rotated path starts after the files already there; none exceeds N lines."""
+    for attempt in range(2):
+        sink = at.JsonlSink(tmp_path / "run.jsonl", rotate_every=2)
+        async with at.TraceSession("p", sinks=[sink]) as s:
+            await s.log_samples([sample(i, step=attempt) for i in range(3)], step=attempt)
+    files = sorted(tmp_path.glob("run.*.jsonl"))
+    assert [f.name for f in files] == [f"run.{i:05d}.jsonl" for i in range(4)]
+    assert [len(f.read_bytes().splitlines()) for f in files] == [2, 1, 2, 1]
+    assert [p.name for p in sink.paths] == ["run.00002.jsonl", "run.00003.jsonl"]
+
+
+class _StalledFifo:
+    """A FIFO whose consumer reads nothing (or does not even open it) until `release`.
+
+    A watchdog releases it after `watchdog` seconds, so code that ignores its deadlines makes
+    a test fail instead of hanging it.
+    """
+
+    def __init__(self, path: Path, *, open_reader: bool, watchdog: float = 8.0) -> None:
+        os.mkfifo(path)
+        self.path = path
+        self.eof = threading.Event()  # every writer closed the FIFO after the release
+        self._reader = os.open(path, os.O_RDONLY | os.O_NONBLOCK) if open_reader else None
+        self._drainer = threading.Thread(target=self._drain, daemon=True)
+        self._released = threading.Event()
+        self._timer = threading.Timer(watchdog, self.release)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def release(self) -> None:
+        if not self._released.is_set():
+            self._released.set()
+            self._drainer.start()
+
+    def _drain(self) -> None:
+        fd = self._reader if self._reader is not None else os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        started = time.monotonic()
+        try:
+            while time.monotonic() - started < 5.0:
+                select.select([fd], [], [], 0.05)
+                try:
+                    data = os.read(fd, 1 << 16)
+                except BlockingIOError:
+                    continue  # a writer holds it open, with nothing to read yet
+                if not data and time.monotonic() - started > 0.5:
+                    self.eof.set()
+                    return
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        self._timer.cancel()
+        self.release()
+        self._drainer.join(6.0)
+
+
+@contextlib.contextmanager
+def _stalled_fifo(path: Path, *, open_reader: bool) -> Iterator[_StalledFifo]:
+    fifo = _StalledFifo(path, open_reader=open_reader)
+    try:
+        yield fifo
+    finally:
+        fifo.close()
+
+
+async def test_jsonl_close_does_not_wait_for_a_write_stuck_on_a_blocking_file(tmp_path: Path) -> None:
+    """A write stuck on a file nobody drains (a FIFO, a hung mount) is given up at its attempt
+    timeout, finish keeps its deadline, and the file is closed once the write comes back."""
+    policy = at.RetryPolicy(max_attempts=1, attempt_timeout=0.3)
+    with _stalled_fifo(tmp_path / "traces.jsonl", open_reader=True) as fifo:
+        session = at.TraceSession(
+            "p", sinks=[at.JsonlSink(fifo.path)], retry=policy, finish_timeout=1.0, flush_interval=0.01
+        )
+        async with session:
+            # Far more than a pipe holds: the write blocks until someone reads.
+            await session.log_samples([sample(i, note="x" * 2000) for i in range(100)], step=0)
+            with anyio.fail_after(5):
+                while session.stats().failed < 100:
+                    await anyio.sleep(0.02)
+            started = time.monotonic()
+            stats = await session.finish(timeout=1.0)
+            took = time.monotonic() - started
+        assert took < 1.5, f"finish(timeout=1.0) took {took:.1f}s"
+        assert stats.failed == 100 and stats.pending == 0 and stats.check()
+        fifo.release()
+        assert await anyio.to_thread.run_sync(fifo.eof.wait, 6.0), "the sink never closed the file"
+
+
+async def test_jsonl_open_of_a_blocking_file_keeps_the_attempt_timeout_and_finish_deadline(
+    tmp_path: Path,
+) -> None:
+    """Opening a file that blocks (a FIFO without a reader) is given up at the attempt timeout,
+    and finish keeps its deadline."""
+    policy = at.RetryPolicy(max_attempts=1, attempt_timeout=0.3)
+    with _stalled_fifo(tmp_path / "traces.jsonl", open_reader=False) as fifo:
+        session = at.TraceSession(
+            "p", sinks=[at.JsonlSink(fifo.path)], retry=policy, finish_timeout=1.0, flush_interval=0.01
+        )
+        started = time.monotonic()
+        async with session:
+            await session.log_samples([sample(0)], step=0)
+            stats = await session.finish(timeout=1.0)
+        took = time.monotonic() - started
+        assert took < 2.0, f"the session took {took:.1f}s"
+        assert stats.failed == 1 and stats.pending == 0 and stats.check()
+
+
+async def test_console_sink_writes_to_a_stream_that_cannot_encode_its_marks() -> None:
+    """On an ASCII stream the sink uses ASCII marks and replaces what the stream cannot encode."""
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw, encoding="ascii", write_through=True)
+    sink = at.ConsoleSink(out, max_chars=200)
+    async with at.TraceSession("p", sinks=[sink]) as s:
+        await s.log_samples([{"prompt": "caf\u00e9?", "response": "z" * 500, "reward": 1.0}], step=2)
+        await s.log_metrics({"reward/mean": 0.5}, step=2)
+    stats = s.stats()
+    assert stats.written == 1 and stats.sinks["console"].failed == 0
+    assert stats.sinks["console"].metrics_failed == 0
+    text = raw.getvalue().decode("ascii")
+    assert "-- train/traces step 2" in text and "caf??" in text
+    assert "... [" in text and "-- metrics step 2: reward/mean=0.5" in text
