@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
-from ._checks import check_int, check_step
+from ._checks import check_int, check_seconds, check_step
 from ._record import Sample, SampleLike, as_list, encode_samples
 from ._sampling import Entry, ReservoirSampler, Sampler, SamplerName, StepSelection, resolve_sampler
 from ._session import TraceSession
@@ -64,8 +64,11 @@ class RankStats:
 
     On every rank, at every moment: ``submitted == handed_on + held + sum(dropped.values())``.
     `handed_on` samples went to the writing rank (``"global"``) or to this rank's own session.
-    On the writing rank of ``"global"``: ``merged_received == merged_capped + session.submitted``
-    once every reduction is written, and ``merged_received`` is the sum of every rank's `handed_on`.
+    On the writing rank of ``"global"``:
+    ``merged_received == merged_capped + merged_late + session.submitted`` once every reduction is
+    written, and ``merged_received`` is the sum of every rank's `handed_on`. `merged_late` counts
+    candidates for a step the writing rank had already written (a rank that had nothing of that
+    step open when `flush` ended it logged some later).
     """
 
     rank: int
@@ -81,6 +84,7 @@ class RankStats:
     payload_bytes_sent: int = 0
     merged_received: int = 0
     merged_capped: int = 0
+    merged_late: int = 0
     session: SessionStats | None = None
 
     @property
@@ -250,12 +254,22 @@ class DistributedTraceLogger:
         self._payload_bytes = 0
         self._merged_received = 0
         self._merged_capped = 0
+        self._merged_late = 0
+        # On the writing rank: the newest step of each split already merged and written.
+        self._merged_upto: dict[str, int] = {}
         self._warned_open = False
+        # Set (under `_lock`) when finish() starts: from then on nothing is held any more, so
+        # samples offered meanwhile are counted as "closed" instead of being held forever.
+        self._closing = False
         self._final: RankStats | None = None
 
         self._sync: SyncTraceSession | None = None
+        self._blocking = False
+        self._finish_timeout: float | None = None
         if self.writes:
             session = self._make_session(session_factory, session_kwargs)
+            self._blocking = session.on_full == "block"
+            self._finish_timeout = session.finish_timeout
             self._sync = session.start()
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -367,8 +381,9 @@ class DistributedTraceLogger:
         self._check(step, split)
         if self.mode == "per_rank_stream":
             assert self._sync is not None
-            n = len(as_list(samples))
-            accepted = self._sync.log_samples(samples, step=step, split=split)
+            items = as_list(samples)  # once: `samples` may be a generator
+            accepted = self._sync.log_samples(items, step=step, split=split)
+            n = len(items)
             with self._lock:
                 self._submitted += n
                 self._handed_on += n
@@ -386,8 +401,9 @@ class DistributedTraceLogger:
         self._check(step, split)
         if self.mode == "per_rank_stream":
             assert self._sync is not None
-            n = len(as_list(samples))
-            accepted = self._sync.log_samples_nowait(samples, step=step, split=split)
+            items = as_list(samples)  # once: `samples` may be a generator
+            accepted = self._sync.log_samples_nowait(items, step=step, split=split)
+            n = len(items)
             with self._lock:
                 self._submitted += n
                 self._handed_on += n
@@ -402,6 +418,9 @@ class DistributedTraceLogger:
         with self._lock:
             self._submitted += len(items)
             self._dropped_add("invalid", invalid)
+            if self._closing:
+                self._dropped_add("closed", len(encoded))
+                return 0
             if step <= max(self._ended_all, self._ended.get(split, -1)):
                 self._dropped_add("late", len(encoded))
                 return 0
@@ -447,41 +466,74 @@ class DistributedTraceLogger:
                 self._ended_all = max(self._ended_all, step)
             else:
                 self._ended[split] = max(self._ended.get(split, -1), step)
+        else:
+            # flush()/finish(): every step ended here is final too, or a later sample for it
+            # would start a second selection of the same step and break the cap.
+            for (key_split, key_step), _ in out:
+                self._ended[key_split] = max(self._ended.get(key_split, -1), key_step)
         for _, opened in out:
             self._held -= len(opened.kept)
             self._handed_on += len(opened.kept)
         return out
 
-    def end_step(self, step: int, split: str | None = None) -> None:
+    def end_step(self, step: int, split: str | None = None, *, timeout: float | None = None) -> None:
         """End every open step up to `step` (of `split`, or of every split): its selection is final.
 
         ``"global"``: a collective; the selected candidates of every rank are gathered to the
         writing rank, which selects over the whole step and queues the result. ``"per_rank"``:
         the selection goes to this rank's session. ``"per_rank_stream"``: nothing to do (the
         session closes steps by itself). Samples logged later for an ended step count as ``"late"``.
+        With the session's ``on_full="block"``, queueing the selection waits for room, at most
+        `timeout` seconds (None: as long as it takes); what still does not fit is ``"queue_full"``.
         """
         check_int("step", step, minimum=0)
-        if self._final is not None:
+        check_seconds("timeout", timeout, allow_none=True)
+        if self._final is not None or self._closing:
             raise SessionClosedError("the logger is finished")
         if self.mode == "per_rank_stream":
             return
         with self._lock:
             ended = self._take_ended(step, split)
-        self._hand_on(ended)
+        self._hand_on(ended, timeout)
 
-    def _hand_on(self, ended: list[tuple[tuple[str, int], _OpenStep]]) -> None:
+    def _hand_on(self, ended: list[tuple[tuple[str, int], _OpenStep]], timeout: float | None) -> float | None:
+        """Hand ended steps on; `timeout` bounds waiting for room in the session. Returns the
+        deadline that applied (None without `timeout`)."""
         if self.mode == "per_rank":
+            deadline = None if timeout is None else time.monotonic() + timeout
             for (split, step), opened in ended:
-                self._write(split, step, sorted(opened.kept.items()))
-            return
-        self._reduce(ended)
+                self._write(split, step, sorted(opened.kept.items()), deadline)
+            return deadline
+        return self._reduce(ended, timeout)
 
-    def _write(self, split: str, step: int, selected: Sequence[tuple[int, _Candidate]]) -> None:
+    def _abort(self, ended: list[tuple[tuple[str, int], _OpenStep]]) -> None:
+        """Count samples taken out of their selections but never handed on as ``"aborted"``."""
+        with self._lock:
+            n = sum(len(opened.kept) for _, opened in ended)
+            self._handed_on -= n
+            self._dropped_add("aborted", n)
+
+    def _write(
+        self,
+        split: str,
+        step: int,
+        selected: Sequence[tuple[int, _Candidate]],
+        deadline: float | None,
+    ) -> None:
         if not selected or self._sync is None:
             return
         # The session holds records only as the JSON encoded once; decoding here lets it check
         # and encode them through its one public path. `k` per step, so the cost is small.
         samples = [orjson.loads(c.payload) for _, c in selected]
+        if self._blocking:
+            # on_full="block": wait for room as the session's own blocking call does (this runs
+            # on the caller's thread, never on the session's loop thread), within the deadline.
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                self._sync.log_samples(samples, step=step, split=split, timeout=left)
+                return
+            except SessionClosedError:
+                pass  # finished meanwhile: counted by the session as dropped ("closed") just below
         self._sync.log_samples_nowait(samples, step=step, split=split)
 
     # -- the reduction (global mode) ------------------------------------------------------------
@@ -533,13 +585,21 @@ class DistributedTraceLogger:
         dist.gather(tensor, gather_list=None, dst=self.dst, group=self.group)
         return None
 
-    def _reduce(self, ended: list[tuple[tuple[str, int], _OpenStep]]) -> None:
+    def _reduce(self, ended: list[tuple[tuple[str, int], _OpenStep]], timeout: float | None) -> float | None:
         frame, payload_bytes = self._frame(ended)
-        frames = self._gather(frame)
+        try:
+            frames = self._gather(frame)
+        except BaseException:
+            # The collective failed (a peer died, a timeout): this rank's candidates never
+            # reached the writing rank, or cannot be known to have; count them, then re-raise.
+            self._abort(ended)
+            raise
+        # The clock starts after the gather: waiting for slower ranks is not waiting for room.
+        deadline = None if timeout is None else time.monotonic() + timeout
         self._reductions += 1
         self._payload_bytes += payload_bytes
         if frames is None:
-            return
+            return deadline
         # (split, step) -> [(rank, samples offered there, candidates)]
         by_step: dict[tuple[str, int], list[tuple[int, int, list[_Candidate]]]] = {}
         for raw in frames:
@@ -555,13 +615,21 @@ class DistributedTraceLogger:
                     cands.append(_Candidate(rank, int(seq), score, raw[offset : offset + size]))
                     offset += size
                 by_step.setdefault((split, int(step)), []).append((rank, int(offered), cands))
+        written_upto = dict(self._merged_upto)
         for (split, step), parts in sorted(by_step.items()):
             parts.sort(key=lambda p: p[0])  # rank order: the order one process would log in
             received = sum(len(c) for _, _, c in parts)
             self._merged_received += received
+            if step <= written_upto.get(split, -1):
+                # Written by an earlier reduction: `flush` ended it only on the ranks that had it
+                # open, and another rank logged some later. Merging again would break the cap.
+                self._merged_late += received
+                continue
             chosen = self._merge(split, step, parts)
             self._merged_capped += received - len(chosen)
-            self._write(split, step, list(enumerate(chosen)))
+            self._merged_upto[split] = max(self._merged_upto.get(split, -1), step)
+            self._write(split, step, list(enumerate(chosen)), deadline)
+        return deadline
 
     def _merge(
         self, split: str, step: int, parts: list[tuple[int, int, list[_Candidate]]]
@@ -592,28 +660,43 @@ class DistributedTraceLogger:
         if self.mode != "per_rank_stream":
             with self._lock:
                 ended = self._take_ended(None, None)
-            self._hand_on(ended)
-        return self._sync.flush(timeout) if self._sync is not None else True
+            deadline = self._hand_on(ended, timeout)
+        else:
+            deadline = None if timeout is None else time.monotonic() + timeout
+        if self._sync is None:
+            return True
+        return self._sync.flush(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def finish(self, timeout: float | None = None, *, collective: bool = True) -> RankStats:
         """End every open step, finish this rank's session within `timeout`, and return the final
         stats. Idempotent. In ``"global"`` mode this is a collective unless ``collective=False``,
         which drops what this rank still holds (as ``"aborted"``) instead of communicating: the
-        context manager does that when it exits with an exception, so an error never hangs a rank."""
+        context manager does that when it exits with an exception, so an error never hangs a rank.
+        Samples logged while it runs are counted as ``"closed"``; if the reduction fails, the
+        session is still finished before the error is raised."""
         if self._final is not None:
             return self._final
+        budget = self._finish_timeout if timeout is None else float(timeout)
+        deadline: float | None = None
         with self._lock:
+            # From here on a concurrent log_samples() is counted as "closed", never held.
+            self._closing = True
             ended = self._take_ended(None, None)
-        if self.mode == "per_rank" or (self.mode == "global" and collective):
-            self._hand_on(ended)
-        elif self.mode == "global":
-            with self._lock:
-                n = sum(len(o.kept) for _, o in ended)
-                self._handed_on -= n
-                self._dropped_add("aborted", n)
-        if self._sync is not None:
-            self._sync.finish(timeout)
-        self._final = self.stats()
+        try:
+            if self.mode == "per_rank" or (self.mode == "global" and collective):
+                deadline = self._hand_on(ended, budget)
+            elif self.mode == "global":
+                self._abort(ended)
+        finally:
+            # Even when the reduction failed, the session is finished (what it holds is
+            # written) and the stats are final; the error goes on to the caller.
+            if self._sync is not None:
+                assert budget is not None
+                # What waiting for room left of the budget, but at least a short grace, as the
+                # session gives its sinks: closing the runs is never skipped.
+                left = budget if deadline is None else max(deadline - time.monotonic(), min(budget, 5.0))
+                self._sync.finish(left)
+            self._final = self.stats()
         return self._final
 
     def stats(self) -> RankStats:
@@ -635,6 +718,7 @@ class DistributedTraceLogger:
                 payload_bytes_sent=self._payload_bytes,
                 merged_received=self._merged_received,
                 merged_capped=self._merged_capped,
+                merged_late=self._merged_late,
                 session=self._sync.stats() if self._sync is not None else None,
             )
 

@@ -50,6 +50,7 @@ SHIP_ERROR = "ship_error"  # the call could not even be submitted (Ray not conne
 CLOSED = "closed"  # logged after close()
 CLOSE_TIMEOUT = "close_timeout"  # still buffered when close()'s deadline passed
 INVALID = "invalid"  # failed validation with on_invalid="skip"
+NOT_CLOSED = "not_closed"  # still buffered at exit in a process that cannot ship any more
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +344,20 @@ class TraceClient:
             self._work.notify()
         return self.stats()
 
+    def _abandon(self) -> tuple[int, int]:
+        """Stop without making any Ray call: count what is buffered as ``"not_closed"``.
+
+        Returns (samples dropped, calls' samples still in flight, whose fate is unknown).
+        """
+        with self._lock:
+            self._closing = True
+            self._stopping = True
+            n = self._buffered
+            self._clear_buffer()
+            self._drop(NOT_CLOSED, n)
+            self._work.notify()
+            return n, self._in_flight
+
     def stats(self) -> ClientStats:
         """A consistent snapshot of this client's accounting."""
         with self._lock:
@@ -435,12 +450,20 @@ class TraceClient:
                 break
             if take == len(group.payloads):
                 self._groups.popleft()
-                wire.append((group.split, group.step, group.payloads))
+                payloads = group.payloads
             else:
-                wire.append((group.split, group.step, group.payloads[:take]))
+                payloads = group.payloads[:take]
                 group.payloads = group.payloads[take:]
                 group.nbytes -= took_bytes
                 group.first_seq += take
+            if wire and wire[-1][0] == group.split and wire[-1][1] == group.step:
+                # Consecutive calls for the same step travel as one group: the collector
+                # handles (and may wait for room for) each group once.
+                wire[-1][2].extend(payloads)
+            else:
+                # `payloads` belongs to this batch alone (a popped group's list, or a slice), so
+                # extending it above is safe.
+                wire.append((group.split, group.step, payloads))
             n += take
             nbytes += took_bytes
             if nbytes >= self.max_batch_bytes:
@@ -532,14 +555,40 @@ class TraceClient:
 
 
 # Clients still open at interpreter exit ship what they hold (within their own deadline) when
-# the process exits gracefully; a process that is killed takes its buffer with it.
+# the driver exits normally; a process that is killed takes its buffer with it.
 _open_clients: weakref.WeakSet[TraceClient] = weakref.WeakSet()
+
+
+def _can_ship_at_exit() -> bool:
+    """False in a process Ray started (an actor or a task) and wherever Ray is not connected."""
+    try:
+        import ray
+        from ray._private.worker import global_worker
+
+        return bool(ray.is_initialized()) and global_worker.mode != ray.WORKER_MODE
+    except Exception:  # pragma: no cover - a Ray without these names: do not risk a call
+        return False
 
 
 @atexit.register
 def _close_open_clients() -> None:
+    # In a Ray worker, Ray disconnects the process before Python's exit hooks run, and a remote
+    # call made then ends the process on the spot, losing the buffer without a word. So there
+    # nothing is shipped: what is lost is counted and logged, and close() is the way to ship.
+    ship = _can_ship_at_exit()
     for client in list(_open_clients):
         try:
-            client.close(min(client.close_timeout, 5.0))
+            if ship:
+                client.close(min(client.close_timeout, 5.0))
+                continue
+            lost, in_flight = client._abandon()
+            if lost or in_flight:
+                logger.error(
+                    "asynctrace: a TraceClient was not closed before its process exited: %d buffered "
+                    "samples were lost (%d more were in flight); call client.close() before the "
+                    "actor or task ends",
+                    lost,
+                    in_flight,
+                )
         except Exception as exc:  # pragma: no cover - best effort at exit
             logger.error("asynctrace: closing a TraceClient at exit failed: %s", exc)

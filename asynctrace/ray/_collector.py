@@ -112,10 +112,12 @@ class TraceCollector:
 
     # -- data path ----------------------------------------------------------------------------
 
-    def _admit(self, samples: Sequence[Any], step: int, split: str) -> int:
+    def _admit(self, samples: Sequence[Any], step: int, split: str, deadline: float) -> int:
         if self._blocking and self._finished is None:
+            # One deadline per call, shared by its groups: a call waits `ingest_timeout` at most.
+            left = max(0.0, deadline - time.monotonic())
             try:
-                return self._sync.log_samples(samples, step=step, split=split, timeout=self.ingest_timeout)
+                return self._sync.log_samples(samples, step=step, split=split, timeout=left)
             except SessionClosedError:
                 pass  # finished meanwhile: counted as dropped ("closed") just below
         return self._sync.log_samples_nowait(samples, step=step, split=split)
@@ -126,18 +128,20 @@ class TraceCollector:
 
         Returns how many the session accepted (the rest are in its `dropped` counts).
         """
+        deadline = time.monotonic() + self.ingest_timeout
         accepted = 0
         for split, step, payloads in groups:
             # Decoding here and encoding again in the session keeps one validated path into
             # the session; the cost is a few microseconds per sample, paid on the collector.
-            accepted += self._admit([orjson.loads(p) for p in payloads], step, split)
+            accepted += self._admit([orjson.loads(p) for p in payloads], step, split, deadline)
         return accepted
 
     @_group("ingest")
     def ingest(self, samples: Any, *, step: int, split: str = "train") -> int:
         """Log samples sent as plain objects (one remote call per call). `TraceClient` is cheaper for
         the caller: it batches and ships encoded bytes."""
-        return self._admit(list(samples) if isinstance(samples, (list, tuple)) else [samples], step, split)
+        items = list(samples) if isinstance(samples, (list, tuple)) else [samples]
+        return self._admit(items, step, split, time.monotonic() + self.ingest_timeout)
 
     @_group("ingest")
     def log_metrics(self, metrics: Mapping[str, float], *, step: int) -> None:
@@ -158,13 +162,22 @@ class TraceCollector:
 
     @_group("control")
     def flush(self, timeout: float | None = None) -> bool:
-        """Close open sampler steps and wait until everything ingested so far is written; False on timeout."""
-        if self._finished is not None:
-            return True
+        """Close open sampler steps and wait until everything ingested so far is written; False on timeout
+        (or when a `finish` running meanwhile left samples unwritten)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if self._finished is None:
+            try:
+                return self._sync.flush(timeout)
+            except SessionClosedError:
+                pass  # finish() has begun: its outcome is the answer
+        # Wait for that finish (it holds the lock until done), within this call's deadline.
+        left = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+        if not self._finish_lock.acquire(timeout=left):
+            return False
         try:
-            return self._sync.flush(timeout)
-        except SessionClosedError:
-            return True
+            return self._finished is not None and self._finished.pending == 0
+        finally:
+            self._finish_lock.release()
 
     @_group("control")
     def stats(self) -> SessionStats:

@@ -62,3 +62,60 @@ def run(rank: int, world_size: int, port: int, project: str, out_dir: str) -> No
         dist.destroy_process_group()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
+
+
+def run_pair(rank: int, world_size: int, port: int, project: str, out_dir: str) -> None:
+    """Two ranks: a flush that ends a step only one rank had open, then a collective whose peer dies."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from asynctrace.distributed import DistributedTraceLogger
+    from asynctrace.testing import MemorySink
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=20),
+    )
+    result: dict[str, Any] = {"rank": rank}
+
+    # flush() ends step 0 on rank 0 only (rank 1 has nothing of it open); rank 1's later samples
+    # for step 0 must not start a second selection of the step on the writing rank.
+    sink = MemorySink()
+    flushed = DistributedTraceLogger(project, "flush", mode="global", max_traces_per_step=2, sinks=[sink])
+    if rank == 0:
+        flushed.log_samples(make_samples("f0", 0, 5, seed=0), step=0)
+    flushed.flush(30.0)
+    if rank == 1:
+        flushed.log_samples(make_samples("f1", 0, 5, seed=1), step=0)
+    flushed.finish(30.0)
+    gathered = flushed.gather_stats()
+    if gathered is not None:
+        result["flush_stats"] = [asdict(s) for s in gathered]
+        result["flush_written"] = [r.step for r in sink.records]
+
+    # Rank 1 dies; rank 0's end_step fails in the collective.
+    failing = DistributedTraceLogger(
+        project, "dies", mode="global", max_traces_per_step=4, sinks=[MemorySink()]
+    )
+    dist.barrier()
+    if rank == 1:
+        _write(out_dir, rank, result)
+        os._exit(0)  # the rank dies (OOM, segfault, ...) without a word to its peer
+    try:
+        with failing:
+            failing.log_samples(make_samples("d", 0, 3, seed=0), step=0)
+            failing.end_step(0)
+    except Exception as exc:
+        result["error"] = type(exc).__name__
+    result["dies_stats"] = asdict(failing.stats())
+    _write(out_dir, rank, result)
+    os._exit(0)  # the process group has a dead peer: skip its teardown
+
+
+def _write(out_dir: str, rank: int, result: dict[str, Any]) -> None:
+    with open(os.path.join(out_dir, f"pair{rank}.json"), "w") as f:
+        json.dump(result, f)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -63,6 +65,11 @@ class _Rollout:
         t = time.monotonic()
         stats = self.client.close(timeout)
         return stats, time.monotonic() - t
+
+    def log_errors_to(self, path: str) -> int:
+        """Send asynctrace's log records to a file (the test reads it after the process is gone)."""
+        logging.getLogger("asynctrace").addHandler(logging.FileHandler(path))
+        return os.getpid()
 
 
 Rollout: Any = ray.remote(_Rollout)
@@ -240,3 +247,84 @@ def test_client_validates_in_the_caller(project: str) -> None:
     assert stats.delivered == 1
     client.close(1.0)
     assert ray.get(collector.finish.remote()).written == 1
+
+
+def _wire(step: int, n: int) -> tuple[str, int, list[bytes]]:
+    return ("train", step, [orjson.dumps({"prompt": f"q{i}", "response": "a"}) for i in range(n)])
+
+
+def test_ingest_call_waits_one_ingest_timeout_in_all(project: str) -> None:
+    """An ingest call of several (split, step) groups that finds no room returns after ingest_timeout,
+    not after one ingest_timeout per group."""
+    collector = start_collector(
+        project,
+        sinks=[MemorySink(hang=True)],
+        queue_size=1,
+        on_full="block",
+        ingest_timeout=1.0,
+        finish_at_exit=False,
+    )
+    t = time.monotonic()
+    accepted = ray.get(collector.ingest_encoded.remote([_wire(step, 2) for step in range(5)]))
+    took = time.monotonic() - t
+    stats = ray.get(collector.stats.remote())
+    ray.kill(collector, no_restart=True)
+    assert took < 2.5
+    assert accepted == 1 and stats.dropped.get("queue_full") == 9
+
+
+def test_client_merges_consecutive_calls_for_a_step(project: str) -> None:
+    """Consecutive log calls for one step travel as one (split, step) group, and the merged batch
+    reaches the collector whole."""
+    collector = start_collector(project, sinks=[MemorySink()], finish_at_exit=False)
+    client = TraceClient(collector, flush_interval=60.0)
+    for step in (0, 0, 0, 1, 1, 0):
+        client.log_samples_nowait(make_samples("m", step, 2, seed=0), step=step)
+    with client._lock:  # take the batch the shipping thread would send
+        wire, call = client._take_batch()
+        call_id = next(client._call_ids)
+        client._calls[call_id] = call
+    assert [(split, step, len(p)) for split, step, p in wire] == [
+        ("train", 0, 6),
+        ("train", 1, 4),
+        ("train", 0, 2),
+    ]
+    client._ship(call_id, call, wire)
+    stats = client.close(30.0)
+    assert stats.check() and stats.delivered == 12
+    assert ray.get(collector.finish.remote()).written == 12
+
+
+def test_flush_racing_finish_reports_what_finish_left(project: str) -> None:
+    """collector.flush() during or after a finish() that left samples unwritten returns False instead of
+    hanging or claiming success, and finish() stays within its deadline."""
+    collector = start_collector(
+        project, sinks=[MemorySink(hang=True)], finish_timeout=1.0, finish_at_exit=False
+    )
+    ray.get(collector.ingest.remote(make_samples("f", 0, 1, seed=0), step=0))
+    before = collector.flush.remote()  # waits on the hanging sink
+    time.sleep(0.3)
+    t = time.monotonic()
+    finishing = collector.finish.remote(1.0)
+    time.sleep(0.3)
+    during = collector.flush.remote()  # finish() is under way
+    final = ray.get(finishing, timeout=30)
+    assert time.monotonic() - t < 5.0
+    assert final.pending == 1
+    assert ray.get([before, during], timeout=10) == [False, False]
+    assert ray.get(collector.flush.remote(), timeout=10) is False
+    ray.kill(collector, no_restart=True)
+
+
+def test_unclosed_client_in_an_exiting_actor_reports_its_loss(project: str, tmp_path: Any) -> None:
+    """An actor that exits with samples in an unclosed client logs how many were lost (Ray has
+    disconnected the process, so nothing can be shipped) instead of dying silently in a remote call."""
+    collector = start_collector(project, sinks=[MemorySink()], finish_at_exit=False)
+    actor = Rollout.remote(collector, "exit", flush_interval=60.0)
+    log = tmp_path / "actor.log"
+    pid = ray.get(actor.log_errors_to.remote(str(log)))
+    ray.get(actor.generate.remote(0, 5, 5))
+    actor.__ray_terminate__.remote()
+    _wait_for_exit(pid)
+    assert "5 buffered samples were lost" in log.read_text()
+    assert ray.get(collector.finish.remote()).submitted == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -150,3 +151,139 @@ def test_invalid_arguments_are_rejected(project: str) -> None:
         DistributedTraceLogger(project, mode="everywhere")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="give one"):
         DistributedTraceLogger(project, mode="global")
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[dict[int, dict[str, Any]]]:
+    """Two gloo ranks running the fault scenarios of `_gloo_worker.run_pair`, once for the module."""
+    from torch.multiprocessing.spawn import spawn
+
+    project = f"pair-{uuid.uuid4().hex[:10]}"
+    with tempfile.TemporaryDirectory() as out:
+        spawn(  # type: ignore[no-untyped-call]
+            _gloo_worker.run_pair, args=(2, _free_port(), project, out), nprocs=2, join=True
+        )
+        yield {r: json.loads((Path(out) / f"pair{r}.json").read_text()) for r in range(2)}
+
+
+def test_flush_ends_a_step_on_every_rank(pair: dict[int, dict[str, Any]]) -> None:
+    """After a global flush, samples a rank logs for a step that only another rank had open are
+    counted as merged_late on the writing rank, never written as a second selection of the step."""
+    stats = pair[0]["flush_stats"]
+    assert pair[0]["flush_written"] == [0, 0]  # k=2 for step 0, not 4
+    writer = stats[0]
+    assert writer["merged_late"] == 2
+    assert writer["merged_received"] == writer["merged_capped"] + writer["merged_late"] + 2
+    assert all(s["submitted"] == s["handed_on"] + s["held"] + sum(s["dropped"].values()) for s in stats)
+    total = sum(s["submitted"] for s in stats)
+    dropped = sum(sum(s["dropped"].values()) for s in stats)
+    assert total == 10 == dropped + writer["merged_capped"] + writer["merged_late"] + 2
+
+
+def test_failed_collective_counts_held_samples_as_aborted(pair: dict[int, dict[str, Any]]) -> None:
+    """When a peer dies, end_step raises and the samples it took out of the selection are counted as
+    "aborted" instead of vanishing as handed_on; the rank's session is still finished."""
+    result = pair[0]
+    assert result["error"] is not None
+    stats = result["dies_stats"]
+    assert stats["submitted"] == 3
+    assert stats["handed_on"] == 0 and stats["held"] == 0
+    assert stats["dropped"] == {"aborted": 3}
+    assert stats["session"]["submitted"] == 0
+
+
+def _logger(project: str, **kwargs: Any) -> Any:
+    from asynctrace.distributed import DistributedTraceLogger
+
+    return DistributedTraceLogger(project, "solo", **kwargs)
+
+
+def test_per_rank_stream_takes_a_generator(project: str) -> None:
+    """per_rank_stream writes every sample of a generator (it is read once, not counted and then lost)."""
+    sink = MemorySink()
+    logger = _logger(project, mode="per_rank_stream", sinks=[sink])
+    assert logger.log_samples((s for s in make_samples("gen", 0, 5, seed=0)), step=0) == 5
+    assert logger.log_samples_nowait((s for s in make_samples("gen", 1, 3, seed=0)), step=1) == 3
+    stats = logger.finish(10.0)
+    assert len(sink.records) == 8
+    assert stats.check() and stats.submitted == stats.handed_on == 8
+
+
+@pytest.mark.parametrize("mode", ["global", "per_rank"])
+def test_flush_ends_steps_for_good(project: str, mode: Literal["global", "per_rank"]) -> None:
+    """Samples logged after flush() for a step it ended are "late": the step's cap still holds."""
+    sink = MemorySink()
+    logger = _logger(project, mode=mode, max_traces_per_step=2, sinks=[sink])
+    logger.log_samples(make_samples("a", 0, 5, seed=0), step=0)
+    assert logger.flush(10.0)
+    assert logger.log_samples(make_samples("b", 0, 5, seed=0), step=0) == 0
+    assert logger.log_samples(make_samples("b", 1, 5, seed=0), step=1) == 2  # a new step is open
+    stats = logger.finish(10.0)
+    assert {step: len(recs) for step, recs in sink.steps().items()} == {0: 2, 1: 2}
+    assert dict(stats.dropped) == {"capped": 6, "late": 5}
+    assert stats.check()
+
+
+def test_log_during_finish_is_counted_closed(project: str) -> None:
+    """A sample logged while finish() runs is counted as dropped ("closed"), never held forever."""
+    import threading
+
+    import anyio
+
+    class SlowClose(MemorySink):
+        async def close(self) -> None:
+            await anyio.sleep(1.0)  # a sink whose close takes a while (Trackio finish, network)
+            await super().close()
+
+    sink = SlowClose()
+    logger = _logger(project, mode="per_rank", max_traces_per_step=4, sinks=[sink])
+    logger.log_samples(make_samples("a", 0, 1, seed=0), step=0)
+    finishing = threading.Thread(target=logger.finish, args=(10.0,))
+    finishing.start()
+    try:
+        time.sleep(0.3)  # finish() is closing the sink now
+        assert logger.log_samples(make_samples("b", 1, 1, seed=0), step=1) == 0
+    finally:
+        finishing.join()
+    stats = logger.stats()
+    assert stats.held == 0 and dict(stats.dropped) == {"closed": 1}
+    assert stats.check() and len(sink.records) == 1
+
+
+@pytest.mark.parametrize("mode", ["global", "per_rank"])
+def test_block_policy_waits_for_room_when_handing_on(
+    project: str, mode: Literal["global", "per_rank"]
+) -> None:
+    """With on_full="block", end_step waits for room in a small session queue instead of dropping the
+    selection as "queue_full"."""
+    sink = MemorySink(delay=0.1)
+    logger = _logger(
+        project, mode=mode, max_traces_per_step=8, sinks=[sink], queue_size=4, batch_size=4, on_full="block"
+    )
+    logger.log_samples(make_samples("a", 0, 8, seed=0), step=0)
+    logger.end_step(0)
+    stats = logger.finish(10.0)
+    assert stats.session is not None
+    assert dict(stats.session.dropped) == {}
+    assert stats.session.written == len(sink.records) == 8
+
+
+def test_end_step_timeout_bounds_the_wait_for_room(project: str) -> None:
+    """With on_full="block" and a sink that never returns, end_step(timeout=) gives up in time and
+    counts what did not fit as "queue_full"."""
+    logger = _logger(
+        project,
+        mode="per_rank",
+        max_traces_per_step=8,
+        sinks=[MemorySink(hang=True)],
+        queue_size=2,
+        on_full="block",
+        finish_timeout=0.5,
+    )
+    logger.log_samples(make_samples("a", 0, 8, seed=0), step=0)
+    t = time.monotonic()
+    logger.end_step(0, timeout=0.5)
+    assert time.monotonic() - t < 3.0
+    stats = logger.finish(0.5)
+    assert stats.session is not None and stats.session.check()
+    assert stats.session.dropped.get("queue_full", 0) >= 6
