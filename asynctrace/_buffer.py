@@ -410,16 +410,17 @@ class Buffer:
             self._enqueue(ready, out)
         return out
 
-    def cancel(self, entries: Sequence[Entry], reason: str) -> None:
-        """Resolve reserved entries that could not be filled (their decoding failed)."""
+    def cancel(self, entries: Sequence[Entry], reason: str, *, split: str, step: int) -> None:
+        """Resolve reserved entries that could not be filled (their decoding failed); they
+        give their places in the step's selection back."""
         with self.lock:
-            n = 0
-            for e in entries:
-                if e.state != EVICTED:
-                    e.state = EVICTED
-                    n += 1
-            self.accepted -= n
-            self._drop(reason, n, [e.record for e in entries if e.record is not None])
+            live = [e for e in entries if e.state != EVICTED]
+            if self.gate is not None:
+                self.gate.withdraw(split, step, live)
+            for e in live:
+                e.state = EVICTED
+            self.accepted -= len(live)
+            self._drop(reason, len(live), [e.record for e in live if e.record is not None])
 
     # -- steps ---------------------------------------------------------------------------
 

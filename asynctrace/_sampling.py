@@ -59,6 +59,12 @@ class StepSelection(abc.ABC):
         without offering them. Must not change the selection."""
         return None
 
+    def withdraw(self, entries: Sequence[Entry]) -> None:
+        """Give up the places of kept entries that will never be filled (a reserved row whose
+        decoding failed), as if they had not been offered. The default keeps their places
+        taken; the gate never releases or counts them again either way."""
+        return None
+
 
 class Sampler(abc.ABC):
     """Chooses at most `k` samples per (split, step). Subclass to write your own."""
@@ -89,6 +95,9 @@ class _FirstSelection(StepSelection):
     def keeps(self, scores: Sequence[float | None], first_seq: int) -> list[bool] | None:
         room = self._k - self._n
         return [i < room for i in range(len(scores))]
+
+    def withdraw(self, entries: Sequence[Entry]) -> None:
+        self._n -= len(entries)
 
     def held(self) -> list[Entry]:
         return []
@@ -136,6 +145,15 @@ class _TopBottomSelection(StepSelection):
         entries = [e for _, _, e in self._top] + [e for _, _, e in self._bottom]
         entries.sort(key=lambda e: -(e.score or 0.0))
         return entries
+
+    def withdraw(self, entries: Sequence[Entry]) -> None:
+        gone = {id(e) for e in entries}
+        self._top = [t for t in self._top if id(t[2]) not in gone]
+        self._bottom = [t for t in self._bottom if id(t[2]) not in gone]
+        heapq.heapify(self._top)
+        heapq.heapify(self._bottom)
+        # A low score that `bottom` dropped is not recalled: top and bottom keep their own
+        # best, and a place freed in either is open to the next candidates.
 
     def keeps(self, scores: Sequence[float | None], first_seq: int) -> list[bool] | None:
         n = len(scores)
@@ -194,6 +212,12 @@ class _ReservoirSelection(StepSelection):
 
     def held(self) -> list[Entry]:
         return sorted(self._res, key=lambda e: e.seq)
+
+    def withdraw(self, entries: Sequence[Entry]) -> None:
+        gone = {id(e) for e in entries}
+        kept = [e for e in self._res if id(e) not in gone]
+        self._n -= len(self._res) - len(kept)
+        self._res = kept
 
 
 class ReservoirSampler(Sampler):
@@ -301,7 +325,7 @@ class Gate:
         holds = self.sampler.holds
         for e in entries:
             kept, evicted = opened.selection.offer(e)
-            if evicted is not None:
+            if evicted is not None and evicted.state != EVICTED:  # EVICTED: withdrawn, counted
                 evicted.state = EVICTED
                 result.evicted.append(evicted)
             if not kept:
@@ -334,9 +358,16 @@ class Gate:
         """Close every open step of `split` up to `upto`; later samples for them are late."""
         for key in sorted(k for k in self._open if k[0] == split and k[1] <= upto):
             for e in self._open.pop(key).selection.held():
-                e.state = RELEASED
-                out.append(e)
+                if e.state != EVICTED:  # withdrawn (a selection that keeps their places)
+                    e.state = RELEASED
+                    out.append(e)
         self._closed_upto[split] = max(self._closed_upto.get(split, upto), upto)
+
+    def withdraw(self, split: str, step: int, entries: Sequence[Entry]) -> None:
+        """Give back the places of kept entries that will never be filled."""
+        opened = self._open.get((split, step))
+        if opened is not None and entries:
+            opened.selection.withdraw(entries)
 
     def close_all(self, *, holding_only: bool = True) -> list[Entry]:
         """Close every open step (flush/finish). Samplers that hold nothing keep counting their caps."""

@@ -959,9 +959,21 @@ class TraceSession:
         try:
             records, invalid, _ = self._encode(samples, step, split, precheck=False)
             if invalid:
-                raise RecordError("every reserved row must encode", index=None, path="")
+                # on_invalid="skip" left some rows out: find which, one row at a time (rare),
+                # so only their places are given back and the others are kept.
+                filled: list[Entry] = []
+                records, bad = [], []
+                for entry, sample in zip(entries, samples, strict=True):
+                    one, failed, _ = self._encode([sample], step, split, precheck=False)
+                    if failed:
+                        bad.append(entry)
+                    else:
+                        filled.append(entry)
+                        records += one
+                self._buffer.cancel(bad, "invalid", split=split, step=step)
+                entries = filled
         except BaseException:
-            self._buffer.cancel(entries, "invalid")
+            self._buffer.cancel(entries, "invalid", split=split, step=step)
             raise
         adm = self._buffer.fill(entries, records)
         if self._spool_sync:
@@ -1012,9 +1024,9 @@ class TraceSession:
                 )
             )
         except anyio.get_cancelled_exc_class():
-            self._buffer.cancel(kept, "cancelled")
+            self._buffer.cancel(kept, "cancelled", split=split, step=step)
             raise
         except BaseException:
-            self._buffer.cancel(kept, "invalid")
+            self._buffer.cancel(kept, "invalid", split=split, step=step)
             raise
         return await self._fill(kept, samples, step=step, split=split)

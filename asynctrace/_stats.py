@@ -67,8 +67,12 @@ class SessionStats:
         return sum(self.dropped.values())
 
     def check(self) -> bool:
-        """True when the accounting invariant holds."""
-        return self.submitted == self.written + self.failed + self.pending + self.dropped_total
+        """True when the accounting invariant holds (and no count is negative)."""
+        counts = (self.written, self.failed, self.pending, *self.dropped.values())
+        return (
+            self.submitted == self.written + self.failed + self.pending + self.dropped_total
+            and min(counts, default=0) >= 0
+        )
 
     def summary(self) -> str:
         """One human-readable line."""

@@ -165,3 +165,39 @@ async def test_rows_decoded_after_finish_are_counted_closed() -> None:
     st = s.stats()
     assert got == [0] and not sink.records
     assert st.dropped == {"closed": 4} and st.pending == 0 and st.check()
+
+
+async def test_one_row_too_large_is_skipped_alone_with_on_invalid_skip() -> None:
+    """With on_invalid="skip", a decoded row over max_queue_bytes is counted "invalid" and the
+    other kept rows are written, as log_samples does with the same samples."""
+    tok = rollouts.toy_tokenizer()
+    rows = [tok.encode(t).ids for t in ["hello", "The quick brown fox " * 400, "world"]]
+    mem = at.testing.MemorySink()
+    async with at.TraceSession("p", sinks=[mem], on_invalid="skip", max_queue_bytes=4000) as s:
+        assert await s.log_rollouts(rows, tokenizer=tok, step=0) == 2
+    st = s.stats()
+    assert st.written == 2 and st.dropped == {"invalid": 1} and st.check()
+    assert [r.sample.messages[-1]["content"] for r in mem.records] == ["hello", "world"]
+
+
+@pytest.mark.parametrize("sampler", ["top_bottom", "first", "reservoir"])
+async def test_rows_whose_decoding_failed_give_their_places_back(sampler: str) -> None:
+    """Reserved rows whose decoding failed leave the step's selection: later rows take their
+    places, and nothing is counted twice."""
+    tok = rollouts.toy_tokenizer()
+    mem = at.testing.MemorySink()
+    async with at.TraceSession("p", sinks=[mem], max_traces_per_step=2, sampler=sampler) as s:  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="loss_mask"):
+            await s.log_rollouts(
+                [[5, 6, 7], [8, 9]], tokenizer=tok, step=0, rewards=[10.0, 20.0], loss_mask=[[0, 1]]
+            )
+        await s.log_rollouts([[5, 6], [8, 9]], tokenizer=tok, step=0, rewards=[15.0, 1.0])
+    st = s.stats()
+    assert st.written == 2 and len(mem.records) == 2
+    assert st.dropped == {"invalid": 2} and st.pending == 0 and st.check()
+
+
+def test_check_fails_on_a_negative_count() -> None:
+    """stats().check() does not let a negative pending count balance a double-counted drop."""
+    stats = at.SessionStats(submitted=2, accepted=2, written=1, dropped={"capped": 2}, failed=0, pending=-1)
+    assert not stats.check()
