@@ -25,6 +25,12 @@ def _is_tensor(value: Any) -> bool:
     return torch is not None and isinstance(value, torch.Tensor)
 
 
+def _is_ndarray(value: Any) -> bool:
+    # Like `_is_tensor`: an array can only exist once numpy is imported.
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(value, numpy.ndarray)
+
+
 def _as_python(value: Any) -> Any:
     """numpy arrays (anything with `tolist` that is not a tensor) become lists; the rest is kept."""
     if not _is_tensor(value) and hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
@@ -121,11 +127,24 @@ def _tensor_layout(
     import torch
 
     shape = tuple(input_ids.shape)
-    for name, value in (("attention_mask", attention_mask), ("loss_mask", loss_mask), ("versions", versions)):
-        if value is not None:
-            if not _is_tensor(value):
-                raise ValueError(f"{name}: input_ids is a tensor, so {name} must be one too")
-            _check_shape(value, name, shape)
+    per_token = {"attention_mask": attention_mask, "loss_mask": loss_mask, "versions": versions}
+    for name, value in per_token.items():
+        if value is None:
+            continue
+        if _is_ndarray(value):
+            # A numpy array becomes a CPU tensor (sharing its memory); `select` moves it.
+            try:
+                value = per_token[name] = torch.as_tensor(value)
+            except TypeError as exc:
+                raise ValueError(f"{name}: cannot be read as a tensor ({exc})") from None
+        if not _is_tensor(value):
+            raise ValueError(f"{name}: input_ids is a tensor, so {name} must be one too (or a numpy array)")
+        _check_shape(value, name, shape)
+    attention_mask, loss_mask, versions = (
+        per_token["attention_mask"],
+        per_token["loss_mask"],
+        per_token["versions"],
+    )
 
     device = input_ids.device
     index = None if picked is None else torch.as_tensor(picked, dtype=torch.long, device=device)
@@ -418,13 +437,23 @@ def _column(
     return column
 
 
-def _scalar(value: Any, name: str) -> Any:
+def _plain(value: Any) -> Any:
+    """numpy arrays and scalars, and tensors, as Python numbers or lists; the rest is kept."""
+    if _is_tensor(value):
+        return value.tolist()
+    return _as_python(value)
+
+
+def _scalar(value: Any, name: str, allow_bool: bool = False) -> Any:
     """A per-sample number; a one-element row (from an [n, 1] tensor) counts as its element."""
     if value is MISSING or value is None:
         return MISSING
+    # Converted before unwrapping: a 0-d tensor or a one-element array is a number too.
+    value = _plain(value)
     if isinstance(value, list) and len(value) == 1:
-        value = value[0]
-    value = _as_python(value)
+        value = _plain(value[0])
+    if isinstance(value, bool) and allow_bool:
+        return int(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name}: expected one number per sample, got {type(value).__name__}")
     return value
@@ -442,7 +471,7 @@ def row_scores(rewards: Any, n_rows: int) -> list[float | None]:
     column = _column(rewards, list(range(n_rows)), "rewards", short)
     scores: list[float | None] = []
     for value in column or []:
-        number = _scalar(value, "rewards")
+        number = _scalar(value, "rewards", allow_bool=True)
         scores.append(float(number) if number is not MISSING and math.isfinite(number) else None)
     return scores
 
@@ -478,6 +507,14 @@ def decode_rollouts(
     """
     if not isinstance(env_role, str) or not env_role:
         raise ValueError(f"env_role: expected a non-empty role name, got {env_role!r}")
+    if _is_ndarray(input_ids) and any(_is_tensor(v) for v in (attention_mask, loss_mask, versions)):
+        # Mixed with tensors, numpy token ids take the tensor path (a CPU tensor on their memory).
+        import torch
+
+        try:
+            input_ids = torch.as_tensor(input_ids)
+        except TypeError as exc:
+            raise ValueError(f"input_ids: cannot be read as a tensor ({exc})") from None
     input_ids = _as_python(input_ids)
     n = _row_count(input_ids)
     picked = _check_rows(rows, n)
@@ -524,7 +561,7 @@ def decode_rollouts(
         t = turns[j]
         meta: dict[str, Any] = {"sample_index": row}
         if reward_col is not None:
-            reward = _scalar(reward_col[j], "rewards")
+            reward = _scalar(reward_col[j], "rewards", allow_bool=True)
             if reward is not MISSING:
                 meta["reward"] = float(reward)
         meta["prompt_len"] = t.prompt_len

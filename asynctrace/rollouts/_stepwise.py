@@ -63,8 +63,18 @@ def _column(values: Sequence[Any] | None, name: str, n: int) -> Sequence[Any] | 
     return values
 
 
-def _per_token(values: Sequence[Any], name: str, row: int, length: int) -> list[Any]:
-    out = list(values)
+def _is_row(value: Any) -> bool:
+    """Whether `value` is a per-token row: a sequence, or an array or tensor with dimensions."""
+    if isinstance(value, (str, bytes)):
+        return False
+    if isinstance(value, Sequence):
+        return True
+    # numpy arrays and tensors are not `Sequence`s; their scalars (0-d) are not rows.
+    return hasattr(value, "tolist") and getattr(value, "ndim", 0) > 0
+
+
+def _per_token(values: Any, name: str, row: int, length: int) -> list[Any]:
+    out = values.tolist() if hasattr(values, "tolist") else list(values)
     if len(out) != length:
         raise ValueError(f"{name}: row {row} has {len(out)} values for {length} response tokens")
     return out
@@ -74,7 +84,7 @@ def _reward_form(rewards: Sequence[Any] | None) -> bool | None:
     """True when rewards are per token, False when one per row, None when absent."""
     if rewards is None:
         return None
-    nested = {isinstance(r, Sequence) and not isinstance(r, str) for r in rewards}
+    nested = {_is_row(r) for r in rewards}
     if len(nested) > 1:
         raise ValueError("rewards: mixes per-token lists and one value per row")
     return nested.pop() if nested else False
@@ -150,7 +160,7 @@ def merge_step_wise(
     *,
     loss_masks: Sequence[Sequence[int]] | None = None,
     rewards: Sequence[float] | Sequence[Sequence[float]] | None = None,
-    logprobs: Sequence[Sequence[float]] | None = None,
+    logprobs: Sequence[Sequence[float] | None] | None = None,
     trajectory_ids: Sequence[Any] | None = None,
     is_last_step: Sequence[bool] | None = None,
 ) -> StepWiseMerge:
@@ -162,6 +172,7 @@ def merge_step_wise(
     to the response with loss mask 0, followed by the next action with its own mask. An
     observation that does not start with the sequence so far (the context was rewritten, e.g.
     truncated or summarised) closes the sample and starts a new one, counted as a prefix mismatch.
+    A `logprobs` row of None (SkyRL's for a turn with an empty output) gives 0.0 for its tokens.
     """
     n = len(response_ids)
     if len(prompt_token_ids) != n:
@@ -196,7 +207,12 @@ def merge_step_wise(
                 else [1] * len(action)
             )
             if acc.logprobs is not None and logprobs is not None:
-                acc.logprobs += [float(x) for x in _per_token(logprobs[i], "logprobs", i, len(action))]
+                row_logprobs = logprobs[i]
+                if row_logprobs is None:
+                    # SkyRL gives None for a turn whose output was empty: no logprobs, like an observation.
+                    acc.logprobs += [0.0] * len(action)
+                else:
+                    acc.logprobs += [float(x) for x in _per_token(row_logprobs, "logprobs", i, len(action))]
             if reward_rows is not None:
                 if acc.token_rewards is not None:
                     per_token = _per_token(reward_rows[i], "rewards", i, len(action))

@@ -54,8 +54,10 @@ def turn_spans(
     number of assistant turns. Without `prompt_len`, a leading run the policy did not generate
     is the user prompt; with it, the first `prompt_len` tokens are. After the prompt, generated
     runs are `assistant` turns and the others `env_role` turns (tool results or user feedback).
-    No runs at all means the tokens were all generated.
+    No runs at all means the tokens were all generated; with `prompt_len` too, the rest is one
+    `assistant` turn even when it is empty, so a prompt always gets its (possibly empty) answer.
     """
+    no_mask = runs is None
     if runs is None:
         runs = [(0, n, True)] if n else []
     spans: list[tuple[str, int, int]] = []
@@ -64,6 +66,8 @@ def turn_spans(
         if cut:
             spans.append(("user", 0, cut))
         runs = [(max(start, cut), end, gen) for start, end, gen in runs if end > cut]
+        if no_mask and n and not runs:
+            runs = [(n, n, True)]
     elif runs and not runs[0][2]:
         start, cut, _ = runs[0]
         spans.append(("user", start, cut))

@@ -378,3 +378,94 @@ def test_device_transfers_do_not_grow_with_the_batch(tokenizer: Any, torch_ops: 
     assert small == large
     assert "item" not in small
     assert small.get("cpu", 0) <= 6
+
+
+def test_rewards_as_bools_zero_d_tensors_and_one_element_arrays(tokenizer: Any) -> None:
+    """Bool rewards count as 0/1; 0-d tensors and one-element arrays in a list are numbers."""
+    np = pytest.importorskip("numpy")
+    ids = padded_batch(tokenizer, CONVERSATIONS[:2])["input_ids"]
+    for rewards, expected in (
+        (torch.tensor([True, False]), [1.0, 0.0]),
+        (np.array([False, True]), [0.0, 1.0]),
+        ([torch.tensor(1.5), torch.tensor(-2.0)], [1.5, -2.0]),
+        ([torch.tensor([0.5]), torch.tensor([True])], [0.5, 1.0]),
+        ([np.array([1.0]), np.array([2.0])], [1.0, 2.0]),
+        ([np.float32(0.25), np.bool_(True)], [0.25, 1.0]),
+    ):
+        samples = decode_rollouts(ids, tokenizer=tokenizer, rewards=rewards)
+        assert [s.metadata["reward"] for s in samples] == expected
+        assert row_scores(rewards, 2) == expected
+    (sample,) = decode_rollouts(ids, tokenizer=tokenizer, rewards=[np.array([math.nan]), 1.0], rows=[0])
+    assert math.isnan(sample.metadata["reward"])
+    assert row_scores([np.array([math.nan]), torch.tensor(1.0)], 2) == [None, 1.0]
+    with pytest.raises(ValueError, match="prompt_lens: expected one number per sample, got bool"):
+        decode_rollouts(ids, tokenizer=tokenizer, prompt_lens=[True, False])
+
+
+@pytest.mark.parametrize("numpy_side", ["masks", "input_ids"])
+def test_numpy_and_tensors_mix(tokenizer: Any, numpy_side: str) -> None:
+    """A numpy input_ids with tensor masks, or the reverse, decodes like all tensors."""
+    pytest.importorskip("numpy")
+    batch = padded_batch(tokenizer, CONVERSATIONS, side="left")
+    per_token = ("attention_mask", "loss_mask", "versions")
+    args = dict(batch)
+    if numpy_side == "masks":
+        args.update({name: batch[name].numpy() for name in per_token})
+    else:
+        args["input_ids"] = batch["input_ids"].numpy()
+    ids = args.pop("input_ids")
+    samples = decode_rollouts(ids, tokenizer=tokenizer, rows=[2, 0], **args)
+    expected = decode_rollouts(batch.pop("input_ids"), tokenizer=tokenizer, rows=[2, 0], **batch)
+    assert [s.messages for s in samples] == [s.messages for s in expected]
+    assert [s.metadata for s in samples] == [s.metadata for s in expected]
+    assert samples[0].messages == expected_messages(CONVERSATIONS[2])
+    with pytest.raises(ValueError, match="loss_mask"):
+        decode_rollouts(ids, tokenizer=tokenizer, loss_mask=args["loss_mask"][:, :-1])
+
+
+@pytest.mark.parametrize("kind", ["tensor", "list"])
+def test_prompt_lens_with_an_empty_response_keep_the_assistant_message(tokenizer: Any, kind: str) -> None:
+    """With prompt_lens and no loss mask, a 0-token response is an empty assistant message."""
+    prompt, _ = encode(tokenizer, CONVERSATIONS[1][:1])
+    full, _ = encode(tokenizer, CONVERSATIONS[1])
+    rows = [prompt, full]
+    ids: Any = pad(rows, len(full)) if kind == "tensor" else rows
+    mask: Any = pad([[1] * len(r) for r in rows], len(full)) if kind == "tensor" else None
+    empty, answered = decode_rollouts(
+        ids, tokenizer=tokenizer, attention_mask=mask, prompt_lens=[len(prompt), len(prompt)]
+    )
+    assert empty.messages == [
+        {"role": "user", "content": CONVERSATIONS[1][0][1]},
+        {"role": "assistant", "content": ""},
+    ]
+    assert empty.metadata["response_len"] == 0
+    assert empty.metadata["num_turns"] == 1
+    assert answered.messages == expected_messages(CONVERSATIONS[1])
+    # A row with no tokens at all still has no messages.
+    (nothing,) = decode_rollouts([[]], tokenizer=tokenizer, prompt_lens=[3])
+    assert nothing.messages == []
+
+
+def test_padding_needs_the_attention_mask_and_prompt_lens_count_real_tokens(tokenizer: Any) -> None:
+    """Pads are only dropped by attention_mask; verl-style prompt_lens are the real prompt tokens."""
+    conversation = CONVERSATIONS[1]
+    prompt, _ = encode(tokenizer, conversation[:1])
+    response, _ = encode(tokenizer, conversation[1:])
+    pad_id = tokenizer.token_to_id("<pad>")
+    width = len(prompt) + 2
+    # Left-padded prompts, right-padded responses, concatenated: the verl layout.
+    prompts = pad([prompt], width, "left", fill=pad_id)
+    responses = pad([response], len(response) + 3, fill=pad_id)
+    ids = torch.cat([prompts, responses], dim=1)
+    real_response = pad([[1] * len(response)], len(response) + 3)
+    attention = torch.cat([pad([[1] * len(prompt)], width, "left"), real_response], dim=1)
+    (sample,) = decode_rollouts(
+        ids, tokenizer=tokenizer, attention_mask=attention, prompt_lens=attention[:, :width].sum(dim=1)
+    )
+    assert sample.messages == expected_messages(conversation)
+    assert sample.metadata["seq_len"] == len(prompt) + len(response)
+    # Without the attention mask, the right padding of a loss mask becomes a turn of pads.
+    loss = torch.cat([torch.zeros_like(prompts), real_response], dim=1)
+    (padded,) = decode_rollouts(ids[:, width - len(prompt) :], tokenizer=tokenizer, loss_mask=loss[:, 2:])
+    assert padded.messages[-1] == {"role": "tool", "content": "<pad>" * 3}
+    assert padded.metadata["seq_len"] == len(prompt) + len(response) + 3

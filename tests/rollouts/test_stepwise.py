@@ -140,3 +140,35 @@ def test_merged_trajectory_decodes_to_the_conversation(tokenizer: Any) -> None:
     )
     assert sample.messages == expected_messages(conversation)
     assert sample.metadata["num_turns"] == 3
+
+
+def test_per_token_rewards_as_numpy_arrays_or_tensors() -> None:
+    """Per-token rewards given as numpy arrays or tensors stay per token, like lists."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    obs, act = [[1], [1, 2, 3]], [[2], [4, 5]]
+    for rewards in (
+        [np.array([0.5]), np.array([0.0, 1.0])],
+        [torch.tensor([0.5]), torch.tensor([0.0, 1.0])],
+        [[0.5], np.array([0.0, 1.0])],
+    ):
+        merged = merge_step_wise(obs, act, rewards=rewards, trajectory_ids=["a", "a"])
+        assert merged.rewards == [[0.5, 0.0, 0.0, 1.0]]
+    scalar = merge_step_wise(obs, act, rewards=torch.tensor([0.25, 1.0]), trajectory_ids=["a", "a"])
+    assert scalar.rewards == [1.25]
+    scalar = merge_step_wise(obs, act, rewards=[np.float64(0.25), np.array(1.0)], trajectory_ids=["a", "a"])
+    assert scalar.rewards == [1.25]
+    with pytest.raises(ValueError, match="rewards: row 1 has 1 values for 2"):
+        merge_step_wise(obs, act, rewards=[np.array([0.5]), np.array([1.0])], trajectory_ids=["a", "a"])
+
+
+def test_logprobs_row_of_none_means_no_logprobs_for_that_row() -> None:
+    """A None logprobs row (SkyRL's for an empty output) gives 0.0 on its tokens, not an error."""
+    merged = merge_step_wise(
+        [[1], [1, 2, 3], [1, 2, 3, 4]],
+        [[2], [4], [5, 6]],
+        logprobs=[[-0.5], None, [-0.25, -0.75]],
+        trajectory_ids=["a"] * 3,
+    )
+    assert merged.logprobs == [[-0.5, 0.0, 0.0, -0.25, -0.75]]
+    assert merge_step_wise([[1]], [[]], logprobs=[None]).logprobs == [[]]
