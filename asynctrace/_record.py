@@ -118,10 +118,19 @@ def _finite_or_none(value: Any) -> float | None:
 def _coerce(obj: Any) -> Any:
     """orjson `default`: coerce values whose JSON meaning is unambiguous; refuse everything else."""
     module = type(obj).__module__
-    if module == "numpy" and getattr(obj, "ndim", None) == 0:
-        # orjson writes numpy arrays and scalars, but not a 0-d array (what np.asarray(x) or a
-        # reduction with keepdims gives): it is a scalar, as a 0-d torch tensor is.
-        return obj.item()
+    if module == "numpy":
+        if getattr(obj, "ndim", None) == 0:
+            # orjson writes numpy arrays and scalars, but not a 0-d array (what np.asarray(x)
+            # or a reduction with keepdims gives): it is a scalar, as a 0-d torch tensor is.
+            value = obj.item()
+            if type(value).__module__ == "numpy":  # longdouble: no Python type holds it
+                return float(value)
+            return value
+        tolist = getattr(obj, "tolist", None)
+        if callable(tolist):
+            # orjson writes C-contiguous arrays of native types only: a column view, a
+            # transposed or a longdouble array arrives here.
+            return tolist()
     if module.startswith("torch"):
         dim = getattr(obj, "dim", None)
         if callable(dim) and dim() == 0:

@@ -57,7 +57,9 @@ class RecoverReport:
 
     @property
     def ok(self) -> bool:
-        return all(g.stats.failed == 0 and g.stats.pending == 0 for g in self.groups) and not self.left
+        # Dead letters left untouched (no --dead-letters) are undelivered records too.
+        delivered = all(g.stats.failed == 0 and g.stats.pending == 0 for g in self.groups)
+        return delivered and not self.left and not self.dead_letters_left
 
     @property
     def replayed(self) -> int:

@@ -15,7 +15,18 @@ import logging
 import os
 import re
 
-__all__ = ["REDACTED", "ScrubFilter", "check_name", "describe", "scrub", "scrub_bytes", "secret_values"]
+import orjson
+
+__all__ = [
+    "REDACTED",
+    "ScrubFilter",
+    "check_name",
+    "describe",
+    "scrub",
+    "scrub_bytes",
+    "secret_bytes",
+    "secret_values",
+]
 
 REDACTED = "***"
 
@@ -37,8 +48,8 @@ _TEXT_PATTERNS = (
 # Spooled samples are user data: only what is unmistakably a credential is replaced there
 # (a Hugging Face token, a Trackio write token in a URL, a credential value from the environment).
 _BYTES_PATTERNS = (
-    (re.compile(_HF[0].encode()), _HF[1].encode(), b"hf_"),
-    (re.compile(_WRITE_TOKEN[0].encode(), re.IGNORECASE), _WRITE_TOKEN[1].encode(), b"oken="),
+    (re.compile(_HF[0].encode()), _HF[1].encode(), (b"hf_",)),
+    (re.compile(_WRITE_TOKEN[0].encode(), re.IGNORECASE), _WRITE_TOKEN[1].encode(), (b"oken=", b"OKEN=")),
 )
 
 
@@ -50,6 +61,17 @@ def secret_values() -> list[str]:
         if (name in _KNOWN or _SECRET_NAME.search(name)) and len(value) >= _MIN_SECRET_LEN
     }
     return sorted(values, key=len, reverse=True)
+
+
+def secret_bytes() -> list[bytes]:
+    """`secret_values()` as they appear in UTF-8 JSON: as is, and JSON-escaped where that differs
+    (a value holding a quote, a backslash or a control character), longest first."""
+    out: set[bytes] = set()
+    for value in secret_values():
+        raw = value.encode()
+        out.add(raw)
+        out.add(orjson.dumps(value)[1:-1])
+    return sorted(out, key=len, reverse=True)
 
 
 def scrub(text: str) -> str:
@@ -64,12 +86,15 @@ def scrub(text: str) -> str:
 
 def describe(exc: BaseException) -> str:
     """An exception as one line for stats, logs and dead letters, with credentials scrubbed."""
-    text = str(exc)
+    try:
+        text = str(exc)
+    except Exception:  # an exception whose message itself fails must not escape from here
+        text = "<message unavailable>"
     return scrub(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
 
 
 def scrub_bytes(data: bytes, secrets: list[bytes]) -> bytes:
-    """`data` (UTF-8 JSON) with credentials replaced; `secrets` from `secret_values()`, encoded.
+    """`data` (UTF-8 JSON) with credentials replaced; `secrets` from `secret_bytes()`.
 
     Called for every spooled record, so each pattern runs only when a cheap substring check
     says it could match; a record with no credential costs a few `in` tests.
@@ -77,8 +102,8 @@ def scrub_bytes(data: bytes, secrets: list[bytes]) -> bytes:
     for value in secrets:
         if value in data:
             data = data.replace(value, REDACTED.encode())
-    for pattern, replacement, hint in _BYTES_PATTERNS:
-        if hint in data:
+    for pattern, replacement, hints in _BYTES_PATTERNS:
+        if any(hint in data for hint in hints):
             data = pattern.sub(replacement, data)
     return data
 

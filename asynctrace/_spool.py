@@ -32,7 +32,7 @@ from typing import Literal
 
 from . import _segments as seg
 from ._record import TraceRecord
-from ._security import describe, secret_values
+from ._security import describe, secret_bytes
 from ._stats import SpoolStats
 from .exceptions import SpoolError
 
@@ -159,12 +159,18 @@ class Spool:
                     f"the spool directory {directory} is accessible to other users "
                     f"(mode {mode:o}) and cannot be made private: {describe(exc)}"
                 ) from exc
-        self._lock()
+        try:
+            self._lock()
+        except OSError as exc:  # a read-only or vanished directory, no permission
+            raise SpoolError(f"cannot lock the spool directory {directory}: {describe(exc)}") from exc
         try:
             scan = seg.scan_dir(directory)
             for f in scan.files:
                 self._register(f)
             self._collect()
+        except OSError as exc:
+            self._unlock()
+            raise SpoolError(f"cannot read the spool directory {directory}: {describe(exc)}") from exc
         except BaseException:
             self._unlock()
             raise
@@ -291,7 +297,7 @@ class Spool:
         now = time.monotonic()
         if now - self._secrets_at > 1.0:
             self._secrets_at = now
-            self._secret_bytes = [v.encode() for v in secret_values()]
+            self._secret_bytes = secret_bytes()
         return self._secret_bytes
 
     def _write(self, ops: list[_Op]) -> None:

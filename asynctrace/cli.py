@@ -9,6 +9,21 @@ from . import __version__
 __all__ = ["main"]
 
 
+def _plain_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A project or run name Trackio can store (a usage error otherwise)."""
+    from ._security import check_name
+
+    if value is None:
+        return None
+    if not value.strip():
+        raise click.BadParameter("must not be empty")
+    try:
+        check_name(f"--{param.name}", value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="asynctrace")
 def main() -> None:
@@ -16,8 +31,14 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--project", default="asynctrace-demo", show_default=True, help="Trackio project to log to.")
-@click.option("--run", default=None, help="Run name (generated when omitted).")
+@click.option(
+    "--project",
+    default="asynctrace-demo",
+    show_default=True,
+    callback=_plain_name,
+    help="Trackio project to log to.",
+)
+@click.option("--run", default=None, callback=_plain_name, help="Run name (generated when omitted).")
 @click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True, help="Training steps.")
 @click.option(
     "--workers", type=click.IntRange(min=1), default=4, show_default=True, help="Concurrent rollout workers."

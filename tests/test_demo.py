@@ -137,6 +137,17 @@ def test_demo_rejects_invalid_options() -> None:
     assert "--group-size" in done.stderr
 
 
+@pytest.mark.parametrize("args", [["--project", "a/b"], ["--run", ".."], ["--project", ""]])
+def test_demo_rejects_names_trackio_cannot_store(args: list[str]) -> None:
+    """A project or run name that is a path or empty is a usage error (exit 2), not a traceback."""
+    from click.testing import CliRunner
+
+    from asynctrace.cli import main
+
+    result = CliRunner().invoke(main, ["demo", "--no-progress", *args])
+    assert result.exit_code == 2 and args[0] in result.output
+
+
 def test_losses_make_the_demo_fail() -> None:
     """Failed or pending samples, non-cap drops, or a broken invariant each count as a problem."""
     assert _problems(SessionStats(submitted=10, written=4, dropped={"capped": 6}), True) == []

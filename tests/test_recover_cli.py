@@ -53,3 +53,34 @@ def test_recover_says_why_records_could_not_be_delivered(
     assert result.exit_code == 1, result.output
     assert f"{project}/r: 6 replayed, 0 written, 6 failed (kept as dead letters)" in result.output
     assert "trackio failed: " in result.output and "Not a directory" in result.output
+
+
+def test_recover_on_an_unusable_spool_is_a_clear_error(tmp_path: Path) -> None:
+    """A spool whose lock file cannot be opened is exit status 2 with a message, not a traceback;
+    a session on it gets SpoolError."""
+    spool = tmp_path / "spool"
+    (spool / ".lock").mkdir(parents=True)  # os.open fails: a directory where the lock file goes
+    result = CliRunner().invoke(main, ["recover", str(spool), "--no-progress"])
+    assert result.exit_code == 2 and "cannot lock the spool directory" in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    session = at.TraceSession("p", run="r", sinks=[at.testing.MemorySink()], spool_dir=spool)
+    with pytest.raises(at.SpoolError, match="cannot lock"), session:
+        pass
+
+
+def test_recover_exits_1_while_dead_letters_remain(tmp_path: Path, project: str) -> None:
+    """Without --dead-letters, records kept as dead letters are still undelivered: exit status 1."""
+
+    class Refusing(at.Sink):
+        name = "refusing"
+
+        async def write(self, records: object) -> None:
+            raise at.PermanentSinkError("nope")
+
+    spool = tmp_path / "spool"
+    with at.TraceSession(project, run="r", sinks=[Refusing()], spool_dir=spool) as s:
+        s.log_samples([sample(i) for i in range(3)], step=0)
+    assert s.stats().failed == 3
+    result = CliRunner().invoke(main, ["recover", str(spool), "--no-progress"])
+    assert result.exit_code == 1, result.output
+    assert "3 dead letters remain" in result.output

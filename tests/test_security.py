@@ -163,3 +163,62 @@ async def test_a_failing_redact_is_a_record_error_naming_the_sample() -> None:
         with pytest.raises(at.RecordError, match="sample 1"):
             await s.log_samples([sample(0), {"prompt": "secret", "response": "r"}], step=0)
         assert await s.log_samples([sample(2)], step=1) == 1
+
+
+async def test_json_escaped_and_upper_case_credentials_stay_out_of_the_spool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A credential holding a quote or backslash (JSON-escaped in the payload) and an upper-case
+    WRITE_TOKEN= in a URL are scrubbed from spool files too."""
+    password = 'pa"ss\\word-1234'
+    monkeypatch.setenv("DB_PASSWORD", password)
+    spool = tmp_path / "spool"
+    async with at.TraceSession(
+        "p",
+        run="r",
+        sinks=[at.testing.MemorySink(hang=True)],
+        spool_dir=spool,
+        durability="enqueue",
+        finish_timeout=0.2,
+    ) as s:
+        await s.log_samples(
+            [{"prompt": f"login with {password}", "response": "curl https://h/?WRITE_TOKEN=zzsecretzz99"}],
+            step=0,
+        )
+        data = b"".join(p.read_bytes() for p in spool.glob("seg-*.jsonl"))
+    assert b"login with ***" in data and b"WRITE_TOKEN=***" in data
+    assert b"zzsecretzz99" not in data and b"word-1234" not in data
+
+
+async def test_a_redact_error_whose_message_fails_is_still_a_counted_drop() -> None:
+    """With on_invalid="skip", a redact raising an exception whose str() itself raises is counted
+    as "invalid" instead of escaping to the caller."""
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("__str__ broke")
+
+    def redact(s: at.Sample) -> at.Sample:
+        raise Unprintable
+
+    async with at.TraceSession("p", sinks=[at.testing.MemorySink()], redact=redact, on_invalid="skip") as s:
+        assert await s.log_samples([sample(0)], step=0) == 0
+    assert s.stats().dropped == {"invalid": 1}
+
+
+def test_numpy_views_and_long_doubles_in_metadata_are_encoded() -> None:
+    """Numpy values orjson cannot write itself (a column view, a longdouble) are coerced."""
+    import numpy as np
+    import orjson
+
+    from asynctrace._record import encode_checked
+
+    m = np.arange(12.0).reshape(3, 4)
+    msgs = [{"role": "user", "content": "hi"}]
+    meta = {"column": m[:, 0], "long": np.longdouble(0.5), "ints": np.arange(6).reshape(2, 3).T}
+    payload, _ = encode_checked(at.Sample(messages=msgs, metadata=meta), 0, None, None)
+    assert orjson.loads(payload)["metadata"] == {
+        "column": [0.0, 4.0, 8.0],
+        "long": 0.5,
+        "ints": [[0, 3], [1, 4], [2, 5]],
+    }
