@@ -79,6 +79,7 @@ class Admission:
     accepted: int = 0
     waiting: list[TraceRecord] = field(default_factory=list)  # block policy: no room yet
     wake: bool = False
+    closed: int = 0  # waiting records dropped as "closed": the session finished meanwhile
 
 
 QueueItem = TraceRecord | Marker | MetricsItem
@@ -123,6 +124,11 @@ class Buffer:
         self.control_items = 0
         self.unstarted: deque[Batch] = deque()
         self.closed = False
+        self.blocked_threads = 0  # threads in a blocking log_samples with samples still waiting
+        # Submissions not in the queue yet (waiting for room, rows being decoded), numbered in
+        # order, so that flush() can wait for those made before it.
+        self._ticket = 0
+        self.tickets: set[int] = set()
         self.thread_waiters = 0
         self._entry_seq = 0
         self.on_drop: Callable[[str, int], None] | None = None
@@ -302,14 +308,28 @@ class Buffer:
                 passed, out.wake = self._apply_gate(result)
                 out.accepted = len(passed) + result.held
             self.accepted += out.accepted
-            self._enqueue(passed, out)
-            if out.waiting and nowait:
-                # log_samples_nowait never blocks: "block" behaves as drop_newest there.
-                self._drop("queue_full", len(out.waiting), out.waiting)
-                out.accepted -= len(out.waiting)
-                self.accepted -= len(out.waiting)
-                out.waiting = []
+            # log_samples_nowait never blocks: "block" behaves as drop_newest there.
+            self._enqueue(passed, out, "drop_newest" if nowait and self.on_full == "block" else None)
         return out
+
+    def take_ticket(self) -> int:
+        with self.lock:
+            self._ticket += 1
+            self.tickets.add(self._ticket)
+            return self._ticket
+
+    def return_ticket(self, ticket: int) -> None:
+        with self.lock:
+            self.tickets.discard(ticket)
+
+    def last_ticket(self) -> int:
+        with self.lock:
+            return self._ticket
+
+    def tickets_upto(self, ticket: int) -> bool:
+        """True while a submission numbered `ticket` or earlier is still on its way to the queue."""
+        with self.lock:
+            return any(t <= ticket for t in self.tickets)
 
     def keeps(self, scores: Sequence[float | None], *, split: str, step: int) -> list[bool] | None:
         """Which of a submission's samples the cap would keep if offered now (None: cannot
@@ -323,6 +343,12 @@ class Buffer:
         """Retry records that were waiting for room (block policy)."""
         out = Admission(accepted=len(records))
         with self.lock:
+            if self.closed:
+                # finish() has begun (and may have passed its flush marker): too late to queue.
+                self.accepted -= len(records)
+                self._drop("closed", len(records), records)
+                out.accepted, out.closed = 0, len(records)
+                return out
             # Only the block policy (and replay, which never drops for room) leaves records waiting.
             self._enqueue(records, out, "block")
         return out
@@ -356,9 +382,10 @@ class Buffer:
 
     def reserve(
         self, scores: Sequence[float | None], *, split: str, step: int, invalid: int = 0
-    ) -> list[Entry | None]:
+    ) -> tuple[list[Entry | None], bool]:
         """Ask the gate which rows can be kept before they are decoded; counts the rest, and
-        `invalid` rows that were left out (counted as submitted and dropped)."""
+        `invalid` rows that were left out (counted as submitted and dropped). Also returns
+        whether the writer should be woken (this offer closed older steps, releasing them)."""
         with self.lock:
             if self.closed:
                 raise SessionClosedError("the session is finished; it accepts no more samples")
@@ -375,11 +402,11 @@ class Buffer:
                 for e in entries:
                     e.state = RELEASED
                 self.accepted += n
-                return list(entries)
+                return list(entries), False
             result = self.gate.offer(split, step, entries, self.clock())
-            self._apply_gate(result)
+            _, wake = self._apply_gate(result)
             self.accepted += len(result.passed) + result.held
-            return [e if e.state != EVICTED else None for e in entries]
+            return [e if e.state != EVICTED else None for e in entries], wake
 
     def fill(self, entries: Sequence[Entry], records: Sequence[TraceRecord]) -> Admission:
         """Attach decoded records to reserved entries; released ones go to the queue now."""
@@ -477,6 +504,11 @@ class Buffer:
         with self.lock:
             for batch in batches:
                 batch.started = True
+            # Lanes start batches in order, so the started ones are at the front: forget them
+            # here, or every batch ever written would stay referenced (with its payloads).
+            unstarted = self.unstarted
+            while unstarted and (unstarted[0].started or not unstarted[0].records):
+                unstarted.popleft()
 
     def resolve(self, batch: Batch, lane: int, ok: bool, retries: int, error: str | None) -> bool:
         """One sink is done with a batch; True when buffer room was freed."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import heapq
+import logging
 import math
 import random
 from collections.abc import Iterable, Sequence
@@ -20,6 +21,8 @@ __all__ = [
     "TopBottomSampler",
     "resolve_sampler",
 ]
+
+logger = logging.getLogger("asynctrace")
 
 # Steps a non-holding sampler keeps counting before the oldest is closed.
 COUNTER_WINDOW = 4096
@@ -284,6 +287,7 @@ class Gate:
         self.step_timeout = step_timeout
         self._open: dict[tuple[str, int], _OpenStep] = {}
         self._closed_upto: dict[str, int] = {}
+        self._warned = False
 
     def is_closed(self, split: str, step: int) -> bool:
         """True when samples for this step are late."""
@@ -325,9 +329,19 @@ class Gate:
         holds = self.sampler.holds
         for e in entries:
             kept, evicted = opened.selection.offer(e)
-            if evicted is not None and evicted.state != EVICTED:  # EVICTED: withdrawn, counted
+            if evicted is not None and evicted.state == HELD:
                 evicted.state = EVICTED
                 result.evicted.append(evicted)
+            elif evicted is not None and evicted.state == RELEASED and not self._warned:
+                # Already passed on (a sampler with holds=False keeps nothing back): it is
+                # written all the same, so it must not be counted as capped too.
+                self._warned = True
+                logger.warning(
+                    "asynctrace: sampler %s evicted a sample it had already let through "
+                    "(holds=False); such samples are written anyway. A sampler that changes "
+                    "its mind must set holds=True",
+                    type(self.sampler).__name__,
+                )
             if not kept:
                 e.state = EVICTED
                 result.capped += 1
@@ -340,9 +354,12 @@ class Gate:
 
     def _close_older(self, split: str, step: int, result: GateResult) -> None:
         if self.sampler.holds:
-            stale = [s for (sp, s) in self._open if sp == split and step - s > self.max_open_steps]
-            if stale:
-                self._close(split, max(stale), result.released)
+            # Everything more than max_open_steps behind the newest step is closed, open or
+            # not: a straggler for a step that far behind is late, and cannot open it again.
+            upto = step - self.max_open_steps - 1
+            closed_upto = self._closed_upto.get(split)
+            if upto >= 0 and (closed_upto is None or upto > closed_upto):
+                self._close(split, upto, result.released)
         elif len(self._open) >= COUNTER_WINDOW and (split, step) not in self._open:
             # A sampler that holds nothing needs only a counter per step, so stragglers many
             # steps behind are still capped exactly; the window just bounds the memory.

@@ -533,6 +533,12 @@ class TraceSession:
             await writer.stopped.wait()
             if self._hooks is not None:
                 self._hooks.uninstall()
+            # Callers waiting for room were woken when the buffer closed: let them count their
+            # samples as "closed" (and acknowledge them in the spool) before it is closed and
+            # the final count is taken. They only need the lock; bounded all the same.
+            with anyio.move_on_after(1.0):
+                while self._async_waiters or self._buffer.blocked_threads:
+                    await anyio.sleep(0.005)
             spool = self._spool
             if spool is not None:
                 # Whatever is still queued goes to the spool (durability="writer" had not
@@ -782,6 +788,7 @@ class TraceSession:
     async def _wait_for_room(self, waiting: list[TraceRecord], timeout: float | None) -> int:
         """Admit `waiting` as room frees up; returns how many were given up."""
         self._async_waiters += 1
+        ticket = self._buffer.take_ticket()
         try:
             with anyio.move_on_after(timeout):
                 while waiting:
@@ -791,6 +798,8 @@ class TraceSession:
                         self._buffer.give_up_waiting(waiting, "closed")
                         return len(waiting)
                     adm = self._buffer.admit_waiting(waiting)
+                    if adm.closed:
+                        return adm.closed
                     if adm.wake:
                         self._wake()
                     waiting = adm.waiting
@@ -805,6 +814,7 @@ class TraceSession:
             raise
         finally:
             self._async_waiters -= 1
+            self._buffer.return_ticket(ticket)
 
     def _log_blocking(
         self,
@@ -823,7 +833,20 @@ class TraceSession:
         if adm.wake:
             self._wake()
         waiting = adm.waiting
-        accepted = adm.accepted
+        if not waiting:
+            return adm.accepted
+        with buf.lock:
+            buf.blocked_threads += 1
+        ticket = buf.take_ticket()
+        try:
+            return self._wait_blocking(waiting, adm.accepted, timeout)
+        finally:
+            buf.return_ticket(ticket)
+            with buf.lock:
+                buf.blocked_threads -= 1
+
+    def _wait_blocking(self, waiting: list[TraceRecord], accepted: int, timeout: float | None) -> int:
+        buf = self._buffer
         deadline = None if timeout is None else time.monotonic() + timeout
         while waiting:
             if buf.closed:
@@ -841,6 +864,8 @@ class TraceSession:
                     finally:
                         buf.thread_waiters -= 1
             adm = buf.admit_waiting(waiting)
+            if adm.closed:
+                return accepted - adm.closed
             if adm.wake:
                 self._wake()
             waiting = adm.waiting
@@ -896,7 +921,16 @@ class TraceSession:
         """Close open sampler steps and wait until everything submitted before the call is
         delivered or finally failed. Returns False when `timeout` passed first."""
         self._check_open()
-        return await self._flush_until(None if timeout is None else anyio.current_time() + timeout)
+        deadline = None if timeout is None else anyio.current_time() + timeout
+        # Samples submitted before this call but not queued yet (a caller waiting for room, rows
+        # log_rollouts is decoding) must be queued before the marker that flush waits for.
+        last = self._buffer.last_ticket()
+        with anyio.move_on_after(None if deadline is None else deadline - anyio.current_time()):
+            while self._buffer.tickets_upto(last):
+                await anyio.sleep(0.005)
+        if self._buffer.tickets_upto(last):
+            return False
+        return await self._flush_until(deadline)
 
     async def _flush_until(self, deadline: float | None) -> bool:
         self._buffer.close_steps()
@@ -949,7 +983,11 @@ class TraceSession:
                 )
             rows = [i for i in rows if scores[i] is not None]
             invalid = len(missing)
-        entries = self._buffer.reserve([scores[i] for i in rows], split=split, step=step, invalid=invalid)
+        entries, wake = self._buffer.reserve(
+            [scores[i] for i in rows], split=split, step=step, invalid=invalid
+        )
+        if wake:
+            self._wake()
         kept = [(i, e) for i, e in zip(rows, entries, strict=True) if e is not None]
         return [i for i, _ in kept], [e for _, e in kept]
 
@@ -1009,24 +1047,29 @@ class TraceSession:
         # `rows` picks (and orders) the rows to log, as in decode_rollouts; the cap chooses
         # among those.
         candidates = _check_rows(decode_kwargs.pop("rows", None), n)
-        rows, kept = self._reserve(row_scores(rewards, n), candidates, step=step, split=split)
-        if not rows:
-            return 0
+        # Taken before reserving, so a flush() from now on waits until these rows are queued.
+        ticket = self._buffer.take_ticket()
         try:
-            samples = await anyio.to_thread.run_sync(
-                functools.partial(
-                    decode_rollouts,
-                    input_ids,
-                    tokenizer=tokenizer,
-                    rewards=rewards,
-                    rows=rows,
-                    **decode_kwargs,
+            rows, kept = self._reserve(row_scores(rewards, n), candidates, step=step, split=split)
+            if not rows:
+                return 0
+            try:
+                samples = await anyio.to_thread.run_sync(
+                    functools.partial(
+                        decode_rollouts,
+                        input_ids,
+                        tokenizer=tokenizer,
+                        rewards=rewards,
+                        rows=rows,
+                        **decode_kwargs,
+                    )
                 )
-            )
-        except anyio.get_cancelled_exc_class():
-            self._buffer.cancel(kept, "cancelled", split=split, step=step)
-            raise
-        except BaseException:
-            self._buffer.cancel(kept, "invalid", split=split, step=step)
-            raise
-        return await self._fill(kept, samples, step=step, split=split)
+            except anyio.get_cancelled_exc_class():
+                self._buffer.cancel(kept, "cancelled", split=split, step=step)
+                raise
+            except BaseException:
+                self._buffer.cancel(kept, "invalid", split=split, step=step)
+                raise
+            return await self._fill(kept, samples, step=step, split=split)
+        finally:
+            self._buffer.return_ticket(ticket)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Sequence
 
@@ -217,3 +218,126 @@ async def test_a_sink_that_fell_behind_gets_fewer_writes_of_at_most_batch_size()
         sink.release.set()
     assert sum(sink.sizes) == 40
     assert 4 < max(sink.sizes) <= 10
+
+
+class _Counting(at.Sink):
+    """Counts what it is given and keeps nothing."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    async def write(self, records: Sequence[at.TraceRecord]) -> None:
+        self.n += len(records)
+
+
+async def test_drop_oldest_does_not_keep_written_batches_alive() -> None:
+    """Under drop_oldest, batches a sink has written are forgotten: after 20 MB went through a
+    session that never filled up, almost none of it is still held in memory."""
+    import gc
+    import tracemalloc
+
+    sink = _Counting()
+    tracemalloc.start()
+    try:
+        async with at.TraceSession("p", sinks=[sink], on_full="drop_oldest", flush_interval=0.01) as s:
+            base = tracemalloc.get_traced_memory()[0]
+            for step in range(40):
+                await s.log_samples([{"prompt": "q", "response": "x" * 10_000} for _ in range(50)], step=step)
+                await anyio.sleep(0)
+            assert await s.flush(timeout=10)
+            gc.collect()
+            held = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert sink.n == 2000 and s.stats().dropped == {}
+    assert held < 4 * 2**20, f"{held / 2**20:.1f} MiB still held after flush"
+
+
+class _FinishingSink(at.Sink):
+    """On its first write, waits for a thread to block for room, then starts finish() so that it
+    begins just as this write frees the room."""
+
+    name = "finishing"
+
+    def __init__(self) -> None:
+        self.session: at.TraceSession | None = None
+        self.records: list[at.TraceRecord] = []
+        self.final: at.SessionStats | None = None
+
+    async def write(self, records: Sequence[at.TraceRecord]) -> None:
+        session = self.session
+        if session is not None and not self.records:
+            while session._buffer.blocked_threads == 0:
+                await anyio.sleep(0.005)
+            go = anyio.Event()
+
+            async def finisher() -> None:
+                await go.wait()  # wakes first, in the same turn as this write
+                self.final = await session.finish(5.0)
+
+            assert session._tg is not None
+            session._tg.start_soon(finisher)
+            await anyio.sleep(0.02)
+            go.set()
+            await anyio.sleep(0)
+        self.records.extend(records)
+
+
+def test_a_thread_waiting_for_room_when_finish_begins_counts_its_samples_closed() -> None:
+    """A blocking log_samples still waiting for room when finish() begins gives its samples up as
+    "closed" even if room frees at that moment, and finish()'s own stats already show it."""
+    sink = _FinishingSink()
+    session = at.TraceSession(
+        "p", sinks=[sink], queue_size=1, on_full="block", batch_size=1, flush_interval=0.01
+    )
+    sink.session = session
+    result: dict[str, int] = {}
+    with session as s:
+
+        def worker() -> None:
+            result["accepted"] = s.log_samples([sample(0), sample(1)], step=0)
+
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join(10)
+    final = sink.final
+    assert final is not None and final.check()
+    assert final.pending == 0 and final.written == 1 and final.dropped == {"closed": 1}
+    assert result["accepted"] == 1 and session.stats() == final
+
+
+async def test_flush_waits_for_samples_still_waiting_for_room() -> None:
+    """flush() covers samples submitted before it that were still waiting for room under block."""
+    sink = at.testing.MemorySink(delay=0.1)
+    async with (
+        at.TraceSession(
+            "p", sinks=[sink], queue_size=2, on_full="block", batch_size=2, flush_interval=0.01
+        ) as s,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(functools.partial(s.log_samples, [sample(i) for i in range(6)], step=0))
+        await anyio.sleep(0.05)
+        assert s.stats().pending == 6
+        assert await s.flush(timeout=10)
+        assert s.stats().written == 6 and len(sink.records) == 6
+
+
+async def test_nowait_under_block_drops_only_what_does_not_fit() -> None:
+    """log_samples_nowait under on_full="block" behaves as drop_newest: a later smaller sample
+    that fits is kept."""
+    results = {}
+    for policy in ("block", "drop_newest"):
+        async with at.TraceSession(
+            "p",
+            sinks=[at.testing.MemorySink(hang=True)],
+            max_queue_bytes=1000,
+            on_full=policy,
+            finish_timeout=0.1,
+        ) as s:  # type: ignore[arg-type]
+            s.log_samples_nowait([{"prompt": "q", "response": "x" * 600}], step=0)
+            results[policy] = s.log_samples_nowait(
+                [{"prompt": "q", "response": "y" * 600}, {"prompt": "q", "response": "z"}], step=0
+            )
+    assert results == {"block": 1, "drop_newest": 1}

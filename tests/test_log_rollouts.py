@@ -201,3 +201,26 @@ def test_check_fails_on_a_negative_count() -> None:
     """stats().check() does not let a negative pending count balance a double-counted drop."""
     stats = at.SessionStats(submitted=2, accepted=2, written=1, dropped={"capped": 2}, failed=0, pending=-1)
     assert not stats.check()
+
+
+async def test_steps_closed_by_log_rollouts_are_written_without_a_flush() -> None:
+    """Rows a holding sampler releases when log_rollouts moves to a newer step reach the sink
+    within a few flush intervals, with no flush() and no step_timeout."""
+    tok = rollouts.toy_tokenizer()
+    rows = [tok.encode(f"problem {i} answer {i}").ids for i in range(8)]
+    sink = at.testing.MemorySink()
+    async with at.TraceSession(
+        "p",
+        sinks=[sink],
+        max_traces_per_step=2,
+        sampler="top_bottom",
+        max_open_steps=0,
+        step_timeout=None,
+        flush_interval=0.02,
+    ) as s:
+        for step in range(6):  # each step closes the one before it
+            await s.log_rollouts(rows, tokenizer=tok, step=step, rewards=[float(i) for i in range(8)])
+        with anyio.fail_after(5):
+            while len(sink.records) < 10:
+                await anyio.sleep(0.01)
+        assert sorted({r.step for r in sink.records}) == [0, 1, 2, 3, 4]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import anyio
 import pytest
@@ -226,3 +227,54 @@ async def test_a_cap_still_rejects_what_is_not_a_sample() -> None:
         with pytest.raises(at.RecordError, match=r"sample 2: expected an asynctrace.Sample or a mapping"):
             await s.log_samples([sample(0), sample(1), "not a sample"], step=0)
     assert s.stats().submitted == 0
+
+
+async def test_stragglers_far_behind_the_newest_step_are_late() -> None:
+    """A holding sampler keeps at most max_open_steps + 1 steps open: a sample for a step further
+    behind the newest is late even if that step never opened."""
+    sink = at.testing.MemorySink()
+    async with at.TraceSession(
+        "p", sinks=[sink], max_traces_per_step=4, sampler="top_bottom", max_open_steps=1
+    ) as s:
+        await s.log_samples([sample(0, step=100)], step=100)
+        for step in range(99, 89, -1):
+            await s.log_samples([sample(0, step=step)], step=step)
+    st = s.stats()
+    assert st.dropped == {"late": 9} and st.written == 2 and st.check()
+    assert sorted(r.step for r in sink.records) == [99, 100]
+
+
+class _LatestSelection(at.StepSelection):
+    """Breaks the contract on purpose: lets samples through at once, then evicts them."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.kept: list[Any] = []
+
+    def offer(self, entry: Any) -> tuple[bool, Any]:
+        self.kept.append(entry)
+        return True, (self.kept.pop(0) if len(self.kept) > self.k else None)
+
+    def held(self) -> list[Any]:
+        return []
+
+
+class _Latest(at.Sampler):
+    holds = False
+
+    def new_step(self, split: str, step: int, k: int) -> at.StepSelection:
+        return _LatestSelection(k)
+
+
+async def test_a_non_holding_sampler_that_evicts_does_not_break_the_accounting(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A custom sampler with holds=False that evicts a sample it already let through: the sample
+    is written (it was on its way) and counted once, with a warning about the contract."""
+    sink = at.testing.MemorySink()
+    async with at.TraceSession("p", sinks=[sink], max_traces_per_step=1, sampler=_Latest()) as s:
+        for i in range(3):
+            await s.log_samples([sample(i)], step=0)
+    st = s.stats()
+    assert st.written == 3 and st.dropped == {} and st.check()
+    assert "holds=True" in caplog.text
