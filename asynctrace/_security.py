@@ -48,8 +48,15 @@ _TEXT_PATTERNS = (
 # Spooled samples are user data: only what is unmistakably a credential is replaced there
 # (a Hugging Face token, a Trackio write token in a URL, a credential value from the environment).
 _BYTES_PATTERNS = (
-    (re.compile(_HF[0].encode()), _HF[1].encode(), (b"hf_",)),
-    (re.compile(_WRITE_TOKEN[0].encode(), re.IGNORECASE), _WRITE_TOKEN[1].encode(), (b"oken=", b"OKEN=")),
+    (re.compile(_HF[0].encode()), _HF[1].encode(), None, (b"hf_",)),
+    # The pattern ignores case; the checks look for "=" first (one memchr, where a substring
+    # search costs about 2 us per 2.5 KB), then for the two usual spellings.
+    (
+        re.compile(_WRITE_TOKEN[0].encode(), re.IGNORECASE),
+        _WRITE_TOKEN[1].encode(),
+        b"=",
+        (b"oken=", b"OKEN="),
+    ),
 )
 
 
@@ -102,9 +109,13 @@ def scrub_bytes(data: bytes, secrets: list[bytes]) -> bytes:
     for value in secrets:
         if value in data:
             data = data.replace(value, REDACTED.encode())
-    for pattern, replacement, hints in _BYTES_PATTERNS:
-        if any(hint in data for hint in hints):
-            data = pattern.sub(replacement, data)
+    for pattern, replacement, char, hints in _BYTES_PATTERNS:
+        if char is not None and char not in data:
+            continue
+        for hint in hints:
+            if hint in data:
+                data = pattern.sub(replacement, data)
+                break
     return data
 
 

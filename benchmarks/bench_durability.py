@@ -141,6 +141,51 @@ async def recovery(samples: list[Any], spool: Path) -> tuple[float, float, float
     return read_rate, len(samples) / seconds, seconds, nbytes
 
 
+def line_costs(bodies: list[dict[str, Any]], rounds: int) -> None:
+    """What writing one record to the spool costs on the caller's side under "enqueue", next to
+    encoding it: the scan for credentials, and the whole spool line (the scan included)."""
+    from asynctrace._record import TraceRecord
+    from asynctrace._security import scrub_bytes, secret_bytes
+    from asynctrace._segments import record_line_parts
+
+    payloads = [orjson.dumps(b) for b in bodies]
+    records = [TraceRecord(f"id-{i}", 0, "train", "train/traces", p, 0.0) for i, p in enumerate(payloads)]
+    secrets = secret_bytes()
+
+    def encode() -> None:
+        for b in bodies:
+            orjson.dumps(b)
+
+    def scan() -> None:
+        for p in payloads:
+            scrub_bytes(p, secrets)
+
+    def line() -> None:
+        out: list[bytes] = []
+        for r in records:
+            record_line_parts(r, secrets, out)
+
+    variants = {"encode the sample (orjson.dumps)": encode, "credential scan (scrub_bytes)": scan,
+                "whole spool line (scan included)": line}  # fmt: skip
+    spent: dict[str, list[float]] = {v: [] for v in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            t0 = time.perf_counter()
+            fn()
+            spent[name].append((time.perf_counter() - t0) / len(bodies) * 1e6)
+    base = statistics.median(spent["encode the sample (orjson.dumps)"])
+    print(f"spool line cost per 2.5 KB record ({len(secrets)} credential values in the environment), "
+          f"{rounds} alternating rounds (median)")  # fmt: skip
+    common.print_table(
+        ["step", "us/record", "vs encode"],
+        [
+            [v, f"{statistics.median(x):.2f}", common.fmt_ratio(statistics.median(x) / base)]
+            for v, x in spent.items()
+        ],
+    )
+    print()
+
+
 async def main_async(args: argparse.Namespace) -> int:
     common.print_machine("start")
     common.prefault(args.prefault_mb)
@@ -210,6 +255,8 @@ async def _run(args: argparse.Namespace, spool_root: Path) -> int:
         ],
     )
     print()
+
+    line_costs(common.sample_bodies(2000, size), args.rounds)
 
     backlog = common.to_samples(common.sample_bodies(args.recover_records, size))
     read_rate, rate, seconds, nbytes = await recovery(backlog, spool_root / "recover")
