@@ -16,6 +16,7 @@ import math
 import os
 import random
 import re
+import shlex
 import statistics
 import time
 from collections.abc import Iterator, Mapping
@@ -522,10 +523,17 @@ def _dropped_line(dropped: Mapping[str, int]) -> str:
 
 def dashboard_command(project: str, directory: str | None = None) -> str:
     """The shell command that opens Trackio's dashboard on the demo's project."""
-    command = f'trackio show --project "{project}"'
+    command = f"trackio show --project {_shell_word(project)}"
     if os.environ.get("TRACKIO_DIR") and directory:
-        command = f'TRACKIO_DIR="{directory}" {command}'
+        command = f"TRACKIO_DIR={_shell_word(directory)} {command}"
     return command
+
+
+def _shell_word(text: str) -> str:
+    """`text` quoted for a POSIX shell: in double quotes when that is safe, else as shlex does."""
+    if re.fullmatch(r"[\w./:@+,=-]+", text):
+        return f'"{text}"'
+    return shlex.quote(text)
 
 
 def format_summary(result: DemoResult, max_traces: int) -> str:

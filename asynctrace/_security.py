@@ -142,6 +142,10 @@ class ScrubFilter(logging.Filter):
         if clean != message:
             record.msg = clean
             record.args = None
+        if record.exc_info and not record.exc_text:
+            # Handlers format the traceback later, from exc_info, unless exc_text is already
+            # set: set it, scrubbed (an exception's message can hold a URL with its token).
+            record.exc_text = scrub(logging.Formatter().formatException(record.exc_info))
         return True
 
 

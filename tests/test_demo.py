@@ -156,3 +156,19 @@ def test_losses_make_the_demo_fail() -> None:
     assert _problems(SessionStats(submitted=10, written=3, dropped={"capped": 6, "queue_full": 1}), True)
     assert _problems(SessionStats(submitted=11, written=4, dropped={"capped": 6}), True)
     assert _problems(SessionStats(submitted=10, written=4, dropped={"capped": 6}), False)
+
+
+def test_dashboard_command_quotes_names_for_the_shell(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The printed dashboard command is safe to paste whatever the project or directory name."""
+    import shlex
+
+    from asynctrace._demo import dashboard_command
+
+    monkeypatch.setenv("TRACKIO_DIR", "/tmp/x")
+    assert (
+        dashboard_command("asynctrace-demo", "/tmp/x")
+        == 'TRACKIO_DIR="/tmp/x" trackio show --project "asynctrace-demo"'
+    )
+    hostile = 'p"$(touch pwned)`x`'
+    words = shlex.split(dashboard_command(hostile, "/tmp/dir with space"))
+    assert words == ["TRACKIO_DIR=/tmp/dir with space", "trackio", "show", "--project", hostile]

@@ -222,3 +222,21 @@ def test_numpy_views_and_long_doubles_in_metadata_are_encoded() -> None:
         "long": 0.5,
         "ints": [[0, 3], [1, 4], [2, 5]],
     }
+
+
+def test_tracebacks_logged_by_asynctrace_are_scrubbed(tokens: list[str]) -> None:
+    """A credential in an exception logged with its traceback is scrubbed from the traceback too."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    log = logging.getLogger("asynctrace")
+    log.addHandler(handler)
+    try:
+        try:
+            raise RuntimeError(f"cannot reach https://h/?write_token={WRITE}")
+        except RuntimeError:
+            log.exception("asynctrace: shipping failed")
+    finally:
+        log.removeHandler(handler)
+    output = stream.getvalue()
+    assert "Traceback" in output and "write_token=***" in output
+    assert WRITE not in output

@@ -211,7 +211,9 @@ class TrackioSink(Sink):
             return
         if proc.returncode is None:
             proc.kill()
-        with anyio.move_on_after(5), anyio.CancelScope(shield=True):
+        # One scope: shielded from the caller's cancellation, yet bounded by its own deadline
+        # (a timeout outside a shielded scope would never reach the wait inside it).
+        with anyio.CancelScope(shield=True, deadline=anyio.current_time() + 5):
             await proc.wait()
         await proc.aclose()
 
