@@ -355,6 +355,7 @@ def encode_sample(
                 body = {"messages": messages, "metadata": metadata}
                 score = metadata.get("reward")
             else:
+                _check_score(score, index)
                 body = {"messages": messages, "metadata": metadata, "score": score}
             return _encode_body(body, index), _fast_score(score)
     if redact is not None:
@@ -369,7 +370,24 @@ def encode_sample(
     raw_score = body.get("score")
     if raw_score is None:
         raw_score = body["metadata"].get("reward")
+    else:
+        _check_score(raw_score, index)
     return payload, _finite_or_none(raw_score)
+
+
+def _check_score(value: Any, index: int) -> None:
+    """`score` is a number (the contract's `float | None`), whatever the sampler."""
+    if not isinstance(value, (str, bytes, bool)):
+        try:
+            float(value)
+            return
+        except (TypeError, ValueError):
+            pass
+    raise RecordError(
+        f"sample {index}: score: expected a number or None, got {type(value).__name__}",
+        index=index,
+        path="score",
+    )
 
 
 def encode_samples(

@@ -286,3 +286,20 @@ async def test_odd_but_valid_values_reach_trackio(project: str) -> None:
     assert by_prompt["call a tool"]["messages"][2]["tool_call_id"] == "c1"
     assert by_prompt["call a tool"]["metadata"] == {"when": "2026-01-01", "np": [0, 1, 2]}
     await anyio.sleep(0)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        at.Sample(messages=[{"role": "user", "content": "x"}], score="high"),  # type: ignore[arg-type]
+        {"prompt": "p", "response": "r", "score": [1, 2]},
+        {"messages": [{"role": "user", "content": "x"}], "score": True},
+    ],
+)
+def test_a_score_that_is_not_a_number_is_a_record_error(bad: Any) -> None:
+    """`score` must be a number or None even when no sampler ranks by it (path "score")."""
+    from asynctrace._record import encode_sample
+
+    with pytest.raises(at.RecordError) as info:
+        encode_sample(bad, 2)
+    assert info.value.index == 2 and info.value.path == "score"
