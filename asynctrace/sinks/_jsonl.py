@@ -110,6 +110,10 @@ class JsonlSink(Sink):
             self._busy += 1
         try:
             with self._io:
+                if self._closed:
+                    # Queued behind a call that was given up on (a blocking file) while the
+                    # sink closed meanwhile: nothing may be written after close.
+                    raise RuntimeError("JsonlSink is closed")
                 return fn(*args)
         finally:
             with self._state:

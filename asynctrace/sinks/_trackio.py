@@ -54,7 +54,17 @@ def _release_pipes_in_child() -> None:
     rather than closed so that the child's copies of the pipe objects, when collected, close
     /dev/null and not a descriptor the child has since opened for something else.
     """
-    fds = [fd for sink in list(_live_sinks) for fd in sink._pipe_fds]
+    fds = []
+    for sink in list(_live_sinks):
+        for fd, ident in sink._pipe_fds:
+            # The loop closes a dead writer's pipes on its own, and the number may since have
+            # been reused for something else: only the very pipe recorded at spawn is redirected.
+            try:
+                st = os.fstat(fd)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) == ident:
+                fds.append(fd)
     if not fds:
         return
     try:
@@ -71,15 +81,16 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_release_pipes_in_child)
 
 
-def _pipe_fds(proc: anyio.abc.Process) -> tuple[int, ...]:
-    """This process's ends of the writer's stdin and stdout pipes.
+def _pipe_fds(proc: anyio.abc.Process) -> tuple[tuple[int, tuple[int, int]], ...]:
+    """This process's ends of the writer's stdin and stdout pipes, each with the identity of the
+    pipe (device, inode) so that a number reused later is not mistaken for it.
 
     Best effort: anyio does not expose them, so they are found through the backend's process
     (a trio `FdStream`, or an asyncio pipe transport). Where none is found, the writer still
     notices its parent has gone (see `_trackio_worker`).
     """
     inner = getattr(proc, "_process", None)
-    fds: list[int] = []
+    fds: list[tuple[int, tuple[int, int]]] = []
     for stream in (getattr(inner, "stdin", None), getattr(inner, "stdout", None)):
         fileno = getattr(stream, "fileno", None)
         if fileno is None:
@@ -88,7 +99,9 @@ def _pipe_fds(proc: anyio.abc.Process) -> tuple[int, ...]:
             fileno = getattr(pipe, "fileno", None)
         if callable(fileno):
             with contextlib.suppress(Exception):
-                fds.append(int(fileno()))
+                fd = int(fileno())
+                st = os.fstat(fd)
+                fds.append((fd, (st.st_dev, st.st_ino)))
     return tuple(fds)
 
 
@@ -134,7 +147,8 @@ class TrackioSink(Sink):
         self._broken = False
         self._open_seq: int | None = None  # the open request, until its reply is read
         self._inflight: tuple[object, int] | None = None  # (what, seq) of a request awaiting its reply
-        self._pipe_fds: tuple[int, ...] = ()  # this process's ends of the writer's pipes
+        # This process's ends of the writer's pipes: (fd, (st_dev, st_ino)).
+        self._pipe_fds: tuple[tuple[int, tuple[int, int]], ...] = ()
         #: Replayed records that were already in Trackio and so were not written again.
         self.duplicates_skipped = 0
 

@@ -217,3 +217,31 @@ async def test_console_sink_writes_to_a_stream_that_cannot_encode_its_marks() ->
     text = raw.getvalue().decode("ascii")
     assert "-- train/traces step 2" in text and "caf??" in text
     assert "... [" in text and "-- metrics step 2: reward/mean=0.5" in text
+
+
+async def test_jsonl_writes_nothing_after_close_from_attempts_given_up_on(tmp_path: Path) -> None:
+    """Retries of a write stuck on a blocking file queue behind it; once the sink is closed they
+    write nothing when the file drains: the batch is in the file once, not once per attempt."""
+    path = tmp_path / "traces.jsonl"
+    os.mkfifo(path)
+    got: list[bytes] = []
+    drain = threading.Event()
+
+    def reader() -> None:
+        with open(path, "rb") as f:
+            drain.wait(10)
+            got.append(f.read())
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    sink = at.JsonlSink(path)
+    await sink.open()
+    record = at.TraceRecord("rec-1", 0, "train", "train/traces", orjson.dumps({"x": "y" * 200_000}), 0.0)
+    for _ in range(3):  # three attempts, each given up at its timeout (the file blocks)
+        with anyio.move_on_after(0.3) as scope:
+            await sink.write([record])
+        assert scope.cancelled_caught
+    await sink.close()
+    drain.set()
+    await anyio.to_thread.run_sync(thread.join, 10)
+    assert got and got[0].count(b'"id":"rec-1"') == 1

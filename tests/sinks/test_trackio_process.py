@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -79,3 +80,52 @@ def test_writer_exits_when_its_parent_dies_even_if_another_process_holds_its_pip
     project, _, outlived = _kill_trainer_leaving_a_holder("asyncio", "exec")
     assert outlived < 3.0
     assert len(read_traces(project, "r")) == 4
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # asyncio closes a dead child's pipes itself
+async def test_fork_hook_leaves_a_reused_descriptor_alone(project: str) -> None:
+    """After the writer process died on its own (its pipes closed by the event loop), a fork does
+    not redirect an unrelated pipe that reused their descriptor numbers in the child."""
+    import os
+    import signal
+
+    import anyio
+
+    sink = at.TrackioSink(project, "r")
+    await sink.open()
+    try:
+        assert sink._proc is not None and sink._pipe_fds
+        numbers = {fd for fd, _ in sink._pipe_fds}
+        os.kill(sink._proc.pid, signal.SIGKILL)
+
+        def all_closed() -> bool:
+            for fd in numbers:
+                try:
+                    os.fstat(fd)
+                except OSError:
+                    continue
+                return False
+            return True
+
+        with anyio.fail_after(10):
+            while not all_closed():
+                await anyio.sleep(0.05)
+        pipes = [os.pipe() for _ in range(2)]  # unrelated pipes, on the freed numbers
+        reused = {fd for pair in pipes for fd in pair} & numbers
+        assert reused
+        pid = os.fork()
+        if pid == 0:
+            try:
+                for _, w in pipes:
+                    os.write(w, b"hello from child")
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        for r, w in pipes:
+            os.close(w)
+            assert os.read(r, 100) == b"hello from child"
+            os.close(r)
+    finally:
+        with contextlib.suppress(Exception):
+            await sink.close()
