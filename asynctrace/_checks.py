@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
-__all__ = ["check_int", "check_seconds", "check_step"]
+__all__ = ["check_int", "check_seconds", "check_step", "wait_arg"]
 
 
 def check_int(name: str, value: Any, *, minimum: int = 1, allow_none: bool = False) -> None:
@@ -29,3 +30,8 @@ def check_step(step: Any, split: Any = "train") -> None:
     check_int("step", step, minimum=0)
     if not isinstance(split, str) or not split:
         raise ValueError(f"split must be a non-empty str, got {split!r}")
+
+
+def wait_arg(seconds: float) -> float | None:
+    """`seconds` for a blocking wait: None (no limit) where it is more than a wait accepts."""
+    return None if seconds >= threading.TIMEOUT_MAX else seconds

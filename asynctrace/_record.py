@@ -123,6 +123,8 @@ def _coerce(obj: Any) -> Any:
             # orjson writes numpy arrays and scalars, but not a 0-d array (what np.asarray(x)
             # or a reduction with keepdims gives): it is a scalar, as a 0-d torch tensor is.
             value = obj.item()
+            if isinstance(value, complex) or getattr(getattr(obj, "dtype", None), "kind", "") == "c":
+                raise TypeError(f"complex number {value!r} has no JSON form")
             if type(value).__module__ == "numpy":  # longdouble: no Python type holds it
                 return float(value)
             return value
@@ -377,7 +379,9 @@ def encode_sample(
 
 def _check_score(value: Any, index: int) -> None:
     """`score` is a number (the contract's `float | None`), whatever the sampler."""
-    if not isinstance(value, (str, bytes, bool)):
+    kind = type(value)
+    numpy_bool = kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")
+    if not isinstance(value, (str, bytes, bool)) and not numpy_bool:
         try:
             float(value)
             return

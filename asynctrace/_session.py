@@ -536,8 +536,9 @@ class TraceSession:
             # Callers waiting for room were woken when the buffer closed: let them count their
             # samples as "closed" (and acknowledge them in the spool) before it is closed and
             # the final count is taken. They only need the lock; bounded all the same.
+            # Rows log_rollouts is still decoding hold a ticket too: they end as "closed".
             with anyio.move_on_after(1.0):
-                while self._async_waiters or self._buffer.blocked_threads:
+                while self._async_waiters or self._buffer.blocked_threads or self._buffer.tickets:
                     await anyio.sleep(0.005)
             spool = self._spool
             if spool is not None:
@@ -827,23 +828,28 @@ class TraceSession:
         self._check_open()
         records, invalid, refused = self._encode(samples, step, split)
         buf = self._buffer
-        adm = buf.admit(records, split=split, step=step, nowait=False, invalid=invalid, refused=refused)
-        if self._spool_sync:
-            self._commit_spool()
-        if adm.wake:
-            self._wake()
-        waiting = adm.waiting
-        if not waiting:
-            return adm.accepted
-        with buf.lock:
-            buf.blocked_threads += 1
-        ticket = buf.take_ticket()
+        # Under "block" this call may be left waiting for room: its ticket is taken before it
+        # admits anything, so a flush() from another thread cannot slip in between.
+        ticket = buf.take_ticket() if self.on_full == "block" else None
         try:
-            return self._wait_blocking(waiting, adm.accepted, timeout)
-        finally:
-            buf.return_ticket(ticket)
+            adm = buf.admit(records, split=split, step=step, nowait=False, invalid=invalid, refused=refused)
+            if self._spool_sync:
+                self._commit_spool()
+            if adm.wake:
+                self._wake()
+            waiting = adm.waiting
+            if not waiting:
+                return adm.accepted
             with buf.lock:
-                buf.blocked_threads -= 1
+                buf.blocked_threads += 1
+            try:
+                return self._wait_blocking(waiting, adm.accepted, timeout)
+            finally:
+                with buf.lock:
+                    buf.blocked_threads -= 1
+        finally:
+            if ticket is not None:
+                buf.return_ticket(ticket)
 
     def _wait_blocking(self, waiting: list[TraceRecord], accepted: int, timeout: float | None) -> int:
         buf = self._buffer

@@ -37,7 +37,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from ._checks import check_seconds
+from ._checks import check_seconds, wait_arg
 
 if TYPE_CHECKING:
     from ._session import TraceSession
@@ -154,7 +154,7 @@ class _Hooks:
         if session._loop_thread != threading.main_thread().ident:
             try:
                 # finish() drains within its own deadline and closes sinks with a short grace.
-                if not session._closed_event.wait(session.finish_timeout + 6.0):
+                if not session._closed_event.wait(wait_arg(session.finish_timeout + 6.0)):
                     logger.error("asynctrace: the session did not finish in time at shutdown")
             finally:
                 self.busy = False
@@ -266,7 +266,7 @@ def _drain_from_outside(session: TraceSession, final: bool, timeout: float) -> b
     if not _schedule(session, job, otherwise=done.set):
         return False
     # finish() closes sinks after its drain deadline with a short grace of its own.
-    if not done.wait(timeout + 6.0):
+    if not done.wait(wait_arg(timeout + 6.0)):
         logger.error("asynctrace: the session did not drain within %.1fs at shutdown", timeout)
         return False
     if final and session._sync is not None:

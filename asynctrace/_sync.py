@@ -14,6 +14,7 @@ import anyio
 from anyio.from_thread import BlockingPortal
 
 from . import _shutdown
+from ._checks import wait_arg
 from ._record import SampleLike
 from ._stats import SessionStats
 from .exceptions import SessionClosedError
@@ -51,7 +52,7 @@ def _bounded(fn: Callable[[], Any], bound: float) -> Any:
     except RuntimeError:  # no new threads at interpreter shutdown (Python 3.12+): wait inline
         return fn()
     try:
-        return done.result(bound)
+        return done.result(wait_arg(bound))
     except concurrent.futures.TimeoutError:
         raise TimeoutError from None
 
@@ -187,7 +188,7 @@ class _SyncRunner:
             self._closed = True
         if not first:
             # Another thread is finishing: wait for that finish, as the async finish() does.
-            session._closed_event.wait(_finish_bound(timeout))
+            session._closed_event.wait(wait_arg(_finish_bound(timeout)))
             return session.stats() if session._final is None else session._final
         _shutdown.unregister_runner(self)
 

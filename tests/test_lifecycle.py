@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import anyio
 import pytest
 
@@ -206,3 +209,70 @@ def test_forked_child_cannot_log_through_its_parents_session(tmp_path: object) -
     assert len(refusals) == 2 and "forked" in refusals[0] and "child logged" not in out
     assert "child exit 0" in out
     assert out[-1] == "parent wrote [0, 1] True"
+
+
+def test_sync_session_accepts_an_infinite_timeout() -> None:
+    """finish_timeout=inf and flush(timeout=inf) on the blocking form wait as long as it takes
+    (an infinite bound is no bound), instead of failing on a wait's largest timeout."""
+    mem = at.testing.MemorySink(delay=0.2)
+    with at.TraceSession("p", sinks=[mem], finish_timeout=float("inf"), flush_interval=0.01) as s:
+        s.log_samples([sample(0)], step=0)
+        assert s.flush(timeout=float("inf"))
+    assert s.stats().written == 1 and mem.closed
+
+
+async def test_finish_counts_rows_still_being_decoded_as_closed_in_its_own_stats() -> None:
+    """Rows log_rollouts is decoding when finish() runs are "closed" in the stats finish() returns,
+    not left pending (with a false deadline warning) there and closed later."""
+    import time
+
+    from asynctrace import rollouts
+
+    tok = rollouts.toy_tokenizer()
+
+    class SlowTokenizer:
+        def batch_decode(self, seqs: Any, **kwargs: Any) -> list[str]:
+            time.sleep(0.5)
+            return list(tok.decode_batch(seqs, skip_special_tokens=False))
+
+    rows = [tok.encode(f"problem {i} answer {i}").ids[:6] for i in range(4)]
+    session = at.TraceSession("p", sinks=[at.testing.MemorySink()])
+    async with session, anyio.create_task_group() as tg:
+        tg.start_soon(functools.partial(session.log_rollouts, rows, tokenizer=SlowTokenizer(), step=0))
+        await anyio.sleep(0.1)
+        final = await session.finish(timeout=1)
+    assert final.pending == 0 and final.dropped == {"closed": 4} and final == session.stats()
+
+
+def test_flush_waits_for_a_blocking_call_between_admitting_and_waiting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A flush() that starts just after a blocking log_samples admitted part of its samples, and
+    before that call starts waiting for room for the rest, still covers the rest."""
+    import threading
+    import time
+
+    from asynctrace import _buffer
+
+    admitted = threading.Event()
+    real_admit = _buffer.Buffer.admit
+
+    def admit_then_pause(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = real_admit(self, *args, **kwargs)
+        if threading.current_thread().name == "producer":
+            admitted.set()
+            time.sleep(0.2)  # preempted right after admitting
+        return out
+
+    monkeypatch.setattr(_buffer.Buffer, "admit", admit_then_pause)
+    mem = at.testing.MemorySink(delay=0.1)
+    with at.TraceSession("p", sinks=[mem], on_full="block", queue_size=2, batch_size=2) as s:
+        producer = threading.Thread(
+            target=lambda: s.log_samples([sample(i) for i in range(4)], step=0), name="producer"
+        )
+        producer.start()
+        assert admitted.wait(5)
+        assert s.flush(timeout=10)
+        written = len(mem.records)
+        producer.join(10)
+    assert written == 4

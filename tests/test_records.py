@@ -294,6 +294,7 @@ async def test_odd_but_valid_values_reach_trackio(project: str) -> None:
         at.Sample(messages=[{"role": "user", "content": "x"}], score="high"),  # type: ignore[arg-type]
         {"prompt": "p", "response": "r", "score": [1, 2]},
         {"messages": [{"role": "user", "content": "x"}], "score": True},
+        {"messages": [{"role": "user", "content": "x"}], "score": np.bool_(True)},
     ],
 )
 def test_a_score_that_is_not_a_number_is_a_record_error(bad: Any) -> None:
@@ -303,3 +304,13 @@ def test_a_score_that_is_not_a_number_is_a_record_error(bad: Any) -> None:
     with pytest.raises(at.RecordError) as info:
         encode_sample(bad, 2)
     assert info.value.index == 2 and info.value.path == "score"
+
+
+@pytest.mark.parametrize("value", [np.clongdouble(1 + 2j), np.complex128(1 + 2j), np.array(1 + 2j)])
+def test_complex_numbers_in_metadata_are_a_record_error(value: Any) -> None:
+    """A complex value has no JSON form: a RecordError naming its path, never its real part alone."""
+    from asynctrace._record import encode_sample
+
+    with pytest.raises(at.RecordError) as info:
+        encode_sample({"prompt": "p", "z": value}, 0)
+    assert info.value.path == "metadata.z"

@@ -182,12 +182,18 @@ async def test_json_escaped_and_upper_case_credentials_stay_out_of_the_spool(
         finish_timeout=0.2,
     ) as s:
         await s.log_samples(
-            [{"prompt": f"login with {password}", "response": "curl https://h/?WRITE_TOKEN=zzsecretzz99"}],
+            [
+                {
+                    "prompt": f"login with {password}",
+                    "response": "curl https://h/?WRITE_TOKEN=zzsecretzz99",
+                },
+                {"prompt": "and", "response": "https://h/?Write_ToKen=mixedcase123"},
+            ],
             step=0,
         )
         data = b"".join(p.read_bytes() for p in spool.glob("seg-*.jsonl"))
     assert b"login with ***" in data and b"WRITE_TOKEN=***" in data
-    assert b"zzsecretzz99" not in data and b"word-1234" not in data
+    assert b"zzsecretzz99" not in data and b"mixedcase123" not in data and b"word-1234" not in data
 
 
 async def test_a_redact_error_whose_message_fails_is_still_a_counted_drop() -> None:
