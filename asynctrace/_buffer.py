@@ -124,7 +124,6 @@ class Buffer:
         self.control_items = 0
         self.unstarted: deque[Batch] = deque()
         self.closed = False
-        self.blocked_threads = 0  # threads in a blocking log_samples with samples still waiting
         # Submissions not in the queue yet (waiting for room, rows being decoded), numbered in
         # order, so that flush() can wait for those made before it.
         self._ticket = 0

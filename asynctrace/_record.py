@@ -402,13 +402,15 @@ def encode_samples(
     max_bytes: int | None = None,
     bound: str = "max_queue_bytes",
     score_needed_by: str | None = None,
+    skipped: list[int] | None = None,
 ) -> tuple[list[tuple[bytes, float | None]], int]:
     """Validate and encode a call's samples in the caller; returns (payload, score) pairs and
     how many were invalid.
 
     An invalid sample raises `RecordError` naming its index and field path, or with
-    `skip_invalid` is left out and counted. `max_bytes` refuses samples larger than the bound
-    named `bound`; `score_needed_by` names the sampler that needs every sample to have a score.
+    `skip_invalid` is left out and counted (and its index appended to `skipped`, if given).
+    `max_bytes` refuses samples larger than the bound named `bound`; `score_needed_by` names the
+    sampler that needs every sample to have a score.
     """
     out: list[tuple[bytes, float | None]] = []
     invalid = 0
@@ -419,6 +421,8 @@ def encode_samples(
             if not skip_invalid:
                 raise
             invalid += 1
+            if skipped is not None:
+                skipped.append(i)
     return out, invalid
 
 

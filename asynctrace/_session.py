@@ -14,7 +14,6 @@ import os
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
@@ -24,7 +23,7 @@ import anyio.abc
 import sniffio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from . import _segments, _shutdown
+from . import _forks, _segments, _shutdown
 from ._buffer import Buffer, Marker, MetricsItem, OnFull
 from ._checks import check_int, check_seconds, check_step
 from ._record import (
@@ -66,26 +65,6 @@ class _State(enum.Enum):
 
 
 _OPEN = _State.OPEN
-
-# Sessions open in this process, so a forked child can disown its copies (below).
-_live: weakref.WeakSet[TraceSession] = weakref.WeakSet()
-
-
-def _disown_in_child() -> None:
-    # A forked child has the session's state but not its writer thread or task: what it logged
-    # would wait forever in its copy of the buffer, and its finish() would wait for a loop that
-    # is not there (unwinding a `with` block, or at exit). Its copies refuse to log instead.
-    for session in list(_live):
-        session._state = _State.FORKED
-        buf = session._buffer
-        # The lock may have been held by a thread the child does not have.
-        buf.lock = threading.Lock()
-        buf.room = threading.Condition(buf.lock)
-    _live.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_disown_in_child)
 
 
 # A coroutine function run as a task of the session (see TraceSession._run_jobs).
@@ -366,7 +345,7 @@ class TraceSession:
         self._tg.start_soon(self._run_jobs, jobs)
         self._pid = os.getpid()
         self._state = _State.OPEN
-        _live.add(self)
+        _forks.hold(self)
 
     async def _run_jobs(self, jobs: MemoryObjectReceiveStream[Job]) -> None:
         # Starting a task needs a task context (anyio detects the event loop from it), which a
@@ -453,6 +432,15 @@ class TraceSession:
     def _is_forked(self) -> bool:
         return self._state is _State.FORKED
 
+    def _after_fork_in_child(self) -> None:
+        # A forked child has the session's state but not its writer thread or task: what it
+        # logged would wait forever in its copy of the buffer, and its finish() would wait for a
+        # loop that is not there (unwinding a `with` block, or at exit). It refuses to log instead.
+        self._state = _State.FORKED
+        # The lock may have been held by a thread the child does not have.
+        self._buffer.lock = threading.Lock()
+        self._buffer.room = threading.Condition(self._buffer.lock)
+
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
@@ -533,12 +521,12 @@ class TraceSession:
             await writer.stopped.wait()
             if self._hooks is not None:
                 self._hooks.uninstall()
-            # Callers waiting for room were woken when the buffer closed: let them count their
-            # samples as "closed" (and acknowledge them in the spool) before it is closed and
-            # the final count is taken. They only need the lock; bounded all the same.
-            # Rows log_rollouts is still decoding hold a ticket too: they end as "closed".
+            # Callers waiting for room were woken when the buffer closed, and rows log_rollouts
+            # is still decoding cannot be queued any more: each holds a ticket until it has
+            # counted its samples as "closed" (and acknowledged them in the spool). Wait for
+            # that before the spool is closed and the final count is taken; bounded all the same.
             with anyio.move_on_after(1.0):
-                while self._async_waiters or self._buffer.blocked_threads or self._buffer.tickets:
+                while self._buffer.tickets:
                     await anyio.sleep(0.005)
             spool = self._spool
             if spool is not None:
@@ -576,7 +564,7 @@ class TraceSession:
                 logger.warning("asynctrace: session finished with losses: %s", stats.summary())
             self._final = stats
             self._state = _State.CLOSED
-            _live.discard(self)
+            _forks.release(self)
             if self._jobs is not None:
                 self._jobs.close()
             self._finishing.set()
@@ -623,10 +611,17 @@ class TraceSession:
         return key
 
     def _encode(
-        self, samples: SampleLike | Iterable[SampleLike], step: int, split: str, *, precheck: bool = True
+        self,
+        samples: SampleLike | Iterable[SampleLike],
+        step: int,
+        split: str,
+        *,
+        precheck: bool = True,
+        skipped: list[int] | None = None,
     ) -> tuple[list[TraceRecord], int, int]:
         """Validate and encode samples once, in the caller; returns records, the invalid count and
-        how many the cap refused before they were encoded (only with `precheck`)."""
+        how many the cap refused before they were encoded (only with `precheck`). Without
+        `precheck`, the indices of samples left out as invalid go to `skipped`."""
         if type(step) is not int or step < 0 or type(split) is not str or not split:
             check_step(step, split)  # raises, or accepts an int subclass
         items = samples if type(samples) is list else as_list(samples)
@@ -643,6 +638,7 @@ class TraceSession:
                 skip_invalid=self.on_invalid == "skip",
                 max_bytes=self.max_queue_bytes,
                 score_needed_by=self._score_needed_by,
+                skipped=skipped,
             )
         prefix = self._id_prefix
         ids = self._ids
@@ -837,16 +833,9 @@ class TraceSession:
                 self._commit_spool()
             if adm.wake:
                 self._wake()
-            waiting = adm.waiting
-            if not waiting:
+            if not adm.waiting:
                 return adm.accepted
-            with buf.lock:
-                buf.blocked_threads += 1
-            try:
-                return self._wait_blocking(waiting, adm.accepted, timeout)
-            finally:
-                with buf.lock:
-                    buf.blocked_threads -= 1
+            return self._wait_blocking(adm.waiting, adm.accepted, timeout)
         finally:
             if ticket is not None:
                 buf.return_ticket(ticket)
@@ -1001,21 +990,13 @@ class TraceSession:
         self, entries: Sequence[Entry], samples: Sequence[SampleLike], *, step: int, split: str
     ) -> int:
         try:
-            records, invalid, _ = self._encode(samples, step, split, precheck=False)
-            if invalid:
-                # on_invalid="skip" left some rows out: find which, one row at a time (rare),
-                # so only their places are given back and the others are kept.
-                filled: list[Entry] = []
-                records, bad = [], []
-                for entry, sample in zip(entries, samples, strict=True):
-                    one, failed, _ = self._encode([sample], step, split, precheck=False)
-                    if failed:
-                        bad.append(entry)
-                    else:
-                        filled.append(entry)
-                        records += one
-                self._buffer.cancel(bad, "invalid", split=split, step=step)
-                entries = filled
+            skipped: list[int] = []
+            records, _, _ = self._encode(samples, step, split, precheck=False, skipped=skipped)
+            if skipped:
+                # on_invalid="skip" left these rows out: only their places are given back.
+                gone = set(skipped)
+                self._buffer.cancel([entries[i] for i in skipped], "invalid", split=split, step=step)
+                entries = [e for i, e in enumerate(entries) if i not in gone]
         except BaseException:
             self._buffer.cancel(entries, "invalid", split=split, step=step)
             raise

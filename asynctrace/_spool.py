@@ -24,12 +24,12 @@ import math
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from . import _forks
 from . import _segments as seg
 from ._record import TraceRecord
 from ._security import describe, secret_bytes
@@ -59,24 +59,6 @@ LOCK_NAME = ".lock"
 _STAGE = 0
 _ACK = 1
 _DEAD = 2
-
-# Spools holding their directory's lock, so a forked child can let go of its copy (below).
-_locked: weakref.WeakSet[Spool] = weakref.WeakSet()
-
-
-def _forget_locks_in_child() -> None:
-    # A flock belongs to the open file, which fork shares: a child (a DataLoader worker, say)
-    # that outlived a killed session would otherwise keep its spool locked against the next one.
-    for spool in list(_locked):
-        fd, spool._lock_fd = spool._lock_fd, None
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-    _locked.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_locks_in_child)
 
 # One staged operation: (kind, records, error, failed sinks, pre-encoded lines or None).
 _Op = tuple[int, Sequence[TraceRecord], str | None, Sequence[str], list[bytes] | None]
@@ -192,17 +174,25 @@ class Spool:
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._lock_fd = fd
-        _locked.add(self)
+        _forks.hold(self)
 
     def _unlock(self) -> None:
         fd, self._lock_fd = self._lock_fd, None
-        _locked.discard(self)
+        _forks.release(self)
         if fd is not None:
             if fcntl is not None:
                 # Explicitly: closing releases it only if no forked process still has the file open.
                 with contextlib.suppress(OSError):
                     fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
+
+    def _after_fork_in_child(self) -> None:
+        # A flock belongs to the open file, which fork shares: a child (a DataLoader worker, say)
+        # that outlived a killed session would otherwise keep its spool locked against the next one.
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _register(self, scan: seg.FileScan) -> _File:
         f = _File(self._next, scan.name, scan.path, scan.kind, size=scan.size)

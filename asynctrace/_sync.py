@@ -7,7 +7,7 @@ import functools
 import logging
 import queue
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -55,6 +55,26 @@ def _bounded(fn: Callable[[], Any], bound: float) -> Any:
         return done.result(wait_arg(bound))
     except concurrent.futures.TimeoutError:
         raise TimeoutError from None
+
+
+def log_within(
+    sync: SyncTraceSession,
+    samples: Sequence[Any],
+    *,
+    step: int,
+    split: str,
+    blocking: bool,
+    timeout: float | None,
+) -> int:
+    """Log from a thread that is not the session's: under ``on_full="block"`` (`blocking`) wait
+    for room at most `timeout` seconds; once the session is finished, or without blocking,
+    never wait (samples after finish count as ``"closed"``)."""
+    if blocking:
+        try:
+            return sync.log_samples(samples, step=step, split=split, timeout=timeout)
+        except SessionClosedError:
+            pass  # finished meanwhile: counted as dropped ("closed") just below
+    return sync.log_samples_nowait(samples, step=step, split=split)
 
 
 class SyncTraceSession:
@@ -179,10 +199,10 @@ class _SyncRunner:
             ) from None
 
     def close(self, timeout: float) -> SessionStats:
-        if self.session._is_forked():
-            # A forked child's copy: the loop thread is the parent's, which finishes the session.
-            return self.session.stats()
         session = self.session
+        if session._is_forked():
+            # A forked child's copy: the loop thread is the parent's, which finishes the session.
+            return session.stats()
         with self._lock:
             first = not self._closed
             self._closed = True
@@ -212,7 +232,7 @@ class _SyncRunner:
             stats = session.stats()
         finally:
             # finish() ran on the loop thread, where signal handlers cannot be restored.
-            hooks = self.session._hooks
+            hooks = session._hooks
             if hooks is not None:
                 hooks.uninstall()
         return stats

@@ -35,7 +35,7 @@ from ._record import Sample, SampleLike, as_list, encode_samples
 from ._sampling import Entry, ReservoirSampler, Sampler, SamplerName, StepSelection, resolve_sampler
 from ._session import TraceSession
 from ._stats import SessionStats
-from ._sync import SyncTraceSession
+from ._sync import SyncTraceSession, log_within
 from .exceptions import SessionClosedError
 from .sinks import Sink, TrackioSink
 
@@ -525,16 +525,9 @@ class DistributedTraceLogger:
         # The session holds records only as the JSON encoded once; decoding here lets it check
         # and encode them through its one public path. `k` per step, so the cost is small.
         samples = [orjson.loads(c.payload) for _, c in selected]
-        if self._blocking:
-            # on_full="block": wait for room as the session's own blocking call does (this runs
-            # on the caller's thread, never on the session's loop thread), within the deadline.
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                self._sync.log_samples(samples, step=step, split=split, timeout=left)
-                return
-            except SessionClosedError:
-                pass  # finished meanwhile: counted by the session as dropped ("closed") just below
-        self._sync.log_samples_nowait(samples, step=step, split=split)
+        # This runs on the caller's thread, never on the session's loop thread.
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        log_within(self._sync, samples, step=step, split=split, blocking=self._blocking, timeout=left)
 
     # -- the reduction (global mode) ------------------------------------------------------------
 

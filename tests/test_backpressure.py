@@ -269,7 +269,7 @@ class _FinishingSink(at.Sink):
     async def write(self, records: Sequence[at.TraceRecord]) -> None:
         session = self.session
         if session is not None and not self.records:
-            while session._buffer.blocked_threads == 0:
+            while session._buffer.thread_waiters == 0:
                 await anyio.sleep(0.005)
             go = anyio.Event()
 

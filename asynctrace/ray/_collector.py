@@ -29,7 +29,7 @@ from ray.actor import ActorHandle
 from .._checks import check_seconds
 from .._session import TraceSession
 from .._stats import SessionStats
-from .._sync import SyncTraceSession
+from .._sync import SyncTraceSession, log_within
 from ..exceptions import SessionClosedError
 
 __all__ = ["RemoteTraceCollector", "TraceCollector", "start_collector"]
@@ -113,14 +113,10 @@ class TraceCollector:
     # -- data path ----------------------------------------------------------------------------
 
     def _admit(self, samples: Sequence[Any], step: int, split: str, deadline: float) -> int:
-        if self._blocking and self._finished is None:
-            # One deadline per call, shared by its groups: a call waits `ingest_timeout` at most.
-            left = max(0.0, deadline - time.monotonic())
-            try:
-                return self._sync.log_samples(samples, step=step, split=split, timeout=left)
-            except SessionClosedError:
-                pass  # finished meanwhile: counted as dropped ("closed") just below
-        return self._sync.log_samples_nowait(samples, step=step, split=split)
+        # One deadline per call, shared by its groups: a call waits `ingest_timeout` at most.
+        left = max(0.0, deadline - time.monotonic())
+        blocking = self._blocking and self._finished is None
+        return log_within(self._sync, samples, step=step, split=split, blocking=blocking, timeout=left)
 
     @_group("ingest")
     def ingest_encoded(self, groups: Iterable[tuple[str, int, list[bytes]]]) -> int:

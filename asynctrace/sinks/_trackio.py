@@ -7,7 +7,6 @@ import itertools
 import os
 import subprocess
 import sys
-import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import anyio.lowlevel
 import orjson
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from .. import _forks
 from .._record import TraceRecord
 from .._security import check_name
 from ..exceptions import PermanentSinkError
@@ -39,46 +39,6 @@ _BOOTSTRAP = (
     "from asynctrace.sinks._trackio_worker import main\n"
     "sys.exit(main())\n"
 )
-
-# Sinks with a writer process, so that a forked child can let go of their pipes (below).
-_live_sinks: weakref.WeakSet[TrackioSink] = weakref.WeakSet()
-
-
-def _release_pipes_in_child() -> None:
-    """After a fork: point the child's copies of the writer's pipe ends at /dev/null.
-
-    A forked child (a fork-started data worker, a helper) inherits the parent's end of the
-    writer's stdin; while any copy is open the writer never sees end of input, so after the
-    trainer dies it would neither finish the run nor exit until the child did. The child never
-    talks to the writer (its copy of the session refuses to log). The descriptors are redirected
-    rather than closed so that the child's copies of the pipe objects, when collected, close
-    /dev/null and not a descriptor the child has since opened for something else.
-    """
-    fds = []
-    for sink in list(_live_sinks):
-        for fd, ident in sink._pipe_fds:
-            # The loop closes a dead writer's pipes on its own, and the number may since have
-            # been reused for something else: only the very pipe recorded at spawn is redirected.
-            try:
-                st = os.fstat(fd)
-            except OSError:
-                continue
-            if (st.st_dev, st.st_ino) == ident:
-                fds.append(fd)
-    if not fds:
-        return
-    try:
-        devnull = os.open(os.devnull, os.O_RDWR)
-    except OSError:
-        return
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.dup2(devnull, fd, inheritable=False)
-    os.close(devnull)
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_release_pipes_in_child)
 
 
 def _pipe_fds(proc: anyio.abc.Process) -> tuple[tuple[int, tuple[int, int]], ...]:
@@ -189,6 +149,37 @@ class TrackioSink(Sink):
     # a short attempt timeout still lets a slow start or a held lock come through. Only a
     # frame cut short in the pipe, or the process ending, means starting afresh.
 
+    def _after_fork_in_child(self) -> None:
+        """Point the child's copies of the writer's pipe ends at /dev/null.
+
+        A forked child inherits this process's end of the writer's stdin; while any copy is
+        open the writer never sees end of input, so after the trainer dies it would neither
+        finish the run nor exit until the child did. The child never talks to the writer (its
+        copy of the session refuses to log). The descriptors are redirected rather than closed so
+        that the child's copies of the pipe objects, when collected, close /dev/null and not a
+        descriptor the child has since opened for something else.
+        """
+        fds = []
+        for fd, ident in self._pipe_fds:
+            # The loop closes a dead writer's pipes on its own, and the number may since have
+            # been reused for something else: only the very pipe recorded at spawn is redirected.
+            try:
+                st = os.fstat(fd)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) == ident:
+                fds.append(fd)
+        if not fds:
+            return
+        try:
+            devnull = os.open(os.devnull, os.O_RDWR)
+        except OSError:
+            return
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.dup2(devnull, fd, inheritable=False)
+        os.close(devnull)
+
     async def _spawn(self) -> None:
         await self._kill()
         # The child must import this same asynctrace, wherever it was imported from here.
@@ -199,7 +190,7 @@ class TrackioSink(Sink):
             stderr=None,
         )
         self._pipe_fds = _pipe_fds(self._proc)
-        _live_sinks.add(self)
+        _forks.hold(self)
         assert self._proc.stdout is not None
         self._reader = BufferedByteReceiveStream(self._proc.stdout)
         self._broken = False
