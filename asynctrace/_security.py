@@ -142,10 +142,16 @@ class ScrubFilter(logging.Filter):
         if clean != message:
             record.msg = clean
             record.args = None
-        if record.exc_info and not record.exc_text:
-            # Handlers format the traceback later, from exc_info, unless exc_text is already
-            # set: set it, scrubbed (an exception's message can hold a URL with its token).
-            record.exc_text = scrub(logging.Formatter().formatException(record.exc_info))
+        if record.exc_info and record.exc_info[0] is not None and not record.exc_text:
+            # An exception's message can hold a URL with its token. Only a traceback that
+            # needs scrubbing is replaced: the scrubbed text, with exc_info cleared so that no
+            # formatter (a JSON one calling formatException itself) can render the raw one;
+            # any other is left to the handlers' own formatters.
+            raw = logging.Formatter().formatException(record.exc_info)
+            clean = scrub(raw)
+            if clean != raw:
+                record.exc_text = clean
+                record.exc_info = None
         return True
 
 

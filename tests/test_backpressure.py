@@ -341,3 +341,35 @@ async def test_nowait_under_block_drops_only_what_does_not_fit() -> None:
                 [{"prompt": "q", "response": "y" * 600}, {"prompt": "q", "response": "z"}], step=0
             )
     assert results == {"block": 1, "drop_newest": 1}
+
+
+class _Timed(at.Sink):
+    """Notes when each record reaches it (monotonic seconds)."""
+
+    name = "timed"
+
+    def __init__(self) -> None:
+        self.seen: dict[str, float] = {}
+
+    async def write(self, records: Sequence[at.TraceRecord]) -> None:
+        now = anyio.current_time()
+        for r in records:
+            self.seen[r.sample.metadata["uid"]] = now
+
+
+async def test_a_record_after_a_metrics_item_waits_at_most_flush_interval() -> None:
+    """A record queued after a metrics item reaches the sink within flush_interval of its own
+    submission: the metrics item sends the records before it on, and the timer restarts."""
+    sink = _Timed()
+    async with at.TraceSession("p", sinks=[sink], flush_interval=1.0, finish_timeout=10) as s:
+        await s.log_samples([sample(0)], step=0)
+        await anyio.sleep(0.2)
+        await s.log_metrics({"m": 1.0}, step=0)
+        await anyio.sleep(0.3)
+        submitted = anyio.current_time()
+        await s.log_samples([sample(1)], step=0)
+        with anyio.fail_after(5):
+            while len(sink.seen) < 2:
+                await anyio.sleep(0.01)
+    waited = sink.seen["0:1"] - submitted
+    assert waited < 1.0 + 0.25, waited

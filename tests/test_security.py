@@ -7,6 +7,7 @@ import logging
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -244,5 +245,54 @@ def test_tracebacks_logged_by_asynctrace_are_scrubbed(tokens: list[str]) -> None
     finally:
         log.removeHandler(handler)
     output = stream.getvalue()
+    assert "Traceback" in output and "write_token=***" in output
+    assert WRITE not in output
+
+
+def _log_exception(message: str, formatter: logging.Formatter) -> str:
+    """What a handler with `formatter` writes for an asynctrace error raised with `message`."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(formatter)
+    log = logging.getLogger("asynctrace")
+    log.addHandler(handler)
+    try:
+        try:
+            raise RuntimeError(message)
+        except RuntimeError:
+            log.exception("asynctrace: shipping failed")
+    finally:
+        log.removeHandler(handler)
+    return stream.getvalue()
+
+
+class _TaggedTracebacks(logging.Formatter):
+    """A formatter with its own traceback format."""
+
+    def formatException(self, ei: Any) -> str:
+        return "TAGGED " + super().formatException(ei)
+
+
+class _OwnRendering(_TaggedTracebacks):
+    """Renders the traceback from exc_info itself, whatever exc_text holds (as JSON formatters do)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        elif record.exc_text:
+            text += "\n" + record.exc_text
+        return text
+
+
+def test_a_handlers_own_traceback_format_is_kept_when_nothing_needs_scrubbing(tokens: list[str]) -> None:
+    """A traceback without a credential reaches the handler's own formatter untouched."""
+    output = _log_exception("cannot reach the server", _TaggedTracebacks())
+    assert "TAGGED Traceback" in output and "cannot reach the server" in output
+
+
+def test_a_formatter_that_renders_exc_info_itself_gets_no_credential(tokens: list[str]) -> None:
+    """A formatter that formats exc_info itself (ignoring exc_text) still never sees the token."""
+    output = _log_exception(f"cannot reach https://h/?write_token={WRITE}", _OwnRendering())
     assert "Traceback" in output and "write_token=***" in output
     assert WRITE not in output
