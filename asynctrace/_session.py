@@ -74,6 +74,8 @@ _ON_FULL = ("block", "drop_newest", "drop_oldest")
 _ON_INVALID = ("raise", "skip")
 _DURABILITY = ("writer", "enqueue")
 _DEFAULT_RETRY = RetryPolicy()
+# Seconds finish() gives the writer to stop once cancelled before it names the sinks that hold it.
+STOP_GRACE = 2.0
 
 
 def _threadsafe_caller() -> Callable[[Callable[[], None]], None]:
@@ -518,7 +520,19 @@ class TraceSession:
             writer = self._writer
             assert writer is not None and writer.scope is not None
             writer.scope.cancel()
-            await writer.stopped.wait()
+            with anyio.move_on_after(STOP_GRACE):
+                await writer.stopped.wait()
+            if not writer.stopped.is_set():
+                # The writer's tasks cannot be abandoned (the task group waits for them): say
+                # which sink holds finish() up rather than hang without a word.
+                logger.error(
+                    "asynctrace: sink(s) %s still running %.0fs after finish() cancelled them; "
+                    "finish() cannot return before they do. A sink's write must be cancellable: "
+                    "use async I/O, or anyio.to_thread.run_sync(..., abandon_on_cancel=True)",
+                    ", ".join(repr(n) for n in writer.still_running()),
+                    STOP_GRACE,
+                )
+                await writer.stopped.wait()
             if self._hooks is not None:
                 self._hooks.uninstall()
             # Callers waiting for room were woken when the buffer closed, and rows log_rollouts

@@ -56,6 +56,7 @@ class _Lane:
         self.inbox: deque[Batch | Marker | MetricsItem] = deque()
         self.signal = Signal()
         self.dead: str | None = None
+        self.done = False
 
 
 class Writer:
@@ -170,7 +171,17 @@ class Writer:
 
         return on_retry
 
+    def still_running(self) -> list[str]:
+        """Names of the sinks whose lane has not ended (after a cancel: one ignoring it)."""
+        return [lane.sink.name for lane in self._lanes if not lane.done]
+
     async def _run_lane(self, lane: _Lane) -> None:
+        try:
+            await self._lane_loop(lane)
+        finally:
+            lane.done = True
+
+    async def _lane_loop(self, lane: _Lane) -> None:
         on_retry = self._retry_counter(lane)
         try:
             await call_with_retry(self.retry, lane.sink.open, on_retry)

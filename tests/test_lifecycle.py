@@ -9,6 +9,7 @@ import anyio
 import pytest
 
 import asynctrace as at
+from asynctrace._session import STOP_GRACE
 from tests._util import read_traces, sample
 
 pytestmark = pytest.mark.anyio
@@ -276,3 +277,26 @@ def test_flush_waits_for_a_blocking_call_between_admitting_and_waiting(
         written = len(mem.records)
         producer.join(10)
     assert written == 4
+
+
+class _Uncancellable(at.Sink):
+    """Breaks the sink contract: its write keeps running for `hold` seconds after a cancel."""
+
+    name = "stubborn"
+
+    def __init__(self, hold: float) -> None:
+        self.hold = hold
+
+    async def write(self, records: Any) -> None:
+        with anyio.CancelScope(shield=True):
+            await anyio.sleep(self.hold)
+
+
+async def test_finish_names_a_sink_that_ignores_cancellation(caplog: pytest.LogCaptureFixture) -> None:
+    """When a sink's write outlives finish()'s cancel, finish() says which sink holds it up."""
+    sink = _Uncancellable(hold=STOP_GRACE + 1.5)
+    async with at.TraceSession("p", sinks=[sink], flush_interval=0.01, finish_timeout=0.2) as s:
+        await s.log_samples([sample(0)], step=0)
+        await anyio.sleep(0.1)  # the write has begun
+    assert "'stubborn' still running" in caplog.text
+    assert s.stats().check()
