@@ -51,15 +51,18 @@ class RecoverReport:
     directory: Path
     groups: list[GroupResult] = field(default_factory=list)
     problems: list[tuple[str, str]] = field(default_factory=list)
+    damaged: int = 0  # spool files that lost data (see FileScan.damaged): their records are gone
     dead_letters_left: int = 0
     left: int = 0  # unacknowledged records still in the spool afterwards
     seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
-        # Dead letters left untouched (no --dead-letters) are undelivered records too.
+        # Dead letters left untouched (no --dead-letters) are undelivered records too, and so
+        # are records on corrupt lines: reporting them in the summary alone would let a script
+        # that checks the exit status take a loss for a complete recovery.
         delivered = all(g.stats.failed == 0 and g.stats.pending == 0 for g in self.groups)
-        return delivered and not self.left and not self.dead_letters_left
+        return delivered and not self.left and not self.dead_letters_left and not self.damaged
 
     @property
     def replayed(self) -> int:
@@ -131,6 +134,7 @@ async def recover(
     started = time.perf_counter()
     scan = await anyio.to_thread.run_sync(_tidy, path)
     report.problems = scan.problems
+    report.damaged = sum(1 for f in scan.files if f.damaged)
     groups = dict(scan.groups(seg.SEGMENT))
     if dead_letters:
         for key, n in scan.groups(seg.DEAD).items():
@@ -205,8 +209,8 @@ def main(
     dead_letters: bool = False,
     progress: bool = True,
 ) -> int:
-    """The command: prints the summary; 0 when everything was delivered, 1 when some was not,
-    2 when the spool cannot be used."""
+    """The command: prints the summary; 0 when everything was delivered, 1 when some was not
+    (corrupt spool lines included), 2 when the spool cannot be used."""
     import click
 
     # The summary reports every skipped file and failure, so the session's own warnings

@@ -172,6 +172,16 @@ class FileScan:
         """Created, then killed before its header was written: nothing was lost."""
         return self.size == 0 and self.error is None
 
+    @property
+    def damaged(self) -> bool:
+        """Data was lost: a corrupt line, or records or acknowledgements in a file that cannot be
+        read or attributed. A torn last line alone is not: it is the write a kill cut short (of
+        a call that had not returned, or of a batch no sink had seen), already lost to the kill."""
+        if self.empty:
+            return False
+        unattributable = not self.header_ok and bool(self.records or self.acks)
+        return bool(self.corrupt) or self.error is not None or unattributable
+
     def problems(self) -> str | None:
         """A one-line description of what was wrong with this file, or None."""
         if self.empty:

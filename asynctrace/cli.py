@@ -114,7 +114,8 @@ def recover(spool_dir: str, project: str | None, run: str | None, dead_letters: 
     """Deliver the unacknowledged records of a spool (left by a killed trainer) to Trackio.
 
     Records already in Trackio are not written again. Torn or corrupt spool files are reported
-    and skipped. Exits 1 when some records could not be delivered, 2 when the spool cannot be used.
+    and skipped. Exits 1 when some records could not be delivered (records on corrupt lines or in
+    files without a valid header included), 2 when the spool cannot be used.
     """
     from ._recover import main as run_recover
 

@@ -84,3 +84,53 @@ def test_recover_exits_1_while_dead_letters_remain(tmp_path: Path, project: str)
     result = CliRunner().invoke(main, ["recover", str(spool), "--no-progress"])
     assert result.exit_code == 1, result.output
     assert "3 dead letters remain" in result.output
+
+
+def _leave_in_spool(spool: Path, project: str, n: int) -> list[bytes]:
+    """Leaves `n` unacknowledged records in one segment; returns its lines (header first)."""
+    with at.TraceSession(
+        project, run="r", sinks=[at.testing.MemorySink(hang=True)], spool_dir=spool, finish_timeout=0.2
+    ) as s:
+        s.log_samples([sample(i) for i in range(n)], step=0)
+    (segment,) = spool.glob("seg-*.jsonl")
+    return segment.read_bytes().split(b"\n")[:-1]
+
+
+def test_recover_exits_1_when_a_corrupt_line_lost_a_record(tmp_path: Path, project: str) -> None:
+    """A record on a corrupt line is skipped and lost, so recover exits 1, not 0."""
+    spool = tmp_path / "spool"
+    lines = _leave_in_spool(spool, project, 6)
+    bad = bytearray(lines[3])
+    bad[len(bad) // 2] ^= 0x20  # one flipped bit inside a sample: the CRC no longer matches
+    lines[3] = bytes(bad)
+    (segment,) = spool.glob("seg-*.jsonl")
+    segment.write_bytes(b"".join(line + b"\n" for line in lines))
+    result = CliRunner().invoke(main, ["recover", str(spool), "--no-progress"])
+    assert result.exit_code == 1, result.output
+    assert f"{project}/r: 5 replayed, 5 written" in result.output
+    assert "1 corrupt line(s) skipped" in result.output
+    assert len(read_traces(project, "r")) == 5
+
+
+def test_recover_exits_1_when_a_file_without_a_header_held_records(tmp_path: Path, project: str) -> None:
+    """Records in a segment whose header is damaged cannot be delivered: exit 1, the file kept aside."""
+    spool = tmp_path / "spool"
+    lines = _leave_in_spool(spool, project, 4)
+    (segment,) = spool.glob("seg-*.jsonl")
+    segment.write_bytes(b"".join(line + b"\n" for line in lines[1:]))  # the header is gone
+    result = CliRunner().invoke(main, ["recover", str(spool), "--no-progress"])
+    assert result.exit_code == 1, result.output
+    assert "nothing to replay" in result.output and "no valid header" in result.output
+    assert segment.with_name(segment.name + ".corrupt").exists()
+
+
+def test_recover_exits_0_when_only_a_torn_last_line_was_skipped(tmp_path: Path, project: str) -> None:
+    """A torn last line is the write a kill cut short, not a loss: reported, and exit 0."""
+    spool = tmp_path / "spool"
+    lines = _leave_in_spool(spool, project, 6)
+    (segment,) = spool.glob("seg-*.jsonl")
+    torn = lines[-1][: len(lines[-1]) // 2]
+    segment.write_bytes(b"".join(line + b"\n" for line in lines[:-1]) + torn)
+    result = CliRunner().invoke(main, ["recover", str(spool), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert f"{project}/r: 5 replayed, 5 written" in result.output and "a torn last line" in result.output

@@ -50,7 +50,7 @@ def test_recover_reports_and_skips_torn_and_corrupt_lines_and_files(tmp_path: Pa
     garbage.write_bytes(os.urandom(3000))
 
     rec = h.recover(str(spool))
-    assert rec.returncode == 0, rec.stdout + rec.stderr
+    assert rec.returncode == 1, rec.stdout + rec.stderr  # the corrupt line lost a record
     assert "98 replayed, 98 written" in rec.stdout
     assert "a torn last line" in rec.stdout and "1 corrupt line(s)" in rec.stdout
     assert f"{garbage.name}: no valid header" in rec.stdout
