@@ -210,6 +210,9 @@ class TraceClient:
         self._last_error: str | None = None
         self._warned: set[str] = set()
         self._thread: threading.Thread | None = None
+        # Held by the close() that drains; a second close() waits on it for that one's outcome.
+        self._close_lock = threading.Lock()
+        self._closed = False  # a close() ran to its end: its deadline is spent, not to be repeated
         _open_clients.add(self)
 
     def __repr__(self) -> str:
@@ -320,7 +323,8 @@ class TraceClient:
         and return the final stats. Idempotent.
 
         What is still buffered at the deadline is dropped as ``"close_timeout"``; calls still in
-        flight stay counted as `in_flight` until the collector answers.
+        flight stay counted as `in_flight` until the collector answers. A later call returns the
+        stats at once; one made while another close() is running waits for that one to end.
         """
         budget = self.close_timeout if timeout is None else float(timeout)
         with self._lock:
@@ -328,6 +332,18 @@ class TraceClient:
             self._closing = True
         if not already:
             _open_clients.discard(self)
+        # Waiting for a close() under way keeps its drain whole (a shorter deadline here would
+        # drop what it is still shipping); after one that ended, the calls still in flight are
+        # waiting on an unresponsive collector, and waiting for them again would only repeat
+        # a deadline already spent.
+        with self._close_lock:
+            if not self._closed:
+                self._drain_and_stop(budget)
+                self._closed = True
+        return self.stats()
+
+    def _drain_and_stop(self, budget: float) -> None:
+        """Ship what is buffered within `budget`, drop the rest, and tell the thread to stop."""
         flushed = self.flush(budget)
         with self._lock:
             if not flushed and self._groups:
@@ -342,7 +358,6 @@ class TraceClient:
                 )
             self._stopping = True
             self._work.notify()
-        return self.stats()
 
     def _abandon(self) -> tuple[int, int]:
         """Stop without making any Ray call: count what is buffered as ``"not_closed"``.

@@ -205,9 +205,11 @@ class TraceCollector:
 
 
 # Graceful exits of the actor process (``__ray_terminate__``, the last handle going out of
-# scope, ``ray.actor.exit_actor()``) run atexit hooks; ``ray.kill`` does not run any code in
-# the process. Ray sends SIGTERM on ``ray.shutdown()`` and kills the process shortly after:
-# the handler below uses that window, best effort, before handing over to Ray's own handler.
+# scope, ``ray.actor.exit_actor()``) run atexit hooks. ``ray.kill`` runs no code in the process,
+# and neither does the driver's ``ray.shutdown()``: Ray force-kills an actor whose owner went
+# away, and sends a detached one SIGTERM and SIGKILL together (Ray 2.60). The SIGTERM handler
+# below is for a SIGTERM from outside Ray (a container stopping, ``kill``): it drains within
+# `sigterm_timeout`, then hands over to Ray's own handler, which exits the process.
 _collectors: weakref.WeakSet[TraceCollector] = weakref.WeakSet()
 _hooks_installed = False
 
@@ -236,8 +238,8 @@ def _install_exit_hooks(collector: TraceCollector) -> None:
 
 
 def _finish_all(why: str) -> None:
-    # At exit the session's own finish_timeout applies; after SIGTERM, Ray kills the process
-    # soon, so the drain is cut to `sigterm_timeout`.
+    # At exit the session's own finish_timeout applies; whoever sends SIGTERM (a container
+    # runtime, say) sends SIGKILL after a grace period, so the drain is cut to `sigterm_timeout`.
     for collector in list(_collectors):
         timeout = collector.sigterm_timeout if why == "sigterm" else None
         collector._finish_quietly(timeout)

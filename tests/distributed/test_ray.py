@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -328,3 +329,59 @@ def test_unclosed_client_in_an_exiting_actor_reports_its_loss(project: str, tmp_
     _wait_for_exit(pid)
     assert "5 buffered samples were lost" in log.read_text()
     assert ray.get(collector.finish.remote()).submitted == 0
+
+
+def _stuck_client(project: str) -> tuple[Any, TraceClient]:
+    """A client with one call stuck on a collector whose sink hangs, and samples buffered behind it."""
+    collector = start_collector(
+        project,
+        sinks=[MemorySink(hang=True)],
+        queue_size=1,
+        on_full="block",
+        ingest_timeout=60.0,
+        finish_at_exit=False,
+    )
+    client = TraceClient(collector, batch_size=1, max_in_flight=1, flush_interval=0.01)
+    client.log_samples_nowait(make_samples("stuck", 0, 5, seed=0), step=0)
+    deadline = time.monotonic() + 30
+    while client.stats().delivered < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the first call fills the collector's queue; the next one waits there
+    return collector, client
+
+
+def test_second_close_after_a_deadline_returns_at_once(project: str) -> None:
+    """A close() after one that reached its deadline on an unresponsive collector returns the same
+    stats at once instead of waiting out a deadline again."""
+    collector, client = _stuck_client(project)
+    first = client.close(1.0)
+    t = time.monotonic()
+    second = client.close(1.0)
+    took = time.monotonic() - t
+    ray.kill(collector, no_restart=True)
+    assert first.in_flight == 1 and first.dropped.get("close_timeout") == 3
+    assert took < 0.5
+    assert second == first
+
+
+def test_concurrent_close_waits_for_the_one_under_way(project: str) -> None:
+    """A close() from another thread while one is draining waits for it to end and returns its final
+    stats, instead of cutting its drain short with a shorter deadline of its own."""
+    collector, client = _stuck_client(project)
+    ends: dict[str, float] = {}
+    results: dict[str, ClientStats] = {}
+
+    def close(name: str, timeout: float) -> None:
+        results[name] = client.close(timeout)
+        ends[name] = time.monotonic()
+
+    first = threading.Thread(target=close, args=("first", 1.5))
+    second = threading.Thread(target=close, args=("second", 0.1))
+    first.start()
+    time.sleep(0.3)
+    second.start()
+    first.join(30)
+    second.join(30)
+    ray.kill(collector, no_restart=True)
+    assert ends["second"] >= ends["first"]
+    assert results["second"] == results["first"]
+    assert results["first"].dropped.get("close_timeout") == 3
