@@ -203,11 +203,16 @@ class _ReservoirSelection(StepSelection):
 
     def offer(self, entry: Entry) -> tuple[bool, Entry | None]:
         self._n += 1
-        if len(self._res) < self._k:
+        if self._n <= self._k:
             self._res.append(entry)
             return True, None
         j = self._rng.randrange(self._n)
         if j < self._k:
+            if len(self._res) < self._k:
+                # A place `withdraw` freed goes to the next row algorithm R picks, not to the
+                # next row: that one would be kept far more often than k/n.
+                self._res.append(entry)
+                return True, None
             out = self._res[j]
             self._res[j] = entry
             return True, out
@@ -217,6 +222,9 @@ class _ReservoirSelection(StepSelection):
         return sorted(self._res, key=lambda e: e.seq)
 
     def withdraw(self, entries: Sequence[Entry]) -> None:
+        # Later rows then enter at the rate they would have had were the withdrawn rows never
+        # offered. The rows those displaced are gone, so a step that ends before a later row
+        # is picked for a freed place is left short of k.
         gone = {id(e) for e in entries}
         kept = [e for e in self._res if id(e) not in gone]
         self._n -= len(self._res) - len(kept)
@@ -315,12 +323,11 @@ class Gate:
         result = GateResult()
         entries = list(entries)
         closed_upto = self._closed_upto.get(split)
-        if closed_upto is not None and step <= closed_upto:
+        if (closed_upto is not None and step <= closed_upto) or self._close_older(split, step, result):
             result.late = len(entries)
             for e in entries:
                 e.state = EVICTED
             return result
-        self._close_older(split, step, result)
         key = (split, step)
         opened = self._open.get(key)
         if opened is None:
@@ -352,7 +359,8 @@ class Gate:
                 result.passed.append(e)
         return result
 
-    def _close_older(self, split: str, step: int, result: GateResult) -> None:
+    def _close_older(self, split: str, step: int, result: GateResult) -> bool:
+        """Close the steps an offer for `step` pushes out; True when `step` itself is one."""
         if self.sampler.holds:
             # Everything more than max_open_steps behind the newest step is closed, open or
             # not: a straggler for a step that far behind is late, and cannot open it again.
@@ -363,13 +371,14 @@ class Gate:
         elif len(self._open) >= COUNTER_WINDOW and (split, step) not in self._open:
             # A sampler that holds nothing needs only a counter per step, so stragglers many
             # steps behind are still capped exactly; the window just bounds the memory.
-            oldest = (
-                min(s for sp, s in self._open if sp == split)
-                if any(sp == split for sp, _ in self._open)
-                else None
-            )
-            if oldest is not None and oldest < step:
-                self._close(split, oldest, result.released)
+            oldest = min((s for sp, s in self._open if sp == split), default=None)
+            if oldest is not None:
+                # The oldest of the split's counted steps and this one leaves the window. When
+                # that is this step, its samples are late: counting it too would let stragglers
+                # arriving in descending step order grow the window without bound.
+                self._close(split, min(oldest, step), result.released)
+                return step < oldest
+        return False
 
     def _close(self, split: str, upto: int, out: list[Entry]) -> None:
         """Close every open step of `split` up to `upto`; later samples for them are late."""
