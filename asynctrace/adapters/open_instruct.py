@@ -48,6 +48,12 @@ def to_samples(
     queries = as_sequence(field(batch, "queries"), "batch.queries")
     responses = as_sequence(field(result, "responses"), "result.responses")
     n = len(responses)
+    if n and (not queries or n % len(queries)):
+        # Checked here: the generic mapping error would point at arguments this function lacks.
+        raise ValueError(
+            f"result.responses: {n} responses do not map onto {len(queries)} batch.queries "
+            "(give one query per response, or the same number of responses for every query)"
+        )
     prompt_of = prompt_indices(n_prompts=len(queries), n_samples=n) if n else []
     short = Shortfall(_WHERE, n)
     raw_queries = field(batch, "raw_queries")
@@ -117,5 +123,8 @@ def _response_turns(
     has_tools = runs is not None and any(not generated for _, _, generated in runs)
     if isinstance(text, str) and not (has_tools and can_decode):
         return [{"role": "assistant", "content": text}]
+    if not ids:
+        # An empty response is still the policy's answer: it gets its (empty) turn, as with text.
+        return [{"role": "assistant", "content": ""}]
     turns = split_turns(ids, runs if has_tools else None, 0, env_role, builder.texts)
     return list(turns.turns)

@@ -28,9 +28,20 @@ def to_samples(episodes: Any | Iterable[Any], *, tokenizer: Any = None) -> list[
     the response from `episode.response`, else `completion.text`, else `completion.token_ids`.
     Tool calls of the completion are kept on the assistant message.
     """
-    items = [episodes] if _is_episode(episodes) else list(episodes)
+    if _is_episode(episodes):
+        items = [episodes]
+    elif isinstance(episodes, Iterable) and not isinstance(episodes, (str, bytes, Mapping)):
+        items = list(episodes)
+    else:
+        raise ValueError(f"episodes: expected an Episode or a list of them, got {type(episodes).__name__}")
     builder = SampleBuilder()
-    for episode in items:
+    for k, episode in enumerate(items):
+        if not _is_episode(episode):
+            # A GRPO group (a list of episodes) or any other object would read as an empty sample.
+            raise ValueError(
+                f"episodes[{k}]: expected an Episode (with episode_id, completion or request), "
+                f"got {type(episode).__name__}"
+            )
         completion = field(episode, "completion")
         messages = _prompt(episode, completion, builder)
         messages.append(_response(episode, completion, builder))

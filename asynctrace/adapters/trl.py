@@ -26,6 +26,9 @@ __all__ = ["to_samples"]
 
 _WHERE = "trl.to_samples"
 
+# Metadata keys the adapter fills itself; an extra column may not reuse them.
+_OWN_KEYS = frozenset({"sample_index", "prompt_index", "reward", "reward_breakdown", "advantage"})
+
 
 def to_samples(
     prompt: Sequence[Any],
@@ -56,14 +59,27 @@ def to_samples(
             raise ValueError(f"num_generations: {n} completions are not whole groups of {num_generations}")
         groups = prompt_indices(n_prompts=n // num_generations, n_samples=n)
     columns = dict(rewards or {})
-    weights = list(reward_weights) if reward_weights is not None else [1.0] * len(columns)
+    # Plain floats: TRL keeps its weights as a tensor, whose elements would make `reward` a tensor.
+    weights = (
+        [float(w) for w in as_sequence(reward_weights, "reward_weights")]
+        if reward_weights is not None
+        else [1.0] * len(columns)
+    )
     if len(weights) != len(columns):
         raise ValueError(f"reward_weights: has {len(weights)} weights for {len(columns)} reward functions")
+    for name in extra or {}:
+        if name in _OWN_KEYS:
+            # Written last, it would silently replace the adapter's own value (the sampler ranks by reward).
+            raise ValueError(
+                f"extra[{name!r}]: clashes with a metadata key the adapter sets; rename the column"
+            )
 
     short = Shortfall(_WHERE, n)
     samples = []
     for i in range(n):
-        messages = _messages(prompts[i], "user") + _messages(completions[i], "assistant")
+        messages = _messages(prompts[i], "user", f"prompt[{i}]") + _messages(
+            completions[i], "assistant", f"completion[{i}]"
+        )
         metadata: dict[str, Any] = {"sample_index": i}
         if groups is not None:
             metadata["prompt_index"] = groups[i]
@@ -95,16 +111,18 @@ def to_samples(
     return samples
 
 
-def _messages(value: Any, role: str) -> list[dict[str, Any]]:
+def _messages(value: Any, role: str, name: str) -> list[dict[str, Any]]:
     """A string as one message of `role`, a conversation as fresh copies of its messages."""
     if isinstance(value, str):
         return [{"role": role, "content": value}]
     if isinstance(value, Mapping):
         value = [value]
     if not isinstance(value, Sequence):
-        raise ValueError(f"expected a string or a list of messages, got {type(value).__name__}")
+        raise ValueError(f"{name}: expected a string or a list of messages, got {type(value).__name__}")
     out = []
-    for message in value:
+    for j, message in enumerate(value):
+        if not isinstance(message, Mapping):
+            raise ValueError(f"{name}[{j}]: expected a message (a dict), got {type(message).__name__}")
         copy = {str(k): jsonable(v) for k, v in dict(message).items()}
         copy["role"] = role_name(message.get("role", role))
         out.append(copy)

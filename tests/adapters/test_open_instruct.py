@@ -156,6 +156,30 @@ def test_queries_per_prompt_map_responses_in_blocks(tokenizer: Any) -> None:
     assert samples[3].messages[0]["content"] == QUESTIONS[1]
 
 
+def test_empty_response_keeps_its_assistant_turn(tokenizer: Any) -> None:
+    """An empty response decoded from tokens is an empty assistant turn, as it is with text."""
+    batch, result = make(tokenizer, with_text=False)
+    result.responses[1], result.masks[1] = [], []
+    result.finish_reasons[1] = "length"
+    samples = open_instruct.to_samples(batch, result, tokenizer=tokenizer)
+    assert samples[1].messages == [
+        {"role": "user", "content": QUESTIONS[0]},
+        {"role": "assistant", "content": ""},
+    ]
+    assert samples[1].metadata["stop_reason"] == "length"
+
+
+def test_responses_that_do_not_map_onto_queries_name_the_fields(tokenizer: Any) -> None:
+    """Responses that are not whole blocks per query are refused naming responses and queries."""
+    batch, result = make(tokenizer)
+    result.responses = result.responses[:3]
+    with pytest.raises(ValueError, match=r"result\.responses: 3 responses do not map onto 4 batch\.queries"):
+        open_instruct.to_samples(batch, result)
+    batch.queries = []
+    with pytest.raises(ValueError, match=r"onto 0 batch\.queries"):
+        open_instruct.to_samples(batch, result)
+
+
 def test_short_optional_lists_never_raise(tokenizer: Any) -> None:
     """Optional lists shorter than queries are left out where they fall short; one warning."""
     batch, result = make(tokenizer)

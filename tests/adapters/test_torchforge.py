@@ -131,6 +131,17 @@ def test_a_single_episode_is_accepted(tokenizer: Any) -> None:
     assert sample.metadata["episode_id"] == "ep-1"
 
 
+def test_groups_or_other_objects_are_refused_not_logged_empty(tokenizer: Any) -> None:
+    """A list of GRPO groups is refused naming the entry, not turned into blank samples."""
+    groups = [[episode(tokenizer, k) for k in (6, 7)], [episode(tokenizer, k) for k in (1, 2)]]
+    with pytest.raises(ValueError, match=r"episodes\[0\]: expected an Episode"):
+        torchforge.to_samples(groups)
+    with pytest.raises(ValueError, match="episodes: expected an Episode"):
+        torchforge.to_samples(None)
+    flat = torchforge.to_samples([ep for group in groups for ep in group])
+    assert [s.metadata["episode_id"] for s in flat] == ["ep-6", "ep-7", "ep-1", "ep-2"]
+
+
 def test_multi_turn_prompt_with_tool_turns_and_tool_calls(tokenizer: Any) -> None:
     """Chat prompt messages (with tool turns) keep their roles; tool calls stay on the assistant turn."""
     ep = episode(tokenizer, 2)

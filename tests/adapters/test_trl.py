@@ -5,6 +5,7 @@ from collections import deque
 from typing import Any
 
 import pytest
+import torch
 
 import asynctrace as at
 from asynctrace.adapters import trl
@@ -60,6 +61,34 @@ def test_reward_weights_scale_the_sum() -> None:
     assert first.metadata["reward"] == 2.5
     with pytest.raises(ValueError, match="reward_weights"):
         trl.to_samples(logs["prompt"], logs["completion"], rewards=logs["rewards"], reward_weights=[1.0])
+
+
+def test_tensor_reward_weights_give_a_float_reward() -> None:
+    """TRL's own reward_weights tensor weighs the sum and the reward stays a plain float."""
+    logs = grpo_logs()
+    samples = trl.to_samples(
+        logs["prompt"], logs["completion"], rewards=logs["rewards"], reward_weights=torch.tensor([2.0, 1.0])
+    )
+    assert type(samples[0].metadata["reward"]) is float
+    assert [s.metadata["reward"] for s in samples] == [2.5, 0.5, 2.0, 0.75]
+
+
+def test_extra_columns_may_not_replace_the_adapters_keys() -> None:
+    """An extra column named like reward or sample_index is refused, naming the column."""
+    logs = grpo_logs()
+    for name in ("reward", "sample_index"):
+        with pytest.raises(ValueError, match=rf"extra\['{name}'\]"):
+            trl.to_samples(
+                logs["prompt"], logs["completion"], rewards=logs["rewards"], extra={name: [0.0] * 4}
+            )
+
+
+def test_malformed_messages_name_the_entry() -> None:
+    """A prompt or completion that is neither text nor a list of messages names its column and row."""
+    with pytest.raises(ValueError, match=r"prompt\[1\]: expected a string"):
+        trl.to_samples(["q", None], ["a", "b"])
+    with pytest.raises(ValueError, match=r"completion\[0\]\[1\]: expected a message"):
+        trl.to_samples(["q"], [[{"role": "assistant", "content": "a"}, "b"]])
 
 
 def test_conversational_completions_with_tool_turns() -> None:
