@@ -54,10 +54,9 @@ def turn_spans(
     number of assistant turns. Without `prompt_len`, a leading run the policy did not generate
     is the user prompt; with it, the first `prompt_len` tokens are. After the prompt, generated
     runs are `assistant` turns and the others `env_role` turns (tool results or user feedback).
-    No runs at all means the tokens were all generated; with `prompt_len` too, the rest is one
-    `assistant` turn even when it is empty, so a prompt always gets its (possibly empty) answer.
+    No runs at all means the tokens were all generated. Nothing after a prompt is one empty
+    `assistant` turn, so a prompt always gets its (possibly empty) answer.
     """
-    no_mask = runs is None
     if runs is None:
         runs = [(0, n, True)] if n else []
     spans: list[tuple[str, int, int]] = []
@@ -66,14 +65,16 @@ def turn_spans(
         if cut:
             spans.append(("user", 0, cut))
         runs = [(max(start, cut), end, gen) for start, end, gen in runs if end > cut]
-        if no_mask and n and not runs:
-            runs = [(n, n, True)]
     elif runs and not runs[0][2]:
         start, cut, _ = runs[0]
         spans.append(("user", start, cut))
         runs = runs[1:]
     else:
         cut = 0
+    if spans and not runs:
+        # Nothing after the prompt: the policy's answer was empty (an aborted or zero-length
+        # generation), which is still an answer to log. A row with no tokens at all stays empty.
+        runs = [(cut, cut, True)]
     has_prompt = bool(spans)
     num_turns = 0
     for start, end, gen in runs:

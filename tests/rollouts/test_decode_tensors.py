@@ -469,3 +469,20 @@ def test_padding_needs_the_attention_mask_and_prompt_lens_count_real_tokens(toke
     (padded,) = decode_rollouts(ids[:, width - len(prompt) :], tokenizer=tokenizer, loss_mask=loss[:, 2:])
     assert padded.messages[-1] == {"role": "tool", "content": "<pad>" * 3}
     assert padded.metadata["seq_len"] == len(prompt) + len(response) + 3
+
+
+def test_a_prompt_with_no_generated_tokens_gets_an_empty_assistant_turn(tokenizer: Any) -> None:
+    """A row whose loss mask is all 0 (nothing generated) is its prompt and an empty answer."""
+    prompt, _ = encode(tokenizer, CONVERSATIONS[1][:1])
+    full, loss = encode(tokenizer, CONVERSATIONS[1])
+    width = len(full)
+    ids = pad([prompt, full], width)
+    attention = pad([[1] * len(prompt), [1] * len(full)], width)
+    losses = pad([[0] * len(prompt), loss], width)
+    empty, answered = decode_rollouts(ids, tokenizer=tokenizer, attention_mask=attention, loss_mask=losses)
+    assert empty.messages == [
+        {"role": "user", "content": CONVERSATIONS[1][0][1]},
+        {"role": "assistant", "content": ""},
+    ]
+    assert empty.metadata["num_turns"] == 1 and empty.metadata["response_len"] == 0
+    assert answered.messages == expected_messages(CONVERSATIONS[1])
