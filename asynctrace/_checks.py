@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import numbers
 import threading
 from typing import Any
 
-__all__ = ["check_int", "check_seconds", "check_step", "wait_arg"]
+__all__ = [
+    "check_bool",
+    "check_int",
+    "check_seconds",
+    "check_step",
+    "check_timeout",
+    "check_type",
+    "wait_arg",
+]
 
 
 def check_int(name: str, value: Any, *, minimum: int = 1, allow_none: bool = False) -> None:
@@ -17,12 +26,34 @@ def check_int(name: str, value: Any, *, minimum: int = 1, allow_none: bool = Fal
         raise ValueError(f"{name} must be {what}{' or None' if allow_none else ''}, got {value!r}")
 
 
+def check_bool(name: str, value: Any) -> None:
+    """`value` is a bool: a string such as "no" would read as true."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
+def check_type(name: str, value: Any, kind: type | tuple[type, ...], what: str) -> None:
+    """`value` is None or an instance of `kind` (described as `what`)."""
+    if value is not None and not isinstance(value, kind):
+        raise ValueError(f"{name} must be {what} or None, got {type(value).__name__}")
+
+
 def check_seconds(name: str, value: Any, *, allow_none: bool = False) -> None:
     """`value` is a positive number of seconds, or None when allowed."""
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+
+
+def check_timeout(value: Any, name: str = "timeout") -> None:
+    """A wait's timeout: None (no limit) or a number of seconds >= 0 (inf: no limit)."""
+    # Checked up front: a bad value found only when a wait begins (a full buffer, a deadline
+    # being computed) would fail half-way, in a call that must always complete.
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value) >= 0:
+        raise ValueError(f"{name} must be None or a number of seconds >= 0, got {value!r}")
 
 
 def check_step(step: Any, split: Any = "train") -> None:

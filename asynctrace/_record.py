@@ -232,6 +232,15 @@ def _check_messages_slowly(messages: Any, index: int) -> None:
 def _from_mapping(obj: Mapping[str, Any], index: int) -> dict[str, Any]:
     """Normalise `{"messages": ...}` or `{"prompt": ..., "response": ...}` plus metadata keys."""
     if "messages" in obj:
+        both = next((k for k in ("prompt", "response") if obj.get(k) is not None), None)
+        if both is not None:
+            # Either would be dropped (both keys are reserved, so neither is metadata).
+            raise RecordError(
+                f"sample {index}: {both}: given with 'messages'; give the conversation one way "
+                "(put other fields in 'metadata')",
+                index=index,
+                path=both,
+            )
         messages = obj["messages"]
     elif "prompt" in obj or "response" in obj:
         prompt = obj.get("prompt")
@@ -517,4 +526,11 @@ def as_list(samples: SampleLike | Iterable[SampleLike]) -> Sequence[Any]:
             index=None,
             path="",
         )
-    return list(samples)
+    try:
+        return list(samples)
+    except TypeError:
+        raise RecordError(
+            f"samples: expected a Sample, a mapping or a list of them, got {type(samples).__name__}",
+            index=None,
+            path="",
+        ) from None

@@ -25,7 +25,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from . import _forks, _segments, _shutdown
 from ._buffer import Buffer, Marker, MetricsItem, OnFull
-from ._checks import check_int, check_seconds, check_step
+from ._checks import check_int, check_seconds, check_step, check_timeout
 from ._record import (
     UNKNOWN,
     Sample,
@@ -494,6 +494,7 @@ class TraceSession:
 
         Idempotent. What was not delivered by the deadline stays counted as `pending`.
         """
+        check_timeout(timeout)
         if self._state is _State.CLOSED:
             assert self._final is not None
             return self._final
@@ -768,6 +769,8 @@ class TraceSession:
         # and on the machines measured each costs microseconds (docs/performance.md).
         if self._state is not _OPEN:
             self._check_open()
+        if timeout is not None:
+            check_timeout(timeout)
         if threading.get_ident() != self._loop_thread:
             return await anyio.to_thread.run_sync(self._log_blocking, samples, step, split, timeout)
         records, invalid, refused = self._encode(samples, step, split)
@@ -929,6 +932,7 @@ class TraceSession:
     async def flush(self, timeout: float | None = None) -> bool:
         """Close open sampler steps and wait until everything submitted before the call is
         delivered or finally failed. Returns False when `timeout` passed first."""
+        check_timeout(timeout)
         self._check_open()
         deadline = None if timeout is None else anyio.current_time() + timeout
         # Samples submitted before this call but not queued yet (a caller waiting for room, rows

@@ -14,7 +14,7 @@ import anyio
 from anyio.from_thread import BlockingPortal
 
 from . import _shutdown
-from ._checks import wait_arg
+from ._checks import check_timeout, wait_arg
 from ._record import SampleLike
 from ._stats import SessionStats
 from .exceptions import SessionClosedError
@@ -100,6 +100,7 @@ class SyncTraceSession:
         timeout: float | None = None,
     ) -> int:
         """Blocking: waits for room under ``on_full="block"`` (at most `timeout` seconds)."""
+        check_timeout(timeout)
         return self.session._log_blocking(samples, step, split, timeout)
 
     def log_samples_nowait(
@@ -123,6 +124,7 @@ class SyncTraceSession:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Blocking `TraceSession.flush`."""
+        check_timeout(timeout)
         runner = self.session._sync
         assert runner is not None
         bound = None if timeout is None else timeout + 1.0
@@ -130,6 +132,7 @@ class SyncTraceSession:
 
     def finish(self, timeout: float | None = None) -> SessionStats:
         """Drain, close every sink and stop the writer thread; idempotent."""
+        check_timeout(timeout)
         runner = self.session._sync
         assert runner is not None
         return runner.close(self.session.finish_timeout if timeout is None else timeout)

@@ -33,7 +33,7 @@ except ImportError:  # older Ray: a restarting actor fails calls with RayActorEr
         """Never raised: stands in for the class on Ray versions without it."""
 
 
-from .._checks import check_int, check_seconds, check_step
+from .._checks import check_int, check_seconds, check_step, check_timeout
 from .._record import Sample, SampleLike, as_list, encode_samples
 from .._security import describe
 
@@ -305,6 +305,7 @@ class TraceClient:
         Delivery means the collector has counted the samples; ``collector.flush.remote()``
         waits until they are written.
         """
+        check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             target = self._next_seq
@@ -326,6 +327,7 @@ class TraceClient:
         flight stay counted as `in_flight` until the collector answers. A later call returns the
         stats at once; one made while another close() is running waits for that one to end.
         """
+        check_timeout(timeout)
         budget = self.close_timeout if timeout is None else float(timeout)
         with self._lock:
             already = self._closing

@@ -26,7 +26,7 @@ import orjson
 import ray
 from ray.actor import ActorHandle
 
-from .._checks import check_seconds
+from .._checks import check_seconds, check_timeout
 from .._session import TraceSession
 from .._stats import SessionStats
 from .._sync import SyncTraceSession, log_within
@@ -160,6 +160,7 @@ class TraceCollector:
     def flush(self, timeout: float | None = None) -> bool:
         """Close open sampler steps and wait until everything ingested so far is written; False on timeout
         (or when a `finish` running meanwhile left samples unwritten)."""
+        check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         if self._finished is None:
             try:
@@ -184,11 +185,13 @@ class TraceCollector:
     def finish(self, timeout: float | None = None) -> SessionStats:
         """Drain within `timeout` (default: the session's `finish_timeout`), close every sink, and
         return the final stats. Idempotent; later ingests are counted as dropped (``"closed"``)."""
+        check_timeout(timeout)
         return self._finish(timeout)
 
     @_group("control")
     def close(self, timeout: float | None = None) -> SessionStats:
         """Same as `finish`."""
+        check_timeout(timeout)
         return self._finish(timeout)
 
     def _finish(self, timeout: float | None) -> SessionStats:

@@ -13,7 +13,7 @@ from typing import IO, TypeVar
 import anyio
 import orjson
 
-from .._checks import check_int
+from .._checks import check_bool, check_int
 from .._record import TraceRecord
 from ._base import Sink
 
@@ -34,6 +34,7 @@ class JsonlSink(Sink):
         self, path: str | os.PathLike[str], *, rotate_every: int | None = None, fsync: bool = False
     ) -> None:
         check_int("rotate_every", rotate_every, allow_none=True)
+        check_bool("fsync", fsync)
         self.name = "jsonl"
         self.path = Path(path)
         self.rotate_every = rotate_every

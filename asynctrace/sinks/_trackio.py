@@ -18,6 +18,7 @@ import orjson
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from .. import _forks
+from .._checks import check_bool, check_type
 from .._record import TraceRecord
 from .._security import check_name
 from ..exceptions import PermanentSinkError
@@ -92,6 +93,10 @@ class TrackioSink(Sink):
         for what, value in (("project", project), ("run", run)):
             if value is not None:
                 check_name(what, value)
+        check_type("space_id", space_id, str, "a str")
+        check_type("server_url", server_url, str, "a str")
+        check_bool("process", process)
+        check_type("init_kwargs", init_kwargs, Mapping, "a mapping of trackio.init arguments")
         self.name = "trackio"
         self.project = project
         self.run = run

@@ -1,0 +1,97 @@
+"""Bad arguments to waits, logging calls and sinks: a clear error naming them, and nothing left open."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+import asynctrace as at
+from tests._util import sample
+
+BAD_TIMEOUTS = ["x", -1, float("nan"), True]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("bad", BAD_TIMEOUTS)
+async def test_a_bad_finish_timeout_is_refused_and_the_session_still_finishes(bad: Any) -> None:
+    """finish(timeout=<bad>) raises ValueError naming timeout; leaving the block still finishes."""
+    sink = at.testing.MemorySink()
+    with anyio.fail_after(10):
+        async with at.TraceSession("p", sinks=[sink]) as s:
+            await s.log_samples([sample(0)], step=0)
+            with pytest.raises(ValueError, match="timeout"):
+                await s.finish(timeout=bad)
+    assert sink.closed and len(sink.records) == 1
+
+
+def test_a_bad_finish_timeout_in_the_blocking_form_leaves_no_sink_open() -> None:
+    """The blocking form's finish(timeout="x") raises; leaving the block closes every sink."""
+    sink = at.testing.MemorySink()
+    with at.TraceSession("p", sinks=[sink]) as s:
+        s.log_samples([sample(0)], step=0)
+        with pytest.raises(ValueError, match="timeout"):
+            s.finish(timeout="x")  # type: ignore[arg-type]
+    assert sink.closed and len(sink.records) == 1
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("bad", BAD_TIMEOUTS)
+async def test_bad_timeouts_of_log_samples_and_flush_are_refused_up_front(bad: Any) -> None:
+    """A bad timeout is refused even while there is room, before anything is counted."""
+    async with at.TraceSession("p", sinks=[at.testing.MemorySink()]) as s:
+        with pytest.raises(ValueError, match="timeout"):
+            await s.log_samples([sample(0)], step=0, timeout=bad)
+        with pytest.raises(ValueError, match="timeout"):
+            await s.flush(timeout=bad)
+        assert s.stats().submitted == 0
+        assert await s.flush(timeout=0) in (True, False) and await s.flush(timeout=float("inf"))
+
+
+def test_bad_timeouts_in_the_blocking_form_are_refused() -> None:
+    """The blocking form refuses a bad timeout for log_samples and flush too."""
+    with at.TraceSession("p", sinks=[at.testing.MemorySink()]) as s:
+        with pytest.raises(ValueError, match="timeout"):
+            s.log_samples([sample(0)], step=0, timeout="x")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="timeout"):
+            s.flush(timeout=-1)
+        assert s.stats().submitted == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("samples", [None, 5, 2.5])
+async def test_samples_that_are_not_samples_name_the_argument(samples: Any) -> None:
+    """log_samples(None) or a number is a RecordError about `samples`, not a bare TypeError."""
+    async with at.TraceSession("p", sinks=[at.testing.MemorySink()]) as s:
+        with pytest.raises(at.RecordError, match="samples: expected a Sample"):
+            await s.log_samples(samples, step=0)
+        with pytest.raises(at.RecordError, match="samples: expected a Sample"):
+            s.log_samples_nowait(samples, step=0)
+
+
+@pytest.mark.parametrize("key", ["prompt", "response"])
+def test_messages_with_prompt_or_response_is_refused_not_dropped(key: str) -> None:
+    """A mapping with both 'messages' and 'prompt'/'response' raises instead of dropping one."""
+    from asynctrace._record import encode_checked
+
+    obj = {"messages": [{"role": "user", "content": "hi"}], key: "text"}
+    with pytest.raises(at.RecordError, match=f"sample 0: {key}: given with 'messages'") as info:
+        encode_checked(obj, 0, None, None)
+    assert info.value.path == key
+
+
+@pytest.mark.parametrize(
+    ("make", "name"),
+    [
+        (lambda: at.TrackioSink(process="no"), "process"),
+        (lambda: at.TrackioSink(init_kwargs=3), "init_kwargs"),
+        (lambda: at.TrackioSink(space_id=1), "space_id"),
+        (lambda: at.TrackioSink(server_url=b"http://x"), "server_url"),
+        (lambda: at.JsonlSink("x.jsonl", fsync="yes"), "fsync"),
+    ],
+)
+def test_bad_sink_arguments_name_themselves(make: Any, name: str) -> None:
+    """A sink argument of the wrong type is a ValueError naming it, at construction."""
+    with pytest.raises(ValueError, match=name):
+        make()
