@@ -232,8 +232,8 @@ def _check_messages_slowly(messages: Any, index: int) -> None:
 def _from_mapping(obj: Mapping[str, Any], index: int) -> dict[str, Any]:
     """Normalise `{"messages": ...}` or `{"prompt": ..., "response": ...}` plus metadata keys."""
     if "messages" in obj:
-        both = next((k for k in ("prompt", "response") if obj.get(k) is not None), None)
-        if both is not None:
+        both = "prompt" if obj.get("prompt") is not None else "response"
+        if obj.get(both) is not None:
             # Either would be dropped (both keys are reserved, so neither is metadata).
             raise RecordError(
                 f"sample {index}: {both}: given with 'messages'; give the conversation one way "
