@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 import threading
 from typing import Any
 
@@ -46,14 +45,25 @@ def check_seconds(name: str, value: Any, *, allow_none: bool = False) -> None:
         raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
 
 
-def check_timeout(value: Any, name: str = "timeout") -> None:
-    """A wait's timeout: None (no limit) or a number of seconds >= 0 (inf: no limit)."""
+def check_timeout(value: Any, name: str = "timeout") -> float | None:
+    """A wait's timeout as a float: None (no limit) or seconds >= 0 (inf: no limit).
+
+    Anything with `__float__` counts (numpy scalars, a 0-d tensor); a bool, a string or a
+    negative or NaN value is a ValueError naming `name`.
+    """
     # Checked up front: a bad value found only when a wait begins (a full buffer, a deadline
     # being computed) would fail half-way, in a call that must always complete.
     if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value) >= 0:
-        raise ValueError(f"{name} must be None or a number of seconds >= 0, got {value!r}")
+        return None
+    if not isinstance(value, bool) and hasattr(type(value), "__float__"):
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            pass
+        else:
+            if seconds >= 0:
+                return seconds
+    raise ValueError(f"{name} must be None or a number of seconds >= 0, got {value!r}")
 
 
 def check_step(step: Any, split: Any = "train") -> None:

@@ -527,10 +527,12 @@ def as_list(samples: SampleLike | Iterable[SampleLike]) -> Sequence[Any]:
             path="",
         )
     try:
-        return list(samples)
+        items = iter(samples)
     except TypeError:
         raise RecordError(
             f"samples: expected a Sample, a mapping or a list of them, got {type(samples).__name__}",
             index=None,
             path="",
         ) from None
+    # Outside the try: an error raised by the caller's own generator is theirs, unchanged.
+    return list(items)

@@ -370,12 +370,14 @@ class Gate:
                 self._close(split, upto, result.released)
         elif len(self._open) >= COUNTER_WINDOW and (split, step) not in self._open:
             # A sampler that holds nothing needs only a counter per step, so stragglers many
-            # steps behind are still capped exactly; the window just bounds the memory.
-            oldest = min((s for sp, s in self._open if sp == split), default=None)
-            if oldest is not None:
+            # steps behind are still capped exactly; the window just bounds the memory, per
+            # split, so that a sparse split (eval) is never pushed out by a busy one (train).
+            mine = [s for sp, s in self._open if sp == split]
+            if len(mine) >= COUNTER_WINDOW:
                 # The oldest of the split's counted steps and this one leaves the window. When
                 # that is this step, its samples are late: counting it too would let stragglers
                 # arriving in descending step order grow the window without bound.
+                oldest = min(mine)
                 self._close(split, min(oldest, step), result.released)
                 return step < oldest
         return False

@@ -143,15 +143,11 @@ class ScrubFilter(logging.Filter):
             record.msg = clean
             record.args = None
         if record.exc_info and record.exc_info[0] is not None and not record.exc_text:
-            # An exception's message can hold a URL with its token. Only a traceback that
-            # needs scrubbing is replaced: the scrubbed text, with exc_info cleared so that no
-            # formatter (a JSON one calling formatException itself) can render the raw one;
-            # any other is left to the handlers' own formatters.
-            raw = logging.Formatter().formatException(record.exc_info)
-            clean = scrub(raw)
-            if clean != raw:
-                record.exc_text = clean
-                record.exc_info = None
+            # An exception's message, or a local variable a formatter may render with it, can
+            # hold a URL with its token: handlers get the traceback as scrubbed text only, and
+            # no exc_info from which a formatter could render the raw exception or its frames.
+            record.exc_text = scrub(logging.Formatter().formatException(record.exc_info))
+            record.exc_info = None
         return True
 
 

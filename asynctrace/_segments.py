@@ -47,6 +47,7 @@ SEGMENT: Final = "seg"
 DEAD: Final = "dead"
 SUFFIX = ".jsonl"
 CORRUPT_SUFFIX = ".corrupt"
+ACK_PREFIX = b'{"t":"a"'  # how every acknowledgement line starts
 FileKind = Literal["seg", "dead"]
 
 _CRC = b',"c":'
@@ -158,6 +159,7 @@ class FileScan:
     acks: list[tuple[list[str], str | None]] = field(default_factory=list)
     torn: int = 0  # an unterminated last line: the process was killed mid-write
     corrupt: int = 0  # lines whose CRC or JSON is wrong
+    corrupt_acks: int = 0  # of those, lines still recognisable as acknowledgements
     error: str | None = None  # the file could not be read at all
     # Filled in by `scan_dir`:
     unresolved: list[RawRecord] = field(default_factory=list)
@@ -180,7 +182,10 @@ class FileScan:
         if self.empty:
             return False
         unattributable = not self.header_ok and bool(self.records or self.acks)
-        return bool(self.corrupt) or self.error is not None or unattributable
+        # A corrupt acknowledgement loses nothing: the records it acknowledged are replayed (at
+        # least once). A corrupt line of any other kind may have been a record.
+        lost = self.corrupt - self.corrupt_acks
+        return bool(lost) or self.error is not None or unattributable
 
     def problems(self) -> str | None:
         """A one-line description of what was wrong with this file, or None."""
@@ -256,6 +261,8 @@ def read_file(path: Path, kind: FileKind) -> FileScan:
                 parsed = False
         if not parsed:
             scan.corrupt += 1
+            if line.startswith(ACK_PREFIX):
+                scan.corrupt_acks += 1
         first = False
         pos = end + 1
     return scan

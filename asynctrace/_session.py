@@ -43,7 +43,7 @@ from ._security import check_name, describe
 from ._spool import Durability, Spool
 from ._stats import SessionStats
 from ._sync import SyncTraceSession, _SyncRunner
-from ._writer import Writer
+from ._writer import STOP_GRACE, Writer
 from .exceptions import RecordError, SessionClosedError
 from .sinks._base import Sink
 
@@ -74,8 +74,6 @@ _ON_FULL = ("block", "drop_newest", "drop_oldest")
 _ON_INVALID = ("raise", "skip")
 _DURABILITY = ("writer", "enqueue")
 _DEFAULT_RETRY = RetryPolicy()
-# Seconds finish() gives the writer to stop once cancelled before it names the sinks that hold it.
-STOP_GRACE = 2.0
 
 
 def _threadsafe_caller() -> Callable[[Callable[[], None]], None]:
@@ -494,7 +492,7 @@ class TraceSession:
 
         Idempotent. What was not delivered by the deadline stays counted as `pending`.
         """
-        check_timeout(timeout)
+        timeout = check_timeout(timeout)
         if self._state is _State.CLOSED:
             assert self._final is not None
             return self._final
@@ -527,10 +525,10 @@ class TraceSession:
                 # The writer's tasks cannot be abandoned (the task group waits for them): say
                 # which sink holds finish() up rather than hang without a word.
                 logger.error(
-                    "asynctrace: sink(s) %s still running %.0fs after finish() cancelled them; "
-                    "finish() cannot return before they do. A sink's write must be cancellable: "
+                    "asynctrace: %s still running %.0fs after finish() cancelled it; "
+                    "finish() cannot return before it ends. A sink's write must be cancellable: "
                     "use async I/O, or anyio.to_thread.run_sync(..., abandon_on_cancel=True)",
-                    ", ".join(repr(n) for n in writer.still_running()),
+                    writer.still_running(),
                     STOP_GRACE,
                 )
                 await writer.stopped.wait()
@@ -770,7 +768,7 @@ class TraceSession:
         if self._state is not _OPEN:
             self._check_open()
         if timeout is not None:
-            check_timeout(timeout)
+            timeout = check_timeout(timeout)
         if threading.get_ident() != self._loop_thread:
             return await anyio.to_thread.run_sync(self._log_blocking, samples, step, split, timeout)
         records, invalid, refused = self._encode(samples, step, split)
@@ -932,7 +930,7 @@ class TraceSession:
     async def flush(self, timeout: float | None = None) -> bool:
         """Close open sampler steps and wait until everything submitted before the call is
         delivered or finally failed. Returns False when `timeout` passed first."""
-        check_timeout(timeout)
+        timeout = check_timeout(timeout)
         self._check_open()
         deadline = None if timeout is None else anyio.current_time() + timeout
         # Samples submitted before this call but not queued yet (a caller waiting for room, rows

@@ -17,6 +17,7 @@ from . import _shutdown
 from ._checks import check_timeout, wait_arg
 from ._record import SampleLike
 from ._stats import SessionStats
+from ._writer import STOP_GRACE
 from .exceptions import SessionClosedError
 
 if TYPE_CHECKING:
@@ -28,9 +29,10 @@ logger = logging.getLogger("asynctrace")
 
 
 def _finish_bound(timeout: float) -> float:
-    # finish() drains within `timeout`, then gives closing the sinks at least min(timeout, 5 s);
-    # past that (and a margin), the loop thread is blocked by something other than the drain.
-    return timeout + min(timeout, 5.0) + 1.0
+    # finish() drains within `timeout`, waits up to STOP_GRACE for a writer that ignores its
+    # cancel (then names it), and gives closing the sinks at least min(timeout, 5 s); past that
+    # (and a margin), the loop thread is blocked by something other than the drain.
+    return timeout + STOP_GRACE + min(timeout, 5.0) + 1.0
 
 
 def _bounded(fn: Callable[[], Any], bound: float) -> Any:
@@ -100,7 +102,7 @@ class SyncTraceSession:
         timeout: float | None = None,
     ) -> int:
         """Blocking: waits for room under ``on_full="block"`` (at most `timeout` seconds)."""
-        check_timeout(timeout)
+        timeout = check_timeout(timeout)
         return self.session._log_blocking(samples, step, split, timeout)
 
     def log_samples_nowait(
@@ -124,7 +126,7 @@ class SyncTraceSession:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Blocking `TraceSession.flush`."""
-        check_timeout(timeout)
+        timeout = check_timeout(timeout)
         runner = self.session._sync
         assert runner is not None
         bound = None if timeout is None else timeout + 1.0
@@ -132,7 +134,7 @@ class SyncTraceSession:
 
     def finish(self, timeout: float | None = None) -> SessionStats:
         """Drain, close every sink and stop the writer thread; idempotent."""
-        check_timeout(timeout)
+        timeout = check_timeout(timeout)
         runner = self.session._sync
         assert runner is not None
         return runner.close(self.session.finish_timeout if timeout is None else timeout)

@@ -22,10 +22,12 @@ from .sinks._base import Sink
 
 logger = logging.getLogger("asynctrace")
 
-__all__ = ["Signal", "Writer"]
+__all__ = ["STOP_GRACE", "Signal", "Writer"]
 
 # Records encoded for the spool per event-loop turn (see Writer._spool_batch).
 SPOOL_SLICE = 32
+# Seconds finish() gives the writer to stop once cancelled before it names what holds it up.
+STOP_GRACE = 2.0
 
 
 class Signal:
@@ -171,9 +173,10 @@ class Writer:
 
         return on_retry
 
-    def still_running(self) -> list[str]:
-        """Names of the sinks whose lane has not ended (after a cancel: one ignoring it)."""
-        return [lane.sink.name for lane in self._lanes if not lane.done]
+    def still_running(self) -> str:
+        """What has not ended (after a cancel: what ignores it): the sinks' names, quoted."""
+        names = [repr(lane.sink.name) for lane in self._lanes if not lane.done]
+        return ", ".join(names) or "the writer's dispatcher"
 
     async def _run_lane(self, lane: _Lane) -> None:
         try:

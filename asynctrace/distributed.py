@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
-from ._checks import check_int, check_seconds, check_step, check_timeout
+from ._checks import check_int, check_step, check_timeout
 from ._record import Sample, SampleLike, as_list, encode_samples
 from ._sampling import Entry, ReservoirSampler, Sampler, SamplerName, StepSelection, resolve_sampler
 from ._session import TraceSession
@@ -486,9 +486,8 @@ class DistributedTraceLogger:
         With the session's ``on_full="block"``, queueing the selection waits for room, at most
         `timeout` seconds (None: as long as it takes); what still does not fit is ``"queue_full"``.
         """
-        check_timeout(timeout)
+        timeout = check_timeout(timeout)
         check_int("step", step, minimum=0)
-        check_seconds("timeout", timeout, allow_none=True)
         if self._final is not None or self._closing:
             raise SessionClosedError("the logger is finished")
         if self.mode == "per_rank_stream":
@@ -649,7 +648,7 @@ class DistributedTraceLogger:
     def flush(self, timeout: float | None = None) -> bool:
         """End every open step (a collective in ``"global"`` mode) and wait until this rank's session
         has written what it was given. Returns False when `timeout` passed first."""
-        check_timeout(timeout)
+        timeout = check_timeout(timeout)
         if self._final is not None:
             return True
         if self.mode != "per_rank_stream":
@@ -669,7 +668,7 @@ class DistributedTraceLogger:
         context manager does that when it exits with an exception, so an error never hangs a rank.
         Samples logged while it runs are counted as ``"closed"``; if the reduction fails, the
         session is still finished before the error is raised."""
-        check_timeout(timeout)
+        timeout = check_timeout(timeout)
         if self._final is not None:
             return self._final
         budget = self._finish_timeout if timeout is None else float(timeout)

@@ -95,3 +95,46 @@ def test_bad_sink_arguments_name_themselves(make: Any, name: str) -> None:
     """A sink argument of the wrong type is a ValueError naming it, at construction."""
     with pytest.raises(ValueError, match=name):
         make()
+
+
+@pytest.mark.anyio
+async def test_an_error_inside_the_callers_generator_reaches_the_caller_unchanged() -> None:
+    """A TypeError raised by the caller's own generator is not reported as a bad `samples`."""
+
+    def rows() -> Any:
+        yield sample(0)
+        raise TypeError("bug in my rollout loop")
+
+    async with at.TraceSession("p", sinks=[at.testing.MemorySink()]) as s:
+        with pytest.raises(TypeError, match="bug in my rollout loop"):
+            await s.log_samples(rows(), step=0)
+
+
+def _number_likes() -> list[Any]:
+    import numpy as np
+    import torch
+
+    return [0, 0.5, float("inf"), np.float32(0.5), np.int64(1), torch.tensor(0.5)]
+
+
+@pytest.mark.parametrize("good", _number_likes(), ids=repr)
+def test_number_like_timeouts_are_accepted_by_the_blocking_form(good: Any) -> None:
+    """Zero, infinity, numpy scalars and a 0-d tensor are timeouts like a float."""
+    sink = at.testing.MemorySink()
+    with at.TraceSession("p", sinks=[sink]) as s:
+        assert s.log_samples([sample(0)], step=0, timeout=good) == 1
+        s.flush(timeout=good)
+        s.finish(timeout=good)
+    assert sink.closed
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("good", _number_likes(), ids=repr)
+async def test_number_like_timeouts_are_accepted_by_the_async_form(good: Any) -> None:
+    """The async form takes the same timeouts."""
+    sink = at.testing.MemorySink()
+    async with at.TraceSession("p", sinks=[sink]) as s:
+        assert await s.log_samples([sample(0)], step=0, timeout=good) == 1
+        await s.flush(timeout=good)
+        await s.finish(timeout=good)
+    assert sink.closed

@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 import asynctrace as at
-from asynctrace._session import STOP_GRACE
+from asynctrace._writer import STOP_GRACE
 from tests._util import read_traces, sample
 
 pytestmark = pytest.mark.anyio
@@ -148,7 +148,7 @@ def test_sync_finish_keeps_its_deadline_when_the_loop_thread_is_blocked() -> Non
         started = time.monotonic()
         stats = s.finish(timeout=1.0)
         took = time.monotonic() - started
-        assert took < 5.0 and stats.pending == 1
+        assert took < 7.0 and stats.pending == 1  # the bound: 1 + 2 + 1 + 1 s
     finally:
         sink.release.set()
 

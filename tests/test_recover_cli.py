@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 from click.testing import CliRunner
 
@@ -110,6 +112,42 @@ def test_recover_exits_1_when_a_corrupt_line_lost_a_record(tmp_path: Path, proje
     assert f"{project}/r: 5 replayed, 5 written" in result.output
     assert "1 corrupt line(s) skipped" in result.output
     assert len(read_traces(project, "r")) == 5
+
+
+class _FirstThenHang(at.Sink):
+    """Writes its first batch, then hangs: that batch is acknowledged in the spool, the rest not."""
+
+    name = "first-then-hang"
+
+    def __init__(self) -> None:
+        self.writes = 0
+
+    async def write(self, records: Any) -> None:
+        self.writes += 1
+        if self.writes > 1:
+            await anyio.sleep(3600)
+
+
+def test_recover_exits_0_when_only_an_acknowledgement_line_was_corrupt(tmp_path: Path, project: str) -> None:
+    """A corrupt acknowledgement loses nothing (its records are replayed): reported, and exit 0."""
+    spool = tmp_path / "spool"
+    with at.TraceSession(
+        project, run="r", sinks=[_FirstThenHang()], spool_dir=spool, finish_timeout=0.3, flush_interval=0.01
+    ) as s:
+        s.log_samples([sample(i) for i in range(3)], step=0)
+        assert s.flush(timeout=10)
+        s.log_samples([sample(i) for i in range(3, 6)], step=1)
+    (segment,) = spool.glob("seg-*.jsonl")
+    lines = segment.read_bytes().split(b"\n")[:-1]
+    (i,) = [k for k, line in enumerate(lines) if line.startswith(b'{"t":"a"')]
+    bad = bytearray(lines[i])
+    bad[-3] ^= 0x01  # inside its checksum: the line no longer verifies
+    lines[i] = bytes(bad)
+    segment.write_bytes(b"".join(line + b"\n" for line in lines))
+    result = CliRunner().invoke(main, ["recover", str(spool), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert f"{project}/r: 6 replayed, 6 written" in result.output
+    assert "1 corrupt line(s) skipped" in result.output
 
 
 def test_recover_exits_1_when_a_file_without_a_header_held_records(tmp_path: Path, project: str) -> None:

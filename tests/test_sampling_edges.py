@@ -48,3 +48,16 @@ def test_reservoir_stays_uniform_after_a_withdraw() -> None:
     assert abs(sum(later) / len(later) - expected) < 0.15 * expected, later
     # The freed place is usually taken again (by about 1 - (t/n)**k of the runs).
     assert sizes / runs > 0.85 * k
+
+
+def test_first_counter_window_is_per_split() -> None:
+    """A busy split filling the window does not make an out-of-order step of a sparse split late."""
+    gate = Gate(2, FirstSampler(), max_open_steps=2, step_timeout=None)
+    gate.offer("eval", 10, [Entry(None, 0)], 0.0)
+    gate.offer("eval", 20, [Entry(None, 1)], 0.0)
+    for step in range(COUNTER_WINDOW + 10):
+        gate.offer("train", step, [Entry(None, step)], 0.0)
+    result = gate.offer("eval", 15, [Entry(None, 2)], 0.0)
+    assert result.late == 0 and len(result.passed) == 1
+    assert not gate.is_closed("eval", 10)
+    assert sum(1 for sp, _ in gate._open if sp == "train") == COUNTER_WINDOW

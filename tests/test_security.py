@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import logging
 import re
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -285,10 +286,40 @@ class _OwnRendering(_TaggedTracebacks):
         return text
 
 
-def test_a_handlers_own_traceback_format_is_kept_when_nothing_needs_scrubbing(tokens: list[str]) -> None:
-    """A traceback without a credential reaches the handler's own formatter untouched."""
-    output = _log_exception("cannot reach the server", _TaggedTracebacks())
-    assert "TAGGED Traceback" in output and "cannot reach the server" in output
+def test_a_formatter_rendering_frame_locals_gets_no_credential(tokens: list[str]) -> None:
+    """A formatter that would render the frames' local variables never sees the raw exception."""
+
+    class Locals(logging.Formatter):
+        def formatException(self, ei: Any) -> str:
+            return "".join(traceback.TracebackException(*ei, capture_locals=True).format())
+
+        def format(self, record: logging.LogRecord) -> str:
+            text = record.getMessage()
+            if record.exc_info:
+                text += "\n" + self.formatException(record.exc_info)
+            elif record.exc_text:
+                text += "\n" + record.exc_text
+            return text
+
+    def connect() -> None:
+        url = f"https://h/?write_token={WRITE}"  # a local the exception's frame holds
+        raise ConnectionError(f"server unreachable ({len(url)})")
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(Locals())
+    log = logging.getLogger("asynctrace")
+    log.addHandler(handler)
+    try:
+        try:
+            connect()
+        except ConnectionError:
+            log.exception("asynctrace: shipping failed")
+    finally:
+        log.removeHandler(handler)
+    output = stream.getvalue()
+    assert "Traceback" in output and "server unreachable" in output
+    assert WRITE not in output
 
 
 def test_a_formatter_that_renders_exc_info_itself_gets_no_credential(tokens: list[str]) -> None:

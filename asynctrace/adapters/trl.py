@@ -26,9 +26,6 @@ __all__ = ["to_samples"]
 
 _WHERE = "trl.to_samples"
 
-# Metadata keys the adapter fills itself; an extra column may not reuse them.
-_OWN_KEYS = frozenset({"sample_index", "prompt_index", "reward", "reward_breakdown", "advantage"})
-
 
 def to_samples(
     prompt: Sequence[Any],
@@ -61,17 +58,22 @@ def to_samples(
     columns = dict(rewards or {})
     # Plain floats: TRL keeps its weights as a tensor, whose elements would make `reward` a tensor.
     weights = (
-        [float(w) for w in as_sequence(reward_weights, "reward_weights")]
-        if reward_weights is not None
-        else [1.0] * len(columns)
+        [float(w) for w in _weights(reward_weights)] if reward_weights is not None else [1.0] * len(columns)
     )
     if len(weights) != len(columns):
         raise ValueError(f"reward_weights: has {len(weights)} weights for {len(columns)} reward functions")
+    own = {"sample_index"}
+    if groups is not None:
+        own.add("prompt_index")
+    if columns:
+        own |= {"reward", "reward_breakdown"}
+    if advantages is not None:
+        own.add("advantage")
     for name in extra or {}:
-        if name in _OWN_KEYS:
+        if name in own:
             # Written last, it would silently replace the adapter's own value (the sampler ranks by reward).
             raise ValueError(
-                f"extra[{name!r}]: clashes with a metadata key the adapter sets; rename the column"
+                f"extra[{name!r}]: clashes with a metadata key the adapter sets here; rename the column"
             )
 
     short = Shortfall(_WHERE, n)
@@ -109,6 +111,18 @@ def to_samples(
         samples.append(Sample(messages=messages, metadata=metadata))
     short.warn()
     return samples
+
+
+def _weights(value: Any) -> list[Any]:
+    """The reward weights as a list: a tensor or array (as TRL keeps them), or any iterable."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    try:
+        return list(value)
+    except TypeError:
+        raise ValueError(
+            f"reward_weights: expected a sequence of numbers, got {type(value).__name__}"
+        ) from None
 
 
 def _messages(value: Any, role: str, name: str) -> list[dict[str, Any]]:

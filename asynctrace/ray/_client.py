@@ -33,7 +33,7 @@ except ImportError:  # older Ray: a restarting actor fails calls with RayActorEr
         """Never raised: stands in for the class on Ray versions without it."""
 
 
-from .._checks import check_int, check_seconds, check_step, check_timeout
+from .._checks import check_int, check_seconds, check_step, check_timeout, wait_arg
 from .._record import Sample, SampleLike, as_list, encode_samples
 from .._security import describe
 
@@ -213,6 +213,7 @@ class TraceClient:
         # Held by the close() that drains; a second close() waits on it for that one's outcome.
         self._close_lock = threading.Lock()
         self._closed = False  # a close() ran to its end: its deadline is spent, not to be repeated
+        self._closer: int | None = None  # the thread running the close() under way
         _open_clients.add(self)
 
     def __repr__(self) -> str:
@@ -305,7 +306,7 @@ class TraceClient:
         Delivery means the collector has counted the samples; ``collector.flush.remote()``
         waits until they are written.
         """
-        check_timeout(timeout)
+        timeout = check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             target = self._next_seq
@@ -316,7 +317,7 @@ class TraceClient:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
-                self._progress.wait(left)
+                self._progress.wait(None if left is None else wait_arg(left))
             return True
 
     def close(self, timeout: float | None = None) -> ClientStats:
@@ -327,8 +328,8 @@ class TraceClient:
         flight stay counted as `in_flight` until the collector answers. A later call returns the
         stats at once; one made while another close() is running waits for that one to end.
         """
-        check_timeout(timeout)
-        budget = self.close_timeout if timeout is None else float(timeout)
+        timeout = check_timeout(timeout)
+        budget = self.close_timeout if timeout is None else timeout
         with self._lock:
             already = self._closing
             self._closing = True
@@ -338,10 +339,19 @@ class TraceClient:
         # drop what it is still shipping); after one that ended, the calls still in flight are
         # waiting on an unresponsive collector, and waiting for them again would only repeat
         # a deadline already spent.
+        me = threading.get_ident()
+        if self._closer == me:
+            # Re-entered on the thread already closing (a signal handler that closes the
+            # client): that close() is draining, and waiting for it here would never end.
+            return self.stats()
         with self._close_lock:
             if not self._closed:
-                self._drain_and_stop(budget)
-                self._closed = True
+                self._closer = me
+                try:
+                    self._drain_and_stop(budget)
+                    self._closed = True
+                finally:
+                    self._closer = None
         return self.stats()
 
     def _drain_and_stop(self, budget: float) -> None:

@@ -26,7 +26,7 @@ import orjson
 import ray
 from ray.actor import ActorHandle
 
-from .._checks import check_seconds, check_timeout
+from .._checks import check_seconds, check_timeout, wait_arg
 from .._session import TraceSession
 from .._stats import SessionStats
 from .._sync import SyncTraceSession, log_within
@@ -160,7 +160,7 @@ class TraceCollector:
     def flush(self, timeout: float | None = None) -> bool:
         """Close open sampler steps and wait until everything ingested so far is written; False on timeout
         (or when a `finish` running meanwhile left samples unwritten)."""
-        check_timeout(timeout)
+        timeout = check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         if self._finished is None:
             try:
@@ -168,8 +168,8 @@ class TraceCollector:
             except SessionClosedError:
                 pass  # finish() has begun: its outcome is the answer
         # Wait for that finish (it holds the lock until done), within this call's deadline.
-        left = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
-        if not self._finish_lock.acquire(timeout=left):
+        left = None if deadline is None else wait_arg(max(0.0, deadline - time.monotonic()))
+        if not self._finish_lock.acquire(timeout=-1.0 if left is None else left):
             return False
         try:
             return self._finished is not None and self._finished.pending == 0
@@ -185,13 +185,13 @@ class TraceCollector:
     def finish(self, timeout: float | None = None) -> SessionStats:
         """Drain within `timeout` (default: the session's `finish_timeout`), close every sink, and
         return the final stats. Idempotent; later ingests are counted as dropped (``"closed"``)."""
-        check_timeout(timeout)
+        timeout = check_timeout(timeout)
         return self._finish(timeout)
 
     @_group("control")
     def close(self, timeout: float | None = None) -> SessionStats:
         """Same as `finish`."""
-        check_timeout(timeout)
+        timeout = check_timeout(timeout)
         return self._finish(timeout)
 
     def _finish(self, timeout: float | None) -> SessionStats:

@@ -74,13 +74,32 @@ def test_tensor_reward_weights_give_a_float_reward() -> None:
 
 
 def test_extra_columns_may_not_replace_the_adapters_keys() -> None:
-    """An extra column named like reward or sample_index is refused, naming the column."""
+    """An extra column named like a key the adapter sets (reward with rewards given, sample_index)
+    is refused, naming the column; one the adapter does not set this time is kept."""
     logs = grpo_logs()
     for name in ("reward", "sample_index"):
         with pytest.raises(ValueError, match=rf"extra\['{name}'\]"):
             trl.to_samples(
                 logs["prompt"], logs["completion"], rewards=logs["rewards"], extra={name: [0.0] * 4}
             )
+    # Without rewards= or advantages=, the adapter sets neither: the user's own columns are kept.
+    samples = trl.to_samples(
+        logs["prompt"], logs["completion"], extra={"reward": [0.5] * 4, "advantage": [0.1] * 4}
+    )
+    assert [(s.metadata["reward"], s.metadata["advantage"]) for s in samples] == [(0.5, 0.1)] * 4
+
+
+def test_reward_weights_may_be_any_iterable() -> None:
+    """Weights given as a generator (or a tensor, as TRL keeps them) weigh the reward functions."""
+    logs = grpo_logs()
+    names = list(logs["rewards"])
+    by_list = trl.to_samples(
+        logs["prompt"], logs["completion"], rewards=logs["rewards"], reward_weights=[0.5] * len(names)
+    )
+    by_gen = trl.to_samples(
+        logs["prompt"], logs["completion"], rewards=logs["rewards"], reward_weights=(0.5 for _ in names)
+    )
+    assert [s.metadata["reward"] for s in by_gen] == [s.metadata["reward"] for s in by_list]
 
 
 def test_malformed_messages_name_the_entry() -> None:

@@ -287,3 +287,25 @@ def test_end_step_timeout_bounds_the_wait_for_room(project: str) -> None:
     stats = logger.finish(0.5)
     assert stats.session is not None and stats.session.check()
     assert stats.session.dropped.get("queue_full", 0) >= 6
+
+
+def test_number_like_timeouts_of_the_distributed_logger_are_accepted() -> None:
+    """end_step(timeout=0), numpy and infinite timeouts are accepted, as every timeout= is."""
+    import numpy as np
+    import torch.distributed as dist
+
+    from asynctrace.distributed import DistributedTraceLogger
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", world_size=1, rank=0)
+    try:
+        sink = MemorySink()
+        logger = DistributedTraceLogger("p", "r", mode="per_rank", max_traces_per_step=2, sinks=[sink])
+        logger.log_samples_nowait(make_samples("t", 0, 3, seed=0), step=0)
+        logger.end_step(0, timeout=0)
+        logger.end_step(1, timeout=np.float32(0.5))
+        assert logger.flush(timeout=np.float32(10.0))
+        with pytest.raises(ValueError, match="timeout"):
+            logger.end_step(2, timeout=-1)
+        assert logger.finish(timeout=float("inf")).session.written == 2
+    finally:
+        dist.destroy_process_group()
