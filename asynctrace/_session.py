@@ -44,7 +44,7 @@ from ._spool import Durability, Spool
 from ._stats import SessionStats
 from ._sync import SyncTraceSession, _SyncRunner
 from ._writer import STOP_GRACE, Writer
-from .exceptions import RecordError, SessionClosedError
+from .exceptions import AsyncTraceError, RecordError, SessionClosedError
 from .sinks._base import Sink
 
 if TYPE_CHECKING:
@@ -500,11 +500,17 @@ class TraceSession:
             raise SessionClosedError("the session was never opened; use `async with` or `with`")
         if self._state is _State.FORKED:
             return self.stats()  # the parent process finishes it
+        self._check_loop_thread("finish")
         if self._finishing is not None:
-            with anyio.CancelScope(shield=True):
+            # Another finish() is under way: wait for its outcome, within this call's own
+            # deadline (the drain, the grace for a writer ignoring its cancel, the sinks' close).
+            wait_for = self.finish_timeout if timeout is None else timeout
+            with (
+                anyio.CancelScope(shield=True),
+                anyio.move_on_after(wait_for + STOP_GRACE + min(wait_for, 5.0)),
+            ):
                 await self._finishing.wait()
-            assert self._final is not None
-            return self._final
+            return self._final if self._final is not None else self.stats()
         self._finishing = anyio.Event()
         budget = self.finish_timeout if timeout is None else float(timeout)
         with anyio.CancelScope(shield=True):
@@ -726,6 +732,16 @@ class TraceSession:
     def _on_loop_thread(self) -> bool:
         return threading.get_ident() == self._loop_thread
 
+    def _check_loop_thread(self, what: str) -> None:
+        # Its waits are on the session's own event loop: awaited from another thread's loop
+        # they would break that loop's primitives (and the writer with them) instead of waiting.
+        if self._loop_thread is not None and threading.get_ident() != self._loop_thread:
+            raise AsyncTraceError(
+                f"{what}() must be awaited on the event loop that opened the session; from another "
+                "thread or event loop, use the session's blocking form (`with TraceSession(...)`), "
+                "whose methods may be called from any thread"
+            )
+
     def _wake(self) -> None:
         writer = self._writer
         if writer is None:
@@ -770,7 +786,7 @@ class TraceSession:
         if timeout is not None:
             timeout = check_timeout(timeout)
         if threading.get_ident() != self._loop_thread:
-            return await anyio.to_thread.run_sync(self._log_blocking, samples, step, split, timeout)
+            return await self._log_from_other_loop(samples, step, split, timeout)
         records, invalid, refused = self._encode(samples, step, split)
         adm = self._buffer.admit(
             records, split=split, step=step, nowait=False, invalid=invalid, refused=refused
@@ -828,12 +844,30 @@ class TraceSession:
             self._async_waiters -= 1
             self._buffer.return_ticket(ticket)
 
+    async def _log_from_other_loop(
+        self, samples: SampleLike | Iterable[SampleLike], step: int, split: str, timeout: float | None
+    ) -> int:
+        """`await log_samples` on another thread's event loop: the blocking form in a worker
+        thread, which a cancellation of the caller makes give up its wait for room."""
+        cancelled = threading.Event()
+        try:
+            return await anyio.to_thread.run_sync(
+                self._log_blocking, samples, step, split, timeout, cancelled, abandon_on_cancel=True
+            )
+        except BaseException:
+            # The worker thread sees this at its next look at the buffer (within 0.25 s) and
+            # counts what is still waiting for room as "cancelled", as the same call on the
+            # session's own loop does.
+            cancelled.set()
+            raise
+
     def _log_blocking(
         self,
         samples: SampleLike | Iterable[SampleLike],
         step: int,
         split: str,
         timeout: float | None,
+        cancelled: threading.Event | None = None,
     ) -> int:
         """The blocking form, for threads other than the session's event loop."""
         self._check_open()
@@ -850,17 +884,26 @@ class TraceSession:
                 self._wake()
             if not adm.waiting:
                 return adm.accepted
-            return self._wait_blocking(adm.waiting, adm.accepted, timeout)
+            return self._wait_blocking(adm.waiting, adm.accepted, timeout, cancelled)
         finally:
             if ticket is not None:
                 buf.return_ticket(ticket)
 
-    def _wait_blocking(self, waiting: list[TraceRecord], accepted: int, timeout: float | None) -> int:
+    def _wait_blocking(
+        self,
+        waiting: list[TraceRecord],
+        accepted: int,
+        timeout: float | None,
+        cancelled: threading.Event | None = None,
+    ) -> int:
         buf = self._buffer
         deadline = None if timeout is None else time.monotonic() + timeout
         while waiting:
             if buf.closed:
                 buf.give_up_waiting(waiting, "closed")
+                return accepted - len(waiting)
+            if cancelled is not None and cancelled.is_set():
+                buf.give_up_waiting(waiting, "cancelled")
                 return accepted - len(waiting)
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
@@ -932,6 +975,7 @@ class TraceSession:
         delivered or finally failed. Returns False when `timeout` passed first."""
         timeout = check_timeout(timeout)
         self._check_open()
+        self._check_loop_thread("flush")
         deadline = None if timeout is None else anyio.current_time() + timeout
         # Samples submitted before this call but not queued yet (a caller waiting for room, rows
         # log_rollouts is decoding) must be queued before the marker that flush waits for.

@@ -300,3 +300,80 @@ async def test_finish_names_a_sink_that_ignores_cancellation(caplog: pytest.LogC
         await anyio.sleep(0.1)  # the write has begun
     assert "'stubborn' still running" in caplog.text
     assert s.stats().check()
+
+
+async def test_a_second_finish_keeps_its_own_deadline() -> None:
+    """A finish(timeout) while another finish() is under way waits for it only within its own
+    bound, then returns the stats as they are (what the first has not delivered is pending)."""
+    import time
+
+    async with at.TraceSession("p", sinks=[at.testing.MemorySink(hang=True)], finish_timeout=6.0) as s:
+        await s.log_samples([sample(0)], step=0)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.finish, 6.0)
+            await anyio.sleep(0.05)
+            started = time.monotonic()
+            stats = await s.finish(timeout=0.2)
+            took = time.monotonic() - started
+    assert took < 4.5 and stats.pending == 1  # its bound: 0.2 + 2 + 0.2 s; the first takes 6 s
+
+
+def _in_another_loop(fn: Any) -> dict[str, Any]:
+    """Run `fn` (an async function) on a fresh event loop in a new thread; its result or error."""
+    import threading
+
+    out: dict[str, Any] = {}
+
+    def worker() -> None:
+        try:
+            out["result"] = anyio.run(fn)
+        except BaseException as exc:  # handed to the test
+            out["error"] = exc
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    out["thread"] = thread
+    return out
+
+
+async def test_flush_and_finish_from_another_event_loop_raise_at_once() -> None:
+    """flush()/finish() awaited on another thread's event loop raise a clear error instead of
+    breaking the session's writer; the session then finishes normally."""
+    sink = at.testing.MemorySink()
+    async with at.TraceSession("p", sinks=[sink], finish_timeout=5.0) as s:
+        await s.log_samples([sample(0)], step=0)
+        for call in (s.flush, s.finish):
+            out = _in_another_loop(call)
+            while out["thread"].is_alive():
+                await anyio.sleep(0.01)
+            assert isinstance(out.get("error"), at.AsyncTraceError), out
+            assert "event loop that opened the session" in str(out["error"])
+        assert await s.flush(timeout=5)
+    assert len(sink.records) == 1 and sink.closed
+
+
+async def test_cancelling_log_samples_awaited_on_another_loop_takes_effect() -> None:
+    """A log_samples awaited on another thread's loop, waiting for room, is cancelled by its own
+    cancel scope and counts its sample as "cancelled", as on the session's own loop."""
+    import time
+
+    async with at.TraceSession(
+        "p", sinks=[at.testing.MemorySink(hang=True)], queue_size=1, on_full="block", finish_timeout=0.5
+    ) as s:
+        await s.log_samples([sample(0)], step=0)  # takes the only place, for good
+
+        async def blocked() -> float:
+            started = time.monotonic()
+            with anyio.move_on_after(0.3):
+                await s.log_samples([sample(1)], step=0)
+            return time.monotonic() - started
+
+        out = _in_another_loop(blocked)
+        deadline = time.monotonic() + 3.0
+        while out["thread"].is_alive() and time.monotonic() < deadline:
+            await anyio.sleep(0.01)
+        assert not out["thread"].is_alive() and out["result"] < 1.5, out
+        # The worker thread that waited for room notices the cancel at its next look (0.25 s).
+        while s.stats().dropped.get("cancelled") != 1 and time.monotonic() < deadline + 2.0:
+            await anyio.sleep(0.01)
+        assert s.stats().dropped.get("cancelled") == 1 and s.stats().check()
