@@ -72,7 +72,10 @@ def test_sigterm_with_the_default_handler_finishes_the_session_then_dies(tmp_pat
 
 
 _CTRL_C_CHILD = """
-import sys, time
+import signal, sys, time
+# As in a trainer started from a terminal: a runner that started this process in the background
+# may have left SIGINT ignored, and Python then raises no KeyboardInterrupt.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import asynctrace as at
 sink = at.testing.MemorySink()
 try:
