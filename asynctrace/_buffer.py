@@ -325,10 +325,11 @@ class Buffer:
         with self.lock:
             return self._ticket
 
-    def tickets_upto(self, ticket: int) -> bool:
-        """True while a submission numbered `ticket` or earlier is still on its way to the queue."""
+    def tickets_upto(self, ticket: int | None) -> bool:
+        """True while a submission numbered `ticket` or earlier (None: any) is still on its way
+        to the queue."""
         with self.lock:
-            return any(t <= ticket for t in self.tickets)
+            return any(ticket is None or t <= ticket for t in self.tickets)
 
     def keeps(self, scores: Sequence[float | None], *, split: str, step: int) -> list[bool] | None:
         """Which of a submission's samples the cap would keep if offered now (None: cannot

@@ -43,7 +43,7 @@ from ._security import check_name, describe
 from ._spool import Durability, Spool
 from ._stats import SessionStats
 from ._sync import SyncTraceSession, _SyncRunner
-from ._writer import STOP_GRACE, Writer
+from ._writer import STOP_GRACE, Writer, close_grace, finish_bound
 from .exceptions import AsyncTraceError, RecordError, SessionClosedError
 from .sinks._base import Sink
 
@@ -502,13 +502,9 @@ class TraceSession:
             return self.stats()  # the parent process finishes it
         self._check_loop_thread("finish")
         if self._finishing is not None:
-            # Another finish() is under way: wait for its outcome, within this call's own
-            # deadline (the drain, the grace for a writer ignoring its cancel, the sinks' close).
-            wait_for = self.finish_timeout if timeout is None else timeout
-            with (
-                anyio.CancelScope(shield=True),
-                anyio.move_on_after(wait_for + STOP_GRACE + min(wait_for, 5.0)),
-            ):
+            # Another finish() is under way: wait for its outcome, within this call's own bound.
+            bound = finish_bound(self.finish_timeout if timeout is None else timeout)
+            with anyio.CancelScope(shield=True), anyio.move_on_after(bound):
                 await self._finishing.wait()
             return self._final if self._final is not None else self.stats()
         self._finishing = anyio.Event()
@@ -544,9 +540,7 @@ class TraceSession:
             # is still decoding cannot be queued any more: each holds a ticket until it has
             # counted its samples as "closed" (and acknowledged them in the spool). Wait for
             # that before the spool is closed and the final count is taken; bounded all the same.
-            with anyio.move_on_after(1.0):
-                while self._buffer.tickets:
-                    await anyio.sleep(0.005)
+            await self._until_queued(None, 1.0)
             spool = self._spool
             if spool is not None:
                 # Whatever is still queued goes to the spool (durability="writer" had not
@@ -560,7 +554,7 @@ class TraceSession:
                     )
             # Closing gets what is left of the deadline, and at least a short grace, so a
             # slow drain can never skip finishing the runs the sinks opened.
-            close_budget = max(deadline - anyio.current_time(), min(budget, 5.0))
+            close_budget = max(deadline - anyio.current_time(), close_grace(budget))
             async with anyio.create_task_group() as tg:
                 for sink, name in zip(self.sinks, self.sink_names, strict=True):
                     tg.start_soon(self._close_sink, sink, name, close_budget)
@@ -979,13 +973,18 @@ class TraceSession:
         deadline = None if timeout is None else anyio.current_time() + timeout
         # Samples submitted before this call but not queued yet (a caller waiting for room, rows
         # log_rollouts is decoding) must be queued before the marker that flush waits for.
-        last = self._buffer.last_ticket()
-        with anyio.move_on_after(None if deadline is None else deadline - anyio.current_time()):
-            while self._buffer.tickets_upto(last):
-                await anyio.sleep(0.005)
-        if self._buffer.tickets_upto(last):
+        left = None if deadline is None else deadline - anyio.current_time()
+        if not await self._until_queued(self._buffer.last_ticket(), left):
             return False
         return await self._flush_until(deadline)
+
+    async def _until_queued(self, ticket: int | None, timeout: float | None) -> bool:
+        """Wait until the submissions numbered `ticket` or earlier (None: every one) are queued or
+        given up; False when `timeout` passed first."""
+        with anyio.move_on_after(timeout):
+            while self._buffer.tickets_upto(ticket):
+                await anyio.sleep(0.005)
+        return not self._buffer.tickets_upto(ticket)
 
     async def _flush_until(self, deadline: float | None) -> bool:
         self._buffer.close_steps()

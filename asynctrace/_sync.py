@@ -17,7 +17,7 @@ from . import _shutdown
 from ._checks import check_timeout, wait_arg
 from ._record import SampleLike
 from ._stats import SessionStats
-from ._writer import STOP_GRACE
+from ._writer import finish_bound
 from .exceptions import SessionClosedError
 
 if TYPE_CHECKING:
@@ -29,10 +29,9 @@ logger = logging.getLogger("asynctrace")
 
 
 def _finish_bound(timeout: float) -> float:
-    # finish() drains within `timeout`, waits up to STOP_GRACE for a writer that ignores its
-    # cancel (then names it), and gives closing the sinks at least min(timeout, 5 s); past that
-    # (and a margin), the loop thread is blocked by something other than the drain.
-    return timeout + STOP_GRACE + min(timeout, 5.0) + 1.0
+    # Past finish()'s own bound (and a margin), the loop thread is blocked by something other
+    # than the drain.
+    return finish_bound(timeout) + 1.0
 
 
 def _bounded(fn: Callable[[], Any], bound: float) -> Any:

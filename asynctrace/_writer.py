@@ -22,12 +22,24 @@ from .sinks._base import Sink
 
 logger = logging.getLogger("asynctrace")
 
-__all__ = ["STOP_GRACE", "Signal", "Writer"]
+__all__ = ["STOP_GRACE", "Signal", "Writer", "close_grace", "finish_bound"]
 
 # Records encoded for the spool per event-loop turn (see Writer._spool_batch).
 SPOOL_SLICE = 32
 # Seconds finish() gives the writer to stop once cancelled before it names what holds it up.
 STOP_GRACE = 2.0
+
+
+def close_grace(budget: float) -> float:
+    """The least time finish(budget) gives its sinks to close, however long the drain took, so
+    that a slow drain never skips finishing the runs they opened."""
+    return min(budget, 5.0)
+
+
+def finish_bound(budget: float) -> float:
+    """The longest finish(budget) takes: the drain, the grace for a writer that ignores its
+    cancel, and the sinks' close."""
+    return budget + STOP_GRACE + close_grace(budget)
 
 
 class Signal:

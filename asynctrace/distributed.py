@@ -36,6 +36,7 @@ from ._sampling import Entry, ReservoirSampler, Sampler, SamplerName, StepSelect
 from ._session import TraceSession
 from ._stats import SessionStats
 from ._sync import SyncTraceSession, log_within
+from ._writer import close_grace
 from .exceptions import SessionClosedError
 from .sinks import Sink, TrackioSink
 
@@ -689,7 +690,7 @@ class DistributedTraceLogger:
                 assert budget is not None
                 # What waiting for room left of the budget, but at least a short grace, as the
                 # session gives its sinks: closing the runs is never skipped.
-                left = budget if deadline is None else max(deadline - time.monotonic(), min(budget, 5.0))
+                left = budget if deadline is None else max(deadline - time.monotonic(), close_grace(budget))
                 self._sync.finish(left)
             self._final = self.stats()
         return self._final
