@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import asynctrace as at
 
 
 def read_traces(project: str, run: str) -> list[dict[str, Any]]:
@@ -21,3 +25,18 @@ def sample(i: int, *, reward: float | None = None, step: int = 0, **meta: Any) -
         "uid": f"{step}:{i}",
         **meta,
     }
+
+
+def stuck_spool_session(spool: Path, project: str = "p") -> at.TraceSession:
+    """A session that spools on admission and whose only sink never answers: what it logs stays
+    unacknowledged in `spool`."""
+    import asynctrace as at
+
+    return at.TraceSession(
+        project,
+        run="r",
+        sinks=[at.testing.MemorySink(hang=True)],
+        spool_dir=spool,
+        durability="enqueue",
+        finish_timeout=0.2,
+    )

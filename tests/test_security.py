@@ -6,7 +6,7 @@ import io
 import logging
 import re
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ import pytest
 
 import asynctrace as at
 from asynctrace._security import scrub
-from tests._util import sample
+from tests._util import sample, stuck_spool_session
 
 pytestmark = pytest.mark.anyio
 
@@ -175,14 +175,7 @@ async def test_json_escaped_and_upper_case_credentials_stay_out_of_the_spool(
     password = 'pa"ss\\word-1234'
     monkeypatch.setenv("DB_PASSWORD", password)
     spool = tmp_path / "spool"
-    async with at.TraceSession(
-        "p",
-        run="r",
-        sinks=[at.testing.MemorySink(hang=True)],
-        spool_dir=spool,
-        durability="enqueue",
-        finish_timeout=0.2,
-    ) as s:
+    async with stuck_spool_session(spool) as s:
         await s.log_samples(
             [
                 {
@@ -232,49 +225,37 @@ def test_numpy_views_and_long_doubles_in_metadata_are_encoded() -> None:
     }
 
 
-def test_tracebacks_logged_by_asynctrace_are_scrubbed(tokens: list[str]) -> None:
-    """A credential in an exception logged with its traceback is scrubbed from the traceback too."""
+def _log_failure(fail: Callable[[], None], formatter: logging.Formatter | None = None) -> str:
+    """What a handler (with `formatter`, if given) writes when asynctrace logs `fail()`'s error
+    with its traceback."""
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
+    if formatter is not None:
+        handler.setFormatter(formatter)
     log = logging.getLogger("asynctrace")
     log.addHandler(handler)
     try:
         try:
-            raise RuntimeError(f"cannot reach https://h/?write_token={WRITE}")
-        except RuntimeError:
-            log.exception("asynctrace: shipping failed")
-    finally:
-        log.removeHandler(handler)
-    output = stream.getvalue()
-    assert "Traceback" in output and "write_token=***" in output
-    assert WRITE not in output
-
-
-def _log_exception(message: str, formatter: logging.Formatter) -> str:
-    """What a handler with `formatter` writes for an asynctrace error raised with `message`."""
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(formatter)
-    log = logging.getLogger("asynctrace")
-    log.addHandler(handler)
-    try:
-        try:
-            raise RuntimeError(message)
-        except RuntimeError:
+            fail()
+        except Exception:
             log.exception("asynctrace: shipping failed")
     finally:
         log.removeHandler(handler)
     return stream.getvalue()
 
 
-class _TaggedTracebacks(logging.Formatter):
-    """A formatter with its own traceback format."""
-
-    def formatException(self, ei: Any) -> str:
-        return "TAGGED " + super().formatException(ei)
+def _unreachable() -> None:
+    raise RuntimeError(f"cannot reach https://h/?write_token={WRITE}")
 
 
-class _OwnRendering(_TaggedTracebacks):
+def test_tracebacks_logged_by_asynctrace_are_scrubbed(tokens: list[str]) -> None:
+    """A credential in an exception logged with its traceback is scrubbed from the traceback too."""
+    output = _log_failure(_unreachable)
+    assert "Traceback" in output and "write_token=***" in output
+    assert WRITE not in output
+
+
+class _OwnRendering(logging.Formatter):
     """Renders the traceback from exc_info itself, whatever exc_text holds (as JSON formatters do)."""
 
     def format(self, record: logging.LogRecord) -> str:
@@ -286,44 +267,27 @@ class _OwnRendering(_TaggedTracebacks):
         return text
 
 
+class _LocalsRendering(_OwnRendering):
+    """Also renders the frames' local variables (as rich or structlog can)."""
+
+    def formatException(self, ei: Any) -> str:
+        return "".join(traceback.TracebackException(*ei, capture_locals=True).format())
+
+
 def test_a_formatter_rendering_frame_locals_gets_no_credential(tokens: list[str]) -> None:
     """A formatter that would render the frames' local variables never sees the raw exception."""
-
-    class Locals(logging.Formatter):
-        def formatException(self, ei: Any) -> str:
-            return "".join(traceback.TracebackException(*ei, capture_locals=True).format())
-
-        def format(self, record: logging.LogRecord) -> str:
-            text = record.getMessage()
-            if record.exc_info:
-                text += "\n" + self.formatException(record.exc_info)
-            elif record.exc_text:
-                text += "\n" + record.exc_text
-            return text
 
     def connect() -> None:
         url = f"https://h/?write_token={WRITE}"  # a local the exception's frame holds
         raise ConnectionError(f"server unreachable ({len(url)})")
 
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(Locals())
-    log = logging.getLogger("asynctrace")
-    log.addHandler(handler)
-    try:
-        try:
-            connect()
-        except ConnectionError:
-            log.exception("asynctrace: shipping failed")
-    finally:
-        log.removeHandler(handler)
-    output = stream.getvalue()
+    output = _log_failure(connect, _LocalsRendering())
     assert "Traceback" in output and "server unreachable" in output
     assert WRITE not in output
 
 
 def test_a_formatter_that_renders_exc_info_itself_gets_no_credential(tokens: list[str]) -> None:
     """A formatter that formats exc_info itself (ignoring exc_text) still never sees the token."""
-    output = _log_exception(f"cannot reach https://h/?write_token={WRITE}", _OwnRendering())
+    output = _log_failure(_unreachable, _OwnRendering())
     assert "Traceback" in output and "write_token=***" in output
     assert WRITE not in output

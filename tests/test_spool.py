@@ -13,7 +13,7 @@ import pytest
 
 import asynctrace as at
 from asynctrace import _segments
-from tests._util import read_traces, sample
+from tests._util import read_traces, sample, stuck_spool_session
 
 pytestmark = pytest.mark.anyio
 
@@ -71,14 +71,7 @@ async def test_clean_run_acknowledges_everything_and_deletes_its_segments(
 async def test_enqueue_spools_before_log_samples_returns(tmp_path: Path) -> None:
     """With durability="enqueue", accepted records are on disk as soon as log_samples returns."""
     spool = tmp_path / "spool"
-    async with at.TraceSession(
-        "p",
-        run="r",
-        sinks=[at.testing.MemorySink(hang=True)],
-        spool_dir=spool,
-        durability="enqueue",
-        finish_timeout=0.2,
-    ) as s:
+    async with stuck_spool_session(spool) as s:
         await s.log_samples([sample(i) for i in range(7)], step=0)
         on_disk = _unresolved_ids(spool)
         assert len(on_disk) == 7

@@ -439,6 +439,13 @@ def test_input_trajectory_ids_name_non_step_wise_samples(tokenizer: Any) -> None
     assert [s.metadata["prompt_index"] for s in samples] == [0, 1, 2, 3]
 
 
+def _one_sample(tokenizer: Any, prompt: str, turns: list[tuple[str, str]]) -> Any:
+    """The sample SkyRL's adapter makes of one prompt and its response, given as turns."""
+    go = generator_output(tokenizer, [prompt], [turns])
+    (sample,) = skyrl.to_samples(generator_input([prompt]), go, tokenizer=tokenizer)
+    return sample
+
+
 def test_appended_eos_stays_with_the_last_assistant_turn(tokenizer: Any) -> None:
     """The EOS SkyRL appends after a stop string (mask 0) ends the last assistant turn, not a tool turn."""
     observation = "<|im_end|>\n<|im_start|>user\nresult<|im_end|>\n<|im_start|>assistant\n"
@@ -448,8 +455,7 @@ def test_appended_eos_stays_with_the_last_assistant_turn(tokenizer: Any) -> None
         ("assistant", "<answer>4</answer>"),
         ("tool", "<|im_end|>"),
     ]
-    go = generator_output(tokenizer, ["q"], [turns])
-    (sample,) = skyrl.to_samples(generator_input(["q"]), go, tokenizer=tokenizer)
+    sample = _one_sample(tokenizer, "q", turns)
     assert sample.messages[2:] == [
         {"role": "assistant", "content": "<search>x</search>"},
         {"role": "tool", "content": observation},
@@ -468,8 +474,7 @@ def test_masked_chat_template_framing_stays_with_the_assistant_turns(tokenizer: 
         ("assistant", "done<|im_end|>"),
         ("newline", "\n"),
     ]
-    go = generator_output(tokenizer, ["list files"], [turns])
-    (sample,) = skyrl.to_samples(generator_input(["list files"]), go, tokenizer=tokenizer)
+    sample = _one_sample(tokenizer, "list files", turns)
     assert sample.messages[2:] == [
         {"role": "assistant", "content": "<|im_start|>assistant\nls<|im_end|>"},
         {"role": "tool", "content": user},

@@ -251,6 +251,18 @@ def test_client_validates_in_the_caller(project: str) -> None:
     assert ray.get(collector.finish.remote()).written == 1
 
 
+def _blocked_collector(project: str, ingest_timeout: float) -> Any:
+    """A collector with room for one sample, behind a sink that never answers: calls wait for room."""
+    return start_collector(
+        project,
+        sinks=[MemorySink(hang=True)],
+        queue_size=1,
+        on_full="block",
+        ingest_timeout=ingest_timeout,
+        finish_at_exit=False,
+    )
+
+
 def _wire(step: int, n: int) -> tuple[str, int, list[bytes]]:
     return ("train", step, [orjson.dumps({"prompt": f"q{i}", "response": "a"}) for i in range(n)])
 
@@ -258,14 +270,7 @@ def _wire(step: int, n: int) -> tuple[str, int, list[bytes]]:
 def test_ingest_call_waits_one_ingest_timeout_in_all(project: str) -> None:
     """An ingest call of several (split, step) groups that finds no room returns after ingest_timeout,
     not after one ingest_timeout per group."""
-    collector = start_collector(
-        project,
-        sinks=[MemorySink(hang=True)],
-        queue_size=1,
-        on_full="block",
-        ingest_timeout=1.0,
-        finish_at_exit=False,
-    )
+    collector = _blocked_collector(project, ingest_timeout=1.0)
     t = time.monotonic()
     accepted = ray.get(collector.ingest_encoded.remote([_wire(step, 2) for step in range(5)]))
     took = time.monotonic() - t
@@ -334,14 +339,7 @@ def test_unclosed_client_in_an_exiting_actor_reports_its_loss(project: str, tmp_
 
 def _stuck_client(project: str) -> tuple[Any, TraceClient]:
     """A client with one call stuck on a collector whose sink hangs, and samples buffered behind it."""
-    collector = start_collector(
-        project,
-        sinks=[MemorySink(hang=True)],
-        queue_size=1,
-        on_full="block",
-        ingest_timeout=60.0,
-        finish_at_exit=False,
-    )
+    collector = _blocked_collector(project, ingest_timeout=60.0)
     client = TraceClient(collector, batch_size=1, max_in_flight=1, flush_interval=0.01)
     client.log_samples_nowait(make_samples("stuck", 0, 5, seed=0), step=0)
     deadline = time.monotonic() + 30

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import anyio
 
-import asynctrace as at
 from asynctrace import _segments
-from tests._util import sample
+from tests._util import sample, stuck_spool_session
 from tests.faults import _harness as h
 
 
@@ -18,14 +17,7 @@ def _leave_unacknowledged(project: str, spool: Path, steps: int) -> None:
     """A session whose only sink never answers leaves everything it logged in the spool."""
 
     async def main() -> None:
-        async with at.TraceSession(
-            project,
-            run="r",
-            sinks=[at.testing.MemorySink(hang=True)],
-            spool_dir=spool,
-            durability="enqueue",
-            finish_timeout=0.2,
-        ) as session:
+        async with stuck_spool_session(spool, project) as session:
             for step in range(steps):
                 await session.log_samples([sample(i, step=step) for i in range(20)], step=step)
 
