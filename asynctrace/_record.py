@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +16,9 @@ from .exceptions import RecordError
 __all__ = ["Sample", "SampleLike", "TraceRecord"]
 
 _DUMPS_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+_NO_LIMIT = float("inf")
+_dumps = orjson.dumps
+_isfinite = math.isfinite
 _RESERVED_MAPPING_KEYS = frozenset({"messages", "prompt", "response", "spans", "score", "metadata"})
 
 
@@ -67,6 +70,7 @@ class TraceRecord:
         self.score = score
         self.replayed = replayed
         # Where the spool holds this record: None when it is not spooled (see _spool.py).
+        # `records_for` sets the same slots without this call; keep the two alike.
         self._spool: int | None = None
 
     @property
@@ -103,6 +107,38 @@ class TraceRecord:
             f"TraceRecord(id={self.id!r}, step={self.step}, split={self.split!r}, "
             f"key={self.key!r}, nbytes={len(self.payload)})"
         )
+
+
+def records_for(
+    encoded: Sequence[tuple[bytes, float | None]],
+    ids: Iterator[int],
+    prefix: str,
+    step: int,
+    split: str,
+    key: str,
+    timestamp: float,
+) -> list[TraceRecord]:
+    """The records of one call's encoded samples, ids `{prefix}-{next(ids)}`.
+
+    Equivalent to calling `TraceRecord(...)` for each, without a Python-level `__init__` call
+    per record: on the caller's path, after a training step, that call is a measurable part of
+    the cost (docs/performance.md).
+    """
+    new = object.__new__
+    out = []
+    for payload, score in encoded:
+        r = new(TraceRecord)
+        r.id = f"{prefix}-{next(ids)}"
+        r.step = step
+        r.split = split
+        r.key = key
+        r.payload = payload
+        r.timestamp = timestamp
+        r.score = score
+        r.replayed = False
+        r._spool = None
+        out.append(r)
+    return out
 
 
 def _finite_or_none(value: Any) -> float | None:
@@ -356,19 +392,6 @@ def encode_sample(
                 messages.append({"role": "assistant", "content": response})
             body: dict[str, Any] = {"messages": messages, "metadata": metadata}
             return _encode_body(body, index), _fast_score(metadata.get("reward"))
-    if redact is None and type(obj) is Sample:
-        # The other common shape: a plain Sample with list messages and dict metadata.
-        messages = obj.messages
-        metadata = obj.metadata
-        if type(messages) is list and type(metadata) is dict and obj.spans is None and _messages_ok(messages):
-            score = obj.score
-            if score is None:
-                body = {"messages": messages, "metadata": metadata}
-                score = metadata.get("reward")
-            else:
-                _check_score(score, index)
-                body = {"messages": messages, "metadata": metadata, "score": score}
-            return _encode_body(body, index), _fast_score(score)
     if redact is not None:
         sample = obj if isinstance(obj, Sample) else sample_from(obj, index)
         obj = redact(sample)
@@ -423,7 +446,36 @@ def encode_samples(
     """
     out: list[tuple[bytes, float | None]] = []
     invalid = 0
+    limit = max_bytes if max_bytes is not None else _NO_LIMIT
+    plain = redact is None
     for i, obj in enumerate(items):
+        if plain and type(obj) is Sample:
+            # The common shape, checked and encoded inline: after a training step this loop
+            # runs cold, and every call it saves is time the caller spends (docs/performance.md).
+            # Anything unusual, or any failure, takes the careful path below, which names it.
+            messages = obj.messages
+            metadata = obj.metadata
+            if type(messages) is list and type(metadata) is dict and obj.spans is None and obj.score is None:
+                for message in messages:
+                    if type(message) is not dict or type(message.get("role")) is not str:
+                        break
+                    content = message.get("content")
+                    if content is not None and type(content) is not str and type(content) is not list:
+                        break
+                else:
+                    try:
+                        payload = bytes(
+                            memoryview(
+                                _dumps({"messages": messages, "metadata": metadata}, _coerce, _DUMPS_OPTIONS)
+                            )
+                        )
+                    except TypeError:
+                        payload = b""
+                    score = metadata.get("reward")
+                    score = score if type(score) is float and _isfinite(score) else _finite_or_none(score)
+                    if payload and len(payload) <= limit and (score is not None or score_needed_by is None):
+                        out.append((payload, score))
+                        continue
         try:
             out.append(encode_checked(obj, i, redact, max_bytes, bound, score_needed_by))
         except RecordError:

@@ -36,6 +36,7 @@ from ._record import (
     encode_samples,
     missing_score,
     preview_score,
+    records_for,
 )
 from ._retry import NO_RETRY, RetryPolicy
 from ._sampling import Gate, Sampler, SamplerName, resolve_sampler
@@ -653,13 +654,7 @@ class TraceSession:
                 score_needed_by=self._score_needed_by,
                 skipped=skipped,
             )
-        prefix = self._id_prefix
-        ids = self._ids
-        records = [
-            TraceRecord(f"{prefix}-{next(ids)}", step, split, key, payload, now, score)
-            for payload, score in encoded
-        ]
-        return records, invalid, refused
+        return records_for(encoded, self._ids, self._id_prefix, step, split, key, now), invalid, refused
 
     def _encode_kept(
         self, items: Sequence[Any], step: int, split: str
