@@ -30,7 +30,7 @@ OnFull = Literal["block", "drop_newest", "drop_oldest"]
 class Batch:
     """Records dispatched together to every sink; resolved when every sink is done with them."""
 
-    __slots__ = ("errors", "failed", "lanes_left", "nbytes", "records", "started")
+    __slots__ = ("errors", "failed", "lanes_left", "nbytes", "pinned", "records", "started")
 
     def __init__(self, records: list[TraceRecord], lanes: int) -> None:
         self.records = records
@@ -40,6 +40,8 @@ class Batch:
         self.errors: list[tuple[str, str]] = []  # (sink, error) of the sinks that failed it
         # Until a sink starts on it, drop_oldest may still take records out of it.
         self.started = False
+        # Counted in the buffer's `pinned_*`: out of drop_oldest's reach (see Buffer.take).
+        self.pinned = False
 
 
 class Marker:
@@ -123,6 +125,10 @@ class Buffer:
         self.first_undispatched_at: float | None = None
         self.control_items = 0
         self.unstarted: deque[Batch] = deque()
+        # Records and bytes held by batches drop_oldest cannot evict from: taken and not yet
+        # offered for eviction, or started by a sink. What it could free is the rest.
+        self.pinned_records = 0
+        self.pinned_bytes = 0
         self.closed = False
         # Submissions not in the queue yet (waiting for room, rows being decoded), numbered in
         # order, so that flush() can wait for those made before it.
@@ -195,8 +201,11 @@ class Buffer:
 
         Batches already handed to a slow sink's inbox are older than anything still queued, so
         they are evicted first; without that, a slow sink would hold most of the bound out of
-        reach and drop_oldest would mostly drop the newest.
+        reach and drop_oldest would mostly drop the newest. When even evicting everything it can
+        reach would not make room, it evicts nothing: only the new record is lost.
         """
+        if self.pinned_records >= self.queue_size or self.pinned_bytes + nbytes > self.max_bytes:
+            return False
         while not self._fits(nbytes):
             if self._evict_one_dispatched():
                 continue
@@ -491,19 +500,31 @@ class Buffer:
                     records.append(queue.popleft())  # type: ignore[arg-type]
             self.undispatched -= len(records)
             self.first_undispatched_at = self.clock() if self.undispatched else None
-            return Batch(records, len(self.sinks))
+            batch = Batch(records, len(self.sinks))
+            self._pin(batch)
+            return batch
+
+    def _pin(self, batch: Batch) -> None:
+        batch.pinned = True
+        self.pinned_records += len(batch.records)
+        self.pinned_bytes += batch.nbytes
 
     def dispatched(self, batch: Batch) -> None:
         """The batch is in the sinks' inboxes (and spooled): drop_oldest may now evict from it."""
         if self.on_full == "drop_oldest":
             with self.lock:
                 self.unstarted.append(batch)
+                batch.pinned = False
+                self.pinned_records -= len(batch.records)
+                self.pinned_bytes -= batch.nbytes
 
     def start(self, batches: Sequence[Batch]) -> None:
         """A sink is about to write these batches: from now on they are out of eviction's reach."""
         with self.lock:
             for batch in batches:
                 batch.started = True
+                if not batch.pinned:
+                    self._pin(batch)
             # Lanes start batches in order, so the started ones are at the front: forget them
             # here, or every batch ever written would stay referenced (with its payloads).
             unstarted = self.unstarted
@@ -529,6 +550,9 @@ class Buffer:
             self.depth -= n
             self.nbytes -= batch.nbytes
             self.pending -= n
+            if batch.pinned:
+                self.pinned_records -= n
+                self.pinned_bytes -= batch.nbytes
             if batch.failed:
                 self.failed += n
             else:

@@ -373,3 +373,33 @@ async def test_a_record_after_a_metrics_item_waits_at_most_flush_interval() -> N
                 await anyio.sleep(0.01)
     waited = sink.seen["0:1"] - submitted
     assert waited < 1.0 + 0.25, waited
+
+
+def _sized(i: int, nbytes: int) -> dict[str, object]:
+    """`sample(i)` padded so that it encodes to exactly `nbytes` bytes."""
+    from asynctrace._record import encode_sample
+
+    base = len(encode_sample(sample(i, pad=""), 0)[0])
+    return sample(i, pad="x" * (nbytes - base))
+
+
+async def test_drop_oldest_evicts_nothing_for_a_record_that_could_never_fit() -> None:
+    """A record larger than all the room eviction could free is dropped alone: drop_oldest does
+    not first evict older records for it (two losses where one would do)."""
+    stuck = at.testing.MemorySink("stuck", hang=True)
+    async with at.TraceSession(
+        "p", sinks=[stuck], batch_size=4, max_queue_bytes=4000, on_full="drop_oldest", finish_timeout=0.3
+    ) as s:
+        await s.log_samples([sample(i) for i in range(4)], step=0)  # a full batch: the sink starts it
+        with anyio.fail_after(5):
+            while stuck.attempts == 0:
+                await anyio.sleep(0.005)
+        pinned = s.stats().queue_bytes  # held by the write that never returns: out of eviction's reach
+        await s.log_samples([sample(4), sample(5)], step=0)  # queued: evictable
+        assert await s.log_samples([_sized(6, 4000 - pinned + 1)], step=0) == 0
+        st = s.stats()
+        assert st.dropped == {"queue_full": 1} and st.queue_depth == 6 and st.check()
+        # One that fits once every evictable record is gone still gets in, evicting them.
+        assert await s.log_samples([_sized(7, 4000 - pinned)], step=0) == 1
+        st = s.stats()
+        assert st.dropped == {"queue_full": 3} and st.queue_depth == 5 and st.check()
