@@ -35,6 +35,7 @@ import tempfile
 os.environ["TRACKIO_DIR"] = tempfile.mkdtemp(prefix="asynctrace-bench-")
 
 import argparse
+import collections
 import functools
 import resource
 import statistics
@@ -55,6 +56,7 @@ LABELS = {
     "trackio": "run.log({key: [Trace x32]})",
     "encode": "floor: orjson.dumps + copy x32",
     "dumps": "floor: orjson.dumps x32",
+    "admit": "floor: check + encode + admit x32",
 }
 
 
@@ -179,6 +181,47 @@ async def floor_round(
     return meter.wall, meter.cpu, meter.faults, len(bodies)
 
 
+async def admit_floor_round(
+    bodies: list[dict[str, Any]], calls: int, warmup: int, gap: float, fresh: bool
+) -> tuple[float, float, int, int]:
+    """The least a caller meeting the design's other requirements costs: an ``async def`` call
+    that checks each sample's messages (a bad one must raise in the caller, naming its field),
+    encodes and copies it (the byte bound counts encoded bytes), and admits the call's payloads
+    into a shared bounded queue under one lock (any thread may submit). No record objects, ids,
+    caps or accounting beyond two counters; nothing running in the background."""
+    batch_for = batches(bodies, common.to_samples, fresh)
+    meter = Meter()
+    dumps = orjson.dumps
+    lock = threading.Lock()
+    queue: collections.deque[bytes] = collections.deque()
+    held = [0, 0]  # records, bytes
+
+    async def admit(batch: list[Any]) -> int:
+        payloads = []
+        for s in batch:
+            for m in s.messages:
+                if type(m) is not dict or type(m.get("role")) is not str:
+                    raise ValueError("bad message")
+                content = m.get("content")
+                if content is not None and type(content) is not str and type(content) is not list:
+                    raise ValueError("bad content")
+            payloads.append(bytes(memoryview(dumps({"messages": s.messages, "metadata": s.metadata}))))
+        total = sum([len(p) for p in payloads])
+        with lock:
+            queue.extend(payloads)
+            held[0] += len(payloads)
+            held[1] += total
+        return len(payloads)
+
+    for c in range(warmup + calls):
+        batch = batch_for(c)
+        with meter(c >= warmup):
+            await admit(batch)
+        await anyio.sleep(gap)
+        queue.clear()  # a writer took them during the training step
+    return meter.wall, meter.cpu, meter.faults, len(bodies)
+
+
 async def cold_calls(calls: int, gap: float) -> list[list[str]]:
     """Median microseconds per call of three calls with nothing to do, paced by `gap` and back to
     back: what running code cold after a training step costs here, before any sample."""
@@ -230,6 +273,7 @@ ROUNDS: dict[str, Callable[..., Awaitable[tuple[float, float, int, int]]]] = {
     "trackio": trackio_round,
     "encode": functools.partial(floor_round, copy=True),
     "dumps": functools.partial(floor_round, copy=False),
+    "admit": admit_floor_round,
 }
 
 
@@ -240,7 +284,7 @@ async def main_async(args: argparse.Namespace) -> int:
     rows: list[list[str]] = []
     ratios: list[tuple[str, float, list[float]]] = []
     ceilings: list[tuple[str, str, float]] = []
-    variants = ("session", "trackio", *(("encode", "dumps") if args.floors else ()))
+    variants = ("session", "trackio", *(("encode", "dumps", "admit") if args.floors else ()))
     for size_name in args.sizes:
         calls, gap = plan[size_name]
         n = (calls + args.warmup) * BATCH
@@ -309,7 +353,9 @@ async def main_async(args: argparse.Namespace) -> int:
     print(" inputs ahead: every batch built before timing starts; fresh: each batch built from a")
     print(" fresh decode of its JSON just before its call, untimed, as a trainer builds samples;")
     print(" floor: only orjson.dumps of each sample (with or without the exact-size copy the session")
-    print(" keeps), nothing else running: the least an encode in the caller costs)")
+    print(" keeps), nothing else running: the least an encode in the caller costs; check + encode +")
+    print(" admit: an async call that also checks each sample's messages and admits the payloads into")
+    print(" a locked, bounded queue: the least a caller meeting the design's requirements costs)")
     print()
     ok = True
     for size_name, ratio, round_ratios in ratios:
@@ -323,7 +369,8 @@ async def main_async(args: argparse.Namespace) -> int:
     for name, variant, ceiling in ceilings:
         print(
             f"ceiling {name}: run.log cost / {LABELS[variant].removeprefix('floor: ')} cost = "
-            f"{common.fmt_ratio(ceiling)} (the most a caller that encodes could reach here)"
+            f"{common.fmt_ratio(ceiling)} (the most a caller that "
+            f"{'checks, encodes and admits' if variant == 'admit' else 'encodes'} could reach here)"
         )
     if args.cold:
         print()
