@@ -452,6 +452,8 @@ def encode_samples(
         if plain and type(obj) is Sample:
             # The common shape, checked and encoded inline: after a training step this loop
             # runs cold, and every call it saves is time the caller spends (docs/performance.md).
+            # The checks are `_messages_ok`'s and `_fast_score`'s, written out;
+            # test_fast_paths_agree_with_the_careful_path holds them to the careful path.
             # Anything unusual, or any failure, takes the careful path below, which names it.
             messages = obj.messages
             metadata = obj.metadata
