@@ -17,7 +17,7 @@ import anyio
 import torch
 
 import asynctrace as at
-from asynctrace.adapters import areal
+from asynctrace.adapters import areal_adapter
 from asynctrace.rollouts import toy_tokenizer
 
 PROBLEMS = [(17, 23), (12, 34), (45, 6), (9, 99)]
@@ -79,7 +79,7 @@ async def main() -> None:
         for step in range(5):
             batch = rollout_batch(tokenizer, version=step, rng=rng)
             # The cap chooses 4 of the 32 rows from the rewards alone; only those 4 are decoded.
-            await session.log_rollouts(**areal.rollout_kwargs(batch), tokenizer=tokenizer, step=step)
+            await session.log_rollouts(**areal_adapter.rollout_kwargs(batch), tokenizer=tokenizer, step=step)
             await session.log_metrics({"reward/mean": float(batch["rewards"].mean())}, step=step)
     stats = session.stats()
     print(stats.summary())

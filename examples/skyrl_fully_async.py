@@ -20,7 +20,7 @@ import anyio
 from anyio.abc import ObjectSendStream
 
 import asynctrace as at
-from asynctrace.adapters import skyrl
+from asynctrace.adapters import skyrl_adapter
 from asynctrace.rollouts import toy_tokenizer
 
 STEPS = 6
@@ -116,7 +116,7 @@ async def main() -> None:
             for step in range(STEPS):
                 groups = [await receive.receive() for _ in range(GROUPS_PER_STEP)]
                 # One call per training step: the cap of 8 applies to all 16 samples of the step.
-                samples = skyrl.to_step_samples(groups, tokenizer=tokenizer)
+                samples = skyrl_adapter.to_step_samples(groups, tokenizer=tokenizer)
                 await session.log_samples(samples, step=step)
                 staleness = [step - g.global_step_when_scheduled for g in groups]
                 await session.log_metrics({"staleness/max": float(max(staleness))}, step=step)

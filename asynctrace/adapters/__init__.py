@@ -3,12 +3,12 @@
 The frameworks are not dependencies: structures are read by their field names, as dicts
 (TypedDicts) or as attributes (dataclasses). Import the module of your framework::
 
-    from asynctrace.adapters import skyrl
-    samples = skyrl.to_samples(generator_input, generator_output, tokenizer=tokenizer)
+    from asynctrace.adapters import skyrl_adapter
+    samples = skyrl_adapter.to_samples(generator_input, generator_output, tokenizer=tokenizer)
 """
 
 from __future__ import annotations
 
-from . import areal, open_instruct, skyrl, torchforge, trl
+from . import areal_adapter, open_instruct_adapter, skyrl_adapter, torchforge_adapter, trl_adapter
 
-__all__ = ["areal", "open_instruct", "skyrl", "torchforge", "trl"]
+__all__ = ["areal_adapter", "open_instruct_adapter", "skyrl_adapter", "torchforge_adapter", "trl_adapter"]

@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 
 import asynctrace as at
-from asynctrace.adapters import areal
+from asynctrace.adapters import areal_adapter
 from tests._util import read_traces
 from tests.rollouts._helpers import CONVERSATIONS, expected_messages, padded_batch
 
@@ -25,7 +25,7 @@ def test_group_of_samples_per_prompt(tokenizer: Any) -> None:
     group = [CONVERSATIONS[0], CONVERSATIONS[0], CONVERSATIONS[2]]
     group[1] = [*CONVERSATIONS[0][:3], ("assistant", "A different final answer.")]
     batch = rollout_batch(tokenizer, group)
-    samples = areal.to_samples(batch, tokenizer=tokenizer, metadata={"group_id": [0, 0, 1]})
+    samples = areal_adapter.to_samples(batch, tokenizer=tokenizer, metadata={"group_id": [0, 0, 1]})
     assert [s.messages for s in samples] == [expected_messages(c) for c in group]
     assert [s.metadata["reward"] for s in samples] == [0.0, 0.5, 1.0]
     assert [s.metadata["group_id"] for s in samples] == [0, 0, 1]
@@ -35,7 +35,7 @@ def test_group_of_samples_per_prompt(tokenizer: Any) -> None:
 def test_multi_turn_tool_turns_and_versions(tokenizer: Any) -> None:
     """Tool feedback between assistant turns comes back as tool messages; versions give min/max."""
     batch = rollout_batch(tokenizer, [CONVERSATIONS[2]])
-    (sample,) = areal.to_samples(batch, tokenizer=tokenizer)
+    (sample,) = areal_adapter.to_samples(batch, tokenizer=tokenizer)
     assert [m["role"] for m in sample.messages] == [
         "user",
         "assistant",
@@ -53,11 +53,11 @@ def test_eval_batches_without_rewards_or_versions(tokenizer: Any) -> None:
     """An eval batch with only ids and masks still decodes; reward and versions are left out."""
     batch = rollout_batch(tokenizer, CONVERSATIONS[:2])
     del batch["rewards"], batch["versions"]
-    samples = areal.to_samples(batch, tokenizer=tokenizer)
+    samples = areal_adapter.to_samples(batch, tokenizer=tokenizer)
     assert [s.messages for s in samples] == [expected_messages(c) for c in CONVERSATIONS[:2]]
     assert all("reward" not in s.metadata and "policy_version_min" not in s.metadata for s in samples)
     with pytest.raises(ValueError, match="input_ids"):
-        areal.to_samples({"attention_mask": batch["attention_mask"]}, tokenizer=tokenizer)
+        areal_adapter.to_samples({"attention_mask": batch["attention_mask"]}, tokenizer=tokenizer)
 
 
 def test_short_rewards_warn_once(tokenizer: Any) -> None:
@@ -65,7 +65,7 @@ def test_short_rewards_warn_once(tokenizer: Any) -> None:
     batch = rollout_batch(tokenizer, CONVERSATIONS)
     batch["rewards"] = batch["rewards"][:2]
     with pytest.warns(UserWarning, match="rewards has 2 values for 4 samples") as record:
-        samples = areal.to_samples(batch, tokenizer=tokenizer)
+        samples = areal_adapter.to_samples(batch, tokenizer=tokenizer)
     assert len(record) == 1
     assert [s.metadata.get("reward") for s in samples] == [0.0, 0.5, None, None]
 
@@ -73,7 +73,7 @@ def test_short_rewards_warn_once(tokenizer: Any) -> None:
 def test_rows_pick_samples_before_decoding(tokenizer: Any) -> None:
     """`rows` decodes only the chosen samples, in that order."""
     batch = rollout_batch(tokenizer, CONVERSATIONS)
-    samples = areal.to_samples(batch, tokenizer=tokenizer, rows=[2, 0])
+    samples = areal_adapter.to_samples(batch, tokenizer=tokenizer, rows=[2, 0])
     assert [s.metadata["sample_index"] for s in samples] == [2, 0]
     assert samples[0].messages == expected_messages(CONVERSATIONS[2])
 
@@ -83,9 +83,9 @@ async def test_end_to_end_log_rollouts_decodes_only_capped_rows(tokenizer: Any, 
     """Through log_rollouts with a top/bottom cap of 2, Trackio holds the best and worst samples."""
     batch = rollout_batch(tokenizer, CONVERSATIONS)
     async with at.TraceSession(project, run="r", max_traces_per_step=2, sampler="top_bottom") as session:
-        await session.log_rollouts(**areal.rollout_kwargs(batch), tokenizer=tokenizer, step=3)
+        await session.log_rollouts(**areal_adapter.rollout_kwargs(batch), tokenizer=tokenizer, step=3)
         await session.log_samples(
-            areal.to_samples(batch, tokenizer=tokenizer, rows=[1]), step=3, split="eval"
+            areal_adapter.to_samples(batch, tokenizer=tokenizer, rows=[1]), step=3, split="eval"
         )
     stats = session.stats()
     assert stats.dropped.get("capped") == 2

@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 import asynctrace as at
-from asynctrace.adapters import open_instruct
+from asynctrace.adapters import open_instruct_adapter
 from tests._util import read_traces
 from tests.rollouts._helpers import encode
 
@@ -94,7 +94,7 @@ def make(
 def test_raw_text_is_used_when_present(tokenizer: Any) -> None:
     """With raw_queries and decoded_responses, no tokenizer is needed."""
     batch, result = make(tokenizer)
-    samples = open_instruct.to_samples(batch, result, advantages=[0.5, -0.5, 1.0, -1.0])
+    samples = open_instruct_adapter.to_samples(batch, result, advantages=[0.5, -0.5, 1.0, -1.0])
     assert samples[1].messages == [
         {"role": "user", "content": QUESTIONS[0]},
         {"role": "assistant", "content": "6 * 7 is 42."},
@@ -110,13 +110,13 @@ def test_raw_text_is_used_when_present(tokenizer: Any) -> None:
 def test_tokens_are_decoded_when_there_is_no_text(tokenizer: Any) -> None:
     """Without raw text, queries and responses are decoded, reproducing the original text."""
     batch, result = make(tokenizer, with_text=False)
-    samples = open_instruct.to_samples(batch, result, tokenizer=tokenizer)
+    samples = open_instruct_adapter.to_samples(batch, result, tokenizer=tokenizer)
     assert samples[2].messages == [
         {"role": "user", "content": QUESTIONS[1]},
         {"role": "assistant", "content": "tac"},
     ]
     with pytest.raises(ValueError, match="tokenizer"):
-        open_instruct.to_samples(batch, result)
+        open_instruct_adapter.to_samples(batch, result)
 
 
 def test_tool_turns_are_split_from_the_masks(tokenizer: Any) -> None:
@@ -130,14 +130,14 @@ def test_tool_turns_are_split_from_the_masks(tokenizer: Any) -> None:
     result.request_info.num_calls = [1] * 4
     result.request_info.tool_outputs = ["42"] * 4
     result.request_info.tool_calleds = [True] * 4
-    samples = open_instruct.to_samples(batch, result, tokenizer=tokenizer)
+    samples = open_instruct_adapter.to_samples(batch, result, tokenizer=tokenizer)
     assert samples[0].messages == [
         {"role": "user", "content": QUESTIONS[0]},
         *({"role": r, "content": t} for r, t in turns),
     ]
     assert samples[0].metadata["tool_outputs"] == "42" and samples[0].metadata["num_calls"] == 1
     # Without a tokenizer the decoded text stands as one assistant message.
-    plain = open_instruct.to_samples(batch, result)
+    plain = open_instruct_adapter.to_samples(batch, result)
     assert plain[0].messages[-1] == {"role": "assistant", "content": "".join(t for _, t in turns)}
 
 
@@ -150,7 +150,7 @@ def test_queries_per_prompt_map_responses_in_blocks(tokenizer: Any) -> None:
     batch.indices = [10, 11]
     batch.ground_truths = ["42", "tac"]
     batch.active_tools = None
-    samples = open_instruct.to_samples(batch, result)
+    samples = open_instruct_adapter.to_samples(batch, result)
     assert [s.metadata["prompt_index"] for s in samples] == [0, 0, 1, 1]
     assert [s.metadata["dataset"] for s in samples] == ["math", "math", "words", "words"]
     assert samples[3].messages[0]["content"] == QUESTIONS[1]
@@ -161,7 +161,7 @@ def test_empty_response_keeps_its_assistant_turn(tokenizer: Any) -> None:
     batch, result = make(tokenizer, with_text=False)
     result.responses[1], result.masks[1] = [], []
     result.finish_reasons[1] = "length"
-    samples = open_instruct.to_samples(batch, result, tokenizer=tokenizer)
+    samples = open_instruct_adapter.to_samples(batch, result, tokenizer=tokenizer)
     assert samples[1].messages == [
         {"role": "user", "content": QUESTIONS[0]},
         {"role": "assistant", "content": ""},
@@ -174,10 +174,10 @@ def test_responses_that_do_not_map_onto_queries_name_the_fields(tokenizer: Any) 
     batch, result = make(tokenizer)
     result.responses = result.responses[:3]
     with pytest.raises(ValueError, match=r"result\.responses: 3 responses do not map onto 4 batch\.queries"):
-        open_instruct.to_samples(batch, result)
+        open_instruct_adapter.to_samples(batch, result)
     batch.queries = []
     with pytest.raises(ValueError, match=r"onto 0 batch\.queries"):
-        open_instruct.to_samples(batch, result)
+        open_instruct_adapter.to_samples(batch, result)
 
 
 def test_short_optional_lists_never_raise(tokenizer: Any) -> None:
@@ -189,7 +189,7 @@ def test_short_optional_lists_never_raise(tokenizer: Any) -> None:
     result.reward_scores = [1.0]
     result.request_info.tool_outputs = []
     with pytest.warns(UserWarning) as record:
-        samples = open_instruct.to_samples(batch, result, tokenizer=tokenizer, advantages=[0.1])
+        samples = open_instruct_adapter.to_samples(batch, result, tokenizer=tokenizer, advantages=[0.1])
     assert len(record) == 1
     assert [s.metadata.get("dataset_index") for s in samples] == [10, None, None, None]
     assert [s.metadata.get("model_step") for s in samples] == [5, 5, None, None]
@@ -209,7 +209,7 @@ def test_eval_batches_without_training_fields(tokenizer: Any) -> None:
     batch.model_steps = []
     result.reward_scores = None
     result.model_step = 12
-    samples = open_instruct.to_samples(batch, result)
+    samples = open_instruct_adapter.to_samples(batch, result)
     assert all("reward" not in s.metadata and "dataset_index" not in s.metadata for s in samples)
     assert {s.metadata["model_step"] for s in samples} == {12}
 
@@ -218,7 +218,7 @@ def test_eval_batches_without_training_fields(tokenizer: Any) -> None:
 async def test_end_to_end_into_trackio(tokenizer: Any, project: str) -> None:
     """Samples from a Batch and GenerationResult land in Trackio, train and eval apart."""
     batch, result = make(tokenizer, with_text=False)
-    samples = open_instruct.to_samples(batch, result, tokenizer=tokenizer)
+    samples = open_instruct_adapter.to_samples(batch, result, tokenizer=tokenizer)
     async with at.TraceSession(project, run="r", max_traces_per_step=2, sampler="first") as session:
         await session.log_samples(samples, step=1, split="train")
         await session.log_samples(samples[:1], step=1, split="eval")

@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 import asynctrace as at
-from asynctrace.adapters import skyrl
+from asynctrace.adapters import skyrl_adapter
 from tests._util import read_traces
 from tests.rollouts._helpers import encode
 
@@ -99,7 +99,7 @@ def test_several_samples_per_prompt_use_the_blocked_layout(tokenizer: Any) -> No
     answers = [[("assistant", f"answer {i}")] for i in range(4)]
     gi = generator_input(questions)
     go = generator_output(tokenizer, [questions[i // 2] for i in range(4)], answers, rewards=[1, 0, 0.5, 1])
-    samples = skyrl.to_samples(gi, go, tokenizer=tokenizer)
+    samples = skyrl_adapter.to_samples(gi, go, tokenizer=tokenizer)
     assert [s.metadata["prompt_index"] for s in samples] == [0, 0, 1, 1]
     assert samples[2].messages == [*chat(questions[1]), {"role": "assistant", "content": "answer 2"}]
     assert [s.metadata["reward"] for s in samples] == [1.0, 0.0, 0.5, 1.0]
@@ -117,7 +117,7 @@ def test_tool_turns_come_from_the_loss_mask(tokenizer: Any) -> None:
     ]
     gi = generator_input(["What is 2 + 2?"])
     go = generator_output(tokenizer, ["What is 2 + 2?"], [turns])
-    (sample,) = skyrl.to_samples(gi, go, tokenizer=tokenizer)
+    (sample,) = skyrl_adapter.to_samples(gi, go, tokenizer=tokenizer)
     assert sample.messages == [*chat("What is 2 + 2?"), *({"role": r, "content": t} for r, t in turns)]
     assert sample.metadata["num_turns"] == 2
 
@@ -127,7 +127,7 @@ def test_per_token_rewards_are_summed(tokenizer: Any) -> None:
     gi = generator_input(["q"])
     go = generator_output(tokenizer, ["q"], [[("assistant", "a b c")]])
     go["rewards"] = [[0.0] * (len(go["response_ids"][0]) - 1) + [0.75]]
-    (sample,) = skyrl.to_samples(gi, go, tokenizer=tokenizer)
+    (sample,) = skyrl_adapter.to_samples(gi, go, tokenizer=tokenizer)
     assert sample.metadata["reward"] == 0.75
 
 
@@ -143,7 +143,7 @@ def test_trajectory_ids_map_samples_to_prompts(tokenizer: Any) -> None:
         [[("assistant", f"reply {i}")] for i in range(4)],
         trajectory_ids=out_ids,
     )
-    samples = skyrl.to_samples(gi, go, tokenizer=tokenizer)
+    samples = skyrl_adapter.to_samples(gi, go, tokenizer=tokenizer)
     assert [s.metadata["prompt_index"] for s in samples] == [3, 0, 2, 1]
     assert [s.metadata["trajectory_id"] for s in samples] == ["q2:1", "q1:0", "q2:0", "q1:1"]
     assert [s.messages[1]["content"] for s in samples] == [
@@ -158,9 +158,9 @@ def test_batch_metadata_gives_step_and_split() -> None:
     """training_phase "eval" logs to the eval split; without batch_metadata the default step is used."""
     train = generator_input(["q"], batch_metadata=BatchMetadata(global_step=7, training_phase="train"))
     evaluation = generator_input(["q"], batch_metadata={"global_step": 9, "training_phase": "eval"})
-    assert skyrl.step_and_split(train) == (7, "train")
-    assert skyrl.step_and_split(evaluation) == (9, "eval")
-    assert skyrl.step_and_split(generator_input(["q"]), default_step=3) == (3, "train")
+    assert skyrl_adapter.step_and_split(train) == (7, "train")
+    assert skyrl_adapter.step_and_split(evaluation) == (9, "eval")
+    assert skyrl_adapter.step_and_split(generator_input(["q"]), default_step=3) == (3, "train")
 
 
 def step_wise_rows(
@@ -193,7 +193,7 @@ def test_step_wise_rows_merge_into_one_sample_per_trajectory(tokenizer: Any) -> 
         "trajectory_ids": [TrajectoryID("a", 0), TrajectoryID("b", 0), TrajectoryID("a", 0)],
         "is_last_step": [False, True, True],
     }
-    first, second = skyrl.to_samples(gi, go, tokenizer=tokenizer)
+    first, second = skyrl_adapter.to_samples(gi, go, tokenizer=tokenizer)
     assert first.messages == [
         *chat("question a"),
         {"role": "assistant", "content": "Let me look."},
@@ -223,7 +223,9 @@ def test_step_wise_without_ids_groups_rows_by_last_step(tokenizer: Any) -> None:
         "trajectory_ids": None,
         "is_last_step": [False, True, False, True],
     }
-    first, second = skyrl.to_samples(generator_input(["question a", "question b"]), go, tokenizer=tokenizer)
+    first, second = skyrl_adapter.to_samples(
+        generator_input(["question a", "question b"]), go, tokenizer=tokenizer
+    )
     assert [first.metadata["prompt_index"], second.metadata["prompt_index"]] == [0, 1]
     assert second.messages[1] == {"role": "user", "content": "question b"}
     assert [m["role"] for m in second.messages[2:]] == ["assistant", "tool", "assistant"]
@@ -244,7 +246,7 @@ def test_step_wise_prefix_mismatch_starts_a_sample_from_the_observation(tokenize
         "trajectory_ids": [TrajectoryID("a", 0)] * 2,
         "is_last_step": [False, True],
     }
-    first, second = skyrl.to_samples(generator_input(["question"]), go, tokenizer=tokenizer)
+    first, second = skyrl_adapter.to_samples(generator_input(["question"]), go, tokenizer=tokenizer)
     assert first.messages[:2] == chat("question")
     assert second.messages == [
         {"role": "user", "content": "summary so far"},
@@ -265,7 +267,7 @@ def test_short_optional_lists_warn_once(tokenizer: Any) -> None:
         env_metrics=[{"steps": 1}],
     )
     with pytest.warns(UserWarning) as record:
-        samples = skyrl.to_samples(gi, go, tokenizer=tokenizer)
+        samples = skyrl_adapter.to_samples(gi, go, tokenizer=tokenizer)
     assert len(record) == 1
     assert "rewards" in str(record[0].message) and "stop_reasons" in str(record[0].message)
     assert [s.metadata.get("reward") for s in samples] == [1.0, None]
@@ -278,14 +280,14 @@ def test_required_columns_that_disagree_are_refused(tokenizer: Any) -> None:
     gi = generator_input(["q1", "q2"])
     go = generator_output(tokenizer, ["q1", "q2", "q2"], [[("assistant", "x")]] * 3)
     with pytest.raises(ValueError, match="do not split evenly"):
-        skyrl.to_samples(gi, go, tokenizer=tokenizer)
+        skyrl_adapter.to_samples(gi, go, tokenizer=tokenizer)
     go = generator_output(tokenizer, ["q1", "q2"], [[("assistant", "x")]] * 2)
     go["loss_masks"][0] = go["loss_masks"][0] + [1]
     with pytest.raises(ValueError, match="loss_masks: row 0"):
-        skyrl.to_samples(gi, go, tokenizer=tokenizer)
+        skyrl_adapter.to_samples(gi, go, tokenizer=tokenizer)
     go["prompt_token_ids"] = go["prompt_token_ids"][:1]
     with pytest.raises(ValueError, match="prompt_token_ids"):
-        skyrl.to_samples(gi, go, tokenizer=tokenizer)
+        skyrl_adapter.to_samples(gi, go, tokenizer=tokenizer)
 
 
 def groups_of_a_step(tokenizer: Any) -> list[Any]:
@@ -310,7 +312,7 @@ def groups_of_a_step(tokenizer: Any) -> list[Any]:
 
 def test_fully_async_groups_become_one_training_step(tokenizer: Any) -> None:
     """Several generation groups give one list of samples with indices running across the step."""
-    samples = skyrl.to_step_samples(groups_of_a_step(tokenizer), tokenizer=tokenizer)
+    samples = skyrl_adapter.to_step_samples(groups_of_a_step(tokenizer), tokenizer=tokenizer)
     assert [s.metadata["sample_index"] for s in samples] == list(range(6))
     assert [s.metadata["prompt_index"] for s in samples] == [0, 0, 1, 1, 2, 2]
     assert [s.metadata["group_index"] for s in samples] == [0, 0, 1, 1, 2, 2]
@@ -322,8 +324,8 @@ def test_fully_async_groups_become_one_training_step(tokenizer: Any) -> None:
 @pytest.mark.anyio
 async def test_end_to_end_cap_holds_per_training_step(tokenizer: Any, project: str) -> None:
     """Logged once per training step, the cap keeps 3 of the 6 samples of three groups in Trackio."""
-    samples = skyrl.to_step_samples(groups_of_a_step(tokenizer), tokenizer=tokenizer)
-    step, split = skyrl.step_and_split(
+    samples = skyrl_adapter.to_step_samples(groups_of_a_step(tokenizer), tokenizer=tokenizer)
+    step, split = skyrl_adapter.step_and_split(
         generator_input(["q"], batch_metadata=BatchMetadata(global_step=4, training_phase="train"))
     )
     assert step is not None
@@ -345,7 +347,7 @@ def test_overlong_filtered_response_is_one_assistant_turn(tokenizer: Any) -> Non
         stop_reasons=["stop", "length"],
     )
     go["loss_masks"][1] = [0] * len(go["loss_masks"][1])
-    kept, truncated = skyrl.to_samples(gi, go, tokenizer=tokenizer)
+    kept, truncated = skyrl_adapter.to_samples(gi, go, tokenizer=tokenizer)
     assert truncated.messages == [
         *chat("Count to a million."),
         {"role": "assistant", "content": "1, 2, 3, 4"},
@@ -367,7 +369,7 @@ def test_overlong_filtered_step_stays_an_assistant_turn(tokenizer: Any) -> None:
         "trajectory_ids": [TrajectoryID("a", 0)] * 2,
         "is_last_step": [False, True],
     }
-    (sample,) = skyrl.to_samples(generator_input(["question"]), go, tokenizer=tokenizer)
+    (sample,) = skyrl_adapter.to_samples(generator_input(["question"]), go, tokenizer=tokenizer)
     assert sample.messages[2:] == [
         {"role": "assistant", "content": "Let me look."},
         {"role": "tool", "content": "result: 42"},
@@ -391,7 +393,7 @@ def test_fully_async_groups_with_skyrl_field_list(tokenizer: Any) -> None:
         ),
         LegacyAsyncGroup(go, uid="18", global_step_when_scheduled=4),
     ]
-    samples = skyrl.to_step_samples(groups, tokenizer=tokenizer)
+    samples = skyrl_adapter.to_step_samples(groups, tokenizer=tokenizer)
     assert [s.messages for s in samples[:2]] == [
         [*chat(question), {"role": "assistant", "content": "4"}],
         [*chat(question), {"role": "assistant", "content": "5"}],
@@ -420,7 +422,7 @@ def test_fully_async_step_wise_group_maps_trajectories_to_prompts(tokenizer: Any
         "is_last_step": [False, True, True],
     }
     group = AsyncGroup(go, uid="7", global_step_when_scheduled=2, prompts=[chat("question")] * 2)
-    first, second = skyrl.to_step_samples([group], tokenizer=tokenizer)
+    first, second = skyrl_adapter.to_step_samples([group], tokenizer=tokenizer)
     assert [m["role"] for m in first.messages] == ["system", "user", "assistant", "tool", "assistant"]
     assert second.messages == [*chat("question"), {"role": "assistant", "content": "Let me look."}]
     assert [first.metadata["trajectory_id"], second.metadata["trajectory_id"]] == ["7:0", "7:1"]
@@ -433,7 +435,7 @@ def test_input_trajectory_ids_name_non_step_wise_samples(tokenizer: Any) -> None
     in_ids = [TrajectoryID("q17", 0), TrajectoryID("q17", 1), TrajectoryID("q42", 0), TrajectoryID("q42", 1)]
     gi = generator_input(questions, trajectory_ids=in_ids)
     go = generator_output(tokenizer, questions, [[("assistant", f"answer {i}")] for i in range(4)])
-    samples = skyrl.to_samples(gi, go, tokenizer=tokenizer)
+    samples = skyrl_adapter.to_samples(gi, go, tokenizer=tokenizer)
     assert [s.metadata["trajectory_id"] for s in samples] == ["q17:0", "q17:1", "q42:0", "q42:1"]
     assert [s.metadata["group_uid"] for s in samples] == ["q17", "q17", "q42", "q42"]
     assert [s.metadata["prompt_index"] for s in samples] == [0, 1, 2, 3]
@@ -442,7 +444,7 @@ def test_input_trajectory_ids_name_non_step_wise_samples(tokenizer: Any) -> None
 def _one_sample(tokenizer: Any, prompt: str, turns: list[tuple[str, str]]) -> Any:
     """The sample SkyRL's adapter makes of one prompt and its response, given as turns."""
     go = generator_output(tokenizer, [prompt], [turns])
-    (sample,) = skyrl.to_samples(generator_input([prompt]), go, tokenizer=tokenizer)
+    (sample,) = skyrl_adapter.to_samples(generator_input([prompt]), go, tokenizer=tokenizer)
     return sample
 
 
@@ -497,7 +499,7 @@ def test_step_wise_final_observation_stays_an_environment_turn(tokenizer: Any) -
         "trajectory_ids": [TrajectoryID("a", 0)] * 2,
         "is_last_step": [False, True],
     }
-    (sample,) = skyrl.to_samples(generator_input(["question"]), go, tokenizer=tokenizer)
+    (sample,) = skyrl_adapter.to_samples(generator_input(["question"]), go, tokenizer=tokenizer)
     assert sample.messages[2:] == [
         {"role": "assistant", "content": "Let me look."},
         {"role": "tool", "content": "result: 42"},

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 import asynctrace as at
-from asynctrace.adapters import torchforge
+from asynctrace.adapters import torchforge_adapter
 from tests._util import read_traces
 from tests.rollouts._helpers import encode
 
@@ -106,7 +106,7 @@ def episode(tokenizer: Any, k: int, question: str = "What is 3 + 4?", **extra: A
 
 def test_several_episodes_per_prompt_keep_the_breakdown_nested(tokenizer: Any) -> None:
     """Each episode of a group is a sample; reward_breakdown stays a nested mapping."""
-    samples = torchforge.to_samples([episode(tokenizer, k) for k in (6, 7)])
+    samples = torchforge_adapter.to_samples([episode(tokenizer, k) for k in (6, 7)])
     assert samples[1].messages == [
         {"role": "user", "content": "What is 3 + 4?"},
         {"role": "assistant", "content": "<answer>7</answer>"},
@@ -127,7 +127,7 @@ def test_several_episodes_per_prompt_keep_the_breakdown_nested(tokenizer: Any) -
 
 def test_a_single_episode_is_accepted(tokenizer: Any) -> None:
     """A lone Episode is normalised to a list once."""
-    (sample,) = torchforge.to_samples(episode(tokenizer, 1))
+    (sample,) = torchforge_adapter.to_samples(episode(tokenizer, 1))
     assert sample.metadata["episode_id"] == "ep-1"
 
 
@@ -135,10 +135,10 @@ def test_groups_or_other_objects_are_refused_not_logged_empty(tokenizer: Any) ->
     """A list of GRPO groups is refused naming the entry, not turned into blank samples."""
     groups = [[episode(tokenizer, k) for k in (6, 7)], [episode(tokenizer, k) for k in (1, 2)]]
     with pytest.raises(ValueError, match=r"episodes\[0\]: expected an Episode"):
-        torchforge.to_samples(groups)
+        torchforge_adapter.to_samples(groups)
     with pytest.raises(ValueError, match="episodes: expected an Episode"):
-        torchforge.to_samples(None)
-    flat = torchforge.to_samples([ep for group in groups for ep in group])
+        torchforge_adapter.to_samples(None)
+    flat = torchforge_adapter.to_samples([ep for group in groups for ep in group])
     assert [s.metadata["episode_id"] for s in flat] == ["ep-6", "ep-7", "ep-1", "ep-2"]
 
 
@@ -156,7 +156,7 @@ def test_multi_turn_prompt_with_tool_turns_and_tool_calls(tokenizer: Any) -> Non
     )
     ep.completion.tool_calls = [ToolCall("call-1", FunctionCall("submit", '{"answer": 7}'))]
     ep.completion.content = "Submitting."
-    (sample,) = torchforge.to_samples([ep])
+    (sample,) = torchforge_adapter.to_samples([ep])
     assert [m["role"] for m in sample.messages] == ["system", "user", "assistant", "tool", "assistant"]
     assert sample.messages[3]["content"] == "7"
     assert sample.messages[-1] == {
@@ -175,19 +175,19 @@ def test_tokens_are_decoded_when_text_is_missing(tokenizer: Any) -> None:
         assert ep.completion is not None
         ep.completion.prompt = None
         ep.completion.text = None
-    samples = torchforge.to_samples(eps, tokenizer=tokenizer)
+    samples = torchforge_adapter.to_samples(eps, tokenizer=tokenizer)
     assert samples[1].messages == [
         {"role": "user", "content": "What is 3 + 4?"},
         {"role": "assistant", "content": "<answer>4</answer>"},
     ]
     with pytest.raises(ValueError, match="tokenizer"):
-        torchforge.to_samples(eps)
+        torchforge_adapter.to_samples(eps)
 
 
 def test_eval_episodes_with_missing_optional_fields(tokenizer: Any) -> None:
     """Eval episodes without advantage, breakdown or completion still make samples."""
     bare = Episode(episode_id="eval-0", pad_id=0, request_len=8, response_len=8, request="q", response="a")
-    (sample,) = torchforge.to_samples([bare])
+    (sample,) = torchforge_adapter.to_samples([bare])
     assert sample.messages == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     assert set(sample.metadata) == {"episode_id", "max_request_len", "max_response_len"}
 
@@ -195,7 +195,7 @@ def test_eval_episodes_with_missing_optional_fields(tokenizer: Any) -> None:
 @pytest.mark.anyio
 async def test_end_to_end_into_trackio(tokenizer: Any, project: str) -> None:
     """Episodes land in Trackio with the reward breakdown still nested."""
-    samples = torchforge.to_samples([episode(tokenizer, k) for k in range(4)])
+    samples = torchforge_adapter.to_samples([episode(tokenizer, k) for k in range(4)])
     async with at.TraceSession(project, run="r", max_traces_per_step=2, sampler="top_bottom") as session:
         await session.log_samples(samples, step=0)
         await session.log_samples(samples[:1], step=0, split="eval")

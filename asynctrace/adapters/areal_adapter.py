@@ -1,11 +1,11 @@
 """AReaL: the padded tensor dict of a rollout batch to samples.
 
-    samples = areal.to_samples(batch, tokenizer=tokenizer)
+    samples = areal_adapter.to_samples(batch, tokenizer=tokenizer)
     await session.log_samples(samples, step=global_step)
 
 or, to decode only what the session's cap keeps::
 
-    await session.log_rollouts(**areal.rollout_kwargs(batch), tokenizer=tokenizer, step=global_step)
+    await session.log_rollouts(**areal_adapter.rollout_kwargs(batch), tokenizer=tokenizer, step=global_step)
 
 The batch is a dict (or TensorDict) with `input_ids`, `attention_mask`, `loss_mask`,
 `versions` and `rewards`, one row per sample, right-padded. Multi-turn rollouts are one

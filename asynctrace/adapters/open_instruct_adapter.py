@@ -1,6 +1,6 @@
 """open-instruct: a `Batch` and its `GenerationResult` to samples.
 
-    samples = open_instruct.to_samples(batch, result, tokenizer=tokenizer, advantages=advantages)
+    samples = open_instruct_adapter.to_samples(batch, result, tokenizer=tokenizer, advantages=advantages)
     await session.log_samples(samples, step=training_step)
 
 Raw text is preferred (`raw_queries`, `decoded_responses`); token ids are decoded otherwise,
@@ -23,7 +23,7 @@ from ._common import Message, SampleBuilder, as_sequence, field, jsonable, token
 
 __all__ = ["to_samples"]
 
-_WHERE = "open_instruct.to_samples"
+_WHERE = "open_instruct_adapter.to_samples"
 
 # Per-sample lists of `GenerationResult.request_info`, kept under their own names.
 _REQUEST_INFO = ("num_calls", "timeouts", "tool_errors", "tool_outputs", "tool_runtimes", "tool_calleds")

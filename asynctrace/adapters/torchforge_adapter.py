@@ -1,6 +1,6 @@
 """torchforge: `Episode`s (with their `Completion`) to samples.
 
-    samples = torchforge.to_samples(episodes, tokenizer=tokenizer)
+    samples = torchforge_adapter.to_samples(episodes, tokenizer=tokenizer)
     await session.log_samples(samples, step=policy_version)
 
 `reward_breakdown` stays a nested mapping (never flattened into the metadata), and
@@ -17,7 +17,7 @@ from ._common import Message, SampleBuilder, field, jsonable, role_name, token_l
 
 __all__ = ["to_samples"]
 
-_WHERE = "torchforge.to_samples"
+_WHERE = "torchforge_adapter.to_samples"
 
 
 def to_samples(episodes: Any | Iterable[Any], *, tokenizer: Any = None) -> list[Sample]:

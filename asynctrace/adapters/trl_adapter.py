@@ -1,7 +1,7 @@
 """TRL (GRPO): the columns of `log_completions` to samples.
 
     logs = trainer._logs
-    samples = trl.to_samples(logs["prompt"], logs["completion"], rewards=logs["rewards"],
+    samples = trl_adapter.to_samples(logs["prompt"], logs["completion"], rewards=logs["rewards"],
                              advantages=logs["advantages"], num_generations=args.num_generations)
     await session.log_samples(samples, step=trainer.state.global_step, split=mode)
 
@@ -24,7 +24,7 @@ from ._common import as_sequence, jsonable, role_name
 
 __all__ = ["to_samples"]
 
-_WHERE = "trl.to_samples"
+_WHERE = "trl_adapter.to_samples"
 
 
 def to_samples(

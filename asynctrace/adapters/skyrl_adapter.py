@@ -1,7 +1,7 @@
 """SkyRL: `GeneratorInput` + `GeneratorOutput` to samples, step-wise rows merged per trajectory.
 
-    samples = skyrl.to_samples(generator_input, generator_output, tokenizer=tokenizer)
-    step, split = skyrl.step_and_split(generator_input, default_step=global_step)
+    samples = skyrl_adapter.to_samples(generator_input, generator_output, tokenizer=tokenizer)
+    step, split = skyrl_adapter.step_and_split(generator_input, default_step=global_step)
     await session.log_samples(samples, step=step, split=split)
 
 The fully asynchronous trainer assembles one training step from several generation groups;
@@ -28,7 +28,7 @@ from ._common import Message, SampleBuilder, as_sequence, field, jsonable, role_
 
 __all__ = ["step_and_split", "to_samples", "to_step_samples"]
 
-_WHERE = "skyrl.to_samples"
+_WHERE = "skyrl_adapter.to_samples"
 
 
 def step_and_split(generator_input: Any, *, default_step: int | None = None) -> tuple[int | None, str]:
@@ -82,7 +82,7 @@ def to_step_samples(
     across the whole step, so log the result once per training step and the cap holds per step.
     """
     builder = SampleBuilder()
-    short = Shortfall("skyrl.to_step_samples", 0)
+    short = Shortfall("skyrl_adapter.to_step_samples", 0)
     offsets = (0, 0)
     for number, group in enumerate(groups):
         uid: Any = None
@@ -124,7 +124,7 @@ def to_step_samples(
         )
         offsets = (offsets[0] + rows, offsets[1] + n_prompts)
     short.warn()
-    return builder.build(tokenizer, "skyrl.to_step_samples")
+    return builder.build(tokenizer, "skyrl_adapter.to_step_samples")
 
 
 def _row_reward(value: Any) -> Any:
