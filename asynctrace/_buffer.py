@@ -320,6 +320,13 @@ class Buffer:
             self._enqueue(passed, out, "drop_newest" if nowait and self.on_full == "block" else None)
         return out
 
+    def count_invalid(self, n: int) -> None:
+        """`n` samples the caller could not build: counted as submitted and dropped ("invalid")."""
+        with self.lock:
+            self.submitted += n
+            self.pending += n
+            self._drop("invalid", n)
+
     def take_ticket(self) -> int:
         with self.lock:
             self._ticket += 1

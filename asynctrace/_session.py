@@ -939,6 +939,15 @@ class TraceSession:
             self._wake()
         return adm.accepted
 
+    def record_invalid(self, n: int) -> None:
+        """Count `n` samples that could not even be built (an adapter's unconvertible rows).
+
+        They are counted as submitted and dropped (``"invalid"``), so `stats()` accounts for
+        them like any other loss. Any thread, never blocks, also after the session finished.
+        """
+        check_int("n", n, minimum=0)
+        self._buffer.count_invalid(n)
+
     def _push_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         self._check_open()
         check_step(step, "train")

@@ -110,6 +110,10 @@ class SyncTraceSession:
         """Never blocks; see `TraceSession.log_samples_nowait`."""
         return self.session.log_samples_nowait(samples, step=step, split=split)
 
+    def record_invalid(self, n: int) -> None:
+        """See `TraceSession.record_invalid`."""
+        self.session.record_invalid(n)
+
     def log_metrics(self, metrics: Mapping[str, float], *, step: int) -> None:
         """Queue scalar metrics for `step`."""
         self.session._push_metrics(metrics, step)

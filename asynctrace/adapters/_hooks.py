@@ -1,0 +1,90 @@
+"""What every framework hook shares: a batch is logged, or counted, and training never sees an error.
+
+A hook runs inside the trainer's own loop. Whatever goes wrong while turning the framework's
+batch into samples (a field missing in a version the adapter was not tested on, a malformed
+row) or while queueing them is caught here: the rows are counted in the session's stats as
+dropped (``"invalid"``), one warning per hook names the cause, and training goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .._record import Sample
+from .._sync import SyncTraceSession
+from ..exceptions import RecordError, SessionClosedError
+
+if TYPE_CHECKING:
+    from .._session import TraceSession
+
+__all__ = ["Converted", "deliver"]
+
+logger = logging.getLogger("asynctrace")
+
+Converted = tuple[Sequence[Sample], int]
+"""What a hook's conversion returns: the samples, and how many rows it had to leave out."""
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_once(where: str, message: str) -> None:
+    with _warned_lock:
+        if where in _warned:
+            return
+        _warned.add(where)
+    logger.warning("asynctrace: %s: %s; counted in session.stats().dropped['invalid']", where, message)
+
+
+def deliver(
+    session: TraceSession | SyncTraceSession,
+    convert: Callable[[], Converted],
+    *,
+    rows: int,
+    step: int,
+    split: str = "train",
+    where: str,
+) -> int:
+    """Convert one batch of `rows` rows and queue it; never raises. Returns the samples accepted.
+
+    The blocking form (`SyncTraceSession`) waits for room as its `on_full` says; an async
+    session, called from the trainer's thread, is given the samples without waiting.
+    """
+    try:
+        samples, skipped = convert()
+    except Exception as exc:  # telemetry must never stop training
+        _warn_once(where, f"a batch of {rows} rows could not be converted ({type(exc).__name__}: {exc})")
+        _count(session, rows)
+        return 0
+    if skipped:
+        _warn_once(where, f"{skipped} of {rows} rows could not be converted and were left out")
+        _count(session, skipped)
+    try:
+        if isinstance(session, SyncTraceSession):
+            return session.log_samples(samples, step=step, split=split)
+        return session.log_samples_nowait(samples, step=step, split=split)
+    except SessionClosedError:
+        # Finished under us (training outlived the session): counted as "closed", never raised.
+        return _nowait(session, samples, step, split)
+    except (RecordError, ValueError, TypeError) as exc:
+        _warn_once(where, f"the session refused a batch of {len(samples)} samples ({exc})")
+        _count(session, len(samples))
+        return 0
+
+
+def _nowait(session: Any, samples: Sequence[Sample], step: int, split: str) -> int:
+    try:
+        return int(session.log_samples_nowait(samples, step=step, split=split))
+    except Exception:
+        _count(session, len(samples))
+        return 0
+
+
+def _count(session: Any, n: int) -> None:
+    try:
+        session.record_invalid(n)
+    except Exception:  # a session in a state that cannot count: nothing more to do
+        logger.debug("asynctrace: could not count %d invalid rows", n, exc_info=True)

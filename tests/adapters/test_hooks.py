@@ -1,0 +1,71 @@
+"""The hooks' shared guarantee: a batch is logged or counted, and never raises into training."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import pytest
+
+import asynctrace as at
+from asynctrace.adapters._hooks import Converted, deliver
+
+
+def _good(n: int) -> Converted:
+    return [at.Sample(messages=[{"role": "user", "content": f"q{i}"}]) for i in range(n)], 0
+
+
+def test_record_invalid_keeps_the_invariant() -> None:
+    """record_invalid counts rows as submitted and dropped ("invalid"), also after finish."""
+    with at.TraceSession("p", sinks=[at.testing.MemorySink()]) as session:
+        session.record_invalid(3)
+        assert session.stats().dropped["invalid"] == 3
+    session.record_invalid(2)
+    stats = session.stats()
+    assert stats.submitted == 5 and stats.dropped["invalid"] == 5 and stats.check()
+    with pytest.raises(ValueError, match="n"):
+        session.record_invalid(-1)
+
+
+def test_a_conversion_error_is_counted_and_warned_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A batch whose conversion raises is counted as invalid rows, with one warning per hook."""
+
+    def broken() -> Converted:
+        raise KeyError("responses")
+
+    caplog.set_level(logging.WARNING, logger="asynctrace")
+    sink = at.testing.MemorySink()
+    with at.TraceSession("p", sinks=[sink]) as session:
+        for _ in range(3):
+            assert deliver(session, broken, rows=4, step=0, where="test.broken-hook") == 0
+        assert deliver(session, lambda: _good(2), rows=2, step=1, where="test.broken-hook") == 2
+    stats = session.stats()
+    assert stats.dropped["invalid"] == 12 and stats.written == 2 and stats.check()
+    warned = [r for r in caplog.records if "test.broken-hook" in r.getMessage()]
+    assert len(warned) == 1 and "KeyError" in warned[0].getMessage()
+
+
+def test_skipped_rows_and_refused_samples_are_counted() -> None:
+    """Rows a conversion left out, and samples the session refuses, are counted, not raised."""
+
+    def partly() -> Converted:
+        samples: Sequence[at.Sample] = _good(3)[0]
+        return samples, 2
+
+    bad: Converted = ([at.Sample(messages=[{"role": "user", "content": 1}])], 0)  # type: ignore[dict-item]
+    with at.TraceSession("p", sinks=[at.testing.MemorySink()]) as session:
+        assert deliver(session, partly, rows=5, step=0, where="test.partly") == 3
+        assert deliver(session, lambda: bad, rows=1, step=0, where="test.refused") == 0
+    stats = session.stats()
+    assert stats.written == 3 and stats.dropped["invalid"] == 3 and stats.check()
+
+
+@pytest.mark.anyio
+async def test_async_session_from_the_trainer_thread() -> None:
+    """An async session is handed the samples without waiting; after finish they count as closed."""
+    sink = at.testing.MemorySink()
+    async with at.TraceSession("p", sinks=[sink]) as session:
+        assert deliver(session, lambda: _good(2), rows=2, step=0, where="test.async") == 2
+    assert deliver(session, lambda: _good(1), rows=1, step=1, where="test.async") == 0
+    stats = session.stats()
+    assert stats.written == 2 and stats.dropped["closed"] == 1 and stats.check()
