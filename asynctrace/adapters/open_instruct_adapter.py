@@ -1,27 +1,41 @@
-"""open-instruct: a `Batch` and its `GenerationResult` to samples.
+"""open-instruct: a `Batch` and its `GenerationResult` to samples, and the hook that logs them.
 
-    samples = open_instruct_adapter.to_samples(batch, result, tokenizer=tokenizer, advantages=advantages)
-    await session.log_samples(samples, step=training_step)
+The hook goes in `DataPreparationActor._data_preparation_loop` (open_instruct/data_loader.py),
+where open-instruct saves its own rollouts: after `maybe_mask_truncated_completions` and the
+advantages. Two lines there, and the import::
 
-Raw text is preferred (`raw_queries`, `decoded_responses`); token ids are decoded otherwise,
-all in one tokenizer call. When `masks` show tool output inside a response (0-runs) and a
-tokenizer is given, the response is split into assistant and tool turns. Every optional
-per-sample list may be shorter than `queries`: the field is left out where it falls short,
-with one warning, and training never crashes over it.
+    from asynctrace.adapters import open_instruct_adapter as oi_trace      # top of the file
+    finish_reasons = list(result.finish_reasons)                           # before the masking
+    oi_trace.log_batch(session, batch, result, advantages, step=self.training_step,
+                       samples_per_prompt=self.config.num_samples_per_prompt_rollout,
+                       finish_reasons=finish_reasons)                      # after the advantages
+
+`maybe_mask_truncated_completions` filters `result.responses`, `masks`, `finish_reasons`,
+`logprobs` and the batch, but not `result.request_info` (nor `result.reward_scores`): the
+finish reasons taken before it say which rows it kept, so the tool fields stay on their rows.
+Without them, a batch whose `request_info` no longer lines up gets no tool fields (one warning),
+rather than another row's.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._record import Sample
 from ..rollouts._align import MISSING, Shortfall
 from ..rollouts._mapping import prompt_indices
 from ..rollouts._turns import mask_runs, split_turns
 from ._common import Message, SampleBuilder, as_sequence, field, jsonable, token_list
+from ._hooks import deliver
 
-__all__ = ["to_samples"]
+if TYPE_CHECKING:
+    from .._session import TraceSession
+    from .._sync import SyncTraceSession
+
+__all__ = ["log_batch", "to_samples"]
 
 _WHERE = "open_instruct_adapter.to_samples"
 
@@ -29,21 +43,63 @@ _WHERE = "open_instruct_adapter.to_samples"
 _REQUEST_INFO = ("num_calls", "timeouts", "tool_errors", "tool_outputs", "tool_runtimes", "tool_calleds")
 
 
+def log_batch(
+    session: TraceSession | SyncTraceSession,
+    batch: Any,
+    result: Any,
+    advantages: Sequence[float] | None = None,
+    *,
+    step: int,
+    samples_per_prompt: int | None = None,
+    finish_reasons: Sequence[str] | None = None,
+    tokenizer: Any = None,
+    split: str = "train",
+) -> int:
+    """Log one prepared batch from open-instruct's data preparation loop; never raises.
+
+    Returns the samples accepted. A batch that cannot be converted is counted in
+    `session.stats().dropped["invalid"]`, with one warning, and training goes on.
+    """
+    try:
+        rows = len(field(result, "responses") or ())
+    except TypeError:
+        rows = 0
+
+    def convert() -> tuple[list[Sample], int]:
+        samples = to_samples(
+            batch,
+            result,
+            samples_per_prompt=samples_per_prompt,
+            advantages=advantages,
+            finish_reasons=finish_reasons,
+            tokenizer=tokenizer,
+        )
+        return samples, 0
+
+    return deliver(
+        session, convert, rows=rows, step=step, split=split, where="open_instruct_adapter.log_batch"
+    )
+
+
 def to_samples(
     batch: Any,
     result: Any,
     *,
-    tokenizer: Any = None,
+    samples_per_prompt: int | None = None,
     advantages: Sequence[float] | None = None,
+    finish_reasons: Sequence[str] | None = None,
+    tokenizer: Any = None,
     env_role: str = "tool",
 ) -> list[Sample]:
     """One sample per response of `result`, with its prompt from `batch`.
 
-    `batch.queries` may hold one entry per response (open-instruct repeats each prompt per
-    sample) or one per prompt, with the responses in blocks. Metadata: reward
-    (`reward_scores`, else `batch.scores`), advantage, stop_reason, dataset, dataset_index,
-    prompt_index, sample_index, model_step, ground_truth, active_tools and the request-info
-    tool fields.
+    open-instruct's `Batch` holds one entry per response (each prompt repeated
+    `samples_per_prompt` times, in blocks); one entry per prompt is accepted too. `prompt_index`
+    is the response's position before truncation masking `// samples_per_prompt` (left out when
+    `samples_per_prompt` is not given, or when rows were masked and `finish_reasons` from before
+    the masking are not given). Metadata: reward (`batch.scores`, which the advantages come
+    from), advantage, stop_reason, dataset, dataset_index, prompt_index, sample_index,
+    model_step, ground_truth, active_tools, and the request-info tool fields.
     """
     queries = as_sequence(field(batch, "queries"), "batch.queries")
     responses = as_sequence(field(result, "responses"), "result.responses")
@@ -54,20 +110,27 @@ def to_samples(
             f"result.responses: {n} responses do not map onto {len(queries)} batch.queries "
             "(give one query per response, or the same number of responses for every query)"
         )
-    prompt_of = prompt_indices(n_prompts=len(queries), n_samples=n) if n else []
+    if samples_per_prompt is not None and samples_per_prompt < 1:
+        raise ValueError(f"samples_per_prompt: must be at least 1, got {samples_per_prompt}")
+    per_row = len(queries) == n
+    row_of = prompt_indices(n_prompts=len(queries), n_samples=n) if n else []
+    request_info = field(result, "request_info")
+    kept = _kept_rows(finish_reasons, n)
+    origin = _OriginalRows(n, kept, request_info)
+
     short = Shortfall(_WHERE, n)
     raw_queries = field(batch, "raw_queries")
     decoded = field(batch, "decoded_responses")
     masks = field(result, "masks")
-    request_info = field(result, "request_info")
-    reward_scores = field(result, "reward_scores")
     scores = field(batch, "scores")
+    reward_scores = field(result, "reward_scores")
     model_steps = field(batch, "model_steps")
-    model_step = field(result, "model_step")
+    info_columns = [(name, field(request_info, name)) for name in _REQUEST_INFO]
+    call_stats = field(request_info, "tool_call_stats")
 
     builder = SampleBuilder()
     for i in range(n):
-        p = prompt_of[i]
+        p = row_of[i]
         # Batch lists are aligned with `queries`; result lists with the responses.
         messages: list[Message] = []
         prompt = short.pick(raw_queries, p, "raw_queries")
@@ -84,15 +147,17 @@ def to_samples(
             builder,
         )
 
-        metadata: dict[str, Any] = {"sample_index": i, "prompt_index": p}
-        reward = short.pick(reward_scores, i, "reward_scores")
+        metadata: dict[str, Any] = {"sample_index": i}
+        if not per_row:
+            metadata["prompt_index"] = p
+        elif samples_per_prompt is not None and origin.known:
+            metadata["prompt_index"] = origin.row(i) // samples_per_prompt
+        reward = short.pick(scores, i, "scores")
         if reward is MISSING or reward is None:
-            reward = short.pick(scores, i, "scores")
+            reward = origin.pick(reward_scores, i, "reward_scores", short)
         if reward is not MISSING and reward is not None:
             metadata["reward"] = float(reward)
         step = short.pick(model_steps, i, "model_steps")
-        if step is MISSING or step is None:
-            step = model_step
         if step is not MISSING and step is not None:
             metadata["model_step"] = int(step)
         for key, name, column, index in (
@@ -102,14 +167,99 @@ def to_samples(
             ("dataset_index", "indices", field(batch, "indices"), p),
             ("ground_truth", "ground_truths", field(batch, "ground_truths"), p),
             ("active_tools", "active_tools", field(batch, "active_tools"), p),
-            *((name, name, field(request_info, name), i) for name in _REQUEST_INFO),
         ):
             value = short.pick(column, index, name)
             if value is not MISSING and value is not None:
                 metadata[key] = jsonable(value)
+        for name, column in info_columns:
+            value = origin.pick(column, i, name, short)
+            if value is not MISSING and value is not None:
+                metadata[name] = jsonable(value)
+        stats = origin.pick(call_stats, i, "tool_call_stats", short)
+        if isinstance(stats, (list, tuple)) and stats:
+            metadata["tool_call_stats"] = [_plain(s) for s in stats]
         builder.add(messages, metadata)
     short.warn()
+    origin.warn()
     return builder.build(tokenizer, _WHERE)
+
+
+def _kept_rows(finish_reasons: Sequence[str] | None, n: int) -> list[int] | None:
+    """The rows `maybe_mask_truncated_completions` kept, from the finish reasons before it ran."""
+    if finish_reasons is None:
+        return None
+    reasons = list(finish_reasons)
+    if len(reasons) == n:
+        return list(range(n))
+    # open-instruct keeps exactly the rows that finished with "stop" (data_loader.py).
+    kept = [j for j, reason in enumerate(reasons) if reason == "stop"]
+    if len(kept) != n:
+        raise ValueError(
+            f"finish_reasons: {len(reasons)} rows of which {len(kept)} finished with 'stop', for {n} "
+            "responses (take them from result.finish_reasons right before maybe_mask_truncated_completions)"
+        )
+    return kept
+
+
+class _OriginalRows:
+    """Reads the result's columns that truncation masking leaves unfiltered, each on its own row."""
+
+    __slots__ = ("_kept", "_misaligned", "_n")
+
+    def __init__(self, n: int, kept: list[int] | None, request_info: Any) -> None:
+        self._n = n
+        self._kept = kept
+        self._misaligned: dict[str, int] = {}
+        if kept is None:
+            # request_info always has one entry per generated row (vllm_utils fills defaults), so
+            # a longer column means rows were masked out after it was built.
+            for name in _REQUEST_INFO:
+                column = field(request_info, name)
+                if column is not None and len(column) > n:
+                    self._misaligned[name] = len(column)
+
+    @property
+    def known(self) -> bool:
+        """Whether each row's position before masking is known."""
+        return self._kept is not None or not self._misaligned
+
+    def row(self, i: int) -> int:
+        """Row `i`'s position in the batch before truncation masking."""
+        return self._kept[i] if self._kept is not None else i
+
+    def pick(self, column: Sequence[Any] | None, i: int, name: str, short: Shortfall) -> Any:
+        """Row `i`'s value of an unfiltered column, or MISSING when it cannot be placed."""
+        if column is None or not len(column):
+            return MISSING
+        if len(column) == self._n:
+            return column[i]
+        if self._kept is not None and len(column) > self._kept[-1]:
+            return column[self._kept[i]]
+        if len(column) > self._n:
+            self._misaligned.setdefault(name, len(column))
+            return MISSING
+        return short.pick(column, i, name)
+
+    def warn(self) -> None:
+        if not self._misaligned:
+            return
+        have = max(self._misaligned.values())
+        names = ", ".join(self._misaligned)
+        warnings.warn(
+            f"{_WHERE}: result.request_info has {have} rows for {self._n} responses ({names}) "
+            "(maybe_mask_truncated_completions filters the responses but not request_info or "
+            "reward_scores): their fields, and prompt_index, are left out rather than put on other "
+            "rows; pass finish_reasons= taken before the masking to keep them",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def _plain(value: Any) -> Any:
+    """A `ToolCallStats` (a dataclass) as a dict; anything else as JSON data."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return jsonable(dataclasses.asdict(value))
+    return jsonable(value)
 
 
 def _response_turns(

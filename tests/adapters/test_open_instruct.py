@@ -1,6 +1,18 @@
+"""open-instruct's prepared batches, built by open-instruct's own code, to samples.
+
+open-instruct is not on a package index: its definitions are run from its source at a pinned
+commit (tests/adapters/_upstream/open_instruct_*.py). Each batch goes through what open-instruct
+does before its logging point: `process_group` per prompt, `make_batch_from_groups`,
+`maybe_mask_truncated_completions` and the advantages (`data_preparation_step`).
+"""
+
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -8,225 +20,270 @@ import pytest
 import asynctrace as at
 from asynctrace.adapters import open_instruct_adapter
 from tests._util import read_traces
+from tests.adapters._upstream.open_instruct_data_loader import (
+    GROUND_TRUTHS_KEY,
+    INPUT_IDS_PROMPT_KEY,
+    RAW_PROMPT_KEY,
+    TOOLS_COLUMN_KEY,
+    VERIFIER_SOURCE_KEY,
+    data_preparation_step,
+    make_batch_from_groups,
+    process_group,
+)
+from tests.adapters._upstream.open_instruct_data_types import (
+    GenerationResult,
+    RequestInfo,
+    TokenStatistics,
+    ToolCallStats,
+)
+from tests.adapters._upstream.open_instruct_model_utils import Batch
+from tests.adapters._upstream.open_instruct_rl_utils import _save_rollouts
 from tests.rollouts._helpers import encode
 
-# Mirrors of open-instruct's types (open_instruct/model_utils.py, data_types.py), same field names.
+N = 2  # num_samples_per_prompt_rollout
+QUESTIONS = ["What is 6 * 7?", "Spell 'cat' backwards.", "What is 2 + 2?"]
+TRUTHS = ["42", "tac", "4"]
 
 
-@dataclass
-class Batch:
-    queries: list[list[int]]
-    ground_truths: list[Any]
-    datasets: list[str]
-    raw_queries: list[str] | None = None
-    decoded_responses: list[str] | None = None
-    indices: list[int] | None = None
-    scores: list[float] | None = None
-    active_tools: list[list[str] | None] | None = None
-    model_steps: list[int] = field(default_factory=list)
+class HFTokenizer:
+    """The in-process tokenizer under the two names `process_group` calls (transformers' API)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.eos_token_id = tokenizer.token_to_id("<|im_end|>")
+
+    def batch_decode(
+        self, sequences: Sequence[Sequence[int]], skip_special_tokens: bool = False
+    ) -> list[str]:
+        return list(self.tokenizer.decode_batch(sequences, skip_special_tokens=skip_special_tokens))
 
 
-@dataclass
-class RequestInfo:
-    num_calls: list[int]
-    timeouts: list[int]
-    tool_errors: list[str]
-    tool_outputs: list[str]
-    tool_runtimes: list[float]
-    tool_calleds: list[bool]
+def dataset(tokenizer: Any) -> list[dict[str, Any]]:
+    """Rows with the columns rlvr_tokenize_v2 writes (dataset and ground truth as lists)."""
+    rows = []
+    for question, truth in zip(QUESTIONS, TRUTHS, strict=True):
+        prompt = [{"role": "system", "content": "Use python."}, {"role": "user", "content": question}]
+        rows.append(
+            {
+                INPUT_IDS_PROMPT_KEY: encode(tokenizer, [("user", question)])[0],
+                GROUND_TRUTHS_KEY: [truth],
+                VERIFIER_SOURCE_KEY: ["gsm8k"],
+                # dataset_transformation.py joins the prompt messages this way.
+                RAW_PROMPT_KEY: "\n".join(f"{msg['role']}: {msg['content']}" for msg in prompt),
+                TOOLS_COLUMN_KEY: ["python"],
+            }
+        )
+    return rows
 
 
-@dataclass
-class GenerationResult:
-    responses: list[list[int]]
-    finish_reasons: list[str]
-    masks: list[list[int]]
-    request_info: RequestInfo
-    logprobs: list[list[float]] | None = None
-    reward_scores: list[float] | None = None
-    model_step: int | None = None
+def turns_of(row: int) -> list[tuple[str, str]]:
+    """Row `row`'s response: a python call, its output, the answer; each row's text is its own."""
+    return [
+        ("assistant", f"<code>print({row})</code>"),
+        ("tool", f"<output>{row}</output>"),
+        ("assistant", f"A{row}"),
+    ]
 
 
-QUESTIONS = ["What is 6 * 7?", "Spell 'cat' backwards."]
-ANSWERS = [
-    [("assistant", "42")],
-    [("assistant", "6 * 7 is 42.")],
-    [("assistant", "tac")],
-    [("assistant", "t-a-c")],
-]
-
-
-def make(
-    tokenizer: Any, *, with_text: bool = True, answers: list[Any] | None = None
-) -> tuple[Batch, GenerationResult]:
-    """Two prompts, two responses each, repeated per sample as open-instruct does."""
-    answers = answers or ANSWERS
-    encoded = [encode(tokenizer, turns) for turns in answers]
-    questions = [QUESTIONS[i // 2] for i in range(4)]
-    batch = Batch(
-        queries=[encode(tokenizer, [("user", q)])[0] for q in questions],
-        ground_truths=["42", "42", "tac", "tac"],
-        datasets=["math", "math", "words", "words"],
-        raw_queries=questions if with_text else None,
-        decoded_responses=["".join(t for _, t in turns) for turns in answers] if with_text else None,
-        indices=[10, 10, 11, 11],
-        scores=[1.0, 1.0, 1.0, 0.0],
-        active_tools=[["python"], ["python"], None, None],
-        model_steps=[5, 5, 5, 5],
-    )
-    result = GenerationResult(
+def generation(tokenizer: Any, index: int, finish_reasons: list[str]) -> GenerationResult:
+    """What vllm_utils returns for one prompt: N responses, their request info and rewards."""
+    rows = [index * N + k for k in range(N)]
+    encoded = [encode(tokenizer, turns_of(row)) for row in rows]
+    return GenerationResult(
         responses=[ids for ids, _ in encoded],
-        finish_reasons=["stop"] * 4,
+        finish_reasons=finish_reasons,
         masks=[mask for _, mask in encoded],
         request_info=RequestInfo(
-            num_calls=[0] * 4,
-            timeouts=[0] * 4,
-            tool_errors=[""] * 4,
-            tool_outputs=[""] * 4,
-            tool_runtimes=[0.0] * 4,
-            tool_calleds=[False] * 4,
+            num_calls=[row + 1 for row in rows],
+            timeouts=[0] * N,
+            tool_errors=[""] * N,
+            tool_outputs=[f"<output>{row}</output>" for row in rows],
+            tool_runtimes=[0.5 * row for row in rows],
+            tool_calleds=[True] * N,
+            tool_call_stats=[
+                [ToolCallStats(tool_name="python", success=True, runtime=0.5 * row)] for row in rows
+            ],
+            rollout_states=[{"step_count": row + 1} for row in rows],
         ),
-        reward_scores=[1.0, 0.5, 1.0, 0.0],
+        index=index,
+        prompt_id=f"0_{index}",
+        token_statistics=TokenStatistics(num_prompt_tokens=5, num_response_tokens=20, generation_time=1.0),
+        logprobs=[[-0.5] * len(ids) for ids, _ in encoded],
+        reward_scores=[float(k == index % N) for k in range(N)],
+        model_step=7,
     )
-    return batch, result
 
 
-def test_raw_text_is_used_when_present(tokenizer: Any) -> None:
-    """With raw_queries and decoded_responses, no tokenizer is needed."""
-    batch, result = make(tokenizer)
-    samples = open_instruct_adapter.to_samples(batch, result, advantages=[0.5, -0.5, 1.0, -1.0])
-    assert samples[1].messages == [
-        {"role": "user", "content": QUESTIONS[0]},
-        {"role": "assistant", "content": "6 * 7 is 42."},
+def prepared(
+    tokenizer: Any, finish_reasons: list[str], *, mask_truncated: bool
+) -> tuple[Batch, GenerationResult, Any, list[str]]:
+    """A batch of three prompts as open-instruct has it at its logging point.
+
+    Returns the batch, the combined result and the advantages after masking, and the finish
+    reasons taken just before `maybe_mask_truncated_completions`.
+    """
+    hf = HFTokenizer(tokenizer)
+    config = SimpleNamespace(n=N)  # vllm.SamplingParams: process_group reads only `n`
+    groups = [
+        process_group(
+            result=generation(tokenizer, index, finish_reasons[index * N : (index + 1) * N]),
+            generation_config=config,
+            tokenizer=hf,
+            dataset=dataset(tokenizer),
+            max_possible_score=1.0,
+            no_resampling_pass_rate=None,
+            iter_dataloader=None,
+            filter_zero_std_samples=False,
+            replenish_prompts=False,
+            param_prompt_Q=None,
+            base_env_config=None,
+        )
+        for index in range(len(QUESTIONS))
     ]
-    meta = samples[3].metadata
-    assert meta["reward"] == 0.0 and meta["advantage"] == -1.0
-    assert meta["dataset"] == "words" and meta["dataset_index"] == 11 and meta["ground_truth"] == "tac"
-    assert meta["model_step"] == 5 and meta["stop_reason"] == "stop"
-    assert meta["num_calls"] == 0 and meta["tool_calleds"] is False
-    assert [s.metadata["prompt_index"] for s in samples] == [0, 1, 2, 3]
+    result, batch, _, _ = make_batch_from_groups(groups, config, training_step=8)
+    before = list(result.finish_reasons)
+    actor = SimpleNamespace(
+        config=SimpleNamespace(
+            mask_truncated_completions=mask_truncated,
+            num_samples_per_prompt_rollout=N,
+            advantage_normalization_type="standard",
+        )
+    )
+    batch, advantages = data_preparation_step(actor, result, batch)
+    return batch, result, advantages, before
+
+
+TRUNCATED = ["stop", "length", "stop", "stop", "length", "stop"]
+ALL_STOP = ["stop"] * 6
+
+
+def test_tool_fields_stay_on_their_rows_after_truncation_masking(tokenizer: Any) -> None:
+    """After maybe_mask_truncated_completions, each row keeps its own request_info and prompt index."""
+    batch, result, advantages, before = prepared(tokenizer, TRUNCATED, mask_truncated=True)
+    assert len(result.responses) == 4 and len(result.request_info.num_calls) == 6  # upstream's state
+    samples = open_instruct_adapter.to_samples(
+        batch, result, samples_per_prompt=N, advantages=advantages, finish_reasons=before, tokenizer=tokenizer
+    )
+    kept = [0, 2, 3, 5]
+    assert [s.metadata["prompt_index"] for s in samples] == [row // N for row in kept] == [0, 1, 1, 2]
+    assert [s.metadata["sample_index"] for s in samples] == [0, 1, 2, 3]
+    for sample, row in zip(samples, kept, strict=True):
+        meta = sample.metadata
+        # The tool output in the row's own response is the one its request_info names.
+        assert sample.messages[2] == {"role": "tool", "content": f"<output>{row}</output>"}
+        assert meta["tool_outputs"] == f"<output>{row}</output>" and meta["num_calls"] == row + 1
+        assert meta["tool_runtimes"] == 0.5 * row
+        assert meta["tool_call_stats"] == [{"tool_name": "python", "success": True, "runtime": 0.5 * row}]
+    assert [s.metadata["reward"] for s in samples] == batch.scores
+    assert [s.metadata["advantage"] for s in samples] == pytest.approx(list(advantages))
+
+
+def test_misaligned_tool_fields_are_left_out_with_a_warning(tokenizer: Any) -> None:
+    """Without the finish reasons from before masking, tool fields are not put on other rows."""
+    batch, result, advantages, _ = prepared(tokenizer, TRUNCATED, mask_truncated=True)
+    with pytest.warns(UserWarning, match="request_info has 6 rows for 4 responses"):
+        samples = open_instruct_adapter.to_samples(batch, result, samples_per_prompt=N, advantages=advantages)
+    assert len(samples) == 4
+    for sample in samples:
+        assert not {"num_calls", "tool_outputs", "tool_call_stats", "prompt_index"} & set(sample.metadata)
+    # What still lines up (the batch, finish reasons, advantages) is kept.
+    assert [s.metadata["dataset_index"] for s in samples] == [0, 1, 1, 2]
+    assert [s.metadata["advantage"] for s in samples] == pytest.approx(list(advantages))
+
+
+def test_rows_match_open_instructs_own_rollout_records(tokenizer: Any, tmp_path: Path) -> None:
+    """Unmasked, the samples agree with open-instruct's save_rollouts records; prompt_index is i // n."""
+    batch, result, advantages, _ = prepared(tokenizer, ALL_STOP, mask_truncated=False)
+    samples = open_instruct_adapter.to_samples(batch, result, samples_per_prompt=N, advantages=advantages)
+    _save_rollouts(str(tmp_path), "run", 8, batch, result, advantages, N, 0)
+    records = [json.loads(line) for line in (tmp_path / "run_rollouts_000000.jsonl").read_text().splitlines()]
+    assert len(records) == len(samples) == 6
+    for sample, record in zip(samples, records, strict=True):
+        meta = sample.metadata
+        assert meta["prompt_index"] == record["prompt_idx"] and meta["sample_index"] == record["sample_idx"]
+        assert meta["reward"] == record["reward"] and meta["advantage"] == pytest.approx(record["advantage"])
+        assert meta["stop_reason"] == record["finish_reason"]
+        assert meta["dataset"] == record["dataset"] == ["gsm8k"]
+        assert meta["ground_truth"] == record["ground_truth"]
+        for name in ("num_calls", "timeouts", "tool_errors", "tool_outputs", "tool_runtimes", "tool_calleds"):
+            assert meta[name] == record["request_info"][name]
+        assert meta["tool_call_stats"] == record["request_info"]["tool_call_stats"]
+        assert meta["model_step"] == 7 and meta["active_tools"] == ["python"]
+    assert [s.metadata["prompt_index"] for s in samples] == [0, 0, 1, 1, 2, 2]
+
+
+def test_prompt_and_response_text(tokenizer: Any) -> None:
+    """The prompt is open-instruct's raw query; with a tokenizer, masks split out the tool turn."""
+    batch, result, _, _ = prepared(tokenizer, ALL_STOP, mask_truncated=False)
+    plain = open_instruct_adapter.to_samples(batch, result, samples_per_prompt=N)
+    assert plain[3].messages == [
+        {"role": "user", "content": f"system: Use python.\nuser: {QUESTIONS[1]}"},
+        {"role": "assistant", "content": "".join(text for _, text in turns_of(3))},
+    ]
+    split = open_instruct_adapter.to_samples(batch, result, samples_per_prompt=N, tokenizer=tokenizer)
+    assert split[3].messages[1:] == [{"role": r, "content": t} for r, t in turns_of(3)]
+
+
+def test_finish_reasons_that_do_not_match_are_refused(tokenizer: Any) -> None:
+    """Finish reasons whose "stop" rows are not the responses are an error naming the argument."""
+    batch, result, _, _ = prepared(tokenizer, TRUNCATED, mask_truncated=True)
+    with pytest.raises(ValueError, match=r"finish_reasons: 6 rows of which 6 finished with 'stop'"):
+        open_instruct_adapter.to_samples(batch, result, finish_reasons=ALL_STOP)
 
 
 def test_tokens_are_decoded_when_there_is_no_text(tokenizer: Any) -> None:
-    """Without raw text, queries and responses are decoded, reproducing the original text."""
-    batch, result = make(tokenizer, with_text=False)
+    """A Batch without raw text has its queries and responses decoded in one tokenizer call."""
+    batch, result, _, _ = prepared(tokenizer, ALL_STOP, mask_truncated=False)
+    batch.raw_queries = None
+    batch.decoded_responses = None
     samples = open_instruct_adapter.to_samples(batch, result, tokenizer=tokenizer)
-    assert samples[2].messages == [
-        {"role": "user", "content": QUESTIONS[1]},
-        {"role": "assistant", "content": "tac"},
-    ]
+    assert samples[2].messages[0] == {"role": "user", "content": QUESTIONS[1]}
+    assert samples[2].messages[-1] == {"role": "assistant", "content": "A2"}
+    assert "prompt_index" not in samples[2].metadata  # samples_per_prompt not given
     with pytest.raises(ValueError, match="tokenizer"):
         open_instruct_adapter.to_samples(batch, result)
 
 
-def test_tool_turns_are_split_from_the_masks(tokenizer: Any) -> None:
-    """Masks with tool output (0-runs) split the response into assistant and tool turns."""
-    turns = [
-        ("assistant", "<code>print(6*7)</code>"),
-        ("tool", "<output>42</output>"),
-        ("assistant", "So 42."),
-    ]
-    batch, result = make(tokenizer, answers=[turns] * 4)
-    result.request_info.num_calls = [1] * 4
-    result.request_info.tool_outputs = ["42"] * 4
-    result.request_info.tool_calleds = [True] * 4
-    samples = open_instruct_adapter.to_samples(batch, result, tokenizer=tokenizer)
-    assert samples[0].messages == [
-        {"role": "user", "content": QUESTIONS[0]},
-        *({"role": r, "content": t} for r, t in turns),
-    ]
-    assert samples[0].metadata["tool_outputs"] == "42" and samples[0].metadata["num_calls"] == 1
-    # Without a tokenizer the decoded text stands as one assistant message.
-    plain = open_instruct_adapter.to_samples(batch, result)
-    assert plain[0].messages[-1] == {"role": "assistant", "content": "".join(t for _, t in turns)}
-
-
-def test_queries_per_prompt_map_responses_in_blocks(tokenizer: Any) -> None:
-    """With one query per prompt, responses map to prompts in blocks."""
-    batch, result = make(tokenizer)
-    batch.queries = batch.queries[::2]
-    batch.raw_queries = QUESTIONS
-    batch.datasets = ["math", "words"]
-    batch.indices = [10, 11]
-    batch.ground_truths = ["42", "tac"]
-    batch.active_tools = None
-    samples = open_instruct_adapter.to_samples(batch, result)
-    assert [s.metadata["prompt_index"] for s in samples] == [0, 0, 1, 1]
-    assert [s.metadata["dataset"] for s in samples] == ["math", "math", "words", "words"]
-    assert samples[3].messages[0]["content"] == QUESTIONS[1]
-
-
-def test_empty_response_keeps_its_assistant_turn(tokenizer: Any) -> None:
-    """An empty response decoded from tokens is an empty assistant turn, as it is with text."""
-    batch, result = make(tokenizer, with_text=False)
-    result.responses[1], result.masks[1] = [], []
-    result.finish_reasons[1] = "length"
-    samples = open_instruct_adapter.to_samples(batch, result, tokenizer=tokenizer)
-    assert samples[1].messages == [
-        {"role": "user", "content": QUESTIONS[0]},
-        {"role": "assistant", "content": ""},
-    ]
-    assert samples[1].metadata["stop_reason"] == "length"
-
-
 def test_responses_that_do_not_map_onto_queries_name_the_fields(tokenizer: Any) -> None:
     """Responses that are not whole blocks per query are refused naming responses and queries."""
-    batch, result = make(tokenizer)
-    result.responses = result.responses[:3]
-    with pytest.raises(ValueError, match=r"result\.responses: 3 responses do not map onto 4 batch\.queries"):
-        open_instruct_adapter.to_samples(batch, result)
-    batch.queries = []
-    with pytest.raises(ValueError, match=r"onto 0 batch\.queries"):
+    batch, result, _, _ = prepared(tokenizer, ALL_STOP, mask_truncated=False)
+    result.responses = result.responses[:5]
+    with pytest.raises(ValueError, match=r"result\.responses: 5 responses do not map onto 6 batch\.queries"):
         open_instruct_adapter.to_samples(batch, result)
 
 
-def test_short_optional_lists_never_raise(tokenizer: Any) -> None:
-    """Optional lists shorter than queries are left out where they fall short; one warning."""
-    batch, result = make(tokenizer)
-    batch.indices = [10]
-    batch.model_steps = [5, 5]
-    batch.raw_queries = QUESTIONS[:1]
-    result.reward_scores = [1.0]
-    result.request_info.tool_outputs = []
-    with pytest.warns(UserWarning) as record:
-        samples = open_instruct_adapter.to_samples(batch, result, tokenizer=tokenizer, advantages=[0.1])
-    assert len(record) == 1
-    assert [s.metadata.get("dataset_index") for s in samples] == [10, None, None, None]
-    assert [s.metadata.get("model_step") for s in samples] == [5, 5, None, None]
-    # A missing reward score falls back to batch.scores.
-    assert [s.metadata["reward"] for s in samples] == [1.0, 1.0, 1.0, 0.0]
-    assert [s.metadata.get("advantage") for s in samples] == [0.1, None, None, None]
-    assert all("tool_outputs" not in s.metadata for s in samples)
-    # A missing raw query is decoded from its tokens instead.
-    assert samples[3].messages[0] == {"role": "user", "content": QUESTIONS[1]}
+def test_log_batch_never_raises_into_training(tokenizer: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """The hook logs a prepared batch at the training step; a batch it cannot convert is counted."""
+    batch, result, advantages, before = prepared(tokenizer, TRUNCATED, mask_truncated=True)
+    caplog.set_level(logging.WARNING, logger="asynctrace")
+    sink = at.testing.MemorySink()
+    with at.TraceSession("p", sinks=[sink]) as session:
+        accepted = open_instruct_adapter.log_batch(
+            session, batch, result, advantages, step=8, samples_per_prompt=N, finish_reasons=before
+        )
+        assert accepted == 4
+        bad = open_instruct_adapter.log_batch(session, batch, result, step=9, finish_reasons=ALL_STOP)
+        assert bad == 0
+    stats = session.stats()
+    assert stats.written == 4 and stats.dropped["invalid"] == 4 and stats.check()
+    assert {record.step for record in sink.records} == {8}
+    assert any("open_instruct_adapter.log_batch" in r.getMessage() for r in caplog.records)
 
 
-def test_eval_batches_without_training_fields(tokenizer: Any) -> None:
-    """Eval batches (no scores, indices, model steps or advantages) still give complete traces."""
-    batch, result = make(tokenizer)
-    batch.scores = None
-    batch.indices = None
-    batch.model_steps = []
-    result.reward_scores = None
-    result.model_step = 12
-    samples = open_instruct_adapter.to_samples(batch, result)
-    assert all("reward" not in s.metadata and "dataset_index" not in s.metadata for s in samples)
-    assert {s.metadata["model_step"] for s in samples} == {12}
-
-
-@pytest.mark.anyio
-async def test_end_to_end_into_trackio(tokenizer: Any, project: str) -> None:
-    """Samples from a Batch and GenerationResult land in Trackio, train and eval apart."""
-    batch, result = make(tokenizer, with_text=False)
-    samples = open_instruct_adapter.to_samples(batch, result, tokenizer=tokenizer)
-    async with at.TraceSession(project, run="r", max_traces_per_step=2, sampler="first") as session:
-        await session.log_samples(samples, step=1, split="train")
-        await session.log_samples(samples[:1], step=1, split="eval")
+def test_end_to_end_into_trackio(tokenizer: Any, project: str) -> None:
+    """A masked training batch and an eval batch land in Trackio, each row with its own tool output."""
+    batch, result, advantages, before = prepared(tokenizer, TRUNCATED, mask_truncated=True)
+    eval_batch, eval_result, _, _ = prepared(tokenizer, ALL_STOP, mask_truncated=False)
+    with at.TraceSession(project, run="r", max_traces_per_step=8, sampler="first") as session:
+        open_instruct_adapter.log_batch(
+            session, batch, result, advantages, step=8, samples_per_prompt=N, finish_reasons=before
+        )
+        open_instruct_adapter.log_batch(session, eval_batch, eval_result, step=8, split="eval")
     traces = read_traces(project, "r")
-    assert sorted(t["key"] for t in traces) == ["eval/traces", "train/traces", "train/traces"]
-    first = next(t for t in traces if t["key"] == "train/traces")
-    assert first["messages"] == [
-        {"role": "user", "content": QUESTIONS[0]},
-        {"role": "assistant", "content": "42"},
+    train = [t for t in traces if t["key"] == "train/traces"]
+    assert len(train) == 4 and sum(t["key"] == "eval/traces" for t in traces) == 6
+    assert sorted(t["metadata"]["tool_outputs"] for t in train) == [
+        f"<output>{row}</output>" for row in (0, 2, 3, 5)
     ]
-    assert first["metadata"]["dataset"] == "math" and first["metadata"]["reward"] == 1.0
+    for trace in train:
+        assert trace["metadata"]["tool_outputs"] in trace["messages"][-1]["content"]
