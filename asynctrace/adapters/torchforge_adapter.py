@@ -1,39 +1,76 @@
-"""torchforge: `Episode`s (with their `Completion`) to samples.
+"""torchforge: `Episode`s (with their `Completion`) to samples, and the hook that logs a group.
 
-    samples = torchforge_adapter.to_samples(episodes, tokenizer=tokenizer)
-    await session.log_samples(samples, step=policy_version)
+The hook goes in `continuous_rollouts` of apps/grpo/main.py, right after the advantages are
+set on the group's episodes::
 
-`reward_breakdown` stays a nested mapping (never flattened into the metadata), and
-`policy_version` comes from `completion.generator_version`. A single episode is accepted too.
+    from asynctrace.adapters import torchforge_adapter as forge_trace   # top of the file
+    forge_trace.log_group(session, episodes)                            # after the advantages
+
+The prompt comes from the generator's `Completion.prompt`, a `Prompt` whose messages are
+`Message(chunks, role)`; `policy_version` from `completion.generator_version`, which is also the
+default step (the rollout loop has no training step of its own).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._record import Sample
 from ._common import Message, SampleBuilder, field, jsonable, role_name, token_list
+from ._hooks import deliver
 
-__all__ = ["to_samples"]
+if TYPE_CHECKING:
+    from .._session import TraceSession
+    from .._sync import SyncTraceSession
+
+__all__ = ["log_group", "to_samples"]
 
 _WHERE = "torchforge_adapter.to_samples"
 
 
-def to_samples(episodes: Any | Iterable[Any], *, tokenizer: Any = None) -> list[Sample]:
-    """One sample per episode: the prompt (chat messages when the completion has them), the response.
+def log_group(
+    session: TraceSession | SyncTraceSession,
+    episodes: Any,
+    *,
+    step: int | None = None,
+    tokenizer: Any = None,
+    split: str = "train",
+) -> int:
+    """Log the episodes of one GRPO group (one prompt); never raises. Returns the samples accepted.
 
-    Text is taken from `completion.prompt` messages, else `episode.request` / `completion.prompt`
-    strings, else decoded from `completion.prompt_ids` (one tokenizer call for all episodes);
-    the response from `episode.response`, else `completion.text`, else `completion.token_ids`.
-    Tool calls of the completion are kept on the assistant message.
+    `step` defaults to the newest policy version that generated the group. Each sample gets
+    `group_uid` (the first episode's id) and its `sample_index` within the group. A group that
+    cannot be converted is counted in `session.stats().dropped["invalid"]`, with one warning.
     """
-    if _is_episode(episodes):
-        items = [episodes]
-    elif isinstance(episodes, Iterable) and not isinstance(episodes, (str, bytes, Mapping)):
-        items = list(episodes)
-    else:
-        raise ValueError(f"episodes: expected an Episode or a list of them, got {type(episodes).__name__}")
+    items = _as_list(episodes, strict=False)
+    if step is None:
+        step = _newest_version(items)
+
+    def convert() -> tuple[list[Sample], int]:
+        samples = to_samples(items, tokenizer=tokenizer)
+        group_uid = field(items[0], "episode_id") if items else None
+        for k, sample in enumerate(samples):
+            sample.metadata["sample_index"] = k
+            if group_uid is not None:
+                sample.metadata["group_uid"] = str(group_uid)
+        return samples, 0
+
+    return deliver(
+        session, convert, rows=len(items), step=step, split=split, where="torchforge_adapter.log_group"
+    )
+
+
+def to_samples(episodes: Any | Iterable[Any], *, tokenizer: Any = None) -> list[Sample]:
+    """One sample per episode: the prompt messages and the response.
+
+    The prompt is `completion.prompt.messages` (each `Message`'s `chunks` joined, its `Role` as
+    the role); where that has no text, `episode.request` (the episode of older torchforge apps),
+    else the decoded `completion.prompt_ids` (or `episode.request_tokens`), one tokenizer call
+    for all episodes. The response is `completion.text`, else `episode.response`, else the
+    decoded `completion.token_ids` (or `episode.response_tokens`).
+    """
+    items = _as_list(episodes, strict=True)
     builder = SampleBuilder()
     for k, episode in enumerate(items):
         if not _is_episode(episode):
@@ -49,62 +86,80 @@ def to_samples(episodes: Any | Iterable[Any], *, tokenizer: Any = None) -> list[
     return builder.build(tokenizer, _WHERE)
 
 
+def _as_list(episodes: Any, *, strict: bool) -> list[Any]:
+    if _is_episode(episodes):
+        return [episodes]
+    if isinstance(episodes, Iterable) and not isinstance(episodes, (str, bytes, Mapping)):
+        return list(episodes)
+    if strict:
+        raise ValueError(f"episodes: expected an Episode or a list of them, got {type(episodes).__name__}")
+    # The hook must not raise: the conversion reports it, counted as one invalid row.
+    return [episodes]
+
+
 def _is_episode(value: Any) -> bool:
     return any(field(value, name) is not None for name in ("episode_id", "completion", "request"))
 
 
+def _newest_version(items: list[Any]) -> int:
+    versions = []
+    for episode in items:
+        try:
+            version = _policy_version(episode, field(episode, "completion"))
+            versions.append(int(version))
+        except (TypeError, ValueError):
+            continue
+    return max(versions, default=0)
+
+
+def _policy_version(episode: Any, completion: Any) -> Any:
+    version = field(completion, "generator_version")
+    if version is None:
+        # Older apps kept it on the episode; newer ones derive the property from the completion.
+        version = field(episode, "policy_version")
+    return version
+
+
 def _prompt(episode: Any, completion: Any, builder: SampleBuilder) -> list[Message]:
     prompt = field(completion, "prompt")
-    structured = field(prompt, "messages") if not isinstance(prompt, (str, list)) else prompt
-    if isinstance(structured, (list, tuple)) and structured:
-        out: list[Message] = []
-        for message in structured:
-            content = field(message, "content", field(message, "context"))
-            out.append({"role": role_name(field(message, "role", "user")), "content": jsonable(content)})
-        return out
+    structured = prompt if isinstance(prompt, (list, tuple)) else field(prompt, "messages")
+    if isinstance(structured, (list, tuple)):
+        out: list[Message] = [_message(message) for message in structured]
+        if any(m["content"] for m in out if isinstance(m, dict)):
+            return out
     for text in (field(episode, "request"), prompt):
         if isinstance(text, str):
             return [{"role": "user", "content": text}]
     ids = field(completion, "prompt_ids")
+    if ids is None:
+        ids = field(episode, "request_tokens")
     if ids is not None:
         return [("user", builder.texts.add(token_list(ids), shared=True))]
     return []
 
 
+def _message(message: Any) -> dict[str, Any]:
+    """A torchforge `Message(chunks, role)` (or a chat dict) as a chat message."""
+    chunks = field(message, "chunks")
+    if isinstance(chunks, str):
+        content: Any = chunks
+    elif chunks is not None:
+        content = "".join(str(chunk) for chunk in chunks)
+    else:
+        content = field(message, "content")
+    return {"role": role_name(field(message, "role", "user")), "content": jsonable(content)}
+
+
 def _response(episode: Any, completion: Any, builder: SampleBuilder) -> Message:
-    text = field(episode, "response")
-    if not isinstance(text, str):
-        text = field(completion, "text")
-    tool_calls = field(completion, "tool_calls") or []
-    if tool_calls:
-        content = field(completion, "content")
-        return {
-            "role": "assistant",
-            "content": content if isinstance(content, str) else text,
-            "tool_calls": [_tool_call(call) for call in tool_calls],
-        }
-    if isinstance(text, str):
-        return {"role": "assistant", "content": text}
+    for text in (field(completion, "text"), field(episode, "response")):
+        if isinstance(text, str):
+            return {"role": "assistant", "content": text}
     ids = field(completion, "token_ids")
+    if ids is None:
+        ids = field(episode, "response_tokens")
     if ids is None:
         return {"role": "assistant", "content": ""}
     return ("assistant", builder.texts.add(token_list(ids)))
-
-
-def _tool_call(call: Any) -> dict[str, Any]:
-    """An OpenAI-style tool call from vLLM's `ToolCall` (or a dict of the same shape)."""
-    function = field(call, "function")
-    out: dict[str, Any] = {
-        "type": str(field(call, "type", "function")),
-        "function": {
-            "name": str(field(function, "name", "")),
-            "arguments": jsonable(field(function, "arguments", "")),
-        },
-    }
-    call_id = field(call, "id")
-    if call_id is not None:
-        out["id"] = str(call_id)
-    return out
 
 
 def _metadata(episode: Any, completion: Any) -> dict[str, Any]:
@@ -120,21 +175,20 @@ def _metadata(episode: Any, completion: Any) -> dict[str, Any]:
         value = field(episode, key)
         if value is not None:
             metadata[name] = jsonable(value)
-    for ids, name in (("prompt_ids", "prompt_len"), ("token_ids", "response_len")):
+    for ids, fallback, name in (
+        ("prompt_ids", "request_tokens", "prompt_len"),
+        ("token_ids", "response_tokens", "response_len"),
+    ):
         tokens = field(completion, ids)
+        if tokens is None:
+            tokens = field(episode, fallback)
         if tokens is not None:
             metadata[name] = len(tokens)
     for key in ("reward", "advantage"):
         value = field(episode, key)
         if value is not None:
             metadata[key] = float(value)
-    breakdown = field(episode, "reward_breakdown")
-    if isinstance(breakdown, Mapping):
-        # Kept nested: flattening would let a reward function named like a metadata key clobber it.
-        metadata["reward_breakdown"] = {str(k): jsonable(v) for k, v in breakdown.items()}
-    version = field(completion, "generator_version")
-    if version is None:
-        version = field(episode, "policy_version")
+    version = _policy_version(episode, completion)
     if version is not None:
         metadata["policy_version"] = jsonable(version)
     stop = field(completion, "stop_reason")

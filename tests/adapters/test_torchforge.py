@@ -1,205 +1,192 @@
+"""torchforge's GRPO episodes, built by torchforge's own code, to samples.
+
+torchforge's package-index release is a placeholder: its definitions are run from its source at
+a pinned commit (tests/adapters/_upstream/torchforge_*.py). Completions come from the
+generator's `_to_completions`, episodes, rewards and advantages from the GRPO app's rollout loop.
+vLLM (the generator's engine) is not installed: its `RequestOutput` is given as a namespace with
+the fields `_to_completions` reads.
+"""
+
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass, field
+import logging
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 
 import asynctrace as at
 from asynctrace.adapters import torchforge_adapter
 from tests._util import read_traces
+from tests.adapters._upstream import torchforge_generator as generator
+from tests.adapters._upstream.torchforge_completion import Completion
+from tests.adapters._upstream.torchforge_grpo_main import Episode, RewardActor, rollout_group
+from tests.adapters._upstream.torchforge_grpo_main_2025_10 import Group as OldGroup
+from tests.adapters._upstream.torchforge_prompt import Message, Prompt, Role
+from tests.adapters._upstream.torchforge_rewards import MathReward, ThinkingReward
 from tests.rollouts._helpers import encode
 
-# Mirrors of torchforge's types (apps/grpo/main.py, forge/data_models), same field names.
+# The GRPO app's DatasetActor formats the request with the chat template before generation.
+REQUEST = (
+    "<|im_start|>system\nPut your answer in <answer></answer>.<|im_end|>\n<|im_start|>user\nWhat is 3 + 4?"
+)
+TARGET = "7"
+ANSWERS = ["<think>3 + 4</think><answer>7</answer>", "<answer>8</answer>", "It is 7."]
+VERSION = 5
 
 
-class Role(enum.Enum):
-    SYSTEM = "system"
-    USER = "user"
-    ASSISTANT = "assistant"
-    TOOL = "tool"
-
-
-@dataclass
-class Message:
-    context: str
-    role: Role
-
-
-@dataclass
-class Prompt:
-    messages: list[Message]
-    metadata: Any | None = None
-
-
-@dataclass
-class FunctionCall:
-    name: str
-    arguments: str
-
-
-@dataclass
-class ToolCall:
-    id: str
-    function: FunctionCall
-    type: str = "function"
-
-
-@dataclass
-class Completion:
-    prompt: Any
-    text: str | None
-    prompt_ids: Any
-    token_ids: Any
-    logprobs: Any = None
-    stop_reason: str | None = None
-    generator_version: int | None = None
-    metadata: dict[str, Any] | None = None
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    content: str | None = None
-
-
-@dataclass
-class Episode:
-    episode_id: str
-    pad_id: int
-    request_len: int
-    response_len: int
-    target: Any | None = None
-    request: str | None = None
-    response: str | None = None
-    completion: Completion | None = None
-    ref_logprobs: Any = None
-    reward: float | None = None
-    reward_breakdown: dict[str, float] | None = None
-    advantage: float | None = None
-
-
-def episode(tokenizer: Any, k: int, question: str = "What is 3 + 4?", **extra: Any) -> Episode:
-    answer = f"<answer>{k}</answer>"
-    completion = Completion(
-        prompt=question,
-        text=answer,
-        prompt_ids=encode(tokenizer, [("user", question)])[0],
-        token_ids=encode(tokenizer, [("assistant", answer)])[0],
-        stop_reason="stop",
-        generator_version=k,
-        metadata={"latency_s": 0.5},
-    )
-    fields: dict[str, Any] = {
-        "episode_id": f"ep-{k}",
-        "pad_id": 0,
-        "request_len": 512,
-        "response_len": 512,
-        "target": "7",
-        "request": question,
-        "response": answer,
-        "completion": completion,
-        "reward": float(k == 7),
-        "reward_breakdown": {"MathReward": float(k == 7), "ThinkingReward": 0.2, "reward": 0.5},
-        "advantage": 0.25,
-    }
-    fields.update(extra)
-    return Episode(**fields)
-
-
-def test_several_episodes_per_prompt_keep_the_breakdown_nested(tokenizer: Any) -> None:
-    """Each episode of a group is a sample; reward_breakdown stays a nested mapping."""
-    samples = torchforge_adapter.to_samples([episode(tokenizer, k) for k in (6, 7)])
-    assert samples[1].messages == [
-        {"role": "user", "content": "What is 3 + 4?"},
-        {"role": "assistant", "content": "<answer>7</answer>"},
+def completions(tokenizer: Any, answers: list[str] = ANSWERS, request: str = REQUEST) -> list[Completion]:
+    """What Generator.generate returns: `_to_completions` of vLLM's output for the request."""
+    outputs = [
+        SimpleNamespace(
+            finish_reason="stop" if k else "length",
+            text=answer,
+            token_ids=encode(tokenizer, [("assistant", answer)])[0],
+            logprobs=None,
+        )
+        for k, answer in enumerate(answers)
     ]
-    meta = samples[1].metadata
-    assert meta["reward"] == 1.0
-    assert meta["reward_breakdown"] == {"MathReward": 1.0, "ThinkingReward": 0.2, "reward": 0.5}
-    assert "MathReward" not in meta
-    assert meta["policy_version"] == 7 and meta["stop_reason"] == "stop" and meta["target"] == "7"
-    assert meta["episode_id"] == "ep-7" and meta["advantage"] == 0.25
-    assert meta["completion_metadata"] == {"latency_s": 0.5}
-    # request_len / response_len are torchforge's padding budgets; the lengths are the tokens'.
-    completion = episode(tokenizer, 7).completion
-    assert meta["max_request_len"] == meta["max_response_len"] == 512
-    assert meta["response_len"] == len(completion.token_ids) < 512
-    assert meta["prompt_len"] == len(completion.prompt_ids) < 512
+    request_output = SimpleNamespace(
+        prompt=request,
+        prompt_token_ids=encode(tokenizer, [("user", request)])[0],
+        outputs=outputs,
+        num_cached_tokens=3,
+    )
+    gen = SimpleNamespace(generator_version=VERSION)
+    gen._extract_logprobs = lambda sample: generator._extract_logprobs(gen, sample)
+    return generator._to_completions(gen, request_output)
 
 
-def test_a_single_episode_is_accepted(tokenizer: Any) -> None:
-    """A lone Episode is normalised to a list once."""
-    (sample,) = torchforge_adapter.to_samples(episode(tokenizer, 1))
-    assert sample.metadata["episode_id"] == "ep-1"
+def episodes(tokenizer: Any) -> list[Episode]:
+    """One GRPO group as continuous_rollouts builds it: episodes, rewards, advantages."""
+    responses = completions(tokenizer)
+    return rollout_group(
+        responses,
+        prompt=REQUEST,
+        target=TARGET,
+        pad_id=0,
+        group_size=len(responses),
+        max_req_tokens=64,
+        max_res_tokens=64,
+        reward_actor=RewardActor(reward_functions=[MathReward(), ThinkingReward()]),
+    )
+
+
+def test_generator_prompts_give_their_text(tokenizer: Any) -> None:
+    """The Completion's Prompt of Message(chunks, role) becomes the user message with its text."""
+    samples = torchforge_adapter.to_samples(episodes(tokenizer))
+    assert samples[0].messages == [
+        {"role": "user", "content": REQUEST},
+        {"role": "assistant", "content": ANSWERS[0]},
+    ]
+    assert all(s.messages[0]["content"] == REQUEST for s in samples)
+
+
+def test_system_instructions_and_chunks(tokenizer: Any) -> None:
+    """Prompt.from_prompt's system message keeps its role; a message's chunks are joined."""
+    (completion, *_) = completions(tokenizer)
+    completion.prompt = Prompt.from_prompt("What is 3 + 4?", system_instruction="Be brief.")
+    completion.prompt.messages.append(Message(chunks=["Answer ", "in digits."], role=Role.USER))
+    episode = Episode(episode_id="e", pad_id=0, request_len=64, response_len=64, completion=completion)
+    (sample,) = torchforge_adapter.to_samples(episode)
+    assert sample.messages[:3] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 3 + 4?"},
+        {"role": "user", "content": "Answer in digits."},
+    ]
+
+
+def test_metadata_is_what_the_rollout_loop_computed(tokenizer: Any) -> None:
+    """Reward, advantage, policy version and lengths are the episode's and its completion's."""
+    group = episodes(tokenizer)
+    samples = torchforge_adapter.to_samples(group)
+    for sample, episode in zip(samples, group, strict=True):
+        meta = sample.metadata
+        assert episode.completion is not None
+        assert meta["episode_id"] == episode.episode_id and meta["target"] == TARGET
+        assert meta["reward"] == episode.reward and meta["advantage"] == episode.advantage
+        assert meta["policy_version"] == episode.policy_version == VERSION
+        assert meta["prompt_len"] == len(episode.completion.prompt_ids) < 64
+        assert meta["response_len"] == len(episode.completion.token_ids) < 64
+        assert meta["max_request_len"] == meta["max_response_len"] == 64
+        assert meta["completion_metadata"] == {"num_cached_tokens": 3}
+    # MathReward and ThinkingReward averaged, as RewardActor.evaluate_response does.
+    assert [s.metadata["reward"] for s in samples] == [1.0, 0.0, 0.05]
+    assert [s.metadata["stop_reason"] for s in samples] == ["length", "stop", "stop"]
+
+
+def test_older_episodes_fall_back_to_request_and_tokens(tokenizer: Any) -> None:
+    """Episodes of the earlier GRPO app (request text, token lists, no completion) still convert."""
+    group = OldGroup.new_group(
+        group_id=0, group_size=2, request=REQUEST, policy_version=4, pad_id=0, request_len=64, response_len=64
+    )
+    # What that app's continuous_rollouts set from each Completion.
+    for episode, response in zip(group.episodes, completions(tokenizer, ANSWERS[:2]), strict=True):
+        episode.request_tokens = response.prompt_ids
+        episode.response_tokens = response.token_ids
+        episode.response = response.text
+    samples = torchforge_adapter.to_samples(group.episodes)
+    assert samples[1].messages == [
+        {"role": "user", "content": REQUEST},
+        {"role": "assistant", "content": ANSWERS[1]},
+    ]
+    assert samples[1].metadata["policy_version"] == 4
+    tokens = group.episodes[1].request_tokens
+    assert tokens is not None and samples[1].metadata["prompt_len"] == len(tokens)
+    # Before the response is set, the tokens are decoded.
+    group.episodes[0].response = None
+    decoded = torchforge_adapter.to_samples(group.episodes, tokenizer=tokenizer)
+    assert decoded[0].messages[-1] == {"role": "assistant", "content": ANSWERS[0]}
+
+
+def test_a_prompt_without_text_is_decoded_from_its_ids(tokenizer: Any) -> None:
+    """A Prompt with no messages falls back to the completion's prompt_ids, decoded."""
+    (completion, *_) = completions(tokenizer)
+    completion.prompt = Prompt(messages=[])
+    episode = Episode(episode_id="e", pad_id=0, request_len=64, response_len=64, completion=completion)
+    (sample,) = torchforge_adapter.to_samples([episode], tokenizer=tokenizer)
+    assert sample.messages[0] == {"role": "user", "content": REQUEST}
 
 
 def test_groups_or_other_objects_are_refused_not_logged_empty(tokenizer: Any) -> None:
     """A list of GRPO groups is refused naming the entry, not turned into blank samples."""
-    groups = [[episode(tokenizer, k) for k in (6, 7)], [episode(tokenizer, k) for k in (1, 2)]]
+    group = episodes(tokenizer)
     with pytest.raises(ValueError, match=r"episodes\[0\]: expected an Episode"):
-        torchforge_adapter.to_samples(groups)
+        torchforge_adapter.to_samples([group, group])
     with pytest.raises(ValueError, match="episodes: expected an Episode"):
         torchforge_adapter.to_samples(None)
-    flat = torchforge_adapter.to_samples([ep for group in groups for ep in group])
-    assert [s.metadata["episode_id"] for s in flat] == ["ep-6", "ep-7", "ep-1", "ep-2"]
 
 
-def test_multi_turn_prompt_with_tool_turns_and_tool_calls(tokenizer: Any) -> None:
-    """Chat prompt messages (with tool turns) keep their roles; tool calls stay on the assistant turn."""
-    ep = episode(tokenizer, 2)
-    assert ep.completion is not None
-    ep.completion.prompt = Prompt(
-        messages=[
-            Message("Use the calculator.", Role.SYSTEM),
-            Message("What is 3 + 4?", Role.USER),
-            Message('{"name": "add", "arguments": {"a": 3, "b": 4}}', Role.ASSISTANT),
-            Message("7", Role.TOOL),
-        ]
-    )
-    ep.completion.tool_calls = [ToolCall("call-1", FunctionCall("submit", '{"answer": 7}'))]
-    ep.completion.content = "Submitting."
-    (sample,) = torchforge_adapter.to_samples([ep])
-    assert [m["role"] for m in sample.messages] == ["system", "user", "assistant", "tool", "assistant"]
-    assert sample.messages[3]["content"] == "7"
-    assert sample.messages[-1] == {
-        "role": "assistant",
-        "content": "Submitting.",
-        "tool_calls": [
-            {"type": "function", "function": {"name": "submit", "arguments": '{"answer": 7}'}, "id": "call-1"}
-        ],
-    }
-
-
-def test_tokens_are_decoded_when_text_is_missing(tokenizer: Any) -> None:
-    """Without request/response text, prompt_ids and token_ids are decoded in one call."""
-    eps = [episode(tokenizer, k, request=None, response=None) for k in (3, 4)]
-    for ep in eps:
-        assert ep.completion is not None
-        ep.completion.prompt = None
-        ep.completion.text = None
-    samples = torchforge_adapter.to_samples(eps, tokenizer=tokenizer)
-    assert samples[1].messages == [
-        {"role": "user", "content": "What is 3 + 4?"},
-        {"role": "assistant", "content": "<answer>4</answer>"},
-    ]
-    with pytest.raises(ValueError, match="tokenizer"):
-        torchforge_adapter.to_samples(eps)
-
-
-def test_eval_episodes_with_missing_optional_fields(tokenizer: Any) -> None:
-    """Eval episodes without advantage, breakdown or completion still make samples."""
-    bare = Episode(episode_id="eval-0", pad_id=0, request_len=8, response_len=8, request="q", response="a")
-    (sample,) = torchforge_adapter.to_samples([bare])
-    assert sample.messages == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
-    assert set(sample.metadata) == {"episode_id", "max_request_len", "max_response_len"}
+def test_log_group_logs_at_the_policy_version_and_never_raises(
+    tokenizer: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The hook logs a group at its policy version with group ids; what it cannot convert is counted."""
+    group = episodes(tokenizer)
+    caplog.set_level(logging.WARNING, logger="asynctrace")
+    sink = at.testing.MemorySink()
+    with at.TraceSession("p", sinks=[sink]) as session:
+        assert torchforge_adapter.log_group(session, group) == 3
+        assert torchforge_adapter.log_group(session, [group, group]) == 0
+        assert torchforge_adapter.log_group(session, None) == 0
+    stats = session.stats()
+    assert stats.written == 3 and stats.dropped["invalid"] == 3 and stats.check()
+    assert {record.step for record in sink.records} == {VERSION}
+    metas = [s.metadata for s in sink.samples]
+    assert {m["group_uid"] for m in metas} == {group[0].episode_id}
+    assert sorted(m["sample_index"] for m in metas) == [0, 1, 2]
+    assert any("torchforge_adapter.log_group" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # torchforge's loops run on asyncio
 async def test_end_to_end_into_trackio(tokenizer: Any, project: str) -> None:
-    """Episodes land in Trackio with the reward breakdown still nested."""
-    samples = torchforge_adapter.to_samples([episode(tokenizer, k) for k in range(4)])
+    """A group logged from the async rollout loop lands in Trackio with its prompt text."""
+    group = episodes(tokenizer)
     async with at.TraceSession(project, run="r", max_traces_per_step=2, sampler="top_bottom") as session:
-        await session.log_samples(samples, step=0)
-        await session.log_samples(samples[:1], step=0, split="eval")
+        torchforge_adapter.log_group(session, group)
     traces = read_traces(project, "r")
-    assert sorted(t["key"] for t in traces) == ["eval/traces", "train/traces", "train/traces"]
-    for trace in traces:
-        assert trace["metadata"]["reward_breakdown"]["ThinkingReward"] == 0.2
+    assert len(traces) == 2 and {t["step"] for t in traces} == {VERSION}
+    assert sorted(t["metadata"]["reward"] for t in traces) == [0.0, 1.0]
+    assert all(t["messages"][0] == {"role": "user", "content": REQUEST} for t in traces)
+    assert isinstance(group[0].completion, Completion) and torch.is_tensor(group[0].completion.prompt_ids)
