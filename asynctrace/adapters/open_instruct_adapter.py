@@ -30,6 +30,7 @@ from ..rollouts._mapping import prompt_indices
 from ..rollouts._turns import mask_runs, split_turns
 from ._common import Message, SampleBuilder, as_sequence, field, jsonable, token_list
 from ._hooks import deliver
+from ._sessions import session_for
 
 if TYPE_CHECKING:
     from .._session import TraceSession
@@ -44,7 +45,7 @@ _REQUEST_INFO = ("num_calls", "timeouts", "tool_errors", "tool_outputs", "tool_r
 
 
 def log_batch(
-    session: TraceSession | SyncTraceSession,
+    session: TraceSession | SyncTraceSession | str,
     batch: Any,
     result: Any,
     advantages: Sequence[float] | None = None,
@@ -57,12 +58,20 @@ def log_batch(
 ) -> int:
     """Log one prepared batch from open-instruct's data preparation loop; never raises.
 
-    Returns the samples accepted. A batch that cannot be converted is counted in
-    `session.stats().dropped["invalid"]`, with one warning, and training goes on.
+    `session` is an open session, or a project name: the first call then opens the process's
+    session for it (`TraceSession(project).start()`, finished at exit). Returns the samples
+    accepted. A batch that cannot be converted is counted in `session.stats().dropped["invalid"]`,
+    with one warning, and training goes on.
     """
+    where = "open_instruct_adapter.log_batch"
+    # open-instruct prepares batches on its own thread: waiting for room there holds no trainer.
+    target = session_for(session, on_full="block", where=where)
+    if target is None:
+        return 0
     try:
-        rows = len(field(result, "responses") or ())
-    except TypeError:
+        responses = field(result, "responses")
+        rows = 0 if responses is None else len(responses)
+    except Exception:  # an unreadable result: the conversion reports it
         rows = 0
 
     def convert() -> tuple[list[Sample], int]:
@@ -76,9 +85,7 @@ def log_batch(
         )
         return samples, 0
 
-    return deliver(
-        session, convert, rows=rows, step=step, split=split, where="open_instruct_adapter.log_batch"
-    )
+    return deliver(target, convert, rows=rows, step=step, split=split, where=where)
 
 
 def to_samples(

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from .._record import Sample
 from ._common import Message, SampleBuilder, field, jsonable, role_name, token_list
 from ._hooks import deliver
+from ._sessions import session_for
 
 if TYPE_CHECKING:
     from .._session import TraceSession
@@ -30,7 +31,7 @@ _WHERE = "torchforge_adapter.to_samples"
 
 
 def log_group(
-    session: TraceSession | SyncTraceSession,
+    session: TraceSession | SyncTraceSession | str,
     episodes: Any,
     *,
     step: int | None = None,
@@ -42,10 +43,19 @@ def log_group(
     `step` defaults to the newest policy version that generated the group. Each sample gets
     `group_uid` (the first episode's id) and its `sample_index` within the group. A group that
     cannot be converted is counted in `session.stats().dropped["invalid"]`, with one warning.
+    `session` is an open session, or a project name: the first call then opens the process's
+    session for it (`TraceSession(project, on_full="drop_newest").start()`, finished at exit).
     """
-    items = _as_list(episodes, strict=False)
-    if step is None:
-        step = _newest_version(items)
+    where = "torchforge_adapter.log_group"
+    # The rollout loop is a coroutine on torchforge's event loop: a full buffer drops, never waits.
+    target = session_for(session, on_full="drop_newest", where=where)
+    if target is None:
+        return 0
+    try:
+        items = _as_list(episodes, strict=False)
+        version = _newest_version(items) if step is None else step
+    except Exception:  # an unreadable argument: the conversion below reports and counts it
+        items, version = [episodes], 0 if step is None else step
 
     def convert() -> tuple[list[Sample], int]:
         samples = to_samples(items, tokenizer=tokenizer)
@@ -56,9 +66,7 @@ def log_group(
                 sample.metadata["group_uid"] = str(group_uid)
         return samples, 0
 
-    return deliver(
-        session, convert, rows=len(items), step=step, split=split, where="torchforge_adapter.log_group"
-    )
+    return deliver(target, convert, rows=len(items), step=version, split=split, where=where)
 
 
 def to_samples(episodes: Any | Iterable[Any], *, tokenizer: Any = None) -> list[Sample]:

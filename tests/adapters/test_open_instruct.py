@@ -19,6 +19,7 @@ import pytest
 
 import asynctrace as at
 from asynctrace.adapters import open_instruct_adapter
+from asynctrace.adapters._sessions import session_for
 from tests._util import read_traces
 from tests.adapters._upstream.open_instruct_data_loader import (
     GROUND_TRUTHS_KEY,
@@ -271,19 +272,20 @@ def test_log_batch_never_raises_into_training(tokenizer: Any, caplog: pytest.Log
 
 
 def test_end_to_end_into_trackio(tokenizer: Any, project: str) -> None:
-    """A masked training batch and an eval batch land in Trackio, each row with its own tool output."""
+    """Given a project name, the hook opens a session; masked train rows keep their own tool output."""
     batch, result, advantages, before = prepared(tokenizer, TRUNCATED, mask_truncated=True)
     eval_batch, eval_result, _, _ = prepared(tokenizer, ALL_STOP, mask_truncated=False)
-    with at.TraceSession(project, run="r", max_traces_per_step=8, sampler="first") as session:
-        open_instruct_adapter.log_batch(
-            session, batch, result, advantages, step=8, samples_per_prompt=N, finish_reasons=before
-        )
-        open_instruct_adapter.log_batch(session, eval_batch, eval_result, step=8, split="eval")
-    traces = read_traces(project, "r")
+    open_instruct_adapter.log_batch(
+        project, batch, result, advantages, step=8, samples_per_prompt=N, finish_reasons=before
+    )
+    open_instruct_adapter.log_batch(project, eval_batch, eval_result, step=8, split="eval")
+    session = session_for(project, on_full="block", where="test")
+    assert isinstance(session, at.SyncTraceSession)
+    assert session.finish().written == 10
+    traces = read_traces(project, session.run)
     train = [t for t in traces if t["key"] == "train/traces"]
     assert len(train) == 4 and sum(t["key"] == "eval/traces" for t in traces) == 6
-    assert sorted(t["metadata"]["tool_outputs"] for t in train) == [
-        f"<output>{row}</output>" for row in (0, 2, 3, 5)
-    ]
+    outputs = [f"<output>{row}</output>" for row in (0, 2, 3, 5)]
+    assert sorted(t["metadata"]["tool_outputs"] for t in train) == outputs
     for trace in train:
         assert trace["metadata"]["tool_outputs"] in trace["messages"][-1]["content"]

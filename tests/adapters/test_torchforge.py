@@ -14,10 +14,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-import torch
 
 import asynctrace as at
 from asynctrace.adapters import torchforge_adapter
+from asynctrace.adapters._sessions import session_for
 from tests._util import read_traces
 from tests.adapters._upstream import torchforge_generator as generator
 from tests.adapters._upstream.torchforge_completion import Completion
@@ -181,12 +181,17 @@ def test_log_group_logs_at_the_policy_version_and_never_raises(
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # torchforge's loops run on asyncio
 async def test_end_to_end_into_trackio(tokenizer: Any, project: str) -> None:
-    """A group logged from the async rollout loop lands in Trackio with its prompt text."""
+    """Groups logged from the async rollout loop reach the sinks; a project name opens a session."""
     group = episodes(tokenizer)
-    async with at.TraceSession(project, run="r", max_traces_per_step=2, sampler="top_bottom") as session:
-        torchforge_adapter.log_group(session, group)
-    traces = read_traces(project, "r")
-    assert len(traces) == 2 and {t["step"] for t in traces} == {VERSION}
-    assert sorted(t["metadata"]["reward"] for t in traces) == [0.0, 1.0]
+    sink = at.testing.MemorySink()
+    async with at.TraceSession(project, sinks=[sink]) as session:
+        assert torchforge_adapter.log_group(session, group) == 3  # queued without waiting
+    assert sorted(s.metadata["reward"] for s in sink.samples) == [0.0, 0.05, 1.0]
+    # Given a project name, the hook opens the process's session itself (and reuses it).
+    assert torchforge_adapter.log_group(project, group) == torchforge_adapter.log_group(project, group) == 3
+    opened = session_for(project, on_full="drop_newest", where="test")
+    assert isinstance(opened, at.SyncTraceSession)
+    assert opened.finish().written == 6
+    traces = read_traces(project, opened.run)
+    assert len(traces) == 6 and {t["step"] for t in traces} == {VERSION}
     assert all(t["messages"][0] == {"role": "user", "content": REQUEST} for t in traces)
-    assert isinstance(group[0].completion, Completion) and torch.is_tensor(group[0].completion.prompt_ids)
