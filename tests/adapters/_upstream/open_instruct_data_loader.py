@@ -14,9 +14,10 @@
 # open-instruct cannot be installed from a package index, so the tests run these definitions
 # from its source. Only the definitions the tests run are copied; each keeps upstream's text
 # (line numbers given).
-# The imports are this package's copies instead of open_instruct's modules. Names that only the
-# paths the tests never take reach (ray with an actor_manager, add_prompt_to_generator with
-# replenish_prompts) are not defined here.
+# The imports are this package's copies instead of open_instruct's modules, and annotations
+# are postponed (so the vllm, ray and datasets types they name need not be installed). Names
+# that only paths the tests never take reach (ray with an actor_manager,
+# add_prompt_to_generator with replenish_prompts) are not defined here.
 
 from __future__ import annotations
 

@@ -85,7 +85,7 @@ Group = list[Episode]
 
 
 # RewardActor (apps/grpo/main.py lines 141-186): not a ForgeActor here, evaluate_response is a
-# plain method, and its record_metric calls are left out.
+# plain synchronous method (not an async endpoint), and its record_metric calls are left out.
 @dataclass
 class RewardActor:
     reward_functions: list[Callable]
