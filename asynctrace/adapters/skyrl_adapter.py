@@ -23,6 +23,7 @@ it frames.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
@@ -132,9 +133,7 @@ def to_samples(
         if len(inputs) != 1:
             raise ValueError("generator_input: several inputs need the output's uids to map rows to prompts")
         prompts = as_sequence(field(inputs[0], "prompts"), "generator_input.prompts")
-        _collect(
-            prompts, inputs[0], generator_output, builder, short, env_role=env_role, step_wise=step_wise
-        )
+        _collect(prompts, inputs[0], generator_output, builder, short, env_role=env_role, step_wise=step_wise)
     short.warn()
     return builder.build(tokenizer, _WHERE)
 
@@ -471,6 +470,8 @@ def _collect(
     return n, n_prompts
 
 
+logger = logging.getLogger("asynctrace")
+
 _HOOK = "skyrl_adapter.attach"
 _MAX_ORIGINS = 1 << 16
 
@@ -533,7 +534,13 @@ class _Tracer:
         deliver(self.session, convert, rows=rows, step=step, split="train", where=_HOOK)
 
 
-def attach(trainer: Any, session: TraceSession | SyncTraceSession, *, env_role: str = "tool") -> Any:
+def attach(
+    trainer: Any,
+    session: TraceSession | SyncTraceSession | None = None,
+    *,
+    env_role: str = "tool",
+    **session_options: Any,
+) -> Any:
     """Log every training step of a SkyRL trainer (`RayPPOTrainer` or `FullyAsyncRayPPOTrainer`).
 
     Wraps two methods of this trainer object: `trainer.generator.generate`, to keep the chat
@@ -543,8 +550,22 @@ def attach(trainer: Any, session: TraceSession | SyncTraceSession, *, env_role: 
     return, just before SkyRL logs its own trajectories. Each call logs that step's rows at
     `trainer.global_step`, split "train", through `_hooks.deliver`: nothing raises into
     training, unconvertible batches are counted as dropped ("invalid") with one warning.
-    Returns the trainer, so it fits `return skyrl_adapter.attach(super().get_trainer(...), session)`.
+
+    Without `session`, one is opened here, named after the trainer's config
+    (`trainer.project_name`, `trainer.run_name`), with `on_full="drop_oldest"` (a slow sink
+    never stalls a step) and shutdown hooks; `session_options` go to `TraceSession`. It is
+    finished when `trainer.train()` returns or raises. A session passed in is the caller's
+    to finish. Returns the trainer, to fit `return attach(super().get_trainer(...))`.
     """
+    owned: SyncTraceSession | None = None
+    if session is None:
+        from .._session import TraceSession
+
+        cfg = trainer.cfg.trainer
+        options = {"on_full": "drop_oldest", "shutdown_hooks": True, **session_options}
+        owned = session = TraceSession(cfg.project_name, cfg.run_name, **options).start()
+    elif session_options:
+        raise ValueError(f"session_options: {sorted(session_options)} only apply when no session is given")
     tracer = _Tracer(session, trainer.tokenizer, env_role)
     generator = trainer.generator
     generate = generator.generate
@@ -569,4 +590,19 @@ def attach(trainer: Any, session: TraceSession | SyncTraceSession, *, env_role: 
 
     generator.generate = traced_generate
     trainer.postprocess_generator_output = traced_postprocess
+    if owned is not None:
+        train = trainer.train
+        finish = owned.finish
+
+        @functools.wraps(train)
+        async def traced_train(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await train(*args, **kwargs)
+            finally:
+                try:
+                    finish()
+                except Exception:  # the run ends either way; what was not delivered is in stats
+                    logger.warning("asynctrace: %s: finishing the session failed", _HOOK, exc_info=True)
+
+        trainer.train = traced_train
     return trainer
