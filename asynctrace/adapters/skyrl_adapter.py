@@ -23,6 +23,7 @@ it frames.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import threading
 from collections import OrderedDict
@@ -503,12 +504,11 @@ class _Tracer:
             while len(self._origins) > _MAX_ORIGINS:
                 self._origins.popitem(last=False)
 
-    def log(self, result: Any, step: int) -> None:
-        """Deliver one training step's `(generator_output, uids)`; never raises."""
+    def log(self, generator_output: Any, uids: Any, step: int) -> None:
+        """Deliver one training step's rows and their uids; never raises."""
         try:
-            generator_output, uids = result
             rows = len(field(generator_output, "response_ids"))
-        except Exception:  # not the pair this version returns: nothing to count rows by
+        except Exception:  # not an output this version knows: nothing to count rows by
             return
 
         def convert() -> Converted:
@@ -585,7 +585,12 @@ def attach(
             step = int(trainer.global_step)
         except Exception:  # a trainer without a step counter: logged at step 0
             step = 0
-        tracer.log(result, step)
+        # skyrl 0.4 returns (output, uids), uids shortened where step-wise rows merge;
+        # skyrl-train 0.3 returns the output alone, its rows still those of `uids`.
+        if isinstance(result, tuple) and len(result) == 2:
+            tracer.log(result[0], result[1], step)
+        else:
+            tracer.log(result, uids, step)
         return result
 
     generator.generate = traced_generate
@@ -594,15 +599,31 @@ def attach(
         train = trainer.train
         finish = owned.finish
 
-        @functools.wraps(train)
-        async def traced_train(*args: Any, **kwargs: Any) -> Any:
+        def finish_quietly() -> None:
             try:
-                return await train(*args, **kwargs)
-            finally:
+                finish()
+            except Exception:  # the run ends either way; what was not delivered is in stats
+                logger.warning("asynctrace: %s: finishing the session failed", _HOOK, exc_info=True)
+
+        # skyrl 0.4's train() is a coroutine function, skyrl-train 0.3's a plain one.
+        @functools.wraps(train)
+        def traced_train(*args: Any, **kwargs: Any) -> Any:
+            try:
+                result = train(*args, **kwargs)
+            except BaseException:
+                finish_quietly()
+                raise
+            if not inspect.isawaitable(result):
+                finish_quietly()
+                return result
+
+            async def finishing() -> Any:
                 try:
-                    finish()
-                except Exception:  # the run ends either way; what was not delivered is in stats
-                    logger.warning("asynctrace: %s: finishing the session failed", _HOOK, exc_info=True)
+                    return await result
+                finally:
+                    finish_quietly()
+
+            return finishing()
 
         trainer.train = traced_train
     return trainer

@@ -15,6 +15,7 @@ pieces in the order `RayPPOTrainer.train` and `FullyAsyncRayPPOTrainer.train` do
 from __future__ import annotations
 
 import asyncio
+import inspect
 from types import SimpleNamespace
 from typing import Any
 
@@ -390,6 +391,8 @@ def test_attach_logs_each_fully_async_training_step_once(tokenizer: Any) -> None
     sink = at.testing.MemorySink()
     with at.TraceSession("p", sinks=[sink]) as session:
         skyrl_adapter.attach(trainer, session)
+        # The trainer looks for this parameter on the generator's generate (fully_async_trainer.py 923).
+        assert "disable_tqdm" in inspect.signature(trainer.generator.generate).parameters
         groups = []
         for i, question in enumerate(["x", "y", "z"]):
             trainer.global_step = 1 + i // 2  # the last group was scheduled after a weight update
@@ -732,4 +735,32 @@ def test_step_wise_final_observation_stays_an_environment_turn(tokenizer: Any) -
         {"role": "tool", "content": "result: 42"},
         {"role": "assistant", "content": "It is 42."},
         {"role": "tool", "content": "Correct!"},
+    ]
+
+
+class TrainerOfSkyrlTrain03(Trainer):
+    """skyrl-train 0.3's shape: a plain `train()`; `postprocess_generator_output` returns the output."""
+
+    def train(self) -> None:  # type: ignore[override]
+        for rows in self.batches:
+            asyncio.run(self.train_step(rows))
+            self.global_step += 1
+
+    def postprocess_generator_output(self, generator_output: Any, uids: Any, *args: Any) -> Any:  # type: ignore[override]
+        return super().postprocess_generator_output(generator_output, uids)[0]
+
+
+def test_attach_handles_skyrl_train_03_trainers(tokenizer: Any) -> None:
+    """With skyrl-train 0.3's return shape and plain train(), steps are logged and the session finished."""
+    trainer = TrainerOfSkyrlTrain03(config(2, 1), tokenizer, ToyGenerator(tokenizer, lambda q, k: float(k)))
+    trainer.batches = [dataset_rows(["q0"]), dataset_rows(["q1"], 1)]
+    sink = at.testing.MemorySink()
+    skyrl_adapter.attach(trainer, sinks=[sink])
+    trainer.train()
+    assert sink.closed
+    assert [(r.step, question_of(r.sample)) for r in sink.records] == [
+        (1, "q0"),
+        (1, "q0"),
+        (2, "q1"),
+        (2, "q1"),
     ]
