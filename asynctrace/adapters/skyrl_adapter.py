@@ -158,12 +158,13 @@ def to_step_samples(
     """The samples of one training step assembled from generation groups, decoded in one call.
 
     Each group is a `(generator_input, generator_output)` pair or a SkyRL `GeneratedOutputGroup`:
-    its `generator_output` with its `prompts` (one chat prompt per trajectory), or with a
-    `generator_input` as look-alikes have it; without either, the prompt is the decoded
-    `prompt_token_ids`. Its `uid` and `global_step_when_scheduled` become `group_uid` and
-    `policy_version`; a non-step-wise output without trajectory ids gets `uid:k` for its k-th
+    its `generator_output` with its `prompts` (one chat prompt per trajectory; skyrl-train
+    before 0.4 kept none, and then the prompt is the decoded `prompt_token_ids`). Its `uid`
+    and `global_step_when_scheduled` become `group_uid` and `policy_version`, and the group is
+    one prompt; a non-step-wise output without trajectory ids gets `uid:k` for its k-th
     trajectory, as SkyRL numbers a group's repetitions. `sample_index` and `prompt_index` run
     across the whole step, so log the result once per training step and the cap holds per step.
+    In a SkyRL trainer, `attach` does this at the step's `postprocess_generator_output`.
     """
     builder = SampleBuilder()
     short = Shortfall("skyrl_adapter.to_step_samples", 0)
