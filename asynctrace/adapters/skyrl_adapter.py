@@ -490,20 +490,36 @@ class _Tracer:
         # right, and the bound only drops the oldest uids of a run whose data never repeats.
         self._origins: OrderedDict[str, _Origin] = OrderedDict()
 
-    def remember(self, generator_input: Any) -> None:
-        """Keep the prompts of a training generation batch; evaluation batches are not logged."""
+    def remember(self, generator_input: Any) -> bool:
+        """Keep the prompts of a training generation batch; True for an evaluation batch."""
         try:
             if step_and_split(generator_input)[1] == "eval":
-                return
+                return True
             found = _origins([generator_input])
         except Exception:  # an input this version cannot read: its rows fall back to prompt tokens
-            return
+            return False
         with self._lock:
             for uid, origin in found.items():
                 self._origins[uid] = origin
                 self._origins.move_to_end(uid)
             while len(self._origins) > _MAX_ORIGINS:
                 self._origins.popitem(last=False)
+        return False
+
+    def log_eval(self, generator_input: Any, generator_output: Any, default_step: int) -> None:
+        """Deliver one evaluation batch, rows in input order as SkyRL's generators return them."""
+        try:
+            rows = len(field(generator_output, "response_ids"))
+            step = step_and_split(generator_input, default_step=default_step)[0]
+        except Exception:  # not an output this version knows: nothing to count rows by
+            return
+
+        def convert() -> Converted:
+            return to_samples(
+                generator_input, generator_output, tokenizer=self.tokenizer, env_role=self.env_role
+            ), 0
+
+        deliver(self.session, convert, rows=rows, step=step or 0, split="eval", where=_HOOK)
 
     def log(self, generator_output: Any, uids: Any, step: int) -> None:
         """Deliver one training step's rows and their uids; never raises."""
@@ -535,6 +551,13 @@ class _Tracer:
         deliver(self.session, convert, rows=rows, step=step, split="train", where=_HOOK)
 
 
+def _step(trainer: Any) -> int:
+    try:
+        return int(trainer.global_step)
+    except Exception:  # a trainer without a step counter: logged at step 0
+        return 0
+
+
 def attach(
     trainer: Any,
     session: TraceSession | SyncTraceSession | None = None,
@@ -549,8 +572,10 @@ def attach(
     which both trainers call once per training step on what they train: after dynamic sampling
     ("replace" / "filter"), overlong filtering and the zero-variance filter, with the uids they
     return, just before SkyRL logs its own trajectories. Each call logs that step's rows at
-    `trainer.global_step`, split "train", through `_hooks.deliver`: nothing raises into
-    training, unconvertible batches are counted as dropped ("invalid") with one warning.
+    `trainer.global_step`, split "train"; each evaluation batch `generate` returns is logged
+    at its `batch_metadata.global_step`, split "eval". All through `_hooks.deliver`: nothing
+    raises into training, unconvertible batches are counted as dropped ("invalid") with one
+    warning.
 
     Without `session`, one is opened here, named after the trainer's config
     (`trainer.project_name`, `trainer.run_name`), with `on_full="drop_oldest"` (a slow sink
@@ -576,16 +601,16 @@ def attach(
     # `generator.generate` for a `disable_tqdm` parameter.
     @functools.wraps(generate)
     async def traced_generate(input_batch: Any, *args: Any, **kwargs: Any) -> Any:
-        tracer.remember(input_batch)
-        return await generate(input_batch, *args, **kwargs)
+        evaluation = tracer.remember(input_batch)
+        output = await generate(input_batch, *args, **kwargs)
+        if evaluation:
+            tracer.log_eval(input_batch, output, _step(trainer))
+        return output
 
     @functools.wraps(postprocess)
     def traced_postprocess(generator_output: Any, uids: Any, *args: Any, **kwargs: Any) -> Any:
         result = postprocess(generator_output, uids, *args, **kwargs)
-        try:
-            step = int(trainer.global_step)
-        except Exception:  # a trainer without a step counter: logged at step 0
-            step = 0
+        step = _step(trainer)
         # skyrl 0.4 returns (output, uids), uids shortened where step-wise rows merge;
         # skyrl-train 0.3 returns the output alone, its rows still those of `uids`.
         if isinstance(result, tuple) and len(result) == 2:

@@ -430,8 +430,8 @@ def test_attach_never_raises_into_training(tokenizer: Any, caplog: pytest.LogCap
     assert any("skyrl_adapter.attach" in r.getMessage() for r in caplog.records)
 
 
-def test_evaluation_batches_are_not_taken_for_training_prompts(tokenizer: Any) -> None:
-    """An eval batch reusing a training uid does not change the prompt logged for that uid."""
+def test_evaluation_batches_are_logged_as_eval(tokenizer: Any) -> None:
+    """Eval batches are logged as they come back, split "eval"; their uids never name training prompts."""
     generator = ToyGenerator(tokenizer, lambda q, k: float(k))
     trainer = Trainer(config(2, 1), tokenizer, generator)
     sink = at.testing.MemorySink()
@@ -439,9 +439,16 @@ def test_evaluation_batches_are_not_taken_for_training_prompts(tokenizer: Any) -
         skyrl_adapter.attach(trainer, session)
         gi, uids = prepare_generator_input(dataset_rows(["train q"]), 2, {}, "gsm8k", "train", 1)  # type: ignore[arg-type]
         go = asyncio.run(trainer.generator.generate(gi))
-        asyncio.run(trainer.generator.generate(generator_input(["eval q"], n=2, phase="eval")))
+        # SkyRL's evaluate() prepares eval batches with training_phase "eval", uids from 0 again.
+        asyncio.run(trainer.generator.generate(generator_input(["eval q"], n=2, step=5, phase="eval")))
         trainer.postprocess_generator_output(go, uids)
-    assert [question_of(r.sample) for r in sink.records] == ["train q", "train q"]
+    logged = [(r.split, r.step, question_of(r.sample), r.sample.metadata["reward"]) for r in sink.records]
+    assert logged == [
+        ("eval", 5, "eval q", 0.0),
+        ("eval", 5, "eval q", 1.0),
+        ("train", 1, "train q", 0.0),
+        ("train", 1, "train q", 1.0),
+    ]
 
 
 # --- conversions kept from before, on SkyRL's own types ---
