@@ -1,8 +1,14 @@
 """SkyRL: `GeneratorInput` + `GeneratorOutput` to samples, step-wise rows merged per trajectory.
 
-    samples = skyrl_adapter.to_samples(generator_input, generator_output, tokenizer=tokenizer)
-    step, split = skyrl_adapter.step_and_split(generator_input, default_step=global_step)
-    await session.log_samples(samples, step=step, split=split)
+In a SkyRL trainer, one line logs every training step (sync and fully async trainers alike):
+
+    skyrl_adapter.attach(trainer, session)
+
+It logs what the trainer trains on, at the point where SkyRL logs its own trajectories: the
+output of `postprocess_generator_output`, after dynamic sampling and overlong filtering, with
+the `uids` they return. To call the conversion yourself:
+
+    samples = skyrl_adapter.to_samples(generator_input, generator_output, tokenizer=tok, uids=uids)
 
 The fully asynchronous trainer assembles one training step from several generation groups;
 `to_step_samples(groups, ...)` turns all of them into one list, so the session's cap applies to
@@ -16,17 +22,27 @@ it frames.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any
+import functools
+import inspect
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .._record import Sample
 from ..rollouts._align import MISSING, Shortfall
-from ..rollouts._mapping import prompt_indices, trajectory_label
+from ..rollouts._mapping import instance_key, prompt_indices, trajectory_label
 from ..rollouts._stepwise import merge_step_wise, trajectory_groups
 from ..rollouts._turns import mask_runs, split_turns
 from ._common import Message, SampleBuilder, as_sequence, field, jsonable, role_name
+from ._hooks import Converted, deliver
 
-__all__ = ["step_and_split", "to_samples", "to_step_samples"]
+if TYPE_CHECKING:
+    from .._session import TraceSession
+    from .._sync import SyncTraceSession
+
+__all__ = ["attach", "step_and_split", "to_samples", "to_step_samples"]
 
 _WHERE = "skyrl_adapter.to_samples"
 
@@ -39,29 +55,97 @@ def step_and_split(generator_input: Any, *, default_step: int | None = None) -> 
     return (default_step if step is None else int(step)), ("eval" if phase == "eval" else "train")
 
 
+class _Origin:
+    """What one prompt instance (a SkyRL uid) was generated from."""
+
+    __slots__ = ("env_class", "prompt", "step")
+
+    def __init__(self, prompt: Any, env_class: Any, step: Any) -> None:
+        self.prompt = prompt
+        self.env_class = env_class
+        self.step = step
+
+
+def _origins(generator_inputs: Iterable[Any]) -> dict[str, _Origin]:
+    """Each uid's prompt, env class and generation step, from the inputs' `trajectory_ids`.
+
+    SkyRL's uid is the `instance_id` of a row's trajectory id (`prepare_generator_input`); every
+    repetition of a uid has the same prompt, so the first row named by it is enough.
+    """
+    out: dict[str, _Origin] = {}
+    for generator_input in generator_inputs:
+        tids = field(generator_input, "trajectory_ids")
+        prompts = field(generator_input, "prompts")
+        if tids is None or prompts is None:
+            continue
+        env_classes = field(generator_input, "env_classes")
+        step = field(field(generator_input, "batch_metadata"), "global_step")
+        for i, tid in enumerate(tids):
+            uid = field(tid, "instance_id")
+            if uid is None or str(uid) in out or i >= len(prompts):
+                continue
+            env = env_classes[i] if env_classes is not None and i < len(env_classes) else None
+            out[str(uid)] = _Origin(prompts[i], env, step)
+    return out
+
+
 def to_samples(
     generator_input: Any,
     generator_output: Any,
     *,
     tokenizer: Any,
+    uids: Sequence[Any] | None = None,
     env_role: str = "tool",
     step_wise: bool | None = None,
 ) -> list[Sample]:
     """One sample per trajectory: the chat prompt, then the response split into turns by its loss mask.
 
+    `uids` are the per-row uids SkyRL's trainer carries with the output (one per row, as
+    `handle_dynamic_sampling` and `postprocess_generator_output` return them). Pass them
+    whenever the output went through dynamic sampling: "replace" rewrites rows and "filter"
+    drops and collects them across several generation batches, so row `i` no longer answers
+    input row `i`. Each row then takes the prompt of its uid, looked up in `generator_input`
+    (one `GeneratorInput`, or a sequence of them: every batch "filter" collected from), and
+    `prompt_index` numbers the uids in order of first appearance. A row whose uid is in no
+    input gets its decoded `prompt_token_ids` as the prompt.
+
     Step-wise outputs (one row per turn, `is_last_step` set) are merged per trajectory with
-    `merge_step_wise` first; `step_wise=None` decides from `is_last_step`. Rewards may be one
-    per row or per token (summed). Optional per-row lists shorter than the batch are left out
-    of the samples they do not reach, with one warning.
+    `merge_step_wise` first; `step_wise=None` decides from `is_last_step`. A trajectory's
+    reward is its last step's, as SkyRL's trainer uses it (per-token rewards summed over that
+    row). Optional per-row lists shorter than the batch are left out of the samples they do
+    not reach, with one warning.
     """
     builder = SampleBuilder()
     short = Shortfall(_WHERE, 0)
-    prompts = as_sequence(field(generator_input, "prompts"), "generator_input.prompts")
-    _collect(
-        prompts, generator_input, generator_output, builder, short, env_role=env_role, step_wise=step_wise
-    )
+    inputs = _inputs(generator_input)
+    if uids is not None:
+        _collect(
+            None,
+            inputs[-1] if len(inputs) == 1 else None,
+            generator_output,
+            builder,
+            short,
+            env_role=env_role,
+            step_wise=step_wise,
+            uids=as_sequence(uids, "uids"),
+            origins=_origins(inputs),
+        )
+    else:
+        if len(inputs) != 1:
+            raise ValueError("generator_input: several inputs need the output's uids to map rows to prompts")
+        prompts = as_sequence(field(inputs[0], "prompts"), "generator_input.prompts")
+        _collect(prompts, inputs[0], generator_output, builder, short, env_role=env_role, step_wise=step_wise)
     short.warn()
     return builder.build(tokenizer, _WHERE)
+
+
+def _inputs(generator_input: Any) -> list[Any]:
+    """One `GeneratorInput` (a dict) or several, as a list."""
+    if generator_input is None:
+        return []
+    if isinstance(generator_input, Mapping) or field(generator_input, "prompts") is not None:
+        return [generator_input]
+    return list(generator_input)
 
 
 def to_step_samples(
@@ -74,12 +158,13 @@ def to_step_samples(
     """The samples of one training step assembled from generation groups, decoded in one call.
 
     Each group is a `(generator_input, generator_output)` pair or a SkyRL `GeneratedOutputGroup`:
-    its `generator_output` with its `prompts` (one chat prompt per trajectory), or with a
-    `generator_input` as look-alikes have it; without either, the prompt is the decoded
-    `prompt_token_ids`. Its `uid` and `global_step_when_scheduled` become `group_uid` and
-    `policy_version`; a non-step-wise output without trajectory ids gets `uid:k` for its k-th
+    its `generator_output` with its `prompts` (one chat prompt per trajectory; skyrl-train
+    before 0.4 kept none, and then the prompt is the decoded `prompt_token_ids`). Its `uid`
+    and `global_step_when_scheduled` become `group_uid` and `policy_version`, and the group is
+    one prompt; a non-step-wise output without trajectory ids gets `uid:k` for its k-th
     trajectory, as SkyRL numbers a group's repetitions. `sample_index` and `prompt_index` run
     across the whole step, so log the result once per training step and the cap holds per step.
+    In a SkyRL trainer, `attach` does this at the step's `postprocess_generator_output`.
     """
     builder = SampleBuilder()
     short = Shortfall("skyrl_adapter.to_step_samples", 0)
@@ -210,11 +295,14 @@ def _collect(
     offsets: tuple[int, int] = (0, 0),
     extra: dict[str, Any] | None = None,
     uid: Any = None,
+    uids: Sequence[Any] | None = None,
+    origins: Mapping[str, _Origin] | None = None,
 ) -> tuple[int, int]:
     """Queue the samples of one generation batch; returns its numbers of rows and prompts.
 
     Without `prompts`, each trajectory's prompt is its decoded `prompt_token_ids`. `uid` names
     the instance of a fully async group, whose rows are then trajectories `uid:k` unless named.
+    With `uids` (one per row), each row's prompt is its uid's in `origins`.
     """
     env_classes = field(generator_input, "env_classes")
     prompt_ids = as_sequence(field(generator_output, "prompt_token_ids"), "generator_output.prompt_token_ids")
@@ -224,6 +312,8 @@ def _collect(
         raise ValueError(
             f"generator_output.prompt_token_ids: has {len(prompt_ids)} rows but response_ids has {n}"
         )
+    if uids is not None and len(uids) != n:
+        raise ValueError(f"uids: has {len(uids)} values but generator_output has {n} rows")
     short.n_samples = n
     loss_masks = field(generator_output, "loss_masks")
     rewards = field(generator_output, "rewards")
@@ -240,16 +330,50 @@ def _collect(
         # A trajectory whose last step is unknown stays open: its rows still merge.
         short.note("is_last_step", len(is_last))
         is_last = [*is_last, *([False] * (n - len(is_last)))]
-    n_prompts = len(prompts) if prompts is not None else len(trajectory_groups(n, out_tids, is_last))
     in_tids = field(generator_input, "trajectory_ids")
     # Non-step-wise outputs carry no ids (SkyRL sets them to None); the input has one per row.
     # A fully async group keeps no input: prepare_generator_input named its k-th row (uid, k).
-    row_tids = out_tids
+    row_tids: Sequence[Any] | None = out_tids
     if row_tids is None and not step_wise:
-        if in_tids is not None and len(in_tids) == n:
+        if uids is not None:
+            # After dynamic sampling an input row's id still names an output row where both
+            # carry the same uid: "replace" leaves every row it does not overwrite in place.
+            if in_tids is not None and len(in_tids) == n:
+                row_tids = [
+                    tid if str(field(tid, "instance_id")) == str(u) else None
+                    for tid, u in zip(in_tids, uids, strict=True)
+                ]
+        elif in_tids is not None and len(in_tids) == n:
             row_tids = in_tids
         elif in_tids is None and uid is not None:
             row_tids = [{"instance_id": uid, "repetition_id": k} for k in range(n)]
+
+    row_prompt: list[Any]
+    row_env: list[Any]
+    row_step: list[Any] = [None] * n
+    if uids is not None:
+        seen: dict[str, int] = {}
+        prompt_of_row = [seen.setdefault(str(u), len(seen)) for u in uids]
+        n_prompts = len(seen)
+        found = [(origins or {}).get(str(u)) for u in uids]
+        row_prompt = [None if o is None else o.prompt for o in found]
+        row_env = [None if o is None else o.env_class for o in found]
+        row_step = [None if o is None else o.step for o in found]
+    else:
+        n_prompts = len(prompts) if prompts is not None else len(trajectory_groups(n, out_tids, is_last))
+        input_row = _prompt_of_rows(n, n_prompts, in_tids, out_tids, is_last, step_wise)
+        row_prompt = [None if prompts is None else prompts[p] for p in input_row]
+        row_env = [short.pick(env_classes, p, "env_classes") for p in input_row]
+        prompt_of_row = input_row
+        if uid is not None:
+            # A fully async group is one prompt, whatever number of copies of it it keeps.
+            prompt_of_row, n_prompts = [0] * n, 1
+        elif in_tids is not None and len(in_tids) == n_prompts:
+            # SkyRL's input repeats the prompt once per sample (prepare_generator_input): the
+            # prompt a sample answers is its instance, numbered in order of first appearance.
+            order: dict[Hashable, int] = {}
+            instance_of = [order.setdefault(instance_key(tid), len(order)) for tid in in_tids]
+            prompt_of_row, n_prompts = [instance_of[p] for p in input_row], len(order)
 
     responses = [list(r) for r in response_ids]
     masks: list[list[int]] = []
@@ -266,7 +390,6 @@ def _collect(
         masked_out.append(bool(mask) and not any(mask))
         masks.append([1] * len(mask) if masked_out[-1] else mask)
     row_rewards = [_row_reward(short.pick(rewards, i, "rewards")) for i in range(n)]
-    prompt_of_row = _prompt_of_rows(n, n_prompts, in_tids, out_tids, is_last, step_wise)
 
     if step_wise:
         merged = merge_step_wise(
@@ -292,10 +415,11 @@ def _collect(
     for rows, prompt_tokens, response, mask, starts in pieces:
         first, last = rows[0], rows[-1]
         p = prompt_of_row[first]
+        chat_prompt = row_prompt[first]
         mask = _turn_mask(mask, leading=True, trailing=not step_wise)
         messages: list[Message]
-        if starts and prompts is not None:
-            messages = _chat(prompts[p])
+        if starts and chat_prompt is not None:
+            messages = _chat(chat_prompt)
             turns = split_turns(response, mask_runs(mask), 0, env_role, builder.texts)
         else:
             # Without a chat prompt (none kept, or a prefix mismatch restarted the sequence),
@@ -310,22 +434,31 @@ def _collect(
             )
         messages += turns.turns
         metadata: dict[str, Any] = {"sample_index": offsets[0] + first, "prompt_index": offsets[1] + p}
-        if row_tids is not None:
-            metadata["trajectory_id"] = trajectory_label(row_tids[first])
-            instance = field(row_tids[first], "instance_id")
-            if instance is not None:
-                metadata["group_uid"] = jsonable(instance)
-        picked_rewards = [row_rewards[r] for r in rows if row_rewards[r] is not MISSING]
-        if picked_rewards:
-            metadata["reward"] = float(sum(picked_rewards))
+        tid = None if row_tids is None else row_tids[first]
+        if tid is not None:
+            metadata["trajectory_id"] = trajectory_label(tid)
+        group = uids[first] if uids is not None else field(tid, "instance_id")
+        if group is not None:
+            metadata["group_uid"] = jsonable(group)
+        # SkyRL trains a step-wise trajectory on its last step's reward (the advantage of the
+        # row with is_last_step, broadcast to the other steps); the other steps' are not used.
+        # A sample cut off before the last step by a prefix mismatch carries no reward.
+        if not step_wise or is_last is None or bool(is_last[last]):
+            reward = row_rewards[last]
+            if reward is not MISSING:
+                metadata["reward"] = reward
         for key, name, column, row, convert in (
             ("stop_reason", "stop_reasons", stop_reasons, last, str),
-            ("env_class", "env_classes", env_classes, p, str),
             ("env_metrics", "env_metrics", env_metrics, last, jsonable),
         ):
             value = short.pick(column, row, name)
             if value is not MISSING and value is not None:
                 metadata[key] = convert(value)
+        env = row_env[first]
+        if env is not MISSING and env is not None:
+            metadata["env_class"] = str(env)
+        if row_step[first] is not None:
+            metadata["generated_at_step"] = jsonable(row_step[first])
         metadata["prompt_len"] = len(prompt_tokens)
         metadata["response_len"] = len(response)
         metadata["num_turns"] = turns.num_turns
@@ -337,3 +470,186 @@ def _collect(
             metadata.update(extra)
         builder.add(messages, metadata)
     return n, n_prompts
+
+
+logger = logging.getLogger("asynctrace")
+
+_HOOK = "skyrl_adapter.attach"
+_MAX_ORIGINS = 1 << 16
+
+
+class _Tracer:
+    """The state `attach` adds to a trainer: the prompt of every uid generated, by uid."""
+
+    def __init__(self, session: TraceSession | SyncTraceSession, tokenizer: Any, env_role: str) -> None:
+        self.session = session
+        self.tokenizer = tokenizer
+        self.env_role = env_role
+        self._lock = threading.Lock()
+        # A uid is a dataset row, so its prompt never changes: what an older step kept stays
+        # right, and the bound only drops the oldest uids of a run whose data never repeats.
+        self._origins: OrderedDict[str, _Origin] = OrderedDict()
+
+    def remember(self, generator_input: Any) -> bool:
+        """Keep the prompts of a training generation batch; True for an evaluation batch."""
+        try:
+            if step_and_split(generator_input)[1] == "eval":
+                return True
+            found = _origins([generator_input])
+        except Exception:  # an input this version cannot read: its rows fall back to prompt tokens
+            return False
+        with self._lock:
+            for uid, origin in found.items():
+                self._origins[uid] = origin
+                self._origins.move_to_end(uid)
+            while len(self._origins) > _MAX_ORIGINS:
+                self._origins.popitem(last=False)
+        return False
+
+    def log_eval(self, generator_input: Any, generator_output: Any, default_step: int) -> None:
+        """Deliver one evaluation batch, rows in input order as SkyRL's generators return them."""
+        try:
+            rows = len(field(generator_output, "response_ids"))
+            step = step_and_split(generator_input, default_step=default_step)[0]
+        except Exception:  # not an output this version knows: nothing to count rows by
+            return
+
+        def convert() -> Converted:
+            return to_samples(
+                generator_input, generator_output, tokenizer=self.tokenizer, env_role=self.env_role
+            ), 0
+
+        deliver(self.session, convert, rows=rows, step=step or 0, split="eval", where=_HOOK)
+
+    def log(self, generator_output: Any, uids: Any, step: int) -> None:
+        """Deliver one training step's rows and their uids; never raises."""
+        try:
+            rows = len(field(generator_output, "response_ids"))
+        except Exception:  # not an output this version knows: nothing to count rows by
+            return
+
+        def convert() -> Converted:
+            with self._lock:
+                origins = {str(u): self._origins[str(u)] for u in set(uids) if str(u) in self._origins}
+            builder = SampleBuilder()
+            short = Shortfall(_HOOK, 0)
+            _collect(
+                None,
+                None,
+                generator_output,
+                builder,
+                short,
+                env_role=self.env_role,
+                step_wise=None,
+                uids=as_sequence(uids, "uids"),
+                origins=origins,
+            )
+            short.warn()
+            samples = builder.build(self.tokenizer, _HOOK)
+            return samples, 0
+
+        deliver(self.session, convert, rows=rows, step=step, split="train", where=_HOOK)
+
+
+def _step(trainer: Any) -> int:
+    try:
+        return int(trainer.global_step)
+    except Exception:  # a trainer without a step counter: logged at step 0
+        return 0
+
+
+def attach(
+    trainer: Any,
+    session: TraceSession | SyncTraceSession | None = None,
+    *,
+    env_role: str = "tool",
+    **session_options: Any,
+) -> Any:
+    """Log every training step of a SkyRL trainer (`RayPPOTrainer` or `FullyAsyncRayPPOTrainer`).
+
+    Wraps two methods of this trainer object: `trainer.generator.generate`, to keep the chat
+    prompt of every uid it generates for training, and `trainer.postprocess_generator_output`,
+    which both trainers call once per training step on what they train: after dynamic sampling
+    ("replace" / "filter"), overlong filtering and the zero-variance filter, with the uids they
+    return, just before SkyRL logs its own trajectories. Each call logs that step's rows at
+    `trainer.global_step`, split "train"; each evaluation batch `generate` returns is logged
+    at its `batch_metadata.global_step`, split "eval". All through `_hooks.deliver`: nothing
+    raises into training, unconvertible batches are counted as dropped ("invalid") with one
+    warning.
+
+    Without `session`, one is opened here, named after the trainer's config
+    (`trainer.project_name`, `trainer.run_name`), with `on_full="drop_oldest"` (a slow sink
+    never stalls a step) and shutdown hooks; `session_options` go to `TraceSession`. It is
+    finished when `trainer.train()` returns or raises. A session passed in is the caller's
+    to finish. Returns the trainer, to fit `return attach(super().get_trainer(...))`.
+    """
+    owned: SyncTraceSession | None = None
+    if session is None:
+        from .._session import TraceSession
+
+        cfg = trainer.cfg.trainer
+        options = {"on_full": "drop_oldest", "shutdown_hooks": True, **session_options}
+        owned = session = TraceSession(cfg.project_name, cfg.run_name, **options).start()
+    elif session_options:
+        raise ValueError(f"session_options: {sorted(session_options)} only apply when no session is given")
+    tracer = _Tracer(session, trainer.tokenizer, env_role)
+    generator = trainer.generator
+    generate = generator.generate
+    postprocess = trainer.postprocess_generator_output
+
+    # functools.wraps keeps the signature visible: the fully async trainer inspects
+    # `generator.generate` for a `disable_tqdm` parameter.
+    @functools.wraps(generate)
+    async def traced_generate(input_batch: Any, *args: Any, **kwargs: Any) -> Any:
+        evaluation = tracer.remember(input_batch)
+        output = await generate(input_batch, *args, **kwargs)
+        if evaluation:
+            tracer.log_eval(input_batch, output, _step(trainer))
+        return output
+
+    @functools.wraps(postprocess)
+    def traced_postprocess(generator_output: Any, uids: Any, *args: Any, **kwargs: Any) -> Any:
+        result = postprocess(generator_output, uids, *args, **kwargs)
+        step = _step(trainer)
+        # skyrl 0.4 returns (output, uids), uids shortened where step-wise rows merge;
+        # skyrl-train 0.3 returns the output alone, its rows still those of `uids`.
+        if isinstance(result, tuple) and len(result) == 2:
+            tracer.log(result[0], result[1], step)
+        else:
+            tracer.log(result, uids, step)
+        return result
+
+    generator.generate = traced_generate
+    trainer.postprocess_generator_output = traced_postprocess
+    if owned is not None:
+        train = trainer.train
+        finish = owned.finish
+
+        def finish_quietly() -> None:
+            try:
+                finish()
+            except Exception:  # the run ends either way; what was not delivered is in stats
+                logger.warning("asynctrace: %s: finishing the session failed", _HOOK, exc_info=True)
+
+        # skyrl 0.4's train() is a coroutine function, skyrl-train 0.3's a plain one.
+        @functools.wraps(train)
+        def traced_train(*args: Any, **kwargs: Any) -> Any:
+            try:
+                result = train(*args, **kwargs)
+            except BaseException:
+                finish_quietly()
+                raise
+            if not inspect.isawaitable(result):
+                finish_quietly()
+                return result
+
+            async def finishing() -> Any:
+                try:
+                    return await result
+                finally:
+                    finish_quietly()
+
+            return finishing()
+
+        trainer.train = traced_train
+    return trainer
