@@ -42,7 +42,7 @@ from .._sync import SyncTraceSession
 from ..rollouts._align import MISSING, Shortfall
 from ..rollouts._mapping import prompt_indices
 from ._common import as_sequence, jsonable, role_name
-from ._hooks import deliver
+from ._hooks import _warn_once, deliver
 
 __all__ = ["GRPOTracer", "attach", "to_samples"]
 
@@ -284,8 +284,8 @@ class GRPOTracer:
             tables[name] = table
         return columns, tables
 
-    def _before(self) -> bool:
-        """Tap TRL's logs and forget rows a failed call left behind; False when it cannot."""
+    def _before(self) -> Exception | None:
+        """Tap TRL's logs and forget rows a failed call left behind; the error if it cannot."""
         try:
             columns, tables = self._taps()
             for tap in columns.values():
@@ -293,16 +293,20 @@ class GRPOTracer:
             for table in tables.values():
                 for tap in table.values():
                     tap.drain()
-            return True
-        except Exception as exc:  # a TRL version whose logs look different: warn, never raise
-            logger.warning(
-                "asynctrace: %s: cannot read GRPOTrainer._logs (tested with %s): %s", _HOOK, _TESTED, exc
-            )
-            return False
+            return None
+        except Exception as exc:  # a TRL version whose logs look different
+            return exc
 
-    def _after(self, split: str, step: int) -> None:
-        """Log the batch `_generate_and_score_completions` just gathered; never raises."""
+    def _after(self, split: str, step: int, problem: Exception | None, rows: int) -> None:
+        """Log the batch `_generate_and_score_completions` just gathered (`rows` rows, by TRL's
+        count), or count it when its logs could not be read; never raises."""
         try:
+            session = self._current()
+            if problem is not None:
+                error = TypeError(f"cannot read GRPOTrainer._logs (tested with {_TESTED}): {problem}")
+                convert = functools.partial(_raise, error)
+                deliver(session, convert, rows=rows, step=step, split=split, where=_HOOK)
+                return
             columns, tables = self._taps()
             prompt = columns["prompt"].drain()
             completion = columns["completion"].drain()
@@ -311,7 +315,6 @@ class GRPOTracer:
             extra = {name: tap.drain() for name, tap in tables["extra"].items()}
             if not completion:
                 return
-            session = self._current()
             batch = self.batches[split] = self.batches.get(split, 0) + 1
             deliver(
                 session,
@@ -324,7 +327,7 @@ class GRPOTracer:
                 where=_HOOK,
             )
         except Exception as exc:  # telemetry must never stop training
-            logger.warning("asynctrace: %s: a batch could not be logged (%s)", _HOOK, exc)
+            _warn_once(_HOOK, f"a batch could not be logged ({type(exc).__name__}: {exc})")
 
     def _convert(
         self,
@@ -418,13 +421,17 @@ def attach(
 
     @functools.wraps(generate_and_score)
     def traced(*a: Any, **kw: Any) -> Any:
-        # As TRL decides it: the model's mode is the split, the optimizer steps done the step.
-        split = "train" if trainer.model.training else "eval"
-        step = int(trainer.state.global_step)
-        tapped = tracer._before()
+        try:
+            # As TRL decides it: the model's mode is the split, the optimizer steps done the step.
+            split = "train" if trainer.model.training else "eval"
+            step = int(trainer.state.global_step)
+            # TRL gathers equal local batches from every process.
+            rows = len(a[0]) * int(trainer.accelerator.num_processes) if a else 0
+            problem = tracer._before()
+        except Exception as exc:  # telemetry must never stop training
+            split, step, rows, problem = "train", 0, 0, exc
         output = generate_and_score(*a, **kw)
-        if tapped:
-            tracer._after(split, step)
+        tracer._after(split, step, problem, rows)
         return output
 
     class AsyncTraceCallback(TrainerCallback):  # type: ignore[misc]
@@ -437,6 +444,10 @@ def attach(
     trainer._asynctrace_tracer = tracer
     trainer.add_callback(AsyncTraceCallback())
     return tracer
+
+
+def _raise(error: Exception) -> tuple[list[Sample], int]:
+    raise error
 
 
 def _open(project: str, run: str | None, config: dict[str, Any], kwargs: dict[str, Any]) -> SyncTraceSession:

@@ -201,8 +201,8 @@ def test_attach_refuses_what_it_cannot_trace(trained: Trained) -> None:
 def test_logs_it_cannot_read_never_stop_training(
     tmp_path: Path, project: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A trainer whose logs are not laid out as in TRL 1.16, and a session already finished:
-    evaluation runs to the end, with a warning, and nothing raises."""
+    """A session already finished, then a trainer whose logs are not laid out as in TRL 1.16:
+    evaluation runs to the end and nothing raises; the rows are counted, with a warning."""
     caplog.set_level(logging.WARNING, logger="asynctrace")
     sink = at.testing.MemorySink()
     with at.TraceSession(project, run="r", sinks=[sink]) as session:
@@ -215,6 +215,7 @@ def test_logs_it_cannot_read_never_stop_training(
     trainer._logs["rewards"] = dict(trainer._logs["rewards"])  # not the defaultdict TRL 1.16 keeps
     assert "eval_reward" in trainer.evaluate()
     assert any("cannot read GRPOTrainer._logs" in r.getMessage() for r in caplog.records)
+    assert session.stats().dropped.get("invalid") == 8 and session.stats().check()
     assert tracer.batches["eval"] == 2  # the second evaluate() was not read
 
 
