@@ -1,30 +1,59 @@
-"""TRL (GRPO): the columns of `log_completions` to samples.
+"""TRL (GRPO): a ready integration for `GRPOTrainer`, and the column converter under it.
 
-    logs = trainer._logs
-    samples = trl_adapter.to_samples(logs["prompt"], logs["completion"], rewards=logs["rewards"],
-                             advantages=logs["advantages"], num_generations=args.num_generations)
-    await session.log_samples(samples, step=trainer.state.global_step, split=mode)
+The whole integration (TRL 1.16)::
 
-Prompts and completions are strings or conversations (lists of messages, tool turns
-included). `rewards` holds one column per reward function: the columns are kept together as
-the nested `reward_breakdown`, and `reward` is their weighted sum, skipping NaN (TRL's mark
-for a reward function that does not apply), as TRL computes it.
+    from asynctrace.adapters.trl_adapter import attach
+
+    trainer = GRPOTrainer(model=..., reward_funcs=[...], args=GRPOConfig(...), train_dataset=...)
+    attach(trainer, max_traces_per_step=16)
+
+`attach` logs every batch the trainer generates and scores, exactly once, at the moment
+`GRPOTrainer._generate_and_score_completions` has gathered it from every process: not from
+`log`/`on_log` (which see a window of TRL's `_logs` that repeats batches under
+`num_iterations > 1` or the end-of-training summary, skips them under `logging_steps > 1`, and
+cannot tell training rows from eval rows). Only the main process logs. A `TrainerCallback`
+alone cannot do this: callbacks are given the model, tokenizer, optimizer and dataloaders, never
+the trainer, and `on_init_end` runs before GRPOTrainer has its rewards and logs set up.
+
+Each row becomes a sample: the prompt and completion as messages (conversations keep every
+message, tool turns included), `reward_breakdown` with one entry per reward function (`None`
+where the function returned `None`, which TRL stores as NaN), `reward` as TRL weighs them with
+`reward_weights` (`None` for a row no function scored, which TRL leaves out too), `advantage`,
+`prompt_index` (the row's group of `num_generations`, or `num_generations_eval` in eval),
+`sample_index` and `batch_index` within the batch, and the columns reward functions logged with
+`log_extra`.
+
+`to_samples` is the converter on its own, for TRL columns you already hold.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
-from collections.abc import Mapping, Sequence
+import threading
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .._record import Sample
+from .._session import TraceSession
+from .._sync import SyncTraceSession
 from ..rollouts._align import MISSING, Shortfall
 from ..rollouts._mapping import prompt_indices
 from ._common import as_sequence, jsonable, role_name
+from ._hooks import _warn_once, deliver
 
-__all__ = ["to_samples"]
+__all__ = ["GRPOTracer", "attach", "to_samples"]
+
+logger = logging.getLogger("asynctrace")
 
 _WHERE = "trl_adapter.to_samples"
+_HOOK = "trl_adapter.attach"
+_TESTED = "TRL 1.16.0"
+# Columns of GRPOTrainer._logs that hold one entry per generated row.
+_ROW_COLUMNS = ("prompt", "completion", "advantages")
+_TABLES = ("rewards", "extra")
 
 
 def to_samples(
@@ -99,8 +128,10 @@ def to_samples(
             total += weight * value
         if columns and breakdown:
             metadata["reward_breakdown"] = breakdown
-            # TRL's nansum: a row whose every reward function returned NaN gets 0.0.
-            metadata["reward"] = total
+            # A row no reward function scored is unscorable: TRL sets its reward to NaN and leaves it
+            # out of the baseline and of the logged mean, so it must not rank as best or worst here.
+            scored = any(v is not None for v in breakdown.values())
+            metadata["reward"] = total if scored else None
         advantage = short.pick(advantages, i, "advantages")
         if advantage is not MISSING and advantage is not None:
             metadata["advantage"] = float(advantage)
@@ -141,3 +172,298 @@ def _messages(value: Any, role: str, name: str) -> list[dict[str, Any]]:
         copy["role"] = role_name(message.get("role", role))
         out.append(copy)
     return out
+
+
+class _Tap(deque[Any]):
+    """One of TRL's `_logs` deques that also keeps what was added since it was last drained.
+
+    TRL's deques are bounded by the train generation batch, so an eval batch can be larger
+    than what they keep; the tap sees every row whatever the bound.
+    """
+
+    def __init__(self, iterable: Iterable[Any] = (), maxlen: int | None = None) -> None:
+        super().__init__(iterable, maxlen)
+        self.taken: list[Any] = []
+
+    def append(self, item: Any) -> None:
+        self.taken.append(item)
+        super().append(item)
+
+    def extend(self, items: Iterable[Any]) -> None:
+        items = list(items)
+        self.taken.extend(items)
+        super().extend(items)
+
+    def drain(self) -> list[Any]:
+        taken, self.taken = self.taken, []
+        return taken
+
+
+def _tapped(column: Any) -> _Tap:
+    if isinstance(column, _Tap):
+        return column
+    maxlen = column.maxlen if isinstance(column, deque) else None
+    return _Tap(column, maxlen)
+
+
+class GRPOTracer:
+    """What `attach` returns: the session it logs to, and how many batches it logged.
+
+    On any process but the main one it is inert (`session` is None) and the trainer is left
+    untouched.
+    """
+
+    def __init__(
+        self,
+        trainer: Any,
+        open_session: Callable[[], SyncTraceSession] | None,
+        session: TraceSession | SyncTraceSession | None,
+    ) -> None:
+        self._trainer = trainer
+        self._open_session = open_session  # set when the tracer owns (and finishes) its sessions
+        self._session = session
+        self._lock = threading.Lock()
+        self.batches: dict[str, int] = {"train": 0, "eval": 0}
+        """Batches logged so far, by split."""
+
+    @property
+    def session(self) -> TraceSession | SyncTraceSession | None:
+        """The session batches go to (None on processes other than the main one)."""
+        return self._session
+
+    def finish(self, timeout: float | None = None) -> None:
+        """Finish the session this tracer opened (no-op for one you passed in); never raises.
+
+        Called at the end of training. A batch generated later (`trainer.evaluate()` after
+        `train()`) opens a new session on the same run, itself finished at exit.
+        """
+        with self._lock:
+            session = self._session
+            if self._open_session is None or not isinstance(session, SyncTraceSession):
+                return
+        try:
+            session.finish(timeout)
+        except Exception as exc:  # telemetry must never stop training
+            logger.warning("asynctrace: %s: finishing the session failed (%s)", _HOOK, exc)
+
+    # -- inside the trainer ------------------------------------------------------------
+
+    def _current(self) -> TraceSession | SyncTraceSession:
+        with self._lock:
+            session = self._session
+            assert session is not None
+            if (
+                self._open_session is not None
+                and isinstance(session, SyncTraceSession)
+                and not session.session._is_open()
+            ):
+                session = self._session = self._open_session()
+            return session
+
+    def _taps(self) -> tuple[dict[str, _Tap], dict[str, defaultdict[str, _Tap]]]:
+        """TRL's `_logs` with every per-row column tapped (new reward or extra columns too)."""
+        logs = self._trainer._logs
+        columns = {}
+        for name in _ROW_COLUMNS:
+            columns[name] = logs[name] = _tapped(logs[name])
+        tables = {}
+        for name in _TABLES:
+            table = logs[name]
+            if not isinstance(table, defaultdict):
+                raise TypeError(f"GRPOTrainer._logs[{name!r}] is a {type(table).__name__}, not a defaultdict")
+            if not getattr(table.default_factory, "_asynctrace_tap", False):
+                make = table.default_factory
+
+                def tap_factory(make: Any = make) -> _Tap:
+                    return _tapped(make() if make is not None else deque())
+
+                tap_factory._asynctrace_tap = True  # type: ignore[attr-defined]
+                table.default_factory = tap_factory
+            for key in list(table):
+                table[key] = _tapped(table[key])
+            tables[name] = table
+        return columns, tables
+
+    def _before(self) -> Exception | None:
+        """Tap TRL's logs and forget rows a failed call left behind; the error if it cannot."""
+        try:
+            columns, tables = self._taps()
+            for tap in columns.values():
+                tap.drain()
+            for table in tables.values():
+                for tap in table.values():
+                    tap.drain()
+            return None
+        except Exception as exc:  # a TRL version whose logs look different
+            return exc
+
+    def _after(self, split: str, step: int, problem: Exception | None, rows: int) -> None:
+        """Log the batch `_generate_and_score_completions` just gathered (`rows` rows, by TRL's
+        count), or count it when its logs could not be read; never raises."""
+        try:
+            session = self._current()
+            if problem is not None:
+                error = TypeError(f"cannot read GRPOTrainer._logs (tested with {_TESTED}): {problem}")
+                convert = functools.partial(_raise, error)
+                deliver(session, convert, rows=rows, step=step, split=split, where=_HOOK)
+                return
+            columns, tables = self._taps()
+            prompt = columns["prompt"].drain()
+            completion = columns["completion"].drain()
+            advantages = columns["advantages"].drain()
+            rewards = {name: tap.drain() for name, tap in tables["rewards"].items()}
+            extra = {name: tap.drain() for name, tap in tables["extra"].items()}
+            if not completion:
+                return
+            batch = self.batches[split] = self.batches.get(split, 0) + 1
+            deliver(
+                session,
+                functools.partial(
+                    self._convert, session, split, batch - 1, prompt, completion, advantages, rewards, extra
+                ),
+                rows=len(completion),
+                step=step,
+                split=split,
+                where=_HOOK,
+            )
+        except Exception as exc:  # telemetry must never stop training
+            _warn_once(_HOOK, f"a batch could not be logged ({type(exc).__name__}: {exc})")
+
+    def _convert(
+        self,
+        session: TraceSession | SyncTraceSession,
+        split: str,
+        batch: int,
+        prompt: list[Any],
+        completion: list[Any],
+        advantages: list[Any],
+        rewards: dict[str, list[Any]],
+        extra: dict[str, list[Any]],
+    ) -> tuple[list[Sample], int]:
+        trainer = self._trainer
+        n = len(completion)
+        names = list(trainer.reward_func_names)
+        for name, column in [("prompt", prompt), ("advantages", advantages)] + [
+            (f"rewards[{k!r}]", v) for k, v in rewards.items()
+        ]:
+            if len(column) != n:
+                # Two reward functions of one name share a column in TRL: their rows cannot be told apart.
+                raise ValueError(f"{name}: {len(column)} rows for {n} completions")
+        if sorted(rewards) != sorted(names):
+            raise ValueError(f"reward columns {sorted(rewards)} are not the reward functions {names}")
+        num_generations = trainer.num_generations if split == "train" else trainer.num_generations_eval
+        own = {"reward", "reward_breakdown", "advantage", "prompt_index", "sample_index", "batch_index"}
+        columns = {(f"extra.{k}" if k in own else k): v for k, v in extra.items()}
+        samples = to_samples(
+            prompt,
+            completion,
+            rewards={name: rewards[name] for name in names},
+            advantages=advantages,
+            extra={**columns, "batch_index": [batch] * n},
+            num_generations=num_generations,
+            reward_weights=trainer.reward_weights,
+        )
+        target = session.session if isinstance(session, SyncTraceSession) else session
+        if target._score_needed_by is None:
+            return samples, 0
+        # A sampler ranking by reward cannot place an unscorable row: it is left out and counted.
+        kept = [s for s in samples if s.metadata.get("reward") is not None]
+        return kept, len(samples) - len(kept)
+
+
+def attach(
+    trainer: Any,
+    project: str | None = None,
+    run: str | None = None,
+    *,
+    session: TraceSession | SyncTraceSession | None = None,
+    **session_kwargs: Any,
+) -> GRPOTracer:
+    """Log every batch `trainer` (a TRL `GRPOTrainer`) generates and scores; call before `train()`.
+
+    On the main process, opens a session (`TraceSession(project, run, **session_kwargs)`,
+    started for synchronous use) on the project `args.project` and run `args.run_name` unless
+    given, with the training arguments as the Trackio run's config, and finishes it at the end
+    of training and at exit. Pass `session=` to log to a session of your own instead (it is
+    then yours to finish). Unscorable rows are left out and counted when the sampler ranks by
+    reward. Raises here on a misconfiguration; once training runs, nothing raises into it.
+    """
+    for name in ("_generate_and_score_completions", "_logs", "reward_weights", "reward_func_names", "args"):
+        if not hasattr(trainer, name):
+            raise TypeError(
+                f"attach: expected a trl.GRPOTrainer (tested with {_TESTED}); "
+                f"{type(trainer).__name__} has no {name!r}"
+            )
+    if getattr(trainer, "_asynctrace_tracer", None) is not None:
+        raise ValueError("attach: this trainer is already attached; every batch would be logged twice")
+    if session is not None and session_kwargs:
+        raise ValueError(f"attach: give session= or session arguments, not both ({sorted(session_kwargs)})")
+    try:
+        from transformers import TrainerCallback
+    except ImportError as exc:  # pragma: no cover - a GRPOTrainer implies transformers
+        raise ImportError(
+            "asynctrace.adapters.trl_adapter.attach needs transformers (pip install trl)"
+        ) from exc
+
+    if not trainer.accelerator.is_main_process:
+        # Every process holds the gathered batch; the main one alone logs it, once.
+        return GRPOTracer(trainer, None, None)
+    args = trainer.args
+    project = project or args.project
+    run = run or args.run_name
+    open_session: Callable[[], SyncTraceSession] | None = None
+    if session is None:
+        open_session = functools.partial(_open, project, run, _config(args), dict(session_kwargs))
+        session = open_session()
+    tracer = GRPOTracer(trainer, open_session, session)
+
+    generate_and_score = trainer._generate_and_score_completions
+
+    @functools.wraps(generate_and_score)
+    def traced(*a: Any, **kw: Any) -> Any:
+        try:
+            # As TRL decides it: the model's mode is the split, the optimizer steps done the step.
+            split = "train" if trainer.model.training else "eval"
+            step = int(trainer.state.global_step)
+            # TRL gathers equal local batches from every process.
+            rows = len(a[0]) * int(trainer.accelerator.num_processes) if a else 0
+            problem = tracer._before()
+        except Exception as exc:  # telemetry must never stop training
+            split, step, rows, problem = "train", 0, 0, exc
+        output = generate_and_score(*a, **kw)
+        tracer._after(split, step, problem, rows)
+        return output
+
+    class AsyncTraceCallback(TrainerCallback):  # type: ignore[misc]
+        """Finishes the session when training ends."""
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            tracer.finish()
+
+    trainer._generate_and_score_completions = traced
+    trainer._asynctrace_tracer = tracer
+    trainer.add_callback(AsyncTraceCallback())
+    return tracer
+
+
+def _raise(error: Exception) -> tuple[list[Sample], int]:
+    raise error
+
+
+def _open(project: str, run: str | None, config: dict[str, Any], kwargs: dict[str, Any]) -> SyncTraceSession:
+    from ..sinks import TrackioSink
+
+    if "sinks" not in kwargs:
+        kwargs["sinks"] = [TrackioSink(init_kwargs={"config": config})]
+    # One bad row is counted and skipped, not the batch around it.
+    kwargs.setdefault("on_invalid", "skip")
+    return TraceSession(project, run, **kwargs).start()
+
+
+def _config(args: Any) -> dict[str, Any]:
+    """The training arguments as plain JSON (TrainingArguments.to_dict masks tokens)."""
+    try:
+        config = jsonable(args.to_dict())
+    except Exception:  # arguments that cannot be listed: the run goes without a config
+        return {}
+    return config if isinstance(config, dict) else {}

@@ -1,115 +1,291 @@
+"""TRL 1.16.0 on its own code: a real GRPOTrainer on CPU, logged through `trl_adapter.attach`.
+
+The trainer is TRL's `GRPOTrainer` with a randomly initialised tiny Qwen2 and a tokenizer built
+in-process (`_trl_setup.py`); the truth the traces are compared with is what TRL handed the
+reward functions, what they returned, and the advantages and mean reward TRL computed.
+"""
+
 from __future__ import annotations
 
+import json
+import logging
 import math
-from collections import deque
+import os
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
+import trl
+from trl import GRPOTrainer
 
 import asynctrace as at
 from asynctrace.adapters import trl_adapter
+from asynctrace.adapters.trl_adapter import attach
 from tests._util import read_traces
+from tests.adapters._trl_setup import WEIGHTS, Recorder, build_trainer, expected_rows, nanmean
+
+ROOT = Path(__file__).resolve().parents[2]
+
+assert trl.__version__ == "1.16.0", f"these tests pin TRL 1.16.0, found {trl.__version__}"
 
 
-def grpo_logs() -> dict[str, Any]:
-    """The shape of GRPOTrainer._logs: deques of prompts, completions, per-function rewards."""
+def _key(trace: dict[str, Any]) -> tuple[str, int, int]:
+    meta = trace["metadata"]
+    return trace["key"].split("/")[0], meta["batch_index"], meta["sample_index"]
+
+
+def _as_expected(trace: dict[str, Any]) -> dict[str, Any]:
     return {
-        "prompt": deque(["What is 2 + 2?"] * 2 + ["Name a colour."] * 2),
-        "completion": deque(["4", "5", "blue", "seven"]),
-        "rewards": {
-            "accuracy": deque([1.0, 0.0, 1.0, 0.0]),
-            "format": deque([0.5, 0.5, math.nan, 0.75]),
-        },
-        "advantages": deque([0.7, -0.7, 0.9, -0.9]),
-        "extra": {"model_version": deque([3, 3, 3, 4])},
+        "split": trace["key"].split("/")[0],
+        "step": trace["step"],
+        "messages": trace["messages"],
+        "metadata": trace["metadata"],
     }
 
 
-def test_columns_become_samples_with_a_nested_breakdown() -> None:
-    """Each reward function is a column of reward_breakdown; reward is their NaN-skipping sum."""
-    logs = grpo_logs()
+def _by_key(rows: list[dict[str, Any]]) -> dict[tuple[str, int, int], dict[str, Any]]:
+    return {(r["split"], r["metadata"]["batch_index"], r["metadata"]["sample_index"]): r for r in rows}
+
+
+@dataclass
+class Trained:
+    trainer: GRPOTrainer
+    tracer: trl_adapter.GRPOTracer
+    recorder: Recorder
+    project: str
+    run: str
+    traces: list[dict[str, Any]]
+    expected: list[dict[str, Any]]
+    after_train: at.SessionStats
+    closed_after_train: bool
+    eval_after: list[dict[str, Any]]
+    batches_in_training: int
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
+    """4 steps of GRPO (num_iterations=2, logging_steps=2, eval every 2 steps), then one more
+    `evaluate()` after training, all through the documented integration."""
+    project, run = f"t-{uuid.uuid4().hex[:10]}", "grpo-run"
+    recorder = Recorder()
+    trainer = build_trainer(str(tmp_path_factory.mktemp("grpo")), project, run, recorder)
+    tracer = attach(trainer)  # the integration: project and run come from the training arguments
+    recorder.spy(trainer)
+    trainer.train()
+    session = tracer.session
+    assert isinstance(session, at.SyncTraceSession)
+    closed = not session.session._is_open()
+    after_train = session.stats()
+    traces = read_traces(project, run)
+    n_train = len(recorder.batches)
+    trainer.evaluate()
+    tracer.finish()
+    eval_after = [t for t in read_traces(project, run) if t["id"] not in {u["id"] for u in traces}]
+    return Trained(
+        trainer,
+        tracer,
+        recorder,
+        project,
+        run,
+        traces,
+        expected_rows([recorder.batches[:n_train]]),
+        after_train,
+        closed,
+        eval_after,
+        n_train,
+    )
+
+
+def test_each_generated_batch_is_logged_once(trained: Trained) -> None:
+    """With num_iterations=2, logging_steps=2 and eval passes, every batch TRL generated is
+    logged exactly once, with TRL's split and the global step it was generated at."""
+    splits = Counter(b["split"] for b in trained.recorder.batches[: trained.batches_in_training])
+    assert splits == {"train": 2, "eval": 4}
+    keys = [_key(t) for t in trained.traces]
+    assert len(keys) == len(set(keys)) == len(trained.expected) == 24
+    assert Counter((k[0], t["step"]) for k, t in zip(keys, trained.traces, strict=True)) == {
+        ("train", 0): 4,
+        ("train", 2): 4,
+        ("eval", 2): 8,
+        ("eval", 4): 8,
+    }
+    assert trained.after_train.written == 24 and trained.after_train.check()
+
+
+def test_traces_equal_what_trl_computed(trained: Trained) -> None:
+    """Messages, per-function rewards, the weighted reward, advantages, groups and log_extra
+    columns of every trace are what TRL and the reward functions computed for that row."""
+    got = _by_key([_as_expected(t) for t in trained.traces])
+    want = {
+        k: {f: r[f] for f in ("split", "step", "messages", "metadata")}
+        for k, r in _by_key(trained.expected).items()
+    }
+    assert got == want
+    weights = trained.trainer.reward_weights.tolist()
+    assert weights == list(WEIGHTS)
+
+
+def test_unscorable_rows_have_no_reward_and_the_mean_is_trls(trained: Trained) -> None:
+    """A row every reward function returned None for has reward None (TRL: NaN, left out),
+    and the mean reward of each logged batch is the one TRL logged."""
+    unscorable = [
+        t for t in trained.traces if t["metadata"]["reward_breakdown"] == {"length": None, "keyword": None}
+    ]
+    assert len(unscorable) == 6 and all(t["metadata"]["reward"] is None for t in unscorable)
+    assert all(t["metadata"]["advantage"] == 0.0 for t in unscorable)  # TRL's nan_to_num
+    batches: dict[tuple[str, int], list[float | None]] = {}
+    for t in trained.traces:
+        batches.setdefault(_key(t)[:2], []).append(t["metadata"]["reward"])
+    means = {(r["split"], r["metadata"]["batch_index"]): r["reward_mean"] for r in trained.expected}
+    for key, rewards in batches.items():
+        assert nanmean(rewards) == pytest.approx(means[key], rel=1e-6)
+
+
+def test_top_bottom_never_ranks_an_unscorable_row(trained: Trained, project: str) -> None:
+    """TRL's own columns for its last batch, kept top/bottom: an unscorable row is neither the
+    best nor the worst completion."""
+    logs = trained.trainer._logs
     samples = trl_adapter.to_samples(
         logs["prompt"],
         logs["completion"],
         rewards=logs["rewards"],
         advantages=logs["advantages"],
-        extra=logs["extra"],
-        num_generations=2,
+        num_generations=trained.trainer.num_generations_eval,
+        reward_weights=trained.trainer.reward_weights,
     )
-    assert samples[2].messages == [
-        {"role": "user", "content": "Name a colour."},
-        {"role": "assistant", "content": "blue"},
+    assert any(s.metadata["reward"] is None for s in samples)
+    with at.TraceSession(
+        project, run="r", max_traces_per_step=2, sampler="top_bottom", on_invalid="skip"
+    ) as s:
+        s.log_samples(samples, step=0)
+    kept = [t["metadata"]["reward"] for t in read_traces(project, "r")]
+    scored = sorted(m.metadata["reward"] for m in samples if m.metadata["reward"] is not None)
+    assert sorted(kept) == [scored[0], scored[-1]]
+
+
+def test_the_run_is_named_after_run_name_with_the_config_and_finished(trained: Trained) -> None:
+    """The session's project and run are the training arguments' project and run_name, the
+    run's config is the training arguments, and training's end finished the session."""
+    from trackio.sqlite_storage import SQLiteStorage
+
+    session = trained.tracer.session
+    assert session is not None and (session.project, session.run) == (trained.project, "grpo-run")
+    assert trained.closed_after_train and trained.after_train.pending == 0
+    config = SQLiteStorage.get_run_config(trained.project, "grpo-run")
+    assert config is not None
+    assert config["num_iterations"] == 2 and config["reward_weights"] == list(WEIGHTS)
+    assert config["run_name"] == "grpo-run"
+
+
+def test_evaluate_after_training_logs_to_the_same_run(trained: Trained) -> None:
+    """`trainer.evaluate()` after `train()` (whose end finished the session) is still logged,
+    to the same run, as eval rows of the final step."""
+    assert len(trained.eval_after) == 8
+    assert {(t["key"], t["step"]) for t in trained.eval_after} == {("eval/traces", 4)}
+    assert trained.tracer.batches == {"train": 2, "eval": 6}  # evaluate() runs 2 batches of 4 rows
+
+
+def test_attach_refuses_what_it_cannot_trace(trained: Trained) -> None:
+    """Attaching twice, or to something that is not a GRPOTrainer, is refused before training."""
+    with pytest.raises(ValueError, match="already attached"):
+        attach(trained.trainer)
+    with pytest.raises(TypeError, match="GRPOTrainer"):
+        attach(object())
+
+
+def test_logs_it_cannot_read_never_stop_training(
+    tmp_path: Path, project: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A session already finished, then a trainer whose logs are not laid out as in TRL 1.16:
+    evaluation runs to the end and nothing raises; the rows are counted, with a warning."""
+    caplog.set_level(logging.WARNING, logger="asynctrace")
+    sink = at.testing.MemorySink()
+    with at.TraceSession(project, run="r", sinks=[sink]) as session:
+        pass
+    trainer = build_trainer(str(tmp_path), project, "r", Recorder())
+    tracer = attach(trainer, session=session)
+    metrics = trainer.evaluate()  # logged to a finished session: counted "closed"
+    assert "eval_reward" in metrics
+    assert session.stats().dropped.get("closed") == 8 and session.stats().check()
+    trainer._logs["rewards"] = dict(trainer._logs["rewards"])  # not the defaultdict TRL 1.16 keeps
+    assert "eval_reward" in trainer.evaluate()
+    assert any("cannot read GRPOTrainer._logs" in r.getMessage() for r in caplog.records)
+    assert session.stats().dropped.get("invalid") == 8 and session.stats().check()
+    assert tracer.batches["eval"] == 2  # the second evaluate() was not read
+
+
+@pytest.mark.timeout(300)  # about 20 s on 2 idle cores; room for a loaded machine
+def test_rows_follow_trl_on_two_processes(tmp_path: Path) -> None:
+    """Under torchrun with 2 processes (gloo, CPU): every batch is written once, by the main
+    process only, gathered in TRL's order; top_bottom leaves unscorable rows out and counts
+    them; the evaluation after training is finished at exit."""
+    project, run = f"t-{uuid.uuid4().hex[:10]}", "ddp"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(ROOT / "tests" / "adapters" / "_trl_torchrun.py"),
+        project,
+        run,
+        str(tmp_path),
     ]
-    assert samples[0].metadata["reward_breakdown"] == {"accuracy": 1.0, "format": 0.5}
-    assert samples[0].metadata["reward"] == 1.5
-    assert samples[2].metadata["reward_breakdown"] == {"accuracy": 1.0, "format": None}
-    assert samples[2].metadata["reward"] == 1.0
-    all_nan = trl_adapter.to_samples(["q"], ["a"], rewards={"accuracy": [math.nan], "format": [math.nan]})
-    assert all_nan[0].metadata["reward"] == 0.0  # TRL's nansum over the functions
-    assert [s.metadata["advantage"] for s in samples] == [0.7, -0.7, 0.9, -0.9]
-    assert [s.metadata["prompt_index"] for s in samples] == [0, 0, 1, 1]
-    assert [s.metadata["model_version"] for s in samples] == [3, 3, 3, 4]
+    done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["has_session"] for r in ranks] == [True, False]
+    expected = expected_rows([r["batches"] for r in ranks])
+    assert len(expected) == 40  # 2 train and 3 eval batches of 2 x 4 rows
+    scored = [r for r in expected if r["metadata"]["reward"] is not None]
+    traces = read_traces(project, run)
+    keys = [_key(t) for t in traces]
+    assert len(keys) == len(set(keys)) == len(scored)
+    assert _by_key([_as_expected(t) for t in traces]) == {
+        k: {f: r[f] for f in ("split", "step", "messages", "metadata")} for k, r in _by_key(scored).items()
+    }
+    after_train = ranks[0]["after_train"]
+    assert after_train["dropped"] == {"invalid": 8} and after_train["written"] == 24 and after_train["check"]
+    assert ranks[0]["batches_logged"] == {"train": 2, "eval": 3}
 
 
-def test_reward_weights_scale_the_sum() -> None:
-    """reward_weights weigh each function as TRL does."""
-    logs = grpo_logs()
-    (first, *_) = trl_adapter.to_samples(
-        logs["prompt"], logs["completion"], rewards=logs["rewards"], reward_weights=[2.0, 1.0]
+def test_importing_the_adapter_needs_no_transformers_and_keeps_trl() -> None:
+    """`asynctrace.adapters` imports without transformers, and importing its TRL module does
+    not bind the name `trl` (the user's own `import trl` stays TRL)."""
+    code = (
+        "import sys\n"
+        "from asynctrace.adapters import *\n"
+        "from asynctrace.adapters import trl_adapter\n"
+        "assert not {'transformers', 'trl', 'accelerate'} & set(sys.modules)\n"
+        "assert 'trl' not in dir() and trl_adapter.__name__ == 'asynctrace.adapters.trl_adapter'\n"
     )
-    assert first.metadata["reward"] == 2.5
-    with pytest.raises(ValueError, match="reward_weights"):
-        trl_adapter.to_samples(
-            logs["prompt"], logs["completion"], rewards=logs["rewards"], reward_weights=[1.0]
-        )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
+    assert trl.GRPOTrainer is GRPOTrainer
 
 
-def test_tensor_reward_weights_give_a_float_reward() -> None:
-    """TRL's own reward_weights tensor weighs the sum and the reward stays a plain float."""
-    logs = grpo_logs()
+# -- the column converter -----------------------------------------------------------------
+
+
+def test_an_all_nan_row_gets_no_reward() -> None:
+    """A row whose every reward function returned NaN (TRL's mark for None) has reward None,
+    not TRL's nansum 0.0; partly scored rows sum what was scored, weighted."""
+    nan = math.nan
     samples = trl_adapter.to_samples(
-        logs["prompt"], logs["completion"], rewards=logs["rewards"], reward_weights=torch.tensor([2.0, 1.0])
+        ["q", "q"],
+        ["a", "b"],
+        rewards={"length": [nan, 2.0], "keyword": [nan, nan]},
+        reward_weights=list(WEIGHTS),
     )
-    assert type(samples[0].metadata["reward"]) is float
-    assert [s.metadata["reward"] for s in samples] == [2.5, 0.5, 2.0, 0.75]
-
-
-def test_extra_columns_may_not_replace_the_adapters_keys() -> None:
-    """An extra column named like a key the adapter sets (reward with rewards given, sample_index)
-    is refused, naming the column; one the adapter does not set this time is kept."""
-    logs = grpo_logs()
-    for name in ("reward", "sample_index"):
-        with pytest.raises(ValueError, match=rf"extra\['{name}'\]"):
-            trl_adapter.to_samples(
-                logs["prompt"], logs["completion"], rewards=logs["rewards"], extra={name: [0.0] * 4}
-            )
-    # Without rewards= or advantages=, the adapter sets neither: the user's own columns are kept.
-    samples = trl_adapter.to_samples(
-        logs["prompt"], logs["completion"], extra={"reward": [0.5] * 4, "advantage": [0.1] * 4}
-    )
-    assert [(s.metadata["reward"], s.metadata["advantage"]) for s in samples] == [(0.5, 0.1)] * 4
-
-
-def test_reward_weights_may_be_any_iterable() -> None:
-    """Weights given as a generator (or a tensor, as TRL keeps them) weigh the reward functions."""
-    logs = grpo_logs()
-    names = list(logs["rewards"])
-    by_list = trl_adapter.to_samples(
-        logs["prompt"], logs["completion"], rewards=logs["rewards"], reward_weights=[0.5] * len(names)
-    )
-    by_gen = trl_adapter.to_samples(
-        logs["prompt"], logs["completion"], rewards=logs["rewards"], reward_weights=(0.5 for _ in names)
-    )
-    assert [s.metadata["reward"] for s in by_gen] == [s.metadata["reward"] for s in by_list]
-
-
-def test_malformed_messages_name_the_entry() -> None:
-    """A prompt or completion that is neither text nor a list of messages names its column and row."""
-    with pytest.raises(ValueError, match=r"prompt\[1\]: expected a string"):
-        trl_adapter.to_samples(["q", None], ["a", "b"])
-    with pytest.raises(ValueError, match=r"completion\[0\]\[1\]: expected a message"):
-        trl_adapter.to_samples(["q"], [[{"role": "assistant", "content": "a"}, "b"]])
+    assert samples[0].metadata["reward"] is None
+    assert samples[0].metadata["reward_breakdown"] == {"length": None, "keyword": None}
+    assert samples[1].metadata["reward"] == 1.0
 
 
 def test_conversational_completions_with_tool_turns() -> None:
@@ -133,46 +309,16 @@ def test_conversational_completions_with_tool_turns() -> None:
     assert sample.messages is not completion[0]
 
 
-def test_eval_mode_without_advantages() -> None:
-    """Eval completions come without advantages; the samples simply lack them."""
-    (sample,) = trl_adapter.to_samples(["q"], ["a"], rewards={"accuracy": [1.0]})
-    assert sample.metadata == {"sample_index": 0, "reward_breakdown": {"accuracy": 1.0}, "reward": 1.0}
-
-
-def test_short_optional_columns_warn_once() -> None:
-    """Short reward, advantage and extra columns are left out where they fall short."""
-    logs = grpo_logs()
-    logs["rewards"]["format"].pop()
-    with pytest.warns(UserWarning) as record:
-        samples = trl_adapter.to_samples(
-            logs["prompt"], logs["completion"], rewards=logs["rewards"], advantages=[0.1], extra={"id": ["a"]}
-        )
-    assert len(record) == 1
-    assert samples[3].metadata["reward_breakdown"] == {"accuracy": 0.0}
-    assert [s.metadata.get("advantage") for s in samples] == [0.1, None, None, None]
-    assert [s.metadata.get("id") for s in samples] == ["a", None, None, None]
-
-
-def test_required_columns_must_agree() -> None:
-    """Prompt and completion of different lengths, or broken groups, are refused."""
+def test_converter_refuses_columns_that_disagree() -> None:
+    """Prompt and completion of different lengths, broken groups, weights for other functions,
+    and extra columns that would replace the adapter's keys are refused, naming the column."""
     with pytest.raises(ValueError, match="prompt: has 1 entries but completion has 2"):
         trl_adapter.to_samples(["q"], ["a", "b"])
     with pytest.raises(ValueError, match="num_generations"):
         trl_adapter.to_samples(["q"] * 3, ["a"] * 3, num_generations=2)
-
-
-@pytest.mark.anyio
-async def test_end_to_end_into_trackio(project: str) -> None:
-    """TRL columns land in Trackio; the top/bottom cap ranks by the summed reward."""
-    logs = grpo_logs()
-    samples = trl_adapter.to_samples(
-        logs["prompt"], logs["completion"], rewards=logs["rewards"], num_generations=2
-    )
-    async with at.TraceSession(project, run="r", max_traces_per_step=2, sampler="top_bottom") as session:
-        await session.log_samples(samples, step=5)
-        await session.log_samples(samples[:1], step=5, split="eval")
-    traces = read_traces(project, "r")
-    train = sorted((t for t in traces if t["key"] == "train/traces"), key=lambda t: t["metadata"]["reward"])
-    assert [t["messages"][-1]["content"] for t in train] == ["5", "4"]
-    assert train[1]["metadata"]["reward_breakdown"] == {"accuracy": 1.0, "format": 0.5}
-    assert [t["key"] for t in traces].count("eval/traces") == 1
+    with pytest.raises(ValueError, match="reward_weights"):
+        trl_adapter.to_samples(["q"], ["a"], rewards={"a": [1.0], "b": [1.0]}, reward_weights=[1.0])
+    with pytest.raises(ValueError, match=r"extra\['reward'\]"):
+        trl_adapter.to_samples(["q"], ["a"], rewards={"a": [1.0]}, extra={"reward": [0.0]})
+    with pytest.raises(ValueError, match=r"prompt\[1\]: expected a string"):
+        trl_adapter.to_samples(["q", None], ["a", "b"])
