@@ -11,6 +11,7 @@ that happens to contain one. Everything asynctrace formats passes through `scrub
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -21,11 +22,13 @@ __all__ = [
     "REDACTED",
     "ScrubFilter",
     "check_name",
+    "check_text",
     "describe",
     "scrub",
     "scrub_bytes",
     "secret_bytes",
     "secret_values",
+    "shown",
 ]
 
 REDACTED = "***"
@@ -75,17 +78,33 @@ def secret_bytes() -> list[bytes]:
     (a value holding a quote, a backslash or a control character), longest first."""
     out: set[bytes] = set()
     for value in secret_values():
-        raw = value.encode()
-        out.add(raw)
-        out.add(orjson.dumps(value)[1:-1])
+        try:
+            out.add(value.encode())
+            out.add(orjson.dumps(value)[1:-1])
+        except (UnicodeEncodeError, orjson.JSONEncodeError):
+            # Not valid UTF-8 (an environment value with undecodable bytes): it cannot
+            # appear in UTF-8 JSON, so there is nothing to replace.
+            continue
     return sorted(out, key=len, reverse=True)
+
+
+def _text_forms(value: str) -> list[str]:
+    """`value` as it can appear in a message: as is, inside a ``repr`` (how an error quotes a
+    key or a tuple holding it) and JSON-escaped; these differ for a quote, a backslash or a
+    control character."""
+    forms = [value, repr(value)[1:-1]]
+    # An environment value that is not valid UTF-8 has no JSON form.
+    with contextlib.suppress(orjson.JSONEncodeError):
+        forms.append(orjson.dumps(value).decode()[1:-1])
+    return list(dict.fromkeys(forms))
 
 
 def scrub(text: str) -> str:
     """`text` with every credential replaced by ``***``."""
     for value in secret_values():
-        if value in text:
-            text = text.replace(value, REDACTED)
+        for form in _text_forms(value):
+            if form in text:
+                text = text.replace(form, REDACTED)
     for pattern, replacement in _TEXT_PATTERNS:
         text = pattern.sub(replacement, text)
     return text
@@ -98,6 +117,15 @@ def describe(exc: BaseException) -> str:
     except Exception:  # an exception whose message itself fails must not escape from here
         text = "<message unavailable>"
     return scrub(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+
+
+def shown(value: object) -> str:
+    """A caller's value as an error message quotes it: its ``repr``, with credentials scrubbed."""
+    try:
+        text = repr(value)
+    except Exception:  # a value whose repr fails must not turn into another error
+        text = f"<{type(value).__name__}>"
+    return scrub(text)
 
 
 def scrub_bytes(data: bytes, secrets: list[bytes]) -> bytes:
@@ -121,13 +149,27 @@ def scrub_bytes(data: bytes, secrets: list[bytes]) -> bytes:
 
 def check_name(what: str, value: str) -> None:
     """Project and run names become file and directory names in Trackio: refuse anything that
-    could point outside its directory (a separator, ``.``/``..``, NUL or another control character)."""
+    could point outside its directory (a separator, ``.``/``..``, NUL or another control
+    character), or that it could not store (see `check_text`)."""
     if any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise ValueError(f"{what} must not contain NUL or control characters, got {value!r}")
+        raise ValueError(f"{what} must not contain NUL or control characters, got {shown(value)}")
     if "/" in value or "\\" in value or value.strip() in (".", ".."):
         raise ValueError(
-            f"{what} must be a plain name, not a path (no '/', '\\', '.' or '..'), got {value!r}"
+            f"{what} must be a plain name, not a path (no '/', '\\', '.' or '..'), got {shown(value)}"
         )
+    check_text(what, value)
+
+
+def check_text(what: str, value: str) -> None:
+    """`value` can be stored: UTF-8 (what JSON, SQLite and the spool hold) has no form for a lone
+    surrogate, so a sink would refuse it only when writing, failing the records batched with it."""
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise ValueError(
+                f"{what} must be valid Unicode text (no lone surrogates), got {shown(value)}"
+            ) from None
 
 
 class ScrubFilter(logging.Filter):

@@ -459,6 +459,14 @@ def _scalar(value: Any, name: str, allow_bool: bool = False) -> Any:
     return value
 
 
+def _finite(number: float) -> float | None:
+    try:
+        value = float(number)
+    except OverflowError:  # an int beyond a float's range (10**400): no score to rank by
+        return None
+    return value if math.isfinite(value) else None
+
+
 def row_scores(rewards: Any, n_rows: int) -> list[float | None]:
     """Per-row rewards as floats with a single transfer; None where missing or not finite.
 
@@ -472,7 +480,7 @@ def row_scores(rewards: Any, n_rows: int) -> list[float | None]:
     scores: list[float | None] = []
     for value in column or []:
         number = _scalar(value, "rewards", allow_bool=True)
-        scores.append(float(number) if number is not MISSING and math.isfinite(number) else None)
+        scores.append(_finite(number) if number is not MISSING else None)
     return scores
 
 
@@ -563,7 +571,12 @@ def decode_rollouts(
         if reward_col is not None:
             reward = _scalar(reward_col[j], "rewards", allow_bool=True)
             if reward is not MISSING:
-                meta["reward"] = float(reward)
+                try:
+                    meta["reward"] = float(reward)
+                except OverflowError:
+                    # An int beyond a float (10**400): kept as given, so that encoding refuses
+                    # this row alone (a RecordError, or "invalid" under on_invalid="skip").
+                    meta["reward"] = reward
         meta["prompt_len"] = t.prompt_len
         meta["response_len"] = t.seq_len - t.prompt_len
         meta["seq_len"] = t.seq_len
