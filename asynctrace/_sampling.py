@@ -123,7 +123,7 @@ class _TopBottomSelection(StepSelection):
     __slots__ = ("_bottom", "_n_bottom", "_n_top", "_top")
 
     def __init__(self, k: int) -> None:
-        self._n_top = math.ceil(k / 2)
+        self._n_top = -(-k // 2)  # ceil(k/2) in ints: k / 2 overflows a float for a huge k
         self._n_bottom = k // 2
         self._top: list[tuple[float, int, Entry]] = []
         self._bottom: list[tuple[float, int, Entry]] = []

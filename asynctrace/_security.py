@@ -147,10 +147,12 @@ def scrub_bytes(data: bytes, secrets: list[bytes]) -> bytes:
     return data
 
 
-def check_name(what: str, value: str) -> None:
+def check_name(what: str, value: object) -> None:
     """Project and run names become file and directory names in Trackio: refuse anything that
     could point outside its directory (a separator, ``.``/``..``, NUL or another control
     character), or that it could not store (see `check_text`)."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty str, got {shown(value)}")
     if any(ord(c) < 32 or ord(c) == 127 for c in value):
         raise ValueError(f"{what} must not contain NUL or control characters, got {shown(value)}")
     if "/" in value or "\\" in value or value.strip() in (".", ".."):

@@ -170,8 +170,9 @@ class TraceSession:
         check_text("trace_key", trace_key)
         try:
             trace_key.format(split="train")
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(f"trace_key may only use the {{split}} field, got {shown(trace_key)}") from exc
+        except Exception:  # KeyError, IndexError, ValueError, AttributeError ("{split.x}")
+            # Not chained: the KeyError would quote a part of trace_key unscrubbed.
+            raise ValueError(f"trace_key may only use the {{split}} field, got {shown(trace_key)}") from None
         if redact is not None and not callable(redact):
             raise ValueError("redact must be a callable taking and returning a Sample")
         if durability not in _DURABILITY:
@@ -624,7 +625,13 @@ class TraceSession:
         if key is None:
             # Once per split, not on every call: one a sink could not store is refused here.
             check_split(split)
-            key = self._keys[split] = self.trace_key.format(split=split)
+            try:
+                key = self.trace_key.format(split=split)
+            except Exception:  # "{split[3]}" with a shorter split
+                raise ValueError(
+                    f"trace_key {shown(self.trace_key)} cannot be formatted with split {shown(split)}"
+                ) from None
+            self._keys[split] = key
         return key
 
     def _encode(
@@ -963,10 +970,11 @@ class TraceSession:
             check_text("metrics: key", k)
             try:
                 clean[k] = float(v)
-            except Exception as exc:  # OverflowError (10**400) or a caller's __float__ failing
+            except Exception:  # OverflowError (10**400) or a caller's __float__ failing
+                # Not chained: float()'s error quotes the value (a string) unscrubbed.
                 raise ValueError(
                     f"metrics[{shown(k)}]: expected a number a float can hold, got {type(v).__name__}"
-                ) from exc
+                ) from None
         self._buffer.push_item(MetricsItem(step, clean))
         self._wake()
 

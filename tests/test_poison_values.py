@@ -266,3 +266,47 @@ async def test_no_wait_overflows_at_the_largest_float_timeout() -> None:
             assert await s.flush(timeout=big)
             stats = await s.finish(timeout=big)
     assert stats.written == 1
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("sampler", ["first", "top_bottom", "reservoir"])
+async def test_a_cap_no_float_holds_caps_nothing(sampler: str) -> None:
+    """max_traces_per_step=10**400 is a valid (if pointless) cap: top_bottom splits it in ints
+    instead of failing with OverflowError on a step's first sample."""
+    sink = at.testing.MemorySink()
+    async with at.TraceSession("p", sinks=[sink], max_traces_per_step=HUGE, sampler=sampler) as s:
+        assert await s.log_samples([sample(i) for i in range(5)], step=0) == 5
+    assert s.stats().written == 5
+
+
+@pytest.mark.parametrize("name", ["initial_backoff", "max_backoff"])
+def test_a_backoff_no_float_holds_is_a_value_error(name: str) -> None:
+    """RetryPolicy refuses a backoff of 10**400 up front, not in the writer's sleep."""
+    with pytest.raises(ValueError, match=name):
+        at.RetryPolicy(**{name: HUGE})
+
+
+@pytest.mark.parametrize("trace_key", ["{split.nope}/traces", "{split[3]}/traces"])
+def test_a_trace_key_that_cannot_take_the_split_is_a_value_error(trace_key: str) -> None:
+    """A trace_key whose format fails (an attribute, an index past a short split) is a ValueError
+    naming trace_key, at construction or at the call that logs the split, never another type."""
+    try:
+        session = at.TraceSession("p", sinks=[at.testing.MemorySink()], trace_key=trace_key)
+    except ValueError as exc:
+        assert "trace_key" in str(exc)
+        return
+    with session as s:
+        with pytest.raises(ValueError, match="trace_key"):
+            s.log_samples([sample(0)], step=0, split="ab")
+        assert s.stats().submitted == 0
+
+
+@pytest.mark.parametrize("project", [5, "", None])
+def test_sink_project_of_the_wrong_type_is_a_value_error(project: Any) -> None:
+    """TrackioSink(project=5) is a ValueError naming project (it was a TypeError); None means the
+    session's project."""
+    if project is None:
+        at.TrackioSink(project=project)
+        return
+    with pytest.raises(ValueError, match="project"):
+        at.TrackioSink(project=project)

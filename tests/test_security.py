@@ -344,15 +344,16 @@ _QUOTING_CALLS: list[Callable[[Any, str], object]] = [
     lambda s, t: s.log_samples([sample(0)], step=(t,)),
     lambda s, t: s.log_metrics({(t,): 1.0}, step=0),
     lambda s, t: s.log_metrics({t: "x"}, step=0),
+    lambda s, t: s.log_metrics({"loss": t}, step=0),
     lambda s, t: s.flush(timeout=t),
     lambda s, t: at.TraceSession(t + "/x", sinks=[at.testing.MemorySink()]),
-    lambda s, t: at.TraceSession("p", trace_key=t + "{oops}", sinks=[at.testing.MemorySink()]),
+    lambda s, t: at.TraceSession("p", trace_key="{" + t + "}", sinks=[at.testing.MemorySink()]),
 ]
 
 
 def test_value_errors_never_carry_a_credential(odd_token: list[str]) -> None:
     """Arguments quoted in ValueErrors (a split, a step, a metric name, a timeout, a project name,
-    a trace key) are scrubbed too."""
+    a trace key) are scrubbed too, and no unscrubbed error is chained to them."""
     errors: list[BaseException] = []
     with at.TraceSession("p", sinks=[at.testing.MemorySink()]) as s:
         for token in odd_token:
@@ -362,6 +363,10 @@ def test_value_errors_never_carry_a_credential(odd_token: list[str]) -> None:
                 errors.append(info.value)
     for exc in errors:
         _assert_clean(exc, odd_token)
+        chained = [exc.__cause__] + ([] if exc.__suppress_context__ else [exc.__context__])
+        for other in chained:
+            if other is not None:
+                _assert_clean(other, odd_token)
 
 
 def test_scrub_replaces_the_repr_and_json_forms_of_a_credential(odd_token: list[str]) -> None:
