@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ._record import TraceRecord
+from ._security import shown
 
 __all__ = [
     "FirstSampler",
@@ -256,7 +257,7 @@ def resolve_sampler(sampler: SamplerName | Sampler) -> Sampler:
     if sampler == "reservoir":
         return ReservoirSampler()
     raise ValueError(
-        f"sampler must be 'first', 'top_bottom', 'reservoir' or a Sampler instance, got {sampler!r}"
+        f"sampler must be 'first', 'top_bottom', 'reservoir' or a Sampler instance, got {shown(sampler)}"
     )
 
 

@@ -160,9 +160,9 @@ class TraceSession:
         check_seconds("finish_timeout", finish_timeout)
         check_seconds("step_timeout", step_timeout, allow_none=True)
         if on_full not in _ON_FULL:
-            raise ValueError(f"on_full must be one of {_ON_FULL}, got {on_full!r}")
+            raise ValueError(f"on_full must be one of {_ON_FULL}, got {shown(on_full)}")
         if on_invalid not in _ON_INVALID:
-            raise ValueError(f"on_invalid must be one of {_ON_INVALID}, got {on_invalid!r}")
+            raise ValueError(f"on_invalid must be one of {_ON_INVALID}, got {shown(on_invalid)}")
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise ValueError(f"retry must be a RetryPolicy or None, got {type(retry).__name__}")
         if not isinstance(trace_key, str) or not trace_key:
@@ -176,14 +176,14 @@ class TraceSession:
         if redact is not None and not callable(redact):
             raise ValueError("redact must be a callable taking and returning a Sample")
         if durability not in _DURABILITY:
-            raise ValueError(f"durability must be one of {_DURABILITY}, got {durability!r}")
+            raise ValueError(f"durability must be one of {_DURABILITY}, got {shown(durability)}")
         if spool_dir is not None and not isinstance(spool_dir, (str, os.PathLike)):
             raise ValueError(f"spool_dir must be a path or None, got {type(spool_dir).__name__}")
         if spool_dir is not None and not os.fspath(spool_dir):
             raise ValueError("spool_dir must not be empty")
         for name, flag in (("replay", replay), ("shutdown_hooks", shutdown_hooks)):
             if not isinstance(flag, bool):
-                raise ValueError(f"{name} must be a bool, got {flag!r}")
+                raise ValueError(f"{name} must be a bool, got {shown(flag)}")
 
         if sinks is None:
             from .sinks import TrackioSink

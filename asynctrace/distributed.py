@@ -200,7 +200,7 @@ class DistributedTraceLogger:
         **session_kwargs: Any,
     ) -> None:
         if mode not in _MODES:
-            raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+            raise ValueError(f"mode must be one of {_MODES}, got {shown(mode)}")
         check_int("max_traces_per_step", max_traces_per_step, allow_none=True)
         if mode in ("global", "per_rank") and max_traces_per_step is None:
             raise ValueError(
@@ -208,7 +208,7 @@ class DistributedTraceLogger:
                 "(or use mode='per_rank_stream' to write every sample)"
             )
         if on_invalid not in ("raise", "skip"):
-            raise ValueError(f"on_invalid must be 'raise' or 'skip', got {on_invalid!r}")
+            raise ValueError(f"on_invalid must be 'raise' or 'skip', got {shown(on_invalid)}")
         if session_factory is not None and session_kwargs:
             raise ValueError("give either session_factory or session keywords, not both")
         # Checked on every rank, not only where a session is made: a name no sink could store

@@ -348,6 +348,10 @@ _QUOTING_CALLS: list[Callable[[Any, str], object]] = [
     lambda s, t: s.flush(timeout=t),
     lambda s, t: at.TraceSession(t + "/x", sinks=[at.testing.MemorySink()]),
     lambda s, t: at.TraceSession("p", trace_key="{" + t + "}", sinks=[at.testing.MemorySink()]),
+    lambda s, t: at.TraceSession("p", on_full=t, sinks=[at.testing.MemorySink()]),
+    lambda s, t: at.TraceSession("p", sampler=t, sinks=[at.testing.MemorySink()]),
+    lambda s, t: at.TraceSession("p", durability=t, sinks=[at.testing.MemorySink()]),
+    lambda s, t: at.TrackioSink(run=t + "/x"),
 ]
 
 

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._record import Sample
+from .._security import shown
 from ._align import MISSING, Shortfall
 from ._text import SpanBatch, TextBatch
 from ._turns import Run, Turns, mask_runs, split_span_turns, split_turns
@@ -514,7 +515,7 @@ def decode_rollouts(
     which gives exactly the tokenizer's text at a fraction of its cost.
     """
     if not isinstance(env_role, str) or not env_role:
-        raise ValueError(f"env_role: expected a non-empty role name, got {env_role!r}")
+        raise ValueError(f"env_role: expected a non-empty role name, got {shown(env_role)}")
     if _is_ndarray(input_ids) and any(_is_tensor(v) for v in (attention_mask, loss_mask, versions)):
         # Mixed with tensors, numpy token ids take the tensor path (a CPU tensor on their memory).
         import torch
