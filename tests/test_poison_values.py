@@ -310,3 +310,54 @@ def test_sink_project_of_the_wrong_type_is_a_value_error(project: Any) -> None:
         return
     with pytest.raises(ValueError, match="project"):
         at.TrackioSink(project=project)
+
+
+TRACKIO_NAMES = [
+    "ok",
+    "my.model",
+    "registry-x",
+    "Registry-x",
+    "m_traces",
+    "_traces",
+    "m.traces",
+    "m_system",
+    "m_configs",
+    "m_artifact_versions",
+    "m_external_run_artifact_links",
+    "x" * 219,
+    "x" * 220,
+    "実" * 73,
+    "実" * 74,
+    "a.b" * 200,
+]
+
+
+@pytest.mark.parametrize("name", TRACKIO_NAMES, ids=lambda n: n[:24])
+def test_project_names_trackio_refuses_are_refused_at_construction(name: str) -> None:
+    """A project name Trackio itself refuses, or too long for its file names, is a ValueError
+    when the session (or the sink) is made, never a sink that fails to open and fails the run."""
+    refused = False
+    try:
+        SQLiteStorage.validate_project_name(name)
+    except ValueError:
+        refused = True
+    canonical = "".join(c for c in name if c.isalnum() or c in "-_")
+    refused = refused or len(canonical.encode()) + len("_external_run_artifact_links.parquet") > 255
+    if refused:
+        with pytest.raises(ValueError, match="project"):
+            at.TraceSession(name, sinks=[at.TrackioSink()])
+        with pytest.raises(ValueError, match="project"):
+            at.TrackioSink(project=name)
+    else:
+        at.TraceSession(name, sinks=[at.TrackioSink()])
+        at.TrackioSink(project=name)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_longest_accepted_project_name_is_stored(project: str) -> None:
+    """The longest project name accepted opens in Trackio and its records are written."""
+    name = project + "x" * (219 - len(project))
+    async with at.TraceSession(name, run="r", sinks=[_trackio()]) as s:
+        await s.log_samples([sample(0)], step=0)
+    assert s.stats().written == 1 and len(read_traces(name, "r")) == 1

@@ -20,7 +20,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from .. import _forks
 from .._checks import check_bool, check_type
 from .._record import TraceRecord
-from .._security import check_name
+from .._security import check_name, shown
 from ..exceptions import PermanentSinkError
 from ._base import Sink
 from ._trackio_writer import HEADER, TrackioWriter
@@ -66,6 +66,49 @@ def _pipe_fds(proc: anyio.abc.Process) -> tuple[tuple[int, tuple[int, int]], ...
     return tuple(fds)
 
 
+# Trackio 0.43's rules for a project name (`SQLiteStorage.validate_project_name`, and the files
+# named after it), written out here: they are checked when the sink is made, where importing
+# Trackio would cost the caller a second or more, and a name it refuses would otherwise fail
+# the sink's open, every record of the run with it. A test holds this copy to Trackio's own.
+_REGISTRY_PREFIX = "registry-"
+_RESERVED_SUFFIXES = tuple(
+    f"_{table}"
+    for table in (
+        "system",
+        "configs",
+        "traces",
+        "artifacts",
+        "artifact_versions",
+        "artifact_aliases",
+        "run_artifact_links",
+        "external_run_artifact_links",
+    )
+)
+# A file name's limit (NAME_MAX) less the longest name Trackio derives from a project's:
+# "<name>_external_run_artifact_links.parquet".
+_MAX_PROJECT_FILE_BYTES = 255 - len("_external_run_artifact_links.parquet")
+
+
+def check_trackio_project(project: str) -> None:
+    """Refuse a project name Trackio would refuse when the run is opened, with a ValueError."""
+    canonical = "".join(c for c in project if c.isalnum() or c in ("-", "_")).rstrip() or "default"
+    if canonical.startswith(_REGISTRY_PREFIX):
+        raise ValueError(
+            f"project {shown(project)}: Trackio reserves names beginning with {_REGISTRY_PREFIX!r}"
+        )
+    for suffix in _RESERVED_SUFFIXES:
+        if len(canonical) > len(suffix) and canonical.endswith(suffix):
+            raise ValueError(
+                f"project {shown(project)}: Trackio refuses names ending with {suffix!r} (its files "
+                f"would collide with those of project {canonical[: -len(suffix)]!r})"
+            )
+    if len(canonical.encode()) > _MAX_PROJECT_FILE_BYTES:
+        raise ValueError(
+            f"project name is too long for Trackio's file names: at most {_MAX_PROJECT_FILE_BYTES} "
+            f"bytes of letters, digits, '-' and '_', got {len(canonical.encode())}"
+        )
+
+
 # Bytes per pipe write, and records per header slice, between turns of the event loop.
 _SEND_SLICE = 64 * 1024
 _HEADER_SLICE = 64
@@ -93,6 +136,8 @@ class TrackioSink(Sink):
         for what, value in (("project", project), ("run", run)):
             if value is not None:
                 check_name(what, value)
+        if project is not None:
+            check_trackio_project(project)
         check_type("space_id", space_id, str, "a str")
         check_type("server_url", server_url, str, "a str")
         check_bool("process", process)
@@ -118,6 +163,8 @@ class TrackioSink(Sink):
         self.duplicates_skipped = 0
 
     def bind(self, project: str, run: str) -> None:
+        if self.project is None:
+            check_trackio_project(project)
         self.project = self.project or project
         self.run = self.run or run
 
