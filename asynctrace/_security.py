@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import re
+from typing import Any
 
 import orjson
 
@@ -42,11 +43,17 @@ _MIN_SECRET_LEN = 8
 
 _HF = (r"hf_[A-Za-z0-9]{16,}", "hf_" + REDACTED)
 _WRITE_TOKEN = (r"(write_token=)[^&\s#'\"<>\\]+", r"\1" + REDACTED)
+# Each with what the lowercased text must hold for it to match: a pattern that ignores case
+# costs several microseconds even on a short text, and every RecordError is scrubbed.
 _TEXT_PATTERNS = (
-    (re.compile(_HF[0]), _HF[1]),
-    (re.compile(_WRITE_TOKEN[0], re.IGNORECASE), _WRITE_TOKEN[1]),
-    (re.compile(r"((?:access_token|api_key|token)=)[^&\s#'\"<>]+", re.IGNORECASE), r"\1" + REDACTED),
-    (re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=-]{8,}", re.IGNORECASE), r"\1" + REDACTED),
+    (re.compile(_HF[0]), _HF[1], "hf_"),
+    (re.compile(_WRITE_TOKEN[0], re.IGNORECASE), _WRITE_TOKEN[1], "write_token="),
+    (
+        re.compile(r"((?:access_token|api_key|token)=)[^&\s#'\"<>]+", re.IGNORECASE),
+        r"\1" + REDACTED,
+        "=",
+    ),
+    (re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=-]{8,}", re.IGNORECASE), r"\1" + REDACTED, "bearer"),
 )
 # Spooled samples are user data: only what is unmistakably a credential is replaced there
 # (a Hugging Face token, a Trackio write token in a URL, a credential value from the environment).
@@ -63,14 +70,40 @@ _BYTES_PATTERNS = (
 )
 
 
-def secret_values() -> list[str]:
-    """The credential values currently in the environment, longest first."""
+def _read_secrets() -> list[str]:
     values = {
         value
         for name, value in os.environ.items()
         if (name in _KNOWN or _SECRET_NAME.search(name)) and len(value) >= _MIN_SECRET_LEN
     }
     return sorted(values, key=len, reverse=True)
+
+
+# (the environment it was read from, its credential values, their text forms): reading the
+# environment costs tens of microseconds, and every RecordError scrubs its text, so one
+# reading serves until the environment changes. os.environ keeps its items in `_data`, a dict
+# of bytes whose items compare in C; without it (another Python), every call reads afresh.
+_cached: tuple[tuple[Any, ...], list[str], list[str]] | None = None
+
+
+def _secrets() -> tuple[list[str], list[str]]:
+    """The credential values in the environment and every text form of them, longest first."""
+    global _cached
+    data = getattr(os.environ, "_data", None)
+    key = tuple(data.items()) if isinstance(data, dict) else None
+    cached = _cached
+    if key is not None and cached is not None and cached[0] == key:
+        return cached[1], cached[2]
+    values = _read_secrets()
+    forms = sorted({form for value in values for form in _text_forms(value)}, key=len, reverse=True)
+    if key is not None:
+        _cached = (key, values, forms)
+    return values, forms
+
+
+def secret_values() -> list[str]:
+    """The credential values currently in the environment, longest first."""
+    return list(_secrets()[0])
 
 
 def secret_bytes() -> list[bytes]:
@@ -101,12 +134,13 @@ def _text_forms(value: str) -> list[str]:
 
 def scrub(text: str) -> str:
     """`text` with every credential replaced by ``***``."""
-    for value in secret_values():
-        for form in _text_forms(value):
-            if form in text:
-                text = text.replace(form, REDACTED)
-    for pattern, replacement in _TEXT_PATTERNS:
-        text = pattern.sub(replacement, text)
+    for form in _secrets()[1]:
+        if form in text:
+            text = text.replace(form, REDACTED)
+    lowered = text.lower()
+    for pattern, replacement, hint in _TEXT_PATTERNS:
+        if hint in lowered:
+            text = pattern.sub(replacement, text)
     return text
 
 
