@@ -381,3 +381,21 @@ def test_scrub_replaces_the_repr_and_json_forms_of_a_credential(odd_token: list[
     clean = scrub(text)
     assert QUOTED not in clean and repr(QUOTED)[1:-1] not in clean
     assert orjson.dumps(QUOTED).decode()[1:-1] not in clean
+
+
+def test_scrub_follows_changes_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A credential set (or changed) after an earlier scrub is scrubbed too: what scrub caches of
+    the environment is read again when the environment changes."""
+    first, second = "first-secret-" + "1" * 12, "second-secret-" + "2" * 12
+    monkeypatch.setenv("MY_SERVICE_TOKEN", first)
+    assert scrub(f"a {first}") == "a ***"
+    monkeypatch.setenv("MY_SERVICE_TOKEN", second)
+    assert scrub(f"a {first} {second}") == f"a {first} ***"
+    monkeypatch.delenv("MY_SERVICE_TOKEN")
+    assert scrub(f"a {second}") == f"a {second}"
+    with pytest.raises(at.RecordError) as info:
+        monkeypatch.setenv("OTHER_API_KEY", first)
+        from asynctrace._record import encode_sample
+
+        encode_sample({"prompt": "q", first: b"x"}, 0)
+    assert first not in str(info.value) and first not in str(info.value.path)
