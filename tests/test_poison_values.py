@@ -361,3 +361,43 @@ async def test_the_longest_accepted_project_name_is_stored(project: str) -> None
     async with at.TraceSession(name, run="r", sinks=[_trackio()]) as s:
         await s.log_samples([sample(0)], step=0)
     assert s.stats().written == 1 and len(read_traces(name, "r")) == 1
+
+
+class _Args:
+    """An argparse-like config object: Trackio stores its public attributes."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.__dict__.update(kwargs)
+
+
+BAD_INIT_KWARGS = [
+    {"config": {"lr": "x" + LONE}},
+    {"config": {"k" + LONE: 1}},
+    {"config": {"big": HUGE}},
+    {"config": {"nested": [{"deep": (1, LONE)}]}},
+    {"config": _Args(note=LONE)},
+    {"group": "g" + LONE},
+]
+
+
+@pytest.mark.parametrize("init_kwargs", BAD_INIT_KWARGS, ids=range(len(BAD_INIT_KWARGS)))
+def test_init_kwargs_trackio_cannot_store_are_refused_at_construction(init_kwargs: Any) -> None:
+    """A config or group Trackio could not store (a lone surrogate, an int beyond 64 bits) is a
+    ValueError naming init_kwargs when the sink is made."""
+    with pytest.raises(ValueError, match="init_kwargs"):
+        at.TrackioSink(init_kwargs=init_kwargs)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_storable_config_reaches_trackio(project: str) -> None:
+    """Ordinary configs (numbers, NaN, numpy scalars, 64-bit ints, objects) still open the run,
+    and its records are written."""
+    import numpy as np
+
+    config = {"lr": 1e-4, "nan": float("nan"), "n": np.int64(3), "u": 2**64 - 1, "args": _Args(x=1)}
+    async with at.TraceSession(
+        project, run="r", sinks=[at.TrackioSink(process=False, init_kwargs={"config": config})]
+    ) as s:
+        await s.log_samples([sample(0)], step=0)
+    assert s.stats().written == 1 and len(read_traces(project, "r")) == 1

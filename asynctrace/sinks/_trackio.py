@@ -20,7 +20,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from .. import _forks
 from .._checks import check_bool, check_type
 from .._record import TraceRecord
-from .._security import check_name, shown
+from .._security import check_name, check_text, shown
 from ..exceptions import PermanentSinkError
 from ._base import Sink
 from ._trackio_writer import HEADER, TrackioWriter
@@ -109,6 +109,51 @@ def check_trackio_project(project: str) -> None:
         )
 
 
+def check_storable(value: Any, path: str, depth: int = 0) -> None:
+    """Refuse, with a ValueError naming `path`, what Trackio could not store of `init_kwargs`
+    (the run's config, its group): a lone surrogate in a string or key, or an int beyond 64
+    bits. Trackio stores them with the first write, which then fails, every record with it.
+    Walks the value as Trackio's `to_json_safe` converts it."""
+    if depth > 100:
+        return  # deeper than any config; Trackio's own conversion decides
+    if isinstance(value, bool) or value is None or isinstance(value, float):
+        return
+    if isinstance(value, str):
+        check_text(path, value)
+        return
+    if isinstance(value, int):
+        if not -(2**63) <= value < 2**64:
+            raise ValueError(f"{path}: an int beyond 64 bits, which Trackio cannot store")
+        return
+    if type(value).__module__ == "numpy":
+        item = getattr(value, "item", None)
+        if callable(item) and getattr(value, "ndim", None) == 0:
+            check_storable(item(), path, depth + 1)
+            return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            name = str(key)
+            check_text(f"{path}: a key", name)
+            check_storable(item, f"{path}[{shown(name)}]", depth + 1)
+        return
+    if isinstance(value, (list, tuple, set, frozenset)):
+        for i, item in enumerate(value):
+            check_storable(item, f"{path}[{i}]", depth + 1)
+        return
+    to_dict = getattr(value, "to_dict", None)
+    if callable(to_dict):
+        return  # converted by the object's own code, when Trackio opens the run
+    if hasattr(value, "__dict__"):
+        public = {k: v for k, v in vars(value).items() if not k.startswith("_")}
+        check_storable(public, path, depth + 1)
+        return
+    try:
+        text = str(value)
+    except Exception:  # str() of an odd object fails: Trackio's problem, as before
+        return
+    check_text(path, text)
+
+
 # Bytes per pipe write, and records per header slice, between turns of the event loop.
 _SEND_SLICE = 64 * 1024
 _HEADER_SLICE = 64
@@ -142,6 +187,8 @@ class TrackioSink(Sink):
         check_type("server_url", server_url, str, "a str")
         check_bool("process", process)
         check_type("init_kwargs", init_kwargs, Mapping, "a mapping of trackio.init arguments")
+        if init_kwargs is not None:
+            check_storable(init_kwargs, "init_kwargs")
         self.name = "trackio"
         self.project = project
         self.run = run
