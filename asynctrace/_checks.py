@@ -5,30 +5,47 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from ._security import check_text, shown
+
 __all__ = [
+    "MAX_STEP",
     "check_bool",
     "check_int",
     "check_seconds",
+    "check_split",
     "check_step",
+    "check_text",
     "check_timeout",
     "check_type",
     "wait_arg",
 ]
 
+# The largest step a sink can store: Trackio keeps steps in an SQLite INTEGER (64-bit signed).
+MAX_STEP = 2**63 - 1
 
-def check_int(name: str, value: Any, *, minimum: int = 1, allow_none: bool = False) -> None:
-    """`value` is an int (not a bool) of at least `minimum`, or None when allowed."""
+
+def check_int(
+    name: str, value: Any, *, minimum: int = 1, maximum: int | None = None, allow_none: bool = False
+) -> None:
+    """`value` is an int (not a bool) of at least `minimum` (and at most `maximum`), or None when allowed."""
     if value is None and allow_none:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < minimum
+        or (maximum is not None and value > maximum)
+    ):
         what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
-        raise ValueError(f"{name} must be {what}{' or None' if allow_none else ''}, got {value!r}")
+        if maximum is not None:
+            what += f" and <= {maximum}"
+        raise ValueError(f"{name} must be {what}{' or None' if allow_none else ''}, got {shown(value)}")
 
 
 def check_bool(name: str, value: Any) -> None:
     """`value` is a bool: a string such as "no" would read as true."""
     if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
+        raise ValueError(f"{name} must be True or False, got {shown(value)}")
 
 
 def check_type(name: str, value: Any, kind: type | tuple[type, ...], what: str) -> None:
@@ -41,15 +58,21 @@ def check_seconds(name: str, value: Any, *, allow_none: bool = False) -> None:
     """`value` is a positive number of seconds, or None when allowed."""
     if value is None and allow_none:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    if not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0:
+        try:
+            float(value)  # an int too large for a float (10**400) would fail where it is used
+            return
+        except OverflowError:
+            pass
+    raise ValueError(f"{name} must be a positive number of seconds, got {shown(value)}")
 
 
 def check_timeout(value: Any, name: str = "timeout") -> float | None:
     """A wait's timeout as a float: None (no limit) or seconds >= 0 (inf: no limit).
 
-    Anything with `__float__` counts (numpy scalars, a 0-d tensor); a bool, a string or a
-    negative or NaN value is a ValueError naming `name`.
+    Anything with `__float__` counts (numpy scalars, a 0-d tensor); a bool, a string, a
+    negative or NaN value, or one that no float can hold (``10**400``, a tensor of several
+    elements) is a ValueError naming `name`.
     """
     # Checked up front: a bad value found only when a wait begins (a full buffer, a deadline
     # being computed) would fail half-way, in a call that must always complete.
@@ -58,19 +81,26 @@ def check_timeout(value: Any, name: str = "timeout") -> float | None:
     if not isinstance(value, bool) and hasattr(type(value), "__float__"):
         try:
             seconds = float(value)
-        except (TypeError, ValueError):
+        except Exception:  # OverflowError, or whatever a caller's __float__ raises
             pass
         else:
             if seconds >= 0:
                 return seconds
-    raise ValueError(f"{name} must be None or a number of seconds >= 0, got {value!r}")
+    raise ValueError(f"{name} must be None or a number of seconds >= 0, got {shown(value)}")
 
 
 def check_step(step: Any, split: Any = "train") -> None:
-    """A logging call's step (an int >= 0) and split (a non-empty str)."""
-    check_int("step", step, minimum=0)
+    """A logging call's step (an int from 0 to `MAX_STEP`) and split (a non-empty str a sink
+    can store): refused here, not by the sink's write, where it would fail its whole batch."""
+    check_int("step", step, minimum=0, maximum=MAX_STEP)
+    check_split(split)
+
+
+def check_split(split: Any) -> None:
+    """A split: a non-empty str that UTF-8 can hold."""
     if not isinstance(split, str) or not split:
-        raise ValueError(f"split must be a non-empty str, got {split!r}")
+        raise ValueError(f"split must be a non-empty str, got {shown(split)}")
+    check_text("split", split)
 
 
 def wait_arg(seconds: float) -> float | None:

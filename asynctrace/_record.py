@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from ._security import describe
+from ._security import describe, shown
 from .exceptions import RecordError
 
 __all__ = ["Sample", "SampleLike", "TraceRecord"]
@@ -146,7 +146,9 @@ def _finite_or_none(value: Any) -> float | None:
         return None
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except Exception:
+        # OverflowError (an int beyond a float, 10**400), or whatever a caller's __float__
+        # raises (a tensor of several elements): no finite number to rank by.
         return None
     return number if math.isfinite(number) else None
 
@@ -199,7 +201,7 @@ def _find_bad_path(value: Any, path: str, depth: int = 0) -> tuple[str, str]:
     if isinstance(value, Mapping):
         for key, item in value.items():
             if not isinstance(key, str):
-                return path, f"key {key!r} is a {type(key).__name__}, keys must be str"
+                return path, f"key {shown(key)} is a {type(key).__name__}, keys must be str"
             sub = f"{path}.{key}" if path else key
             if _json_ok(item) is not None:
                 return _find_bad_path(item, sub, depth + 1)
@@ -417,10 +419,10 @@ def _check_score(value: Any, index: int) -> None:
         try:
             float(value)
             return
-        except (TypeError, ValueError):
+        except Exception:  # OverflowError for 10**400, or a caller's __float__ failing
             pass
     raise RecordError(
-        f"sample {index}: score: expected a number or None, got {type(value).__name__}",
+        f"sample {index}: score: expected a number a float can hold, or None, got {type(value).__name__}",
         index=index,
         path="score",
     )

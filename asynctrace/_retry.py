@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -18,11 +19,14 @@ from tenacity import (
 )
 
 from ._checks import check_int, check_seconds
+from ._security import shown
 from .exceptions import PermanentSinkError
 
 __all__ = ["RetryPolicy"]
 
 T = TypeVar("T")
+
+_FLOAT_MAX = sys.float_info.max
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +43,11 @@ class RetryPolicy:
         for name in ("initial_backoff", "max_backoff"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
+                raise ValueError(f"{name} must be a number of seconds >= 0, got {shown(value)}")
+            if isinstance(value, int) and value > _FLOAT_MAX:
+                # The writer sleeps this long between attempts: an int no float holds
+                # (10**400) would fail that sleep, in the writer, instead of here.
+                raise ValueError(f"{name} must be a number of seconds a float can hold, got {shown(value)}")
         check_seconds("attempt_timeout", self.attempt_timeout)
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ._record import TraceRecord
+from ._security import shown
 
 __all__ = [
     "FirstSampler",
@@ -123,7 +124,7 @@ class _TopBottomSelection(StepSelection):
     __slots__ = ("_bottom", "_n_bottom", "_n_top", "_top")
 
     def __init__(self, k: int) -> None:
-        self._n_top = math.ceil(k / 2)
+        self._n_top = -(-k // 2)  # ceil(k/2) in ints: k / 2 overflows a float for a huge k
         self._n_bottom = k // 2
         self._top: list[tuple[float, int, Entry]] = []
         self._bottom: list[tuple[float, int, Entry]] = []
@@ -256,7 +257,7 @@ def resolve_sampler(sampler: SamplerName | Sampler) -> Sampler:
     if sampler == "reservoir":
         return ReservoirSampler()
     raise ValueError(
-        f"sampler must be 'first', 'top_bottom', 'reservoir' or a Sampler instance, got {sampler!r}"
+        f"sampler must be 'first', 'top_bottom', 'reservoir' or a Sampler instance, got {shown(sampler)}"
     )
 
 

@@ -11,9 +11,11 @@ that happens to contain one. Everything asynctrace formats passes through `scrub
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+from typing import Any
 
 import orjson
 
@@ -21,11 +23,13 @@ __all__ = [
     "REDACTED",
     "ScrubFilter",
     "check_name",
+    "check_text",
     "describe",
     "scrub",
     "scrub_bytes",
     "secret_bytes",
     "secret_values",
+    "shown",
 ]
 
 REDACTED = "***"
@@ -39,11 +43,17 @@ _MIN_SECRET_LEN = 8
 
 _HF = (r"hf_[A-Za-z0-9]{16,}", "hf_" + REDACTED)
 _WRITE_TOKEN = (r"(write_token=)[^&\s#'\"<>\\]+", r"\1" + REDACTED)
+# Each with what the lowercased text must hold for it to match: a pattern that ignores case
+# costs several microseconds even on a short text, and every RecordError is scrubbed.
 _TEXT_PATTERNS = (
-    (re.compile(_HF[0]), _HF[1]),
-    (re.compile(_WRITE_TOKEN[0], re.IGNORECASE), _WRITE_TOKEN[1]),
-    (re.compile(r"((?:access_token|api_key|token)=)[^&\s#'\"<>]+", re.IGNORECASE), r"\1" + REDACTED),
-    (re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=-]{8,}", re.IGNORECASE), r"\1" + REDACTED),
+    (re.compile(_HF[0]), _HF[1], "hf_"),
+    (re.compile(_WRITE_TOKEN[0], re.IGNORECASE), _WRITE_TOKEN[1], "write_token="),
+    (
+        re.compile(r"((?:access_token|api_key|token)=)[^&\s#'\"<>]+", re.IGNORECASE),
+        r"\1" + REDACTED,
+        "=",
+    ),
+    (re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=-]{8,}", re.IGNORECASE), r"\1" + REDACTED, "bearer"),
 )
 # Spooled samples are user data: only what is unmistakably a credential is replaced there
 # (a Hugging Face token, a Trackio write token in a URL, a credential value from the environment).
@@ -60,8 +70,7 @@ _BYTES_PATTERNS = (
 )
 
 
-def secret_values() -> list[str]:
-    """The credential values currently in the environment, longest first."""
+def _read_secrets() -> list[str]:
     values = {
         value
         for name, value in os.environ.items()
@@ -70,24 +79,68 @@ def secret_values() -> list[str]:
     return sorted(values, key=len, reverse=True)
 
 
+# (the environment it was read from, its credential values, their text forms): reading the
+# environment costs tens of microseconds, and every RecordError scrubs its text, so one
+# reading serves until the environment changes. os.environ keeps its items in `_data`, a dict
+# of bytes whose items compare in C; without it (another Python), every call reads afresh.
+_cached: tuple[tuple[Any, ...], list[str], list[str]] | None = None
+
+
+def _secrets() -> tuple[list[str], list[str]]:
+    """The credential values in the environment and every text form of them, longest first."""
+    global _cached
+    data = getattr(os.environ, "_data", None)
+    key = tuple(data.items()) if isinstance(data, dict) else None
+    cached = _cached
+    if key is not None and cached is not None and cached[0] == key:
+        return cached[1], cached[2]
+    values = _read_secrets()
+    forms = sorted({form for value in values for form in _text_forms(value)}, key=len, reverse=True)
+    if key is not None:
+        _cached = (key, values, forms)
+    return values, forms
+
+
+def secret_values() -> list[str]:
+    """The credential values currently in the environment, longest first."""
+    return list(_secrets()[0])
+
+
 def secret_bytes() -> list[bytes]:
     """`secret_values()` as they appear in UTF-8 JSON: as is, and JSON-escaped where that differs
     (a value holding a quote, a backslash or a control character), longest first."""
     out: set[bytes] = set()
     for value in secret_values():
-        raw = value.encode()
-        out.add(raw)
-        out.add(orjson.dumps(value)[1:-1])
+        try:
+            out.add(value.encode())
+            out.add(orjson.dumps(value)[1:-1])
+        except (UnicodeEncodeError, orjson.JSONEncodeError):
+            # Not valid UTF-8 (an environment value with undecodable bytes): it cannot
+            # appear in UTF-8 JSON, so there is nothing to replace.
+            continue
     return sorted(out, key=len, reverse=True)
+
+
+def _text_forms(value: str) -> list[str]:
+    """`value` as it can appear in a message: as is, inside a ``repr`` (how an error quotes a
+    key or a tuple holding it) and JSON-escaped; these differ for a quote, a backslash or a
+    control character."""
+    forms = [value, repr(value)[1:-1]]
+    # An environment value that is not valid UTF-8 has no JSON form.
+    with contextlib.suppress(orjson.JSONEncodeError):
+        forms.append(orjson.dumps(value).decode()[1:-1])
+    return list(dict.fromkeys(forms))
 
 
 def scrub(text: str) -> str:
     """`text` with every credential replaced by ``***``."""
-    for value in secret_values():
-        if value in text:
-            text = text.replace(value, REDACTED)
-    for pattern, replacement in _TEXT_PATTERNS:
-        text = pattern.sub(replacement, text)
+    for form in _secrets()[1]:
+        if form in text:
+            text = text.replace(form, REDACTED)
+    lowered = text.lower()
+    for pattern, replacement, hint in _TEXT_PATTERNS:
+        if hint in lowered:
+            text = pattern.sub(replacement, text)
     return text
 
 
@@ -98,6 +151,15 @@ def describe(exc: BaseException) -> str:
     except Exception:  # an exception whose message itself fails must not escape from here
         text = "<message unavailable>"
     return scrub(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+
+
+def shown(value: object) -> str:
+    """A caller's value as an error message quotes it: its ``repr``, with credentials scrubbed."""
+    try:
+        text = repr(value)
+    except Exception:  # a value whose repr fails must not turn into another error
+        text = f"<{type(value).__name__}>"
+    return scrub(text)
 
 
 def scrub_bytes(data: bytes, secrets: list[bytes]) -> bytes:
@@ -119,15 +181,31 @@ def scrub_bytes(data: bytes, secrets: list[bytes]) -> bytes:
     return data
 
 
-def check_name(what: str, value: str) -> None:
+def check_name(what: str, value: object) -> None:
     """Project and run names become file and directory names in Trackio: refuse anything that
-    could point outside its directory (a separator, ``.``/``..``, NUL or another control character)."""
+    could point outside its directory (a separator, ``.``/``..``, NUL or another control
+    character), or that it could not store (see `check_text`)."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty str, got {shown(value)}")
     if any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise ValueError(f"{what} must not contain NUL or control characters, got {value!r}")
+        raise ValueError(f"{what} must not contain NUL or control characters, got {shown(value)}")
     if "/" in value or "\\" in value or value.strip() in (".", ".."):
         raise ValueError(
-            f"{what} must be a plain name, not a path (no '/', '\\', '.' or '..'), got {value!r}"
+            f"{what} must be a plain name, not a path (no '/', '\\', '.' or '..'), got {shown(value)}"
         )
+    check_text(what, value)
+
+
+def check_text(what: str, value: str) -> None:
+    """`value` can be stored: UTF-8 (what JSON, SQLite and the spool hold) has no form for a lone
+    surrogate, so a sink would refuse it only when writing, failing the records batched with it."""
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise ValueError(
+                f"{what} must be valid Unicode text (no lone surrogates), got {shown(value)}"
+            ) from None
 
 
 class ScrubFilter(logging.Filter):

@@ -25,7 +25,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from . import _forks, _segments, _shutdown
 from ._buffer import Buffer, Marker, MetricsItem, OnFull
-from ._checks import check_int, check_seconds, check_step, check_timeout
+from ._checks import MAX_STEP, check_int, check_seconds, check_split, check_step, check_text, check_timeout
 from ._record import (
     UNKNOWN,
     Sample,
@@ -40,7 +40,7 @@ from ._record import (
 )
 from ._retry import NO_RETRY, RetryPolicy
 from ._sampling import Gate, Sampler, SamplerName, resolve_sampler
-from ._security import check_name, describe
+from ._security import check_name, describe, shown
 from ._spool import Durability, Spool
 from ._stats import SessionStats
 from ._sync import SyncTraceSession, _SyncRunner
@@ -145,10 +145,10 @@ class TraceSession:
         shutdown_hooks: bool = False,
     ) -> None:
         if not isinstance(project, str) or not project:
-            raise ValueError(f"project must be a non-empty str, got {project!r}")
+            raise ValueError(f"project must be a non-empty str, got {shown(project)}")
         check_name("project", project)
         if run is not None and (not isinstance(run, str) or not run):
-            raise ValueError(f"run must be a non-empty str or None, got {run!r}")
+            raise ValueError(f"run must be a non-empty str or None, got {shown(run)}")
         if run is not None:
             check_name("run", run)
         check_int("max_traces_per_step", max_traces_per_step, allow_none=True)
@@ -160,28 +160,30 @@ class TraceSession:
         check_seconds("finish_timeout", finish_timeout)
         check_seconds("step_timeout", step_timeout, allow_none=True)
         if on_full not in _ON_FULL:
-            raise ValueError(f"on_full must be one of {_ON_FULL}, got {on_full!r}")
+            raise ValueError(f"on_full must be one of {_ON_FULL}, got {shown(on_full)}")
         if on_invalid not in _ON_INVALID:
-            raise ValueError(f"on_invalid must be one of {_ON_INVALID}, got {on_invalid!r}")
+            raise ValueError(f"on_invalid must be one of {_ON_INVALID}, got {shown(on_invalid)}")
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise ValueError(f"retry must be a RetryPolicy or None, got {type(retry).__name__}")
         if not isinstance(trace_key, str) or not trace_key:
-            raise ValueError(f"trace_key must be a non-empty str, got {trace_key!r}")
+            raise ValueError(f"trace_key must be a non-empty str, got {shown(trace_key)}")
+        check_text("trace_key", trace_key)
         try:
             trace_key.format(split="train")
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(f"trace_key may only use the {{split}} field, got {trace_key!r}") from exc
+        except Exception:  # KeyError, IndexError, ValueError, AttributeError ("{split.x}")
+            # Not chained: the KeyError would quote a part of trace_key unscrubbed.
+            raise ValueError(f"trace_key may only use the {{split}} field, got {shown(trace_key)}") from None
         if redact is not None and not callable(redact):
             raise ValueError("redact must be a callable taking and returning a Sample")
         if durability not in _DURABILITY:
-            raise ValueError(f"durability must be one of {_DURABILITY}, got {durability!r}")
+            raise ValueError(f"durability must be one of {_DURABILITY}, got {shown(durability)}")
         if spool_dir is not None and not isinstance(spool_dir, (str, os.PathLike)):
             raise ValueError(f"spool_dir must be a path or None, got {type(spool_dir).__name__}")
         if spool_dir is not None and not os.fspath(spool_dir):
             raise ValueError("spool_dir must not be empty")
         for name, flag in (("replay", replay), ("shutdown_hooks", shutdown_hooks)):
             if not isinstance(flag, bool):
-                raise ValueError(f"{name} must be a bool, got {flag!r}")
+                raise ValueError(f"{name} must be a bool, got {shown(flag)}")
 
         if sinks is None:
             from .sinks import TrackioSink
@@ -621,7 +623,15 @@ class TraceSession:
     def _key_for(self, split: str) -> str:
         key = self._keys.get(split)
         if key is None:
-            key = self._keys[split] = self.trace_key.format(split=split)
+            # Once per split, not on every call: one a sink could not store is refused here.
+            check_split(split)
+            try:
+                key = self.trace_key.format(split=split)
+            except Exception:  # "{split[3]}" with a shorter split
+                raise ValueError(
+                    f"trace_key {shown(self.trace_key)} cannot be formatted with split {shown(split)}"
+                ) from None
+            self._keys[split] = key
         return key
 
     def _encode(
@@ -636,7 +646,7 @@ class TraceSession:
         """Validate and encode samples once, in the caller; returns records, the invalid count and
         how many the cap refused before they were encoded (only with `precheck`). Without
         `precheck`, the indices of samples left out as invalid go to `skipped`."""
-        if type(step) is not int or step < 0 or type(split) is not str or not split:
+        if type(step) is not int or step < 0 or step > MAX_STEP or type(split) is not str or not split:
             check_step(step, split)  # raises, or accepts an int subclass
         items = samples if type(samples) is list else as_list(samples)
         key = self._keys.get(split) or self._key_for(split)
@@ -956,11 +966,15 @@ class TraceSession:
         clean: dict[str, float] = {}
         for k, v in metrics.items():
             if not isinstance(k, str):
-                raise ValueError(f"metrics: key {k!r} is not a str")
+                raise ValueError(f"metrics: key {shown(k)} is not a str")
+            check_text("metrics: key", k)
             try:
                 clean[k] = float(v)
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"metrics[{k!r}]: expected a number, got {type(v).__name__}") from exc
+            except Exception:  # OverflowError (10**400) or a caller's __float__ failing
+                # Not chained: float()'s error quotes the value (a string) unscrubbed.
+                raise ValueError(
+                    f"metrics[{shown(k)}]: expected a number a float can hold, got {type(v).__name__}"
+                ) from None
         self._buffer.push_item(MetricsItem(step, clean))
         self._wake()
 

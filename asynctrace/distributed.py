@@ -30,9 +30,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
-from ._checks import check_int, check_step, check_timeout
+from ._checks import MAX_STEP, check_int, check_step, check_timeout
 from ._record import Sample, SampleLike, as_list, encode_samples
 from ._sampling import Entry, ReservoirSampler, Sampler, SamplerName, StepSelection, resolve_sampler
+from ._security import check_name, shown
 from ._session import TraceSession
 from ._stats import SessionStats
 from ._sync import SyncTraceSession, log_within
@@ -199,7 +200,7 @@ class DistributedTraceLogger:
         **session_kwargs: Any,
     ) -> None:
         if mode not in _MODES:
-            raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+            raise ValueError(f"mode must be one of {_MODES}, got {shown(mode)}")
         check_int("max_traces_per_step", max_traces_per_step, allow_none=True)
         if mode in ("global", "per_rank") and max_traces_per_step is None:
             raise ValueError(
@@ -207,9 +208,18 @@ class DistributedTraceLogger:
                 "(or use mode='per_rank_stream' to write every sample)"
             )
         if on_invalid not in ("raise", "skip"):
-            raise ValueError(f"on_invalid must be 'raise' or 'skip', got {on_invalid!r}")
+            raise ValueError(f"on_invalid must be 'raise' or 'skip', got {shown(on_invalid)}")
         if session_factory is not None and session_kwargs:
             raise ValueError("give either session_factory or session keywords, not both")
+        # Checked on every rank, not only where a session is made: a name no sink could store
+        # fails here, before any collective call.
+        if not isinstance(project, str) or not project:
+            raise ValueError(f"project must be a non-empty str, got {shown(project)}")
+        check_name("project", project)
+        if run is not None:
+            if not isinstance(run, str) or not run:
+                raise ValueError(f"run must be a non-empty str or None, got {shown(run)}")
+            check_name("run", run)
 
         import torch
         import torch.distributed as dist
@@ -296,7 +306,7 @@ class DistributedTraceLogger:
         # Rank 0's name wins, so every rank writes to (or names its run after) the same run.
         raw = name.encode()
         if len(raw) > _RUN_NAME_BYTES - 2:
-            raise ValueError(f"run name is longer than {_RUN_NAME_BYTES - 2} bytes: {name!r}")
+            raise ValueError(f"run name is longer than {_RUN_NAME_BYTES - 2} bytes: {shown(name)}")
         buf = bytearray(_RUN_NAME_BYTES)
         buf[:2] = len(raw).to_bytes(2, "big")
         buf[2 : 2 + len(raw)] = raw
@@ -488,7 +498,7 @@ class DistributedTraceLogger:
         `timeout` seconds (None: as long as it takes); what still does not fit is ``"queue_full"``.
         """
         timeout = check_timeout(timeout)
-        check_int("step", step, minimum=0)
+        check_int("step", step, minimum=0, maximum=MAX_STEP)
         if self._final is not None or self._closing:
             raise SessionClosedError("the logger is finished")
         if self.mode == "per_rank_stream":

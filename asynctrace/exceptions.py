@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ._security import scrub
+
 __all__ = [
     "AsyncTraceError",
     "PermanentSinkError",
@@ -16,12 +18,16 @@ class AsyncTraceError(Exception):
 
 
 class RecordError(AsyncTraceError, ValueError):
-    """A sample could not be validated or encoded; names the sample index and field path."""
+    """A sample could not be validated or encoded; names the sample index and field path.
+
+    The message and the path quote the caller's data (a metadata key, a value's repr): both are
+    scrubbed of credentials here, whoever raises it.
+    """
 
     def __init__(self, message: str, *, index: int | None = None, path: str | None = None) -> None:
-        super().__init__(message)
+        super().__init__(scrub(message))
         self.index = index
-        self.path = path
+        self.path = scrub(path) if path else path
 
 
 class SessionClosedError(AsyncTraceError):

@@ -6,11 +6,13 @@ from typing import Any
 
 import anyio
 import pytest
+import torch
 
 import asynctrace as at
 from tests._util import sample
 
-BAD_TIMEOUTS = ["x", -1, float("nan"), True]
+# 10**400: no float holds it (float() raises OverflowError); a tensor of two has no one number.
+BAD_TIMEOUTS = ["x", -1, float("nan"), True, 10**400, torch.ones(2)]
 
 
 @pytest.mark.anyio
@@ -26,13 +28,14 @@ async def test_a_bad_finish_timeout_is_refused_and_the_session_still_finishes(ba
     assert sink.closed and len(sink.records) == 1
 
 
-def test_a_bad_finish_timeout_in_the_blocking_form_leaves_no_sink_open() -> None:
-    """The blocking form's finish(timeout="x") raises; leaving the block closes every sink."""
+@pytest.mark.parametrize("bad", BAD_TIMEOUTS)
+def test_a_bad_finish_timeout_in_the_blocking_form_leaves_no_sink_open(bad: Any) -> None:
+    """The blocking form's finish(timeout=<bad>) raises; leaving the block closes every sink."""
     sink = at.testing.MemorySink()
     with at.TraceSession("p", sinks=[sink]) as s:
         s.log_samples([sample(0)], step=0)
         with pytest.raises(ValueError, match="timeout"):
-            s.finish(timeout="x")  # type: ignore[arg-type]
+            s.finish(timeout=bad)
     assert sink.closed and len(sink.records) == 1
 
 
@@ -49,13 +52,14 @@ async def test_bad_timeouts_of_log_samples_and_flush_are_refused_up_front(bad: A
         assert await s.flush(timeout=0) in (True, False) and await s.flush(timeout=float("inf"))
 
 
-def test_bad_timeouts_in_the_blocking_form_are_refused() -> None:
+@pytest.mark.parametrize("bad", BAD_TIMEOUTS)
+def test_bad_timeouts_in_the_blocking_form_are_refused(bad: Any) -> None:
     """The blocking form refuses a bad timeout for log_samples and flush too."""
     with at.TraceSession("p", sinks=[at.testing.MemorySink()]) as s:
         with pytest.raises(ValueError, match="timeout"):
-            s.log_samples([sample(0)], step=0, timeout="x")  # type: ignore[arg-type]
+            s.log_samples([sample(0)], step=0, timeout=bad)
         with pytest.raises(ValueError, match="timeout"):
-            s.flush(timeout=-1)
+            s.flush(timeout=bad)
         assert s.stats().submitted == 0
 
 

@@ -181,6 +181,28 @@ async def test_one_row_too_large_is_skipped_alone_with_on_invalid_skip() -> None
 
 
 @pytest.mark.parametrize("sampler", ["top_bottom", "first", "reservoir"])
+async def test_an_overflowing_reward_is_one_invalid_row(sampler: str) -> None:
+    """A reward of 10**400 (no float holds it) is a RecordError naming its row, or with
+    on_invalid="skip" that row alone counts "invalid": never an OverflowError."""
+    tok = rollouts.toy_tokenizer()
+    rows = [tok.encode(t).ids for t in ["hello", "big", "world"]]
+    rewards = [1.0, 10**400, 2.0]
+    mem = at.testing.MemorySink()
+    async with at.TraceSession(
+        "p", sinks=[mem], max_traces_per_step=4, sampler=sampler, on_invalid="skip"
+    ) as s:
+        assert await s.log_rollouts(rows, tokenizer=tok, step=0, rewards=rewards) == 2
+    st = s.stats()
+    assert st.written == 2 and st.dropped == {"invalid": 1} and st.check()
+    assert sorted(x.metadata["reward"] for x in mem.samples) == [1.0, 2.0]
+    async with at.TraceSession(
+        "p", sinks=[at.testing.MemorySink()], max_traces_per_step=4, sampler=sampler
+    ) as s:
+        with pytest.raises(at.RecordError, match="sample 1"):
+            await s.log_rollouts(rows, tokenizer=tok, step=0, rewards=rewards)
+
+
+@pytest.mark.parametrize("sampler", ["top_bottom", "first", "reservoir"])
 async def test_rows_whose_decoding_failed_give_their_places_back(sampler: str) -> None:
     """Reserved rows whose decoding failed leave the step's selection: later rows take their
     places, and nothing is counted twice."""

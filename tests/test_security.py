@@ -291,3 +291,111 @@ def test_a_formatter_that_renders_exc_info_itself_gets_no_credential(tokens: lis
     output = _log_failure(_unreachable, _OwnRendering())
     assert "Traceback" in output and "write_token=***" in output
     assert WRITE not in output
+
+
+def _assert_clean(exc: BaseException, secrets: Sequence[str]) -> None:
+    """No secret, in any form, in an exception's text, its args or its `path`."""
+    texts = [str(exc), repr(exc), repr(exc.args), str(getattr(exc, "path", ""))]
+    texts.append("".join(traceback.format_exception_only(type(exc), exc)))
+    for secret in secrets:
+        for text in texts:
+            assert secret not in text
+            assert repr(secret)[1:-1] not in text
+
+
+QUOTED = "q'uo\"te\\s-" + "7" * 12  # a credential whose repr differs from its value
+
+
+@pytest.fixture
+def odd_token(monkeypatch: pytest.MonkeyPatch, tokens: list[str]) -> list[str]:
+    monkeypatch.setenv("SERVICE_API_KEY", QUOTED)
+    return [*tokens, QUOTED]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda t: {"prompt": "q", t: b"bytes"},  # a key in the field path
+        lambda t: {"prompt": "q", "metadata": {"outer": {t: object()}}},  # deeper in the path
+        lambda t: {"prompt": "q", "m": {(t, 1): 2}},  # a tuple key's repr
+        lambda t: {"prompt": "q", "m": {t: {1: 2}}},  # a path and a non-str key together
+        lambda t: {t: "x"},  # a mapping without messages: its keys are listed
+    ],
+    ids=["key", "nested key", "tuple key", "path and key", "listed keys"],
+)
+@pytest.mark.parametrize("which", [0, 1, 2, 3])
+async def test_record_errors_never_carry_a_credential(
+    make: Callable[[str], Any], which: int, odd_token: list[str]
+) -> None:
+    """A metadata key holding a credential (HF_TOKEN, an env *_API_KEY with quotes in it...) is
+    scrubbed from the RecordError's message, args and path, in every way it can appear there."""
+    token = odd_token[which]
+    async with at.TraceSession("p", sinks=[at.testing.MemorySink()]) as s:
+        with pytest.raises(at.RecordError) as info:
+            await s.log_samples([make(token)], step=0)
+    _assert_clean(info.value, odd_token)
+    assert "***" in str(info.value)
+
+
+_QUOTING_CALLS: list[Callable[[Any, str], object]] = [
+    lambda s, t: s.log_samples([sample(0)], step=0, split=t + "\ud800"),
+    lambda s, t: s.log_samples([sample(0)], step=0, split=(t,)),
+    lambda s, t: s.log_samples([sample(0)], step=(t,)),
+    lambda s, t: s.log_metrics({(t,): 1.0}, step=0),
+    lambda s, t: s.log_metrics({t: "x"}, step=0),
+    lambda s, t: s.log_metrics({"loss": t}, step=0),
+    lambda s, t: s.flush(timeout=t),
+    lambda s, t: at.TraceSession(t + "/x", sinks=[at.testing.MemorySink()]),
+    lambda s, t: at.TraceSession("p", trace_key="{" + t + "}", sinks=[at.testing.MemorySink()]),
+    lambda s, t: at.TraceSession("p", on_full=t, sinks=[at.testing.MemorySink()]),
+    lambda s, t: at.TraceSession("p", sampler=t, sinks=[at.testing.MemorySink()]),
+    lambda s, t: at.TraceSession("p", durability=t, sinks=[at.testing.MemorySink()]),
+    lambda s, t: at.TrackioSink(run=t + "/x"),
+]
+
+
+def test_value_errors_never_carry_a_credential(odd_token: list[str]) -> None:
+    """Arguments quoted in ValueErrors (a split, a step, a metric name, a timeout, a project name,
+    a trace key) are scrubbed too, and no unscrubbed error is chained to them."""
+    errors: list[BaseException] = []
+    with at.TraceSession("p", sinks=[at.testing.MemorySink()]) as s:
+        for token in odd_token:
+            for call in _QUOTING_CALLS:
+                with pytest.raises(ValueError) as info:
+                    call(s, token)
+                errors.append(info.value)
+    for exc in errors:
+        _assert_clean(exc, odd_token)
+        chained = [exc.__cause__] + ([] if exc.__suppress_context__ else [exc.__context__])
+        for other in chained:
+            if other is not None:
+                _assert_clean(other, odd_token)
+
+
+def test_scrub_replaces_the_repr_and_json_forms_of_a_credential(odd_token: list[str]) -> None:
+    """A credential quoted through repr() or JSON (escaped quotes, backslashes) is replaced too."""
+    import orjson
+
+    text = f"{(QUOTED,)!r} {orjson.dumps(QUOTED).decode()} {QUOTED}"
+    clean = scrub(text)
+    assert QUOTED not in clean and repr(QUOTED)[1:-1] not in clean
+    assert orjson.dumps(QUOTED).decode()[1:-1] not in clean
+
+
+def test_scrub_follows_changes_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A credential set (or changed) after an earlier scrub is scrubbed too: what scrub caches of
+    the environment is read again when the environment changes."""
+    first, second = "first-secret-" + "1" * 12, "second-secret-" + "2" * 12
+    monkeypatch.setenv("MY_SERVICE_TOKEN", first)
+    assert scrub(f"a {first}") == "a ***"
+    monkeypatch.setenv("MY_SERVICE_TOKEN", second)
+    assert scrub(f"a {first} {second}") == f"a {first} ***"
+    monkeypatch.delenv("MY_SERVICE_TOKEN")
+    assert scrub(f"a {second}") == f"a {second}"
+    with pytest.raises(at.RecordError) as info:
+        monkeypatch.setenv("OTHER_API_KEY", first)
+        from asynctrace._record import encode_sample
+
+        encode_sample({"prompt": "q", first: b"x"}, 0)
+    assert first not in str(info.value) and first not in str(info.value.path)

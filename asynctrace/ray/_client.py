@@ -35,7 +35,7 @@ except ImportError:  # older Ray: a restarting actor fails calls with RayActorEr
 
 from .._checks import check_int, check_seconds, check_step, check_timeout, wait_arg
 from .._record import Sample, SampleLike, as_list, encode_samples
-from .._security import describe
+from .._security import describe, shown
 
 __all__ = ["ClientStats", "TraceClient"]
 
@@ -168,7 +168,7 @@ class TraceClient:
         check_seconds("flush_interval", flush_interval)
         check_seconds("close_timeout", close_timeout)
         if on_invalid not in ("raise", "skip"):
-            raise ValueError(f"on_invalid must be 'raise' or 'skip', got {on_invalid!r}")
+            raise ValueError(f"on_invalid must be 'raise' or 'skip', got {shown(on_invalid)}")
         if max_buffered < batch_size:
             raise ValueError(f"max_buffered ({max_buffered}) must be at least batch_size ({batch_size})")
         if redact is not None and not callable(redact):

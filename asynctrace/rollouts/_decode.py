@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._record import Sample
+from .._security import shown
 from ._align import MISSING, Shortfall
 from ._text import SpanBatch, TextBatch
 from ._turns import Run, Turns, mask_runs, split_span_turns, split_turns
@@ -459,6 +460,14 @@ def _scalar(value: Any, name: str, allow_bool: bool = False) -> Any:
     return value
 
 
+def _finite(number: float) -> float | None:
+    try:
+        value = float(number)
+    except OverflowError:  # an int beyond a float's range (10**400): no score to rank by
+        return None
+    return value if math.isfinite(value) else None
+
+
 def row_scores(rewards: Any, n_rows: int) -> list[float | None]:
     """Per-row rewards as floats with a single transfer; None where missing or not finite.
 
@@ -472,7 +481,7 @@ def row_scores(rewards: Any, n_rows: int) -> list[float | None]:
     scores: list[float | None] = []
     for value in column or []:
         number = _scalar(value, "rewards", allow_bool=True)
-        scores.append(float(number) if number is not MISSING and math.isfinite(number) else None)
+        scores.append(_finite(number) if number is not MISSING else None)
     return scores
 
 
@@ -506,7 +515,7 @@ def decode_rollouts(
     which gives exactly the tokenizer's text at a fraction of its cost.
     """
     if not isinstance(env_role, str) or not env_role:
-        raise ValueError(f"env_role: expected a non-empty role name, got {env_role!r}")
+        raise ValueError(f"env_role: expected a non-empty role name, got {shown(env_role)}")
     if _is_ndarray(input_ids) and any(_is_tensor(v) for v in (attention_mask, loss_mask, versions)):
         # Mixed with tensors, numpy token ids take the tensor path (a CPU tensor on their memory).
         import torch
@@ -563,7 +572,12 @@ def decode_rollouts(
         if reward_col is not None:
             reward = _scalar(reward_col[j], "rewards", allow_bool=True)
             if reward is not MISSING:
-                meta["reward"] = float(reward)
+                try:
+                    meta["reward"] = float(reward)
+                except OverflowError:
+                    # An int beyond a float (10**400): kept as given, so that encoding refuses
+                    # this row alone (a RecordError, or "invalid" under on_invalid="skip").
+                    meta["reward"] = reward
         meta["prompt_len"] = t.prompt_len
         meta["response_len"] = t.seq_len - t.prompt_len
         meta["seq_len"] = t.seq_len

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
+from .._security import shown
+
 __all__ = ["instance_key", "prompt_index", "prompt_indices", "trajectory_key", "trajectory_label"]
 
 
@@ -43,7 +45,7 @@ def trajectory_label(trajectory_id: Any) -> str:
 def _check_counts(n_prompts: int, n_samples: int) -> None:
     for name, value in (("n_prompts", n_prompts), ("n_samples", n_samples)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name}: expected a non-negative int, got {value!r}")
+            raise ValueError(f"{name}: expected a non-negative int, got {shown(value)}")
     if n_samples and not n_prompts:
         raise ValueError(f"n_prompts: {n_samples} samples need at least one prompt")
 

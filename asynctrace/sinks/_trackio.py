@@ -20,7 +20,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from .. import _forks
 from .._checks import check_bool, check_type
 from .._record import TraceRecord
-from .._security import check_name
+from .._security import check_name, check_text, shown
 from ..exceptions import PermanentSinkError
 from ._base import Sink
 from ._trackio_writer import HEADER, TrackioWriter
@@ -66,6 +66,94 @@ def _pipe_fds(proc: anyio.abc.Process) -> tuple[tuple[int, tuple[int, int]], ...
     return tuple(fds)
 
 
+# Trackio 0.43's rules for a project name (`SQLiteStorage.validate_project_name`, and the files
+# named after it), written out here: they are checked when the sink is made, where importing
+# Trackio would cost the caller a second or more, and a name it refuses would otherwise fail
+# the sink's open, every record of the run with it. A test holds this copy to Trackio's own.
+_REGISTRY_PREFIX = "registry-"
+_RESERVED_SUFFIXES = tuple(
+    f"_{table}"
+    for table in (
+        "system",
+        "configs",
+        "traces",
+        "artifacts",
+        "artifact_versions",
+        "artifact_aliases",
+        "run_artifact_links",
+        "external_run_artifact_links",
+    )
+)
+# A file name's limit (NAME_MAX) less the longest name Trackio derives from a project's:
+# "<name>_external_run_artifact_links.parquet".
+_MAX_PROJECT_FILE_BYTES = 255 - len("_external_run_artifact_links.parquet")
+
+
+def check_trackio_project(project: str) -> None:
+    """Refuse a project name Trackio would refuse when the run is opened, with a ValueError."""
+    canonical = "".join(c for c in project if c.isalnum() or c in ("-", "_")).rstrip() or "default"
+    if canonical.startswith(_REGISTRY_PREFIX):
+        raise ValueError(
+            f"project {shown(project)}: Trackio reserves names beginning with {_REGISTRY_PREFIX!r}"
+        )
+    for suffix in _RESERVED_SUFFIXES:
+        if len(canonical) > len(suffix) and canonical.endswith(suffix):
+            raise ValueError(
+                f"project {shown(project)}: Trackio refuses names ending with {suffix!r} (its files "
+                f"would collide with those of project {canonical[: -len(suffix)]!r})"
+            )
+    if len(canonical.encode()) > _MAX_PROJECT_FILE_BYTES:
+        raise ValueError(
+            f"project name is too long for Trackio's file names: at most {_MAX_PROJECT_FILE_BYTES} "
+            f"bytes of letters, digits, '-' and '_', got {len(canonical.encode())}"
+        )
+
+
+def check_storable(value: Any, path: str, depth: int = 0) -> None:
+    """Refuse, with a ValueError naming `path`, what Trackio could not store of `init_kwargs`
+    (the run's config, its group): a lone surrogate in a string or key, or an int beyond 64
+    bits. Trackio stores them with the first write, which then fails, every record with it.
+    Walks the value as Trackio's `to_json_safe` converts it."""
+    if depth > 100:
+        return  # deeper than any config; Trackio's own conversion decides
+    if isinstance(value, bool) or value is None or isinstance(value, float):
+        return
+    if isinstance(value, str):
+        check_text(path, value)
+        return
+    if isinstance(value, int):
+        if not -(2**63) <= value < 2**64:
+            raise ValueError(f"{path}: an int beyond 64 bits, which Trackio cannot store")
+        return
+    if type(value).__module__ == "numpy":
+        item = getattr(value, "item", None)
+        if callable(item) and getattr(value, "ndim", None) == 0:
+            check_storable(item(), path, depth + 1)
+            return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            name = str(key)
+            check_text(f"{path}: a key", name)
+            check_storable(item, f"{path}[{shown(name)}]", depth + 1)
+        return
+    if isinstance(value, (list, tuple, set, frozenset)):
+        for i, item in enumerate(value):
+            check_storable(item, f"{path}[{i}]", depth + 1)
+        return
+    to_dict = getattr(value, "to_dict", None)
+    if callable(to_dict):
+        return  # converted by the object's own code, when Trackio opens the run
+    if hasattr(value, "__dict__"):
+        public = {k: v for k, v in vars(value).items() if not k.startswith("_")}
+        check_storable(public, path, depth + 1)
+        return
+    try:
+        text = str(value)
+    except Exception:  # str() of an odd object fails: Trackio's problem, as before
+        return
+    check_text(path, text)
+
+
 # Bytes per pipe write, and records per header slice, between turns of the event loop.
 _SEND_SLICE = 64 * 1024
 _HEADER_SLICE = 64
@@ -93,10 +181,14 @@ class TrackioSink(Sink):
         for what, value in (("project", project), ("run", run)):
             if value is not None:
                 check_name(what, value)
+        if project is not None:
+            check_trackio_project(project)
         check_type("space_id", space_id, str, "a str")
         check_type("server_url", server_url, str, "a str")
         check_bool("process", process)
         check_type("init_kwargs", init_kwargs, Mapping, "a mapping of trackio.init arguments")
+        if init_kwargs is not None:
+            check_storable(init_kwargs, "init_kwargs")
         self.name = "trackio"
         self.project = project
         self.run = run
@@ -118,6 +210,8 @@ class TrackioSink(Sink):
         self.duplicates_skipped = 0
 
     def bind(self, project: str, run: str) -> None:
+        if self.project is None:
+            check_trackio_project(project)
         self.project = self.project or project
         self.run = self.run or run
 

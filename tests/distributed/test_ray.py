@@ -428,3 +428,29 @@ def test_infinite_timeouts_of_the_client_are_no_limit(project: str) -> None:
         assert ray.get(collector.flush.remote(float("inf")))  # answered by the finished session
     finally:
         ray.kill(collector, no_restart=True)
+
+
+def test_client_refuses_what_a_sink_cannot_store(project: str) -> None:
+    """A step beyond SQLite's INTEGER or a split with a lone surrogate is a ValueError in the
+    client's caller; an overflowing score is a RecordError (skipped under "skip"); the valid
+    samples shipped around them all reach Trackio instead of failing in one write."""
+    from asynctrace import RecordError
+
+    collector = start_collector(project, "poison", finish_at_exit=False)
+    client = TraceClient(collector, on_invalid="skip")
+    good = [{"prompt": f"q{i}", "response": "a", "reward": float(i)} for i in range(4)]
+    assert client.log_samples_nowait(good[:2], step=0) == 2
+    with pytest.raises(ValueError, match="step"):
+        client.log_samples_nowait(good[:1], step=2**63)
+    with pytest.raises(ValueError, match="split"):
+        client.log_samples_nowait(good[:1], step=0, split="\ud800")
+    assert client.log_samples_nowait([*good[2:], {"prompt": "q", "score": 10**400}], step=1) == 2
+    strict = TraceClient(collector)
+    with pytest.raises(RecordError):
+        strict.log_samples_nowait([{"prompt": "q", "k\ud800": 1}], step=0)
+    strict.close(1.0)
+    stats = client.close(30.0)
+    assert stats.delivered == 4 and Counter(stats.dropped) == Counter({"invalid": 1})
+    final = ray.get(collector.finish.remote())
+    assert final.written == 4 and final.failed == 0
+    assert len(read_traces(project, "poison")) == 4
