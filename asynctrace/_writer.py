@@ -3,17 +3,23 @@
 Every lane has its own inbox, so a slow or hanging sink never holds up the others; a batch
 keeps its buffer room until every sink is done with it, so a stuck sink fills the buffer and
 the session's `on_full` policy decides, instead of memory growing without bound.
+
+Every sink call runs as a task of its own (`call_abandonable`): a lane waits for a call that
+ignores its cancellation, so a sink never has two calls at once, until `finish()` gives up on
+it (`Writer.abandon`); then the lane ends and the call goes on alone, holding up nothing.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import anyio
 import anyio.lowlevel
 
+from ._abandon import call_abandonable
 from ._buffer import Batch, Buffer, Marker, MetricsItem
 from ._record import TraceRecord
 from ._retry import RetryPolicy, call_with_retry
@@ -21,6 +27,8 @@ from ._security import describe
 from .sinks._base import Sink
 
 logger = logging.getLogger("asynctrace")
+
+T = TypeVar("T")
 
 __all__ = ["STOP_GRACE", "Signal", "Writer", "close_grace", "finish_bound"]
 
@@ -95,6 +103,8 @@ class Writer:
         self.signal: Signal | None = None
         self.scope: anyio.CancelScope | None = None
         self.stopped = anyio.Event()
+        # Set by finish() when a sink call ignored the writer's cancel for STOP_GRACE seconds.
+        self.abandoned: anyio.Event | None = None
         self._lanes: list[_Lane] = []
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -103,6 +113,7 @@ class Writer:
             # drained by finish(), which is the only thing that stops the writer.
             with anyio.CancelScope(shield=True) as self.scope:
                 self.signal = Signal()
+                self.abandoned = anyio.Event()
                 self._lanes = [_Lane(i, s) for i, s in enumerate(self.sinks)]
                 async with anyio.create_task_group() as tg:
                     for lane in self._lanes:
@@ -115,6 +126,15 @@ class Writer:
     def wake(self) -> None:
         if self.signal is not None:
             self.signal.set()
+
+    def abandon(self) -> None:
+        """Stop waiting for sink calls that ignore their cancel: the lanes end, the calls go on alone."""
+        if self.abandoned is not None:
+            self.abandoned.set()
+
+    def _sink_call(self, fn: Callable[[], Awaitable[T]]) -> Callable[[], Awaitable[T]]:
+        """`fn` as a call finish() can leave behind (see the module docs)."""
+        return lambda: call_abandonable(fn, abandon=self.abandoned)
 
     # -- dispatcher ------------------------------------------------------------------------
 
@@ -199,7 +219,7 @@ class Writer:
     async def _lane_loop(self, lane: _Lane) -> None:
         on_retry = self._retry_counter(lane)
         try:
-            await call_with_retry(self.retry, lane.sink.open, on_retry)
+            await call_with_retry(self.retry, self._sink_call(lane.sink.open), on_retry)
         except Exception as exc:
             lane.dead = describe(exc)
             logger.error(
@@ -243,7 +263,7 @@ class Writer:
                 batches[0].records if len(batches) == 1 else [r for b in batches for r in b.records]
             )
             try:
-                await call_with_retry(self.retry, lambda: lane.sink.write(records), on_retry)
+                await call_with_retry(self.retry, self._sink_call(lambda: lane.sink.write(records)), on_retry)
             except Exception as exc:
                 ok = False
                 error = describe(exc)
@@ -271,7 +291,9 @@ class Writer:
             return
         try:
             await call_with_retry(
-                self.retry, lambda: lane.sink.write_metrics(item.step, item.metrics), on_retry
+                self.retry,
+                self._sink_call(lambda: lane.sink.write_metrics(item.step, item.metrics)),
+                on_retry,
             )
         except Exception as exc:
             error = describe(exc)

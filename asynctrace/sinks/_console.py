@@ -7,9 +7,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-import anyio
 import orjson
 
+from .._abandon import run_sync_daemon
 from .._checks import check_int
 from .._record import TraceRecord
 from .._security import scrub
@@ -87,12 +87,10 @@ class ConsoleSink(Sink):
         stream = self.stream or sys.stdout
         rule, ellipsis = self._decorations(stream)
         text = "".join(self._format(r, rule, ellipsis) for r in records)
-        await anyio.to_thread.run_sync(self._emit, stream, text, abandon_on_cancel=True)
+        await run_sync_daemon(self._emit, stream, text)
 
     async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         stream = self.stream or sys.stdout
         rule, _ = self._decorations(stream)
         body = " ".join(f"{k}={v:.4g}" for k, v in metrics.items())
-        await anyio.to_thread.run_sync(
-            self._emit, stream, f"{rule} metrics step {step}: {body}\n", abandon_on_cancel=True
-        )
+        await run_sync_daemon(self._emit, stream, f"{rule} metrics step {step}: {body}\n")
