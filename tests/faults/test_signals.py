@@ -187,6 +187,10 @@ class Stubborn(at.Sink):
         with anyio.CancelScope(shield=True):
             await anyio.sleep(120)
 
+    async def close(self):
+        with open(sys.argv[2], "w") as f:
+            f.write("closed")
+
 form = sys.argv[1]
 options = dict(run="r", sinks=[Stubborn()], batch_size=1, finish_timeout=60)
 if form == "sync":
@@ -206,17 +210,18 @@ else:
 
 
 @pytest.mark.parametrize("form", ["sync", "asyncio", "trio"])
-def test_sigterm_keeps_the_hooks_deadline_when_a_sink_ignores_cancellation(form: str) -> None:
+def test_sigterm_keeps_the_hooks_deadline_when_a_sink_ignores_cancellation(tmp_path: Path, form: str) -> None:
     """SIGTERM with the hook's timeout=0.5 while a sink's write ignores its cancel for two
-    minutes: the hook finishes the session and the signal ends the process within the hook's
-    bound (0.5 s drain, 2 s for the write to give in, 0.5 s to close, 1 s margin)."""
+    minutes: the hook finishes the session, closing the sink, and the signal ends the process
+    within the hook's bound (0.5 s drain, 2 s for the write to give in, 0.5 s to close, 1 s
+    margin)."""
     import subprocess
     import sys
 
     from asynctrace._writer import finish_bound
 
     proc = subprocess.Popen(
-        [sys.executable, "-c", _STUBBORN_SINK_CHILD, form],
+        [sys.executable, "-c", _STUBBORN_SINK_CHILD, form, str(tmp_path / "closed")],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=h.env(),
@@ -233,6 +238,8 @@ def test_sigterm_keeps_the_hooks_deadline_when_a_sink_ignores_cancellation(form:
             proc.wait(10)
     assert proc.returncode == -signal.SIGTERM, err.decode()[-2000:]
     assert b"'stubborn' still running" in err
+    # Finished, not given up on: the sink was closed before the signal was handed on.
+    assert (tmp_path / "closed").exists(), err.decode()[-2000:]
     # Three seconds of slack for a loaded machine: before the fix it took 10 s or more.
     assert took < finish_bound(0.5) + 1.0 + 3.0, f"the process ended {took:.1f}s after SIGTERM"
 
