@@ -29,7 +29,7 @@ from typing import Any, Generic, TypeVar
 import anyio
 import sniffio
 
-__all__ = ["call_abandonable", "run_sync_daemon"]
+__all__ = ["Backlog", "call_abandonable", "run_sync_daemon"]
 
 T = TypeVar("T")
 
@@ -123,20 +123,47 @@ class _Outcome(Generic[T]):
         return self.value  # type: ignore[return-value]
 
 
-async def run_sync_daemon(fn: Callable[..., T], *args: Any) -> T:
+class Backlog:
+    """Caps how many calls of one owner (a sink) may be running or waiting in daemon threads,
+    abandoned ones included: a file that blocks for good then costs a few threads, not one more
+    per attempt, and the calls past the cap fail at once (and are retried like any failure)."""
+
+    def __init__(self, what: str, limit: int = 8) -> None:
+        self.what = what
+        self.limit = limit
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def enter(self) -> None:
+        with self._lock:
+            if self.calls >= self.limit:
+                raise RuntimeError(f"{self.what}: {self.calls} earlier calls are still blocked")
+            self.calls += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self.calls -= 1
+
+
+async def run_sync_daemon(fn: Callable[..., T], *args: Any, backlog: Backlog | None = None) -> T:
     """`fn(*args)` on a daemon thread; cancelling the caller abandons the call at once.
 
     An abandoned call goes on in its thread until it returns; it never keeps the interpreter
-    from exiting.
+    from exiting. With `backlog`, the call counts against that owner's cap.
     """
     outcome: _Outcome[T] = _Outcome()
     call_soon = _threadsafe_caller()
+    if backlog is not None:
+        backlog.enter()
 
     def job() -> None:
         try:
             outcome.value = fn(*args)
         except BaseException as exc:  # handed to the awaiting task
             outcome.error = exc
+        finally:
+            if backlog is not None:
+                backlog.leave()
         # An event loop that is gone has nobody waiting for this call any more.
         with contextlib.suppress(Exception):
             call_soon(outcome.done.set)

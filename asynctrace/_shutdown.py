@@ -121,7 +121,9 @@ class _Hooks:
             # call): waiting here would wait for ourselves. Let it go on and release the lock,
             # and take the signal again in a moment.
             self.deferred += 1
-            threading.Timer(_DEFER_S, os.kill, (os.getpid(), signum)).start()
+            timer = threading.Timer(_DEFER_S, os.kill, (os.getpid(), signum))
+            timer.daemon = True  # a signal taken again must never hold up the exit
+            timer.start()
             return
         self.deferred = 0
         self.busy = True

@@ -9,7 +9,7 @@ from typing import Any, TextIO
 
 import orjson
 
-from .._abandon import run_sync_daemon
+from .._abandon import Backlog, run_sync_daemon
 from .._checks import check_int
 from .._record import TraceRecord
 from .._security import scrub
@@ -47,6 +47,7 @@ class ConsoleSink(Sink):
         self.name = "console"
         self.stream = stream
         self.max_chars = max_chars
+        self._backlog = Backlog("ConsoleSink")
 
     def _decorations(self, stream: TextIO) -> tuple[str, str]:
         """The rule and clip marks, in ASCII on a stream that cannot encode the usual ones."""
@@ -87,10 +88,12 @@ class ConsoleSink(Sink):
         stream = self.stream or sys.stdout
         rule, ellipsis = self._decorations(stream)
         text = "".join(self._format(r, rule, ellipsis) for r in records)
-        await run_sync_daemon(self._emit, stream, text)
+        await run_sync_daemon(self._emit, stream, text, backlog=self._backlog)
 
     async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         stream = self.stream or sys.stdout
         rule, _ = self._decorations(stream)
         body = " ".join(f"{k}={v:.4g}" for k, v in metrics.items())
-        await run_sync_daemon(self._emit, stream, f"{rule} metrics step {step}: {body}\n")
+        await run_sync_daemon(
+            self._emit, stream, f"{rule} metrics step {step}: {body}\n", backlog=self._backlog
+        )

@@ -12,7 +12,7 @@ from typing import IO, TypeVar
 
 import orjson
 
-from .._abandon import run_sync_daemon
+from .._abandon import Backlog, run_sync_daemon
 from .._checks import check_bool, check_int
 from .._record import TraceRecord
 from ._base import Sink
@@ -52,6 +52,7 @@ class JsonlSink(Sink):
         self._state = threading.Lock()
         self._busy = 0
         self._closed = False
+        self._backlog = Backlog("JsonlSink")
 
     def _next_path(self) -> Path:
         if self.rotate_every is None:
@@ -144,10 +145,12 @@ class JsonlSink(Sink):
             self._close_file()
 
     async def open(self) -> None:
-        await run_sync_daemon(self._guarded, self._open_once)
+        await run_sync_daemon(self._guarded, self._open_once, backlog=self._backlog)
 
     async def write(self, records: Sequence[TraceRecord]) -> None:
-        await run_sync_daemon(self._guarded, self._write_lines, self._lines(records), 3)
+        await run_sync_daemon(
+            self._guarded, self._write_lines, self._lines(records), 3, backlog=self._backlog
+        )
 
     def _lines(self, records: Sequence[TraceRecord]) -> list[bytes]:
         """The batch's lines, as one buffer or (when rotating) three pieces a line."""
@@ -183,7 +186,7 @@ class JsonlSink(Sink):
 
     async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         line = orjson.dumps({"step": step, "metrics": dict(metrics)}) + b"\n"
-        await run_sync_daemon(self._guarded, self._write_lines, [line])
+        await run_sync_daemon(self._guarded, self._write_lines, [line], backlog=self._backlog)
 
     async def close(self) -> None:
         # Closing flushes, which can block like a write; a write still stuck in a thread (given

@@ -18,7 +18,7 @@ import orjson
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from .. import _forks
-from .._abandon import run_sync_daemon
+from .._abandon import Backlog, run_sync_daemon
 from .._checks import check_bool, check_type
 from .._record import TraceRecord
 from .._security import check_name
@@ -108,6 +108,7 @@ class TrackioSink(Sink):
         self.finished = False
         self._writer: TrackioWriter | None = None
         self._proc: anyio.abc.Process | None = None
+        self._backlog = Backlog("TrackioSink")
         self._reader: BufferedByteReceiveStream | None = None
         self._seq = itertools.count()
         self._broken = False
@@ -143,7 +144,7 @@ class TrackioSink(Sink):
                 server_url=self.server_url,
                 init_kwargs=self.init_kwargs,
             )
-            await run_sync_daemon(self._writer.open)
+            await run_sync_daemon(self._writer.open, backlog=self._backlog)
             return
         await self._ensure_open()
 
@@ -301,7 +302,7 @@ class TrackioSink(Sink):
             if writer is None:
                 raise RuntimeError("TrackioSink is not open")
             items = [(r.id, r.step, r.key, r.payload, r.replayed) for r in records]
-            skipped = await run_sync_daemon(writer.write, items)
+            skipped = await run_sync_daemon(writer.write, items, backlog=self._backlog)
             self.duplicates_skipped += skipped
             return
         # One list per field, not one per record: a write's header then adds five objects
@@ -336,7 +337,7 @@ class TrackioSink(Sink):
             writer = self._writer
             if writer is None:
                 raise RuntimeError("TrackioSink is not open")
-            await run_sync_daemon(writer.write_metrics, step, metrics)
+            await run_sync_daemon(writer.write_metrics, step, metrics, backlog=self._backlog)
             return
         await self._call(metrics, {"op": "metrics", "step": step, "metrics": dict(metrics)})
 

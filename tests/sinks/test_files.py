@@ -303,3 +303,26 @@ def test_async_session_on_a_blocked_jsonl_file_lets_the_process_exit(
     # Start-up and finish(0.5) take a few seconds even on a loaded machine; a process the
     # abandoned call held would never have exited at all.
     assert took < 30, f"the process took {took:.1f}s to exit"
+
+
+async def test_jsonl_on_a_blocked_file_keeps_a_few_threads_not_one_per_attempt(tmp_path: Path) -> None:
+    """Writes to a file that blocks for good each fail at their attempt timeout, and the calls
+    left behind are capped: a few threads stay blocked, not one more for every attempt."""
+    policy = at.RetryPolicy(max_attempts=1, attempt_timeout=0.05)
+    with _stalled_fifo(tmp_path / "traces.jsonl", open_reader=True) as fifo:
+        fifo._timer.cancel()  # released below, once the threads are counted
+        before = threading.active_count()
+        session = at.TraceSession(
+            "p", sinks=[at.JsonlSink(fifo.path)], retry=policy, batch_size=1, flush_interval=0.01
+        )
+        async with session:
+            # Each write is far more than a pipe holds: the first blocks, the rest queue behind it.
+            for i in range(40):
+                await session.log_samples([sample(i, note="x" * 100_000)], step=0)
+            with anyio.fail_after(30):
+                while session.stats().failed < 40:
+                    await anyio.sleep(0.02)
+            blocked = threading.active_count() - before
+            fifo.release()
+        assert session.stats().check()
+    assert blocked <= 10, f"{blocked} threads were left blocked on the file"
