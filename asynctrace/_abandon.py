@@ -9,8 +9,9 @@ are run here so that the caller can stop waiting for them:
 - `run_sync_daemon` runs a blocking call on a daemon thread. anyio's own worker threads are not
   daemons when the event loop runs on the main thread, so an abandoned call there keeps the
   interpreter from exiting (it joins them at exit); a daemon thread does not.
-- `call_abandonable` runs a coroutine as a task outside the caller's task group (an asyncio task
-  of its own, a trio system task), so that the caller's own task group never waits for it.
+- `spawn_detached` runs a coroutine as a task outside every task group (an asyncio task of its
+  own, a trio system task), so that no task group waits for it; `call_abandonable` awaits one
+  such call, and can stop waiting for it. The session's writer runs this way as a whole.
 
 A coroutine that never yields (blocking work inside an ``async`` method) cannot be walked away
 from on its own event loop: nothing else on that loop runs until it returns.
@@ -29,7 +30,7 @@ from typing import Any, Generic, TypeVar
 import anyio
 import sniffio
 
-__all__ = ["Backlog", "call_abandonable", "run_sync_daemon"]
+__all__ = ["Backlog", "call_abandonable", "run_sync_daemon", "spawn_detached", "wait_first"]
 
 T = TypeVar("T")
 
@@ -177,7 +178,13 @@ async def run_sync_daemon(fn: Callable[..., T], *args: Any, backlog: Backlog | N
 _tasks: set[Any] = set()
 
 
-def _spawn(fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
+def spawn_detached(fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Start `fn()` as a task outside every task group (asyncio) or as a system task (trio).
+
+    `fn` must catch its own exceptions: nobody awaits it. The event loop's end still deals with
+    it: `asyncio.run` cancels it (that cancel reaches through shielded scopes) and trio.run waits
+    for it.
+    """
     if sniffio.current_async_library() == "trio":
         import trio
 
@@ -190,11 +197,12 @@ def _spawn(fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
     task.add_done_callback(_tasks.discard)
 
 
-async def _until(done: anyio.Event, abandon: anyio.Event | None, grace: float | None) -> None:
-    """Wait for `done`, at most `grace` seconds, and no longer once `abandon` is set."""
-    with anyio.move_on_after(grace):
-        if abandon is None:
-            await done.wait()
+async def wait_first(*events: anyio.Event | None, timeout: float | None = None) -> None:
+    """Wait until one of `events` is set (None ones never are), at most `timeout` seconds."""
+    waited = [e for e in events if e is not None]
+    with anyio.move_on_after(timeout):
+        if len(waited) == 1:
+            await waited[0].wait()
             return
         async with anyio.create_task_group() as tg:
 
@@ -202,8 +210,8 @@ async def _until(done: anyio.Event, abandon: anyio.Event | None, grace: float | 
                 await event.wait()
                 tg.cancel_scope.cancel()
 
-            tg.start_soon(first, done)
-            tg.start_soon(first, abandon)
+            for event in waited:
+                tg.start_soon(first, event)
 
 
 async def call_abandonable(
@@ -231,13 +239,13 @@ async def call_abandonable(
         finally:
             outcome.done.set()
 
-    _spawn(run)
+    spawn_detached(run)
     try:
         await outcome.done.wait()
     except BaseException:
         # Cancelled: the call is cancelled too, and waited for as long as it may be.
         scope.cancel()
         with anyio.CancelScope(shield=True):
-            await _until(outcome.done, abandon, grace)
+            await wait_first(outcome.done, abandon, timeout=grace)
         raise
     return outcome.unwrap()

@@ -4,22 +4,23 @@ Every lane has its own inbox, so a slow or hanging sink never holds up the other
 keeps its buffer room until every sink is done with it, so a stuck sink fills the buffer and
 the session's `on_full` policy decides, instead of memory growing without bound.
 
-Every sink call runs as a task of its own (`call_abandonable`): a lane waits for a call that
-ignores its cancellation, so a sink never has two calls at once, until `finish()` gives up on
-it (`Writer.abandon`); then the lane ends and the call goes on alone, holding up nothing.
+The writer runs as a task of its own, outside the session's task group (`spawn_detached`),
+behind a stand-in task in that group: a lane waits for a sink call that ignores its
+cancellation, so a sink never has two calls at once, until `finish()` gives up on the writer
+(`Writer.abandon`). Then the stand-in ends, nothing waits for the writer any more, and the
+stubborn call goes on alone, holding up nothing.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Sequence
 
 import anyio
 import anyio.lowlevel
 
-from ._abandon import call_abandonable
+from ._abandon import spawn_detached, wait_first
 from ._buffer import Batch, Buffer, Marker, MetricsItem
 from ._record import TraceRecord
 from ._retry import RetryPolicy, call_with_retry
@@ -27,8 +28,6 @@ from ._security import describe
 from .sinks._base import Sink
 
 logger = logging.getLogger("asynctrace")
-
-T = TypeVar("T")
 
 __all__ = ["STOP_GRACE", "Signal", "Writer", "close_grace", "finish_bound"]
 
@@ -108,33 +107,52 @@ class Writer:
         self._lanes: list[_Lane] = []
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        try:
-            # Shielded from the caller's cancellation: a cancelled training loop must still be
-            # drained by finish(), which is the only thing that stops the writer.
-            with anyio.CancelScope(shield=True) as self.scope:
-                self.signal = Signal()
-                self.abandoned = anyio.Event()
-                self._lanes = [_Lane(i, s) for i, s in enumerate(self.sinks)]
-                async with anyio.create_task_group() as tg:
-                    for lane in self._lanes:
-                        tg.start_soon(self._run_lane, lane)
-                    tg.start_soon(self._dispatch)
-                    task_status.started()
-        finally:
-            self.stopped.set()
+        """Stand in for the writer in the session's task group until it ends or is abandoned;
+        its errors are raised here, as if it ran in this task."""
+        self.abandoned = abandoned = anyio.Event()
+        started = anyio.Event()
+        ended = anyio.Event()
+        errors: list[BaseException] = []
+
+        async def writer() -> None:
+            try:
+                await self._run(started)
+            except BaseException as exc:  # raised by the stand-in (nobody, once abandoned)
+                errors.append(exc)
+            finally:
+                ended.set()
+                self.stopped.set()
+
+        spawn_detached(writer)
+        # Shielded from the caller's cancellation: a cancelled training loop must still be
+        # drained by finish(), which is the only thing that stops the writer.
+        with anyio.CancelScope(shield=True):
+            await wait_first(started, ended)
+            if not errors:
+                task_status.started()
+                await wait_first(ended, abandoned)
+        if errors:
+            raise errors.pop()
+
+    async def _run(self, started: anyio.Event) -> None:
+        with anyio.CancelScope(shield=True) as self.scope:
+            self.signal = Signal()
+            self._lanes = [_Lane(i, s) for i, s in enumerate(self.sinks)]
+            async with anyio.create_task_group() as tg:
+                for lane in self._lanes:
+                    tg.start_soon(self._run_lane, lane)
+                tg.start_soon(self._dispatch)
+                started.set()
 
     def wake(self) -> None:
         if self.signal is not None:
             self.signal.set()
 
     def abandon(self) -> None:
-        """Stop waiting for sink calls that ignore their cancel: the lanes end, the calls go on alone."""
+        """Stop waiting for a writer that ignores its cancel (a sink call does): it goes on alone."""
         if self.abandoned is not None:
             self.abandoned.set()
-
-    def _sink_call(self, fn: Callable[[], Awaitable[T]]) -> Callable[[], Awaitable[T]]:
-        """`fn` as a call finish() can leave behind (see the module docs)."""
-        return lambda: call_abandonable(fn, abandon=self.abandoned)
+        self.stopped.set()
 
     # -- dispatcher ------------------------------------------------------------------------
 
@@ -219,7 +237,7 @@ class Writer:
     async def _lane_loop(self, lane: _Lane) -> None:
         on_retry = self._retry_counter(lane)
         try:
-            await call_with_retry(self.retry, self._sink_call(lane.sink.open), on_retry)
+            await call_with_retry(self.retry, lane.sink.open, on_retry)
         except Exception as exc:
             lane.dead = describe(exc)
             logger.error(
@@ -263,7 +281,7 @@ class Writer:
                 batches[0].records if len(batches) == 1 else [r for b in batches for r in b.records]
             )
             try:
-                await call_with_retry(self.retry, self._sink_call(lambda: lane.sink.write(records)), on_retry)
+                await call_with_retry(self.retry, lambda: lane.sink.write(records), on_retry)
             except Exception as exc:
                 ok = False
                 error = describe(exc)
@@ -291,9 +309,7 @@ class Writer:
             return
         try:
             await call_with_retry(
-                self.retry,
-                self._sink_call(lambda: lane.sink.write_metrics(item.step, item.metrics)),
-                on_retry,
+                self.retry, lambda: lane.sink.write_metrics(item.step, item.metrics), on_retry
             )
         except Exception as exc:
             error = describe(exc)
