@@ -1,5 +1,5 @@
-"""Calls that a deadline can walk away from: blocking work on daemon threads, and sink
-coroutines run as tasks of their own.
+"""Calls that a deadline can walk away from: blocking work on daemon threads, and coroutines
+run as tasks of their own.
 
 A deadline is only as good as the least cooperative thing it waits for. Two things can outlive
 a cancel: a blocking call in a thread (a write to a FIFO nobody reads, a hung mount) and a
@@ -81,7 +81,11 @@ def _submit(job: Callable[[], None]) -> None:
     with _lock:
         worker = _idle.pop() if _idle else None
     if worker is None:
-        worker = _Worker()
+        try:
+            worker = _Worker()
+        except RuntimeError:  # no new threads at interpreter shutdown (Python 3.12+): run inline
+            job()
+            return
     worker.jobs.put(job)
 
 
