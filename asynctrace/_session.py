@@ -24,6 +24,7 @@ import sniffio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from . import _forks, _segments, _shutdown
+from ._abandon import call_abandonable
 from ._buffer import Buffer, Marker, MetricsItem, OnFull
 from ._checks import MAX_STEP, check_int, check_seconds, check_split, check_step, check_text, check_timeout
 from ._record import (
@@ -285,6 +286,10 @@ class TraceSession:
         self._room_event: anyio.Event | None = None
         self._async_waiters = 0
         self._finishing: anyio.Event | None = None
+        # The drain of a finish() under way, and its budget and deadline, which `_hurry` may cut.
+        self._drain_scope: anyio.CancelScope | None = None
+        self._finish_budget = 0.0
+        self._finish_deadline = 0.0
         # Set once finish() is done, for waiters on other threads (a signal handler).
         self._closed_event = threading.Event()
         # Run on the loop, through its own callback machinery, once finish() is done.
@@ -520,22 +525,27 @@ class TraceSession:
                 self._buffer.closed = True
                 self._buffer.room.notify_all()
             self._on_room()
-            drained = await self._flush_until(deadline)
+            self._finish_budget, self._finish_deadline = budget, deadline
+            drained = False
+            with anyio.CancelScope() as self._drain_scope:
+                drained = await self._flush_until(deadline)
+            self._drain_scope = None
+            budget, deadline = self._finish_budget, self._finish_deadline
             writer = self._writer
             assert writer is not None and writer.scope is not None
             writer.scope.cancel()
             with anyio.move_on_after(STOP_GRACE):
                 await writer.stopped.wait()
             if not writer.stopped.is_set():
-                # The writer's tasks cannot be abandoned (the task group waits for them): say
-                # which sink holds finish() up rather than hang without a word.
+                # A sink call that ignores its cancel is left running on its own (see _writer).
                 logger.error(
                     "asynctrace: %s still running %.0fs after finish() cancelled it; "
-                    "finish() cannot return before it ends. A sink's write must be cancellable: "
-                    "use async I/O, or anyio.to_thread.run_sync(..., abandon_on_cancel=True)",
+                    "finish() goes on without it and leaves that call running. A sink's write "
+                    "must be cancellable: use async I/O, or a thread it may abandon",
                     writer.still_running(),
                     STOP_GRACE,
                 )
+                writer.abandon()
                 await writer.stopped.wait()
             if self._hooks is not None:
                 self._hooks.uninstall()
@@ -593,10 +603,22 @@ class TraceSession:
                     callback()
         return stats
 
+    async def _hurry(self, timeout: float) -> None:
+        """Cut the drain of a finish() under way to end within `timeout` seconds from now, and its
+        close grace to match (a shutdown hook with a shorter deadline). A session job: run it
+        with `_shutdown._schedule`."""
+        scope = self._drain_scope
+        deadline = anyio.current_time() + timeout
+        if scope is not None and deadline < self._finish_deadline:
+            self._finish_budget = min(self._finish_budget, timeout)
+            self._finish_deadline = deadline
+            scope.deadline = deadline
+
     async def _close_sink(self, sink: Sink, name: str, budget: float) -> None:
         with anyio.move_on_after(budget) as scope:
             try:
-                await sink.close()
+                # A close that ignores its cancel is left running on its own at the deadline.
+                await call_abandonable(sink.close, grace=0.0)
             except Exception as exc:
                 logger.error("asynctrace: closing sink %r failed: %s", name, describe(exc))
         if scope.cancelled_caught:

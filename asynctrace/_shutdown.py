@@ -38,6 +38,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from ._checks import check_seconds, wait_arg
+from ._writer import finish_bound
 
 if TYPE_CHECKING:
     from ._session import TraceSession
@@ -49,6 +50,8 @@ logger = logging.getLogger("asynctrace")
 
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# Seconds past finish()'s own bound that a hook waits for the session's loop thread to answer.
+EXIT_MARGIN = 1.0
 
 Handler = Callable[[int, FrameType | None], Any] | int | None
 
@@ -118,7 +121,9 @@ class _Hooks:
             # call): waiting here would wait for ourselves. Let it go on and release the lock,
             # and take the signal again in a moment.
             self.deferred += 1
-            threading.Timer(_DEFER_S, os.kill, (os.getpid(), signum)).start()
+            timer = threading.Timer(_DEFER_S, os.kill, (os.getpid(), signum))
+            timer.daemon = True  # a signal taken again must never hold up the exit
+            timer.start()
             return
         self.deferred = 0
         self.busy = True
@@ -151,10 +156,13 @@ class _Hooks:
         """The session is finishing already: hand the signal on once that finish is done."""
         session = self.session
         self.busy = True
+        # A finish with a longer deadline than the hook's is cut short to the hook's.
+        _schedule(session, session._hurry, self.timeout)
         if session._loop_thread != threading.main_thread().ident:
             try:
-                # finish() drains within its own deadline and closes sinks with a short grace.
-                if not session._closed_event.wait(wait_arg(session.finish_timeout + 6.0)):
+                # Within the hook's own bound, whatever deadline that finish was given: the
+                # signal is handed on in the time a finish(timeout) of the hook's would take.
+                if not session._closed_event.wait(wait_arg(hook_bound(self.timeout, final=True))):
                     logger.error("asynctrace: the session did not finish in time at shutdown")
             finally:
                 self.busy = False
@@ -253,8 +261,15 @@ def _schedule(
     return _call_soon(session, submit)
 
 
+def hook_bound(timeout: float, *, final: bool) -> float:
+    """The longest a hook with deadline `timeout` holds a signal (or the exit) before handing it on:
+    what finish(timeout) (or flush(timeout)) may take, and a margin for the loop thread to answer."""
+    return (finish_bound(timeout) if final else timeout) + EXIT_MARGIN
+
+
 def _drain_from_outside(session: TraceSession, final: bool, timeout: float) -> bool:
-    """Drain a session whose loop runs on another thread, waiting at most about `timeout`."""
+    """Drain a session whose loop runs on another thread, within `hook_bound(timeout)` in all."""
+    give_up = time.monotonic() + hook_bound(timeout, final=final)
     done = threading.Event()
 
     async def job() -> None:
@@ -265,12 +280,12 @@ def _drain_from_outside(session: TraceSession, final: bool, timeout: float) -> b
 
     if not _schedule(session, job, otherwise=done.set):
         return False
-    # finish() closes sinks after its drain deadline with a short grace of its own.
-    if not done.wait(wait_arg(timeout + 6.0)):
+    if not done.wait(wait_arg(give_up - time.monotonic())):
         logger.error("asynctrace: the session did not drain within %.1fs at shutdown", timeout)
         return False
     if final and session._sync is not None:
-        session._sync.close(timeout)
+        # The session is finished: this only stops its loop thread, in what is left of the bound.
+        session._sync.close(timeout, bound=max(give_up - time.monotonic(), 0.1))
     return True
 
 

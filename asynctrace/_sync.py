@@ -31,7 +31,7 @@ logger = logging.getLogger("asynctrace")
 def _finish_bound(timeout: float) -> float:
     # Past finish()'s own bound (and a margin), the loop thread is blocked by something other
     # than the drain.
-    return finish_bound(timeout) + 1.0
+    return finish_bound(timeout) + _shutdown.EXIT_MARGIN
 
 
 def _bounded(fn: Callable[[], Any], bound: float) -> Any:
@@ -206,7 +206,10 @@ class _SyncRunner:
                 "blocking its thread (a sink doing blocking work in an async method?)"
             ) from None
 
-    def close(self, timeout: float) -> SessionStats:
+    def close(self, timeout: float, *, bound: float | None = None) -> SessionStats:
+        """Finish within `timeout` and stop the loop thread, waiting at most `bound` seconds in all
+        (default: finish()'s own bound and a margin)."""
+        limit = _finish_bound(timeout) if bound is None else bound
         session = self.session
         if session._is_forked():
             # A forked child's copy: the loop thread is the parent's, which finishes the session.
@@ -216,7 +219,7 @@ class _SyncRunner:
             self._closed = True
         if not first:
             # Another thread is finishing: wait for that finish, as the async finish() does.
-            session._closed_event.wait(wait_arg(_finish_bound(timeout)))
+            session._closed_event.wait(wait_arg(limit))
             return session.stats() if session._final is None else session._final
         _shutdown.unregister_runner(self)
 
@@ -229,13 +232,13 @@ class _SyncRunner:
                 self._shutdown_thread()
 
         try:
-            stats: SessionStats = _bounded(teardown, _finish_bound(timeout))
+            stats: SessionStats = _bounded(teardown, limit)
         except TimeoutError:
             logger.error(
                 "asynctrace: finish() could not complete within %.1fs: the session's event "
                 "loop thread is blocked (a sink doing blocking work in an async method?); it "
                 "goes on finishing if that thread is freed",
-                _finish_bound(timeout),
+                limit,
             )
             stats = session.stats()
         finally:

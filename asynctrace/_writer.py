@@ -3,6 +3,12 @@
 Every lane has its own inbox, so a slow or hanging sink never holds up the others; a batch
 keeps its buffer room until every sink is done with it, so a stuck sink fills the buffer and
 the session's `on_full` policy decides, instead of memory growing without bound.
+
+The writer runs as a task of its own, outside the session's task group (`spawn_detached`),
+behind a stand-in task in that group: a lane waits for a sink call that ignores its
+cancellation, so a sink never has two calls at once, until `finish()` gives up on the writer
+(`Writer.abandon`). Then the stand-in ends, nothing waits for the writer any more, and the
+stubborn call goes on alone, holding up nothing.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from collections.abc import Callable, Sequence
 import anyio
 import anyio.lowlevel
 
+from ._abandon import spawn_detached, wait_first
 from ._buffer import Batch, Buffer, Marker, MetricsItem
 from ._record import TraceRecord
 from ._retry import RetryPolicy, call_with_retry
@@ -95,26 +102,57 @@ class Writer:
         self.signal: Signal | None = None
         self.scope: anyio.CancelScope | None = None
         self.stopped = anyio.Event()
+        # Set by finish() when a sink call ignored the writer's cancel for STOP_GRACE seconds.
+        self.abandoned: anyio.Event | None = None
         self._lanes: list[_Lane] = []
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        try:
-            # Shielded from the caller's cancellation: a cancelled training loop must still be
-            # drained by finish(), which is the only thing that stops the writer.
-            with anyio.CancelScope(shield=True) as self.scope:
-                self.signal = Signal()
-                self._lanes = [_Lane(i, s) for i, s in enumerate(self.sinks)]
-                async with anyio.create_task_group() as tg:
-                    for lane in self._lanes:
-                        tg.start_soon(self._run_lane, lane)
-                    tg.start_soon(self._dispatch)
-                    task_status.started()
-        finally:
-            self.stopped.set()
+        """Stand in for the writer in the session's task group until it ends or is abandoned;
+        its errors are raised here, as if it ran in this task."""
+        self.abandoned = abandoned = anyio.Event()
+        started = anyio.Event()
+        ended = anyio.Event()
+        errors: list[BaseException] = []
+
+        async def writer() -> None:
+            try:
+                await self._run(started)
+            except BaseException as exc:  # raised by the stand-in (nobody, once abandoned)
+                errors.append(exc)
+            finally:
+                ended.set()
+                self.stopped.set()
+
+        spawn_detached(writer)
+        # Shielded from the caller's cancellation: a cancelled training loop must still be
+        # drained by finish(), which is the only thing that stops the writer.
+        with anyio.CancelScope(shield=True):
+            await wait_first(started, ended)
+            if not errors:
+                task_status.started()
+                await wait_first(ended, abandoned)
+        if errors:
+            raise errors.pop()
+
+    async def _run(self, started: anyio.Event) -> None:
+        with anyio.CancelScope(shield=True) as self.scope:
+            self.signal = Signal()
+            self._lanes = [_Lane(i, s) for i, s in enumerate(self.sinks)]
+            async with anyio.create_task_group() as tg:
+                for lane in self._lanes:
+                    tg.start_soon(self._run_lane, lane)
+                tg.start_soon(self._dispatch)
+                started.set()
 
     def wake(self) -> None:
         if self.signal is not None:
             self.signal.set()
+
+    def abandon(self) -> None:
+        """Stop waiting for a writer that ignores its cancel (a sink call does): it goes on alone."""
+        if self.abandoned is not None:
+            self.abandoned.set()
+        self.stopped.set()
 
     # -- dispatcher ------------------------------------------------------------------------
 

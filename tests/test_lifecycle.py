@@ -7,9 +7,11 @@ from typing import Any
 
 import anyio
 import pytest
+import trio
+import trio.testing
 
 import asynctrace as at
-from asynctrace._writer import STOP_GRACE
+from asynctrace._writer import STOP_GRACE, finish_bound
 from tests._util import read_traces, sample
 
 pytestmark = pytest.mark.anyio
@@ -300,6 +302,103 @@ async def test_finish_names_a_sink_that_ignores_cancellation(caplog: pytest.LogC
         await anyio.sleep(0.1)  # the write has begun
     assert "'stubborn' still running" in caplog.text
     assert s.stats().check()
+
+
+class _Stubborn(at.Sink):
+    """Breaks the sink contract: its write (or its close) ignores its cancel for `hold` seconds,
+    or until `release` is set."""
+
+    name = "stubborn"
+
+    def __init__(self, hold: float, *, in_close: bool = False) -> None:
+        self.hold = hold
+        self.in_close = in_close
+        self.began = False
+        self.release: anyio.Event | None = None
+        self.ended = False
+
+    async def began_holding(self) -> None:
+        while not self.began:
+            await anyio.sleep(0.01)
+
+    async def _hold(self) -> None:
+        self.release = anyio.Event()
+        self.began = True
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.hold):
+            await self.release.wait()
+        self.ended = True
+
+    async def write(self, records: Any) -> None:
+        if not self.in_close:
+            await self._hold()
+
+    async def close(self) -> None:
+        if self.in_close:
+            await self._hold()
+
+
+def _mock_clock() -> Any:
+    """trio with a clock that jumps ahead whenever every task waits: deadlines take no real time."""
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    return pytest.param(("trio", {"clock": clock}), id="trio-mockclock")
+
+
+@pytest.mark.parametrize("anyio_backend", [_mock_clock()])
+async def test_finish_keeps_its_bound_when_a_write_ignores_cancellation(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """finish(1) returns (and the `async with` block exits) within finish_bound(1) when a sink's
+    write ignores its cancel for a minute: the write is left running, named in an error, and its
+    record is pending."""
+    sink = _Stubborn(hold=60.0)
+    async with at.TraceSession("p", sinks=[sink], batch_size=1, finish_timeout=1.0) as s:
+        await s.log_samples([sample(0)], step=0)
+        await sink.began_holding()
+        started = anyio.current_time()
+        stats = await s.finish(timeout=1.0)
+    took = anyio.current_time() - started
+    assert took <= finish_bound(1.0), f"finish(1) took {took:.1f}s"
+    assert not sink.ended and stats.pending == 1 and stats.check()
+    assert "'stubborn' still running" in caplog.text and "goes on without it" in caplog.text
+
+
+@pytest.mark.parametrize("anyio_backend", [_mock_clock()])
+async def test_finish_keeps_its_bound_when_a_close_ignores_cancellation() -> None:
+    """A sink's close() that ignores its cancel is left running at the close deadline: finish(1)
+    returns within finish_bound(1), with what was written counted."""
+    sink = _Stubborn(hold=60.0, in_close=True)
+    async with at.TraceSession("p", sinks=[sink], batch_size=1, finish_timeout=1.0) as s:
+        await s.log_samples([sample(0)], step=0)
+        started = anyio.current_time()
+        stats = await s.finish(timeout=1.0)
+    took = anyio.current_time() - started
+    assert took <= finish_bound(1.0), f"finish(1) took {took:.1f}s"
+    assert not sink.ended and stats.written == 1 and stats.check()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_finish_keeps_its_bound_on_asyncio_when_a_write_ignores_cancellation() -> None:
+    """On asyncio too, finish(0.2) returns within its bound (about 2.4 s) while a sink's write
+    ignores its cancel for half a minute; the abandoned write ends when released."""
+    import time
+
+    sink = _Stubborn(hold=30.0)
+    try:
+        async with at.TraceSession("p", sinks=[sink], batch_size=1, finish_timeout=0.2) as s:
+            await s.log_samples([sample(0)], step=0)
+            await sink.began_holding()
+            started = time.monotonic()
+            stats = await s.finish(timeout=0.2)
+        took = time.monotonic() - started
+        # The bound is 2.4 s; the slack is for a loaded machine, far below the write's 30 s.
+        assert took < finish_bound(0.2) + 5.0, f"finish(0.2) took {took:.1f}s"
+        assert stats.pending == 1 and stats.check()
+    finally:
+        if sink.release is not None:
+            sink.release.set()
+    with anyio.fail_after(5):
+        while not sink.ended:
+            await anyio.sleep(0.01)
 
 
 async def test_a_second_finish_keeps_its_own_deadline() -> None:

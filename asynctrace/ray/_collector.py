@@ -28,6 +28,7 @@ from ray.actor import ActorHandle
 
 from .._checks import check_seconds, check_timeout, wait_arg
 from .._session import TraceSession
+from .._shutdown import _schedule, hook_bound
 from .._stats import SessionStats
 from .._sync import SyncTraceSession, log_within
 from ..exceptions import SessionClosedError
@@ -194,15 +195,30 @@ class TraceCollector:
         timeout = check_timeout(timeout)
         return self._finish(timeout)
 
-    def _finish(self, timeout: float | None) -> SessionStats:
-        with self._finish_lock:
+    def _finish(self, timeout: float | None, *, wait: float | None = None) -> SessionStats:
+        """Finish within `timeout`; with `wait`, wait at most that long for a finish already under
+        way on another thread (which may have a longer deadline), then return the stats as they are."""
+        if wait is not None and self._finish_lock.locked():
+            # A finish with a longer deadline is under way: cut it short to this one's.
+            budget = self._session.finish_timeout if timeout is None else timeout
+            _schedule(self._session, self._session._hurry, budget)
+        limit = None if wait is None else wait_arg(wait)
+        if not self._finish_lock.acquire(timeout=-1.0 if limit is None else limit):
+            logger.error(
+                "asynctrace: the collector's session is still finishing after %.1fs; going on without it",
+                wait or 0.0,
+            )
+            return self._sync.stats()
+        try:
             if self._finished is None:
                 self._finished = self._sync.finish(timeout)
             return self._finished
+        finally:
+            self._finish_lock.release()
 
-    def _finish_quietly(self, timeout: float | None) -> None:
+    def _finish_quietly(self, timeout: float | None, *, wait: float | None = None) -> None:
         try:
-            self._finish(timeout)
+            self._finish(timeout, wait=wait)
         except Exception as exc:  # pragma: no cover - best effort on the way out
             logger.error("asynctrace: finishing the collector's session failed: %s", exc)
 
@@ -215,6 +231,7 @@ class TraceCollector:
 # `sigterm_timeout`, then hands over to Ray's own handler, which exits the process.
 _collectors: weakref.WeakSet[TraceCollector] = weakref.WeakSet()
 _hooks_installed = False
+_sigterm_handled = False
 
 
 def _install_exit_hooks(collector: TraceCollector) -> None:
@@ -243,9 +260,21 @@ def _install_exit_hooks(collector: TraceCollector) -> None:
 def _finish_all(why: str) -> None:
     # At exit the session's own finish_timeout applies; whoever sends SIGTERM (a container
     # runtime, say) sends SIGKILL after a grace period, so the drain is cut to `sigterm_timeout`.
+    global _sigterm_handled
     for collector in list(_collectors):
-        timeout = collector.sigterm_timeout if why == "sigterm" else None
-        collector._finish_quietly(timeout)
+        if why == "sigterm":
+            # A finish() already under way (ray.get(collector.finish.remote(60))) is waited for
+            # only as long as this one may take: the signal is handed on in time all the same.
+            timeout = collector.sigterm_timeout
+            collector._finish_quietly(timeout, wait=hook_bound(timeout, final=True))
+        else:
+            # The exit that follows a SIGTERM (Ray's handler exits the process) must not wait
+            # for that finish again; a plain exit waits as long as a finish of its own would.
+            budget = collector._session.finish_timeout
+            wait = 0.0 if _sigterm_handled else hook_bound(budget, final=True)
+            collector._finish_quietly(None, wait=wait)
+    if why == "sigterm":
+        _sigterm_handled = True
 
 
 # The actor class users see as `asynctrace.ray.TraceCollector`. The plain class above keeps its

@@ -7,9 +7,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-import anyio
 import orjson
 
+from .._abandon import Backlog, run_sync_daemon
 from .._checks import check_int
 from .._record import TraceRecord
 from .._security import scrub
@@ -47,6 +47,7 @@ class ConsoleSink(Sink):
         self.name = "console"
         self.stream = stream
         self.max_chars = max_chars
+        self._backlog = Backlog("ConsoleSink")
 
     def _decorations(self, stream: TextIO) -> tuple[str, str]:
         """The rule and clip marks, in ASCII on a stream that cannot encode the usual ones."""
@@ -87,12 +88,12 @@ class ConsoleSink(Sink):
         stream = self.stream or sys.stdout
         rule, ellipsis = self._decorations(stream)
         text = "".join(self._format(r, rule, ellipsis) for r in records)
-        await anyio.to_thread.run_sync(self._emit, stream, text, abandon_on_cancel=True)
+        await run_sync_daemon(self._emit, stream, text, backlog=self._backlog)
 
     async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         stream = self.stream or sys.stdout
         rule, _ = self._decorations(stream)
         body = " ".join(f"{k}={v:.4g}" for k, v in metrics.items())
-        await anyio.to_thread.run_sync(
-            self._emit, stream, f"{rule} metrics step {step}: {body}\n", abandon_on_cancel=True
+        await run_sync_daemon(
+            self._emit, stream, f"{rule} metrics step {step}: {body}\n", backlog=self._backlog
         )

@@ -10,9 +10,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, TypeVar
 
-import anyio
 import orjson
 
+from .._abandon import Backlog, run_sync_daemon
 from .._checks import check_bool, check_int
 from .._record import TraceRecord
 from ._base import Sink
@@ -44,13 +44,15 @@ class JsonlSink(Sink):
         self._middles: dict[tuple[str, str], bytes] = {}
         self._in_file = 0
         self._next_index: int | None = None
-        # File work runs in worker threads that a timeout abandons (a blocking file: a FIFO, a
-        # hung mount). `_io` keeps one at a time on the file; `_busy` counts those started or
-        # waiting, so that `close` never waits for an abandoned one: the last to finish closes.
+        # File work runs in daemon threads that a timeout abandons (a blocking file: a FIFO, a
+        # hung mount) and that never keep the interpreter from exiting. `_io` keeps one at a
+        # time on the file; `_busy` counts those started or waiting, so that `close` never
+        # waits for an abandoned one: the last to finish closes.
         self._io = threading.Lock()
         self._state = threading.Lock()
         self._busy = 0
         self._closed = False
+        self._backlog = Backlog("JsonlSink")
 
     def _next_path(self) -> Path:
         if self.rotate_every is None:
@@ -143,11 +145,11 @@ class JsonlSink(Sink):
             self._close_file()
 
     async def open(self) -> None:
-        await anyio.to_thread.run_sync(self._guarded, self._open_once, abandon_on_cancel=True)
+        await run_sync_daemon(self._guarded, self._open_once, backlog=self._backlog)
 
     async def write(self, records: Sequence[TraceRecord]) -> None:
-        await anyio.to_thread.run_sync(
-            self._guarded, self._write_lines, self._lines(records), 3, abandon_on_cancel=True
+        await run_sync_daemon(
+            self._guarded, self._write_lines, self._lines(records), 3, backlog=self._backlog
         )
 
     def _lines(self, records: Sequence[TraceRecord]) -> list[bytes]:
@@ -184,9 +186,9 @@ class JsonlSink(Sink):
 
     async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         line = orjson.dumps({"step": step, "metrics": dict(metrics)}) + b"\n"
-        await anyio.to_thread.run_sync(self._guarded, self._write_lines, [line], abandon_on_cancel=True)
+        await run_sync_daemon(self._guarded, self._write_lines, [line], backlog=self._backlog)
 
     async def close(self) -> None:
         # Closing flushes, which can block like a write; a write still stuck in a thread (given
         # up on by its timeout) closes the file itself when it returns.
-        await anyio.to_thread.run_sync(self._close, abandon_on_cancel=True)
+        await run_sync_daemon(self._close)

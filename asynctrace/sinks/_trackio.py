@@ -18,6 +18,7 @@ import orjson
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from .. import _forks
+from .._abandon import Backlog, run_sync_daemon
 from .._checks import check_bool, check_type
 from .._record import TraceRecord
 from .._security import check_name, check_text, shown
@@ -199,6 +200,7 @@ class TrackioSink(Sink):
         self.finished = False
         self._writer: TrackioWriter | None = None
         self._proc: anyio.abc.Process | None = None
+        self._backlog = Backlog("TrackioSink")
         self._reader: BufferedByteReceiveStream | None = None
         self._seq = itertools.count()
         self._broken = False
@@ -236,7 +238,7 @@ class TrackioSink(Sink):
                 server_url=self.server_url,
                 init_kwargs=self.init_kwargs,
             )
-            await anyio.to_thread.run_sync(self._writer.open, abandon_on_cancel=True)
+            await run_sync_daemon(self._writer.open, backlog=self._backlog)
             return
         await self._ensure_open()
 
@@ -394,7 +396,7 @@ class TrackioSink(Sink):
             if writer is None:
                 raise RuntimeError("TrackioSink is not open")
             items = [(r.id, r.step, r.key, r.payload, r.replayed) for r in records]
-            skipped = await anyio.to_thread.run_sync(writer.write, items, abandon_on_cancel=True)
+            skipped = await run_sync_daemon(writer.write, items, backlog=self._backlog)
             self.duplicates_skipped += skipped
             return
         # One list per field, not one per record: a write's header then adds five objects
@@ -429,14 +431,14 @@ class TrackioSink(Sink):
             writer = self._writer
             if writer is None:
                 raise RuntimeError("TrackioSink is not open")
-            await anyio.to_thread.run_sync(writer.write_metrics, step, metrics, abandon_on_cancel=True)
+            await run_sync_daemon(writer.write_metrics, step, metrics, backlog=self._backlog)
             return
         await self._call(metrics, {"op": "metrics", "step": step, "metrics": dict(metrics)})
 
     async def close(self) -> None:
         if not self.process:
             if self._writer is not None:
-                await anyio.to_thread.run_sync(self._writer.finish, abandon_on_cancel=True)
+                await run_sync_daemon(self._writer.finish)
                 self.finished = self._writer.finished
             return
         proc, self._proc = self._proc, None

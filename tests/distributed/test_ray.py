@@ -454,3 +454,28 @@ def test_client_refuses_what_a_sink_cannot_store(project: str) -> None:
     final = ray.get(collector.finish.remote())
     assert final.written == 4 and final.failed == 0
     assert len(read_traces(project, "poison")) == 4
+
+
+def test_sigterm_keeps_its_deadline_while_a_finish_is_under_way(project: str) -> None:
+    """A SIGTERM from outside Ray, landing while a finish(60) is under way behind a sink that
+    never answers, ends the collector within its SIGTERM bound instead of waiting out that finish."""
+    from asynctrace._writer import finish_bound
+
+    collector = start_collector(
+        project,
+        sinks=[MemorySink(hang=True)],
+        finish_timeout=60.0,
+        sigterm_timeout=0.5,
+        finish_at_exit=False,
+    )
+    pid = ray.get(collector.ready.remote())["pid"]
+    ray.get(collector.ingest.remote(make_samples("t", 0, 1, seed=0), step=0))
+    finishing = collector.finish.remote(60.0)
+    time.sleep(1.0)  # that finish holds the collector's finish lock (sooner would only pass vacuously)
+    sent = time.monotonic()
+    os.kill(pid, signal.SIGTERM)
+    _wait_for_exit(pid, timeout=60.0)
+    took = time.monotonic() - sent
+    del finishing
+    # The bound is 0.5 + 2 + 0.5 + 1 s; the slack is for a loaded machine, far below finish(60).
+    assert took < finish_bound(0.5) + 1.0 + 6.0, f"the collector exited {took:.1f}s after SIGTERM"

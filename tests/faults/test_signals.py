@@ -171,3 +171,130 @@ def test_sigterm_finishes_the_session_wherever_it_lands(tmp_path: Path, moment: 
     assert proc.returncode == -signal.SIGTERM, err.decode()[-2000:]
     assert marker.read_text() == "20", err.decode()[-2000:]
     assert time.monotonic() - start < 10
+
+
+_STUBBORN_SINK_CHILD = """
+import sys, time
+import anyio
+import asynctrace as at
+
+class Stubborn(at.Sink):
+    # Breaks the sink contract: its write ignores its cancel for two minutes.
+    name = "stubborn"
+
+    async def write(self, records):
+        print("writing", flush=True)
+        with anyio.CancelScope(shield=True):
+            await anyio.sleep(120)
+
+    async def close(self):
+        with open(sys.argv[2], "w") as f:
+            f.write("closed")
+
+form = sys.argv[1]
+options = dict(run="r", sinks=[Stubborn()], batch_size=1, finish_timeout=60)
+if form == "sync":
+    with at.TraceSession("p", **options) as s:
+        at.install_shutdown_hooks(s, timeout=0.5)
+        s.log_samples([{"prompt": "q", "response": "a"}], step=0)
+        time.sleep(120)
+else:
+    async def main():
+        async with at.TraceSession("p", **options) as s:
+            at.install_shutdown_hooks(s, timeout=0.5)
+            await s.log_samples([{"prompt": "q", "response": "a"}], step=0)
+            await anyio.sleep(120)
+
+    anyio.run(main, backend=form)
+"""
+
+
+@pytest.mark.parametrize("form", ["sync", "asyncio", "trio"])
+def test_sigterm_keeps_the_hooks_deadline_when_a_sink_ignores_cancellation(tmp_path: Path, form: str) -> None:
+    """SIGTERM with the hook's timeout=0.5 while a sink's write ignores its cancel for two
+    minutes: the hook finishes the session, closing the sink, and the signal ends the process
+    within the hook's bound (0.5 s drain, 2 s for the write to give in, 0.5 s to close, 1 s
+    margin)."""
+    import subprocess
+    import sys
+
+    from asynctrace._writer import finish_bound
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _STUBBORN_SINK_CHILD, form, str(tmp_path / "closed")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=h.env(),
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"writing"
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == -signal.SIGTERM, err.decode()[-2000:]
+    assert b"'stubborn' still running" in err
+    # Finished, not given up on: the sink was closed before the signal was handed on.
+    assert (tmp_path / "closed").exists(), err.decode()[-2000:]
+    # Three seconds of slack for a loaded machine: before the fix it took 10 s or more.
+    assert took < finish_bound(0.5) + 1.0 + 3.0, f"the process ended {took:.1f}s after SIGTERM"
+
+
+_LONG_FINISH_CHILD = """
+import sys
+import anyio
+import asynctrace as at
+
+form = sys.argv[1]
+# A sink that never answers: finish(60) would wait its whole minute.
+options = dict(run="r", sinks=[at.testing.MemorySink(hang=True)], batch_size=1, finish_timeout=60)
+if form == "sync":
+    with at.TraceSession("p", **options) as s:
+        at.install_shutdown_hooks(s, timeout=0.5)
+        s.log_samples([{"prompt": "q", "response": "a"}], step=0)
+        print("finishing", flush=True)
+else:
+    async def main():
+        async with at.TraceSession("p", **options) as s:
+            at.install_shutdown_hooks(s, timeout=0.5)
+            await s.log_samples([{"prompt": "q", "response": "a"}], step=0)
+            print("finishing", flush=True)
+
+    anyio.run(main, backend=form)
+"""
+
+
+@pytest.mark.parametrize("form", ["sync", "asyncio", "trio"])
+def test_sigterm_during_a_longer_finish_keeps_the_hooks_deadline(form: str) -> None:
+    """SIGTERM while finish(60) waits on a sink that never answers, with the hook's timeout=0.5:
+    that finish is cut short to the hook's deadline and the signal ends the process within the
+    hook's bound, not a minute later."""
+    import subprocess
+    import sys
+
+    from asynctrace._writer import finish_bound
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _LONG_FINISH_CHILD, form],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=h.env(),
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"finishing"
+        time.sleep(0.3)  # finish(60) is under way
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == -signal.SIGTERM, err.decode()[-2000:]
+    # Three seconds of slack for a loaded machine, against the minute finish(60) would take.
+    assert took < finish_bound(0.5) + 1.0 + 3.0, f"the process ended {took:.1f}s after SIGTERM"

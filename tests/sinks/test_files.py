@@ -245,3 +245,84 @@ async def test_jsonl_writes_nothing_after_close_from_attempts_given_up_on(tmp_pa
     drain.set()
     await anyio.to_thread.run_sync(thread.join, 10)
     assert got and got[0].count(b'"id":"rec-1"') == 1
+
+
+_BLOCKED_JSONL_CHILD = """
+import os, sys
+import anyio
+import asynctrace as at
+
+path, backend, stage = sys.argv[1], sys.argv[2], sys.argv[3]
+if stage == "write":
+    # A reader that never reads: opening succeeds, and the write blocks once the pipe is full.
+    reader = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+
+async def main():
+    policy = at.RetryPolicy(max_attempts=1, attempt_timeout=0.3)
+    sink = at.JsonlSink(path)
+    async with at.TraceSession("p", sinks=[sink], retry=policy, finish_timeout=0.5,
+                               flush_interval=0.01) as s:
+        await s.log_samples([{"prompt": "q", "response": "x" * 2000} for _ in range(100)], step=0)
+    print("finished", s.stats().pending + s.stats().failed, flush=True)
+
+anyio.run(main, backend=backend)
+"""
+
+
+@pytest.mark.parametrize("stage", ["open", "write"])
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_async_session_on_a_blocked_jsonl_file_lets_the_process_exit(
+    tmp_path: Path, backend: str, stage: str
+) -> None:
+    """An async session whose JSONL file blocks for good (a FIFO nobody opens, or nobody reads)
+    finishes within its deadline and the interpreter then exits: the abandoned file call is on a
+    thread the interpreter does not wait for."""
+    import subprocess
+    import sys
+
+    from tests.faults import _harness
+
+    path = tmp_path / "traces.jsonl"
+    os.mkfifo(path)
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _BLOCKED_JSONL_CHILD, str(path), backend, stage],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_harness.env(),
+    )
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    took = time.monotonic() - started
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert out.split() == [b"finished", b"100"]
+    # Start-up and finish(0.5) take a few seconds even on a loaded machine; a process the
+    # abandoned call held would never have exited at all.
+    assert took < 30, f"the process took {took:.1f}s to exit"
+
+
+async def test_jsonl_on_a_blocked_file_keeps_a_few_threads_not_one_per_attempt(tmp_path: Path) -> None:
+    """Writes to a file that blocks for good each fail at their attempt timeout, and the calls
+    left behind are capped: a few threads stay blocked, not one more for every attempt."""
+    policy = at.RetryPolicy(max_attempts=1, attempt_timeout=0.05)
+    with _stalled_fifo(tmp_path / "traces.jsonl", open_reader=True) as fifo:
+        fifo._timer.cancel()  # released below, once the threads are counted
+        before = threading.active_count()
+        session = at.TraceSession(
+            "p", sinks=[at.JsonlSink(fifo.path)], retry=policy, batch_size=1, flush_interval=0.01
+        )
+        async with session:
+            # Each write is far more than a pipe holds: the first blocks, the rest queue behind it.
+            for i in range(40):
+                await session.log_samples([sample(i, note="x" * 100_000)], step=0)
+            with anyio.fail_after(30):
+                while session.stats().failed < 40:
+                    await anyio.sleep(0.02)
+            blocked = threading.active_count() - before
+            fifo.release()
+        assert session.stats().check()
+    assert blocked <= 10, f"{blocked} threads were left blocked on the file"
