@@ -565,10 +565,17 @@ class TraceSession:
                     spool.unresolved(),
                     spool.directory,
                 )
-            if not drained or stats.pending:
+            if not drained:
                 logger.warning(
                     "asynctrace: finish() reached its %.1fs deadline with %d samples undelivered (%s)",
                     budget,
+                    stats.pending,
+                    stats.summary(),
+                )
+            elif stats.pending:
+                # Drained in time, yet something is unresolved: not the deadline's doing.
+                logger.warning(
+                    "asynctrace: finish() ended with %d samples undelivered (%s)",
                     stats.pending,
                     stats.summary(),
                 )
