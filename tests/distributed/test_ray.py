@@ -428,3 +428,33 @@ def test_infinite_timeouts_of_the_client_are_no_limit(project: str) -> None:
         assert ray.get(collector.flush.remote(float("inf")))  # answered by the finished session
     finally:
         ray.kill(collector, no_restart=True)
+
+
+def test_collector_queue_stays_bounded_with_a_holding_sampler(project: str) -> None:
+    """A client streaming step after step into a collector whose session keeps top_bottom
+    selections, behind a sink slower than the stream: the collector's queue never holds more
+    than queue_size plus a selection per open step (its ingest calls wait for room, which
+    pushes back to the client's own bounded buffer)."""
+    collector = start_collector(
+        sinks=[MemorySink(delay=0.5)],
+        project=project,
+        sampler="top_bottom",
+        max_traces_per_step=8,
+        queue_size=100,
+        max_open_steps=2,
+        on_full="block",
+        finish_timeout=2.0,
+        ingest_timeout=30.0,
+        finish_at_exit=False,
+    )
+    actor = Rollout.remote(collector, "bound", batch_size=50, max_buffered=400, flush_interval=0.01)
+    streaming = actor.stream.remote(3.0, 5)
+    peak = 0
+    while not ray.wait([streaming], timeout=0.02)[0]:
+        peak = max(peak, ray.get(collector.stats.remote()).queue_depth)
+    result = ray.get(streaming)
+    ray.get(actor.close.remote(0.5))
+    ray.kill(collector, no_restart=True)
+    assert result["stats"].check()
+    assert result["calls"] > 200  # steps far faster than the sink writes their selections
+    assert 0 < peak <= 100 + 8 * 3, peak
