@@ -206,8 +206,9 @@ class Buffer:
                 if done:
                     self.spool.resolve(done)
 
-    def _fits(self, nbytes: int) -> bool:
-        return self.depth < self.queue_size and self.nbytes + nbytes <= self.max_bytes
+    def _fits(self, nbytes: int, n: int = 1) -> bool:
+        """Room for `n` more records of `nbytes` bytes in all."""
+        return self.depth + n <= self.queue_size and self.nbytes + nbytes <= self.max_bytes
 
     @property
     def pressed(self) -> bool:
@@ -241,17 +242,18 @@ class Buffer:
         self._drop("queue_full", 1, (record,))
         return True
 
-    def _evict_oldest_for(self, nbytes: int) -> bool:
-        """drop_oldest: remove the oldest records no sink has started on until `nbytes` fits.
+    def _evict_oldest_for(self, nbytes: int, n: int = 1) -> bool:
+        """drop_oldest: remove the oldest records no sink has started on until `n` records of
+        `nbytes` bytes in all fit.
 
         Batches already handed to a slow sink's inbox are older than anything still queued, so
         they are evicted first; without that, a slow sink would hold most of the bound out of
         reach and drop_oldest would mostly drop the newest. When even evicting everything it can
         reach would not make room, it evicts nothing: only the new record is lost.
         """
-        if self.pinned_records >= self.queue_size or self.pinned_bytes + nbytes > self.max_bytes:
+        if self.pinned_records + n > self.queue_size or self.pinned_bytes + nbytes > self.max_bytes:
             return False
-        while not self._fits(nbytes):
+        while not self._fits(nbytes, n):
             if self._evict_one_dispatched():
                 continue
             for i, item in enumerate(self.queue):
@@ -325,14 +327,41 @@ class Buffer:
         wake = self._release(result.released)
         return [e.record for e in result.passed if e.record is not None], wake
 
-    def _room_for_held(self, split: str, step: int, nbytes: int) -> bool:
-        """Whether samples may enter a holding sampler's selection now: only while the queue
-        has room for them. They take none until their step closes, but then they enter it
-        even past the bound; without this check a producer faster than the sinks would never
-        wait or drop and the queue would grow by a step's selection per step, without bound."""
+    def _room_needed(self, split: str, step: int, nbytes: int) -> tuple[int, int] | None:
+        """What must fit in the queue before a holding sampler's selection of (split, step)
+        takes samples: room for one more of `nbytes` bytes and for what the offer would release
+        from the steps it closes, as (records, bytes); None when nothing need fit.
+
+        Held samples take no room until their step closes, but then enter the queue even past
+        the bound (so that closing a step never blocks). Without this check a producer faster
+        than the sinks would never wait or drop and the queue would grow by a step's selection
+        per step, without bound; with it, only flush(), finish() and the idle timeout close
+        steps past the bound: by at most a selection per open step.
+        """
         gate = self.gate
         assert gate is not None
-        return not gate.sampler.holds or gate.is_closed(split, step) or self._fits(nbytes)
+        if not gate.sampler.holds or gate.is_closed(split, step):
+            return None
+        n, released = gate.releasing(split, step)
+        if n + 1 > self.queue_size or released + nbytes > self.max_bytes:
+            # Selections larger than the whole bound: room for one sample, as for any other.
+            n, released = 0, 0
+        return n + 1, released + nbytes
+
+    def _room_for_held(self, split: str, step: int, nbytes: int, on_full: OnFull) -> bool:
+        """Whether samples may enter a holding sampler's selection now (see `_room_needed`);
+        drop_oldest evicts to make that room."""
+        need = self._room_needed(split, step, nbytes)
+        if need is None or self._fits(need[1], need[0]):
+            return True
+        return on_full == "drop_oldest" and self._evict_oldest_for(need[1], need[0])
+
+    def has_room(self, waiting: Waiting) -> bool:
+        """Lock held: whether `waiting` could move on now (its head fits)."""
+        if waiting.gated:
+            need = self._room_needed(waiting.split, waiting.step, waiting.head_nbytes)
+            return need is None or self._fits(need[1], need[0])
+        return self._fits(waiting.head_nbytes)
 
     def _offer(
         self,
@@ -348,15 +377,14 @@ class Buffer:
         again (and counted in `out.refused`). Returns where "block" stopped, as `_enqueue`."""
         if start >= len(records):
             return start
-        if not self._room_for_held(split, step, records[start].nbytes):
+        if not self._room_for_held(split, step, records[start].nbytes, on_full):
             if on_full == "block":
                 return start
-            if on_full != "drop_oldest" or not self._evict_oldest_for(records[start].nbytes):
-                rest = records[start:]
-                self._drop("queue_full", len(rest), rest)
-                out.accepted -= len(rest)
-                self.accepted -= len(rest)
-                return len(records)
+            rest = records[start:]
+            self._drop("queue_full", len(rest), rest)
+            out.accepted -= len(rest)
+            self.accepted -= len(rest)
+            return len(records)
         offered = records[start:] if start else records
         entries = []
         for r in offered:
@@ -554,14 +582,14 @@ class Buffer:
             if self.closed:
                 raise SessionClosedError("the session is finished; it accepts no more samples")
             n = len(scores)
-            full = self.gate is not None and n and not self._room_for_held(split, step, 0)
-            if full and self.on_full == "block":
+            full = self.gate is not None and n and self._room_needed(split, step, 0) is not None
+            if full and self.on_full == "block" and not self._room_for_held(split, step, 0, "block"):
                 return None
             self.submitted += n + invalid
             self.pending += n + invalid
             if invalid:
                 self._drop("invalid", invalid)
-            if full and (self.on_full != "drop_oldest" or not self._evict_oldest_for(0)):
+            if full and self.on_full != "block" and not self._room_for_held(split, step, 0, self.on_full):
                 self._drop("queue_full", n)
                 return [None] * n, False
             entries: list[Entry] = []

@@ -911,7 +911,7 @@ class TraceSession:
                 break
             with buf.lock:
                 # finish() gives up what is still waiting itself (Buffer.close): nothing left then.
-                if len(waiting) and not buf._fits(waiting.head_nbytes) and not buf.closed:
+                if len(waiting) and not buf.has_room(waiting) and not buf.closed:
                     buf.thread_waiters += 1
                     try:
                         buf.room.wait(timeout=0.25 if left is None else min(left, 0.25))

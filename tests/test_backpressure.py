@@ -406,18 +406,6 @@ async def test_drop_oldest_evicts_nothing_for_a_record_that_could_never_fit() ->
         assert st.dropped == {"queue_full": 3} and st.queue_depth == 5 and st.check()
 
 
-class _Counting(at.Sink):
-    """Counts what it is given and keeps nothing."""
-
-    name = "counting"
-
-    def __init__(self) -> None:
-        self.written = 0
-
-    async def write(self, records: Sequence[at.TraceRecord]) -> None:
-        self.written += len(records)
-
-
 async def _one_call_that_waits(n: int) -> float:
     """CPU seconds one log_samples call of `n` small samples takes behind a bound of 64."""
     sink = _Counting()
@@ -427,7 +415,7 @@ async def _one_call_that_waits(n: int) -> float:
         start = time.process_time()
         assert await s.log_samples(items, step=0) == n
         took = time.process_time() - start
-    assert sink.written == n
+    assert sink.n == n
     return took
 
 

@@ -19,7 +19,6 @@ QUEUE_SIZE = 100
 MAX_BYTES = 100_000
 K = 8
 MAX_OPEN_STEPS = 2
-OPEN_STEPS = MAX_OPEN_STEPS + 1  # steps of a split that can be open at once
 STEPS = 80
 PER_STEP = 16
 
@@ -42,10 +41,11 @@ def _session(sampler: str, policy: str, sink: at.Sink, **kw: Any) -> at.TraceSes
     return at.TraceSession("p", sinks=[sink], **{**options, **kw})
 
 
-def _check_bound(peak_depth: int, peak_bytes: int, sample_bytes: int) -> None:
-    # configuration.md: at most max_traces_per_step per open step over the bound.
-    assert peak_depth <= QUEUE_SIZE + K * OPEN_STEPS, peak_depth
-    assert peak_bytes <= MAX_BYTES + K * OPEN_STEPS * sample_bytes, peak_bytes
+def _check_bound(peak_depth: int, peak_bytes: int) -> None:
+    # Only flush(), finish() and the idle timeout close steps past the bound (configuration.md):
+    # while samples are being logged the queue stays within it.
+    assert peak_depth <= QUEUE_SIZE, peak_depth
+    assert peak_bytes <= MAX_BYTES, peak_bytes
 
 
 @pytest.mark.parametrize("sampler", ["top_bottom", "reservoir"])
@@ -66,7 +66,7 @@ async def test_a_holding_sampler_keeps_the_queue_within_its_bound(
             peak_depth, peak_bytes = max(peak_depth, st.queue_depth), max(peak_bytes, st.queue_bytes)
     st = s.stats()
     assert st.check() and st.pending == 0, st.summary()
-    _check_bound(peak_depth, peak_bytes, pad + 200)
+    _check_bound(peak_depth, peak_bytes)
     if policy == "block":
         assert st.written == STEPS * K and set(st.dropped) == {"capped"}, st.summary()
     else:
@@ -102,7 +102,7 @@ def test_the_blocking_form_and_nowait_keep_the_bound_with_a_holding_sampler(poli
             watcher.join()
         st = s.finish()
     assert st.check() and st.pending == 0, st.summary()
-    _check_bound(peaks[0], peaks[1], 500)
+    _check_bound(peaks[0], peaks[1])
     if policy == "block":
         assert st.written == STEPS * K and set(st.dropped) == {"capped"}, st.summary()
     else:
@@ -124,4 +124,4 @@ async def test_log_rollouts_keeps_the_bound_with_a_holding_sampler() -> None:
             peak = max(peak, s.stats().queue_depth)
     st = s.stats()
     assert st.check() and st.written == 40 * K and set(st.dropped) == {"capped"}, st.summary()
-    assert peak <= 2 * K + K * OPEN_STEPS, peak
+    assert peak <= 2 * K, peak
