@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import anyio
@@ -22,7 +22,7 @@ from .exceptions import SessionClosedError
 if TYPE_CHECKING:
     from ._spool import Spool
 
-__all__ = ["Batch", "Buffer", "Marker", "MetricsItem"]
+__all__ = ["Batch", "Buffer", "Marker", "MetricsItem", "Waiting"]
 
 OnFull = Literal["block", "drop_newest", "drop_oldest"]
 
@@ -74,14 +74,55 @@ class _SinkCounters:
     last_error: str | None = None
 
 
+class Waiting:
+    """The records of one submission still waiting for room (block policy).
+
+    Consumed from `start` on, in place: a huge submission that waits through many passes is
+    never copied again on each one. `gated`: not offered to a holding sampler yet (admitting
+    into a held selection asks for room too, see `Buffer._offer`). `lost` counts those that
+    will not be queued after all (refused by the cap when offered, or given up), so that the
+    caller can tell how many it got in.
+    """
+
+    __slots__ = ("gated", "lost", "records", "split", "start", "step", "ticket")
+
+    def __init__(
+        self,
+        records: Sequence[TraceRecord],
+        start: int,
+        *,
+        gated: bool = False,
+        split: str = "",
+        step: int = 0,
+    ) -> None:
+        self.records = records
+        self.start = start
+        self.gated = gated
+        self.split = split
+        self.step = step
+        self.lost = 0
+        # The submission's flush ticket, returned when finish() gives the records up for it.
+        self.ticket: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.records) - self.start
+
+    @property
+    def head_nbytes(self) -> int:
+        return self.records[self.start].nbytes
+
+    def rest(self) -> Sequence[TraceRecord]:
+        return self.records[self.start :] if self.start else self.records
+
+
 @dataclass(slots=True)
 class Admission:
     """What happened to one submission."""
 
     accepted: int = 0
-    waiting: list[TraceRecord] = field(default_factory=list)  # block policy: no room yet
+    waiting: Waiting | None = None  # block policy: no room yet
     wake: bool = False
-    closed: int = 0  # waiting records dropped as "closed": the session finished meanwhile
+    refused: int = 0  # waiting records the cap refused when they were offered at last
 
 
 QueueItem = TraceRecord | Marker | MetricsItem
@@ -134,6 +175,10 @@ class Buffer:
         # order, so that flush() can wait for those made before it.
         self._ticket = 0
         self.tickets: set[int] = set()
+        # Submissions waiting for room: finish() gives what they still hold up as "closed"
+        # itself, so a caller stuck elsewhere (a signal handler running on its thread) cannot
+        # leave them pending.
+        self.waitings: set[Waiting] = set()
         self.thread_waiters = 0
         self._entry_seq = 0
         self.on_drop: Callable[[str, int], None] | None = None
@@ -161,8 +206,9 @@ class Buffer:
                 if done:
                     self.spool.resolve(done)
 
-    def _fits(self, nbytes: int) -> bool:
-        return self.depth < self.queue_size and self.nbytes + nbytes <= self.max_bytes
+    def _fits(self, nbytes: int, n: int = 1) -> bool:
+        """Room for `n` more records of `nbytes` bytes in all."""
+        return self.depth + n <= self.queue_size and self.nbytes + nbytes <= self.max_bytes
 
     @property
     def pressed(self) -> bool:
@@ -196,17 +242,18 @@ class Buffer:
         self._drop("queue_full", 1, (record,))
         return True
 
-    def _evict_oldest_for(self, nbytes: int) -> bool:
-        """drop_oldest: remove the oldest records no sink has started on until `nbytes` fits.
+    def _evict_oldest_for(self, nbytes: int, n: int = 1) -> bool:
+        """drop_oldest: remove the oldest records no sink has started on until `n` records of
+        `nbytes` bytes in all fit.
 
         Batches already handed to a slow sink's inbox are older than anything still queued, so
         they are evicted first; without that, a slow sink would hold most of the bound out of
         reach and drop_oldest would mostly drop the newest. When even evicting everything it can
         reach would not make room, it evicts nothing: only the new record is lost.
         """
-        if self.pinned_records >= self.queue_size or self.pinned_bytes + nbytes > self.max_bytes:
+        if self.pinned_records + n > self.queue_size or self.pinned_bytes + nbytes > self.max_bytes:
             return False
-        while not self._fits(nbytes):
+        while not self._fits(nbytes, n):
             if self._evict_one_dispatched():
                 continue
             for i, item in enumerate(self.queue):
@@ -221,14 +268,18 @@ class Buffer:
                 return False
         return True
 
-    def _enqueue(self, records: Sequence[TraceRecord], out: Admission, on_full: OnFull | None = None) -> None:
-        """Admit records in order under the bound and the on_full policy."""
-        n = len(records)
+    def _enqueue(
+        self, records: Sequence[TraceRecord], out: Admission, on_full: OnFull | None = None, start: int = 0
+    ) -> int:
+        """Admit records from `start` on, in order, under the bound and the on_full policy.
+        Returns where "block" stopped for want of room (len(records) when nothing waits)."""
+        n = len(records) - start
         if n and self.depth + n <= self.queue_size:
             # The usual case, everything fits: one extend and one update of each counter.
-            total = sum([len(r.payload) for r in records])
+            rest = records[start:] if start else records
+            total = sum([len(r.payload) for r in rest])
             if self.nbytes + total <= self.max_bytes:
-                self.queue.extend(records)
+                self.queue.extend(rest)
                 self.depth += n
                 self.nbytes += total
                 before = self.undispatched
@@ -238,13 +289,13 @@ class Buffer:
                     out.wake = True
                 elif before < self.batch_size <= before + n or self.pressed:
                     out.wake = True
-                return
+                return len(records)
         on_full = on_full or self.on_full
-        for i, record in enumerate(records):
+        for i in range(start, len(records)):
+            record = records[i]
             if not self._fits(record.nbytes):
                 if on_full == "block":
-                    out.waiting = list(records[i:])
-                    return
+                    return i
                 if on_full == "drop_oldest" and self._evict_oldest_for(record.nbytes):
                     pass
                 else:
@@ -253,10 +304,16 @@ class Buffer:
                     self.accepted -= 1
                     continue
             out.wake |= self._push(record)
+        return len(records)
+
+    def _wait(self, out: Admission, waiting: Waiting) -> None:
+        out.waiting = waiting
+        self.waitings.add(waiting)
 
     def _release(self, entries: list[Entry]) -> bool:
-        # Entries of a closed step were counted against the sampler's O(k) bound, not the
-        # buffer's; they go on even past the bound so a closing step never blocks a caller.
+        # Entries of a closed step go on even past the bound, so that closing a step never
+        # blocks: they were admitted into their selection only while the queue had room (see
+        # `_offer`), so what this adds past the bound is at most what the open steps held.
         wake = False
         for e in entries:
             if e.record is not None:
@@ -270,6 +327,85 @@ class Buffer:
         wake = self._release(result.released)
         return [e.record for e in result.passed if e.record is not None], wake
 
+    def _room_needed(self, split: str, step: int, nbytes: int) -> tuple[int, int] | None:
+        """What must fit in the queue before a holding sampler's selection of (split, step)
+        takes samples: room for one more of `nbytes` bytes and for what the offer would release
+        from the steps it closes, as (records, bytes); None when nothing need fit.
+
+        Held samples take no room until their step closes, but then enter the queue even past
+        the bound (so that closing a step never blocks). Without this check a producer faster
+        than the sinks would never wait or drop and the queue would grow by a step's selection
+        per step, without bound; with it, only flush(), finish() and the idle timeout close
+        steps past the bound: by at most a selection per open step.
+        """
+        gate = self.gate
+        assert gate is not None
+        if not gate.sampler.holds or gate.is_closed(split, step):
+            return None
+        n, released = gate.releasing(split, step)
+        if n + 1 > self.queue_size or released + nbytes > self.max_bytes:
+            # Selections larger than the whole bound: room for one sample, as for any other.
+            n, released = 0, 0
+        return n + 1, released + nbytes
+
+    def _room_for_held(self, split: str, step: int, nbytes: int, on_full: OnFull) -> bool:
+        """Whether samples may enter a holding sampler's selection now (see `_room_needed`);
+        drop_oldest evicts to make that room."""
+        need = self._room_needed(split, step, nbytes)
+        if need is None or self._fits(need[1], need[0]):
+            return True
+        return on_full == "drop_oldest" and self._evict_oldest_for(need[1], need[0])
+
+    def has_room(self, waiting: Waiting) -> bool:
+        """Lock held: whether `waiting` could move on now (its head fits)."""
+        if waiting.gated:
+            need = self._room_needed(waiting.split, waiting.step, waiting.head_nbytes)
+            return need is None or self._fits(need[1], need[0])
+        return self._fits(waiting.head_nbytes)
+
+    def _offer(
+        self,
+        records: Sequence[TraceRecord],
+        start: int,
+        split: str,
+        step: int,
+        out: Admission,
+        on_full: OnFull,
+    ) -> int:
+        """Offer records from `start` on to the gate and queue what it passes. The records
+        count as accepted already: those the cap refuses (or the policy drops) are taken off
+        again (and counted in `out.refused`). Returns where "block" stopped, as `_enqueue`."""
+        if start >= len(records):
+            return start
+        if not self._room_for_held(split, step, records[start].nbytes, on_full):
+            if on_full == "block":
+                return start
+            rest = records[start:]
+            self._drop("queue_full", len(rest), rest)
+            out.accepted -= len(rest)
+            self.accepted -= len(rest)
+            return len(records)
+        offered = records[start:] if start else records
+        entries = []
+        for r in offered:
+            self._entry_seq += 1
+            entries.append(Entry(r.score, self._entry_seq, r))
+        assert self.gate is not None
+        result = self.gate.offer(split, step, entries, self.clock())
+        if self.spool_on_admit and self.spool is not None:
+            # Staged before anything is dropped below, so every drop finds it staged.
+            self.spool.stage([e.record for e in entries if e.state != EVICTED and e.record])
+        passed, wake = self._apply_gate(result)
+        out.wake |= wake
+        refused = len(offered) - len(passed) - result.held
+        out.accepted -= refused
+        out.refused += refused
+        self.accepted -= refused
+        stop = self._enqueue(passed, out, on_full)
+        if stop < len(passed):
+            self._wait(out, Waiting(passed, stop))
+        return len(records)
+
     def admit(
         self,
         records: Sequence[TraceRecord],
@@ -279,9 +415,11 @@ class Buffer:
         nowait: bool,
         invalid: int = 0,
         refused: int = 0,
+        ticket: int | None = None,
     ) -> Admission:
         """Count and admit one submission (records of one split and step). `refused` counts
-        samples the cap turned away before they were encoded (see `keeps`)."""
+        samples the cap turned away before they were encoded (see `keeps`); `ticket` is the
+        submission's flush ticket, given back should finish() give up its waiting records."""
         out = Admission()
         with self.lock:
             if self.closed:
@@ -299,25 +437,22 @@ class Buffer:
             if refused:
                 assert self.gate is not None
                 self._drop("late" if self.gate.is_closed(split, step) else "capped", refused)
+            # log_samples_nowait never blocks: "block" behaves as drop_newest there.
+            on_full: OnFull = "drop_newest" if nowait and self.on_full == "block" else self.on_full
+            out.accepted = n
+            self.accepted += n
             if self.gate is None:
-                passed: Sequence[TraceRecord] = records
-                out.accepted = n
                 if self.spool_on_admit and self.spool is not None:
                     self.spool.stage(records)
+                stop = self._enqueue(records, out, on_full)
+                if stop < n:
+                    self._wait(out, Waiting(records, stop))
             else:
-                entries = []
-                for r in records:
-                    self._entry_seq += 1
-                    entries.append(Entry(r.score, self._entry_seq, r))
-                result = self.gate.offer(split, step, entries, self.clock())
-                if self.spool_on_admit and self.spool is not None:
-                    # Staged before anything is dropped below, so every drop finds it staged.
-                    self.spool.stage([e.record for e in entries if e.state != EVICTED and e.record])
-                passed, out.wake = self._apply_gate(result)
-                out.accepted = len(passed) + result.held
-            self.accepted += out.accepted
-            # log_samples_nowait never blocks: "block" behaves as drop_newest there.
-            self._enqueue(passed, out, "drop_newest" if nowait and self.on_full == "block" else None)
+                stop = self._offer(records, 0, split, step, out, on_full)
+                if stop < n:
+                    self._wait(out, Waiting(records, stop, gated=True, split=split, step=step))
+            if out.waiting is not None:
+                out.waiting.ticket = ticket
         return out
 
     def count_invalid(self, n: int) -> None:
@@ -355,24 +490,61 @@ class Buffer:
         with self.lock:
             return self.gate.keeps(split, step, scores, self._entry_seq + 1)
 
-    def admit_waiting(self, records: Sequence[TraceRecord]) -> Admission:
-        """Retry records that were waiting for room (block policy)."""
-        out = Admission(accepted=len(records))
+    def admit_waiting(self, waiting: Waiting) -> Admission:
+        """Retry records that were waiting for room (block policy); consumes `waiting` in place."""
+        out = Admission()
         with self.lock:
+            if not len(waiting):
+                self.waitings.discard(waiting)
+                return out
             if self.closed:
                 # finish() has begun (and may have passed its flush marker): too late to queue.
-                self.accepted -= len(records)
-                self._drop("closed", len(records), records)
-                out.accepted, out.closed = 0, len(records)
+                self._give_up(waiting, "closed")
                 return out
             # Only the block policy (and replay, which never drops for room) leaves records waiting.
-            self._enqueue(records, out, "block")
+            if waiting.gated:
+                waiting.start = self._offer(
+                    waiting.records, waiting.start, waiting.split, waiting.step, out, "block"
+                )
+                waiting.lost += out.refused
+                if out.waiting is not None:
+                    # What a non-holding sampler passed waits on as plain records.
+                    self.waitings.discard(waiting)
+                    out.waiting.ticket, out.waiting.lost = waiting.ticket, waiting.lost
+                    return out
+            else:
+                waiting.start = self._enqueue(waiting.records, out, "block", waiting.start)
+            if len(waiting):
+                out.waiting = waiting
+            else:
+                self.waitings.discard(waiting)
         return out
 
-    def give_up_waiting(self, records: Sequence[TraceRecord], reason: str) -> None:
+    def _give_up(self, waiting: Waiting, reason: str) -> None:
+        """Lock held: drop what `waiting` still holds."""
+        rest = waiting.rest()
+        self.accepted -= len(rest)
+        self._drop(reason, len(rest), rest)
+        waiting.lost += len(rest)
+        waiting.start = len(waiting.records)
+        self.waitings.discard(waiting)
+
+    def give_up_waiting(self, waiting: Waiting, reason: str) -> None:
         with self.lock:
-            self.accepted -= len(records)
-            self._drop(reason, len(records), records)
+            self._give_up(waiting, reason)
+
+    def close(self) -> None:
+        """finish() has begun: nothing waiting for room will be queued any more. Counted
+        "closed" here, with the submissions' tickets given back, rather than by their callers:
+        a caller's thread may be busy elsewhere (running the very signal handler that finishes
+        the session) and would leave them pending."""
+        with self.lock:
+            self.closed = True
+            for waiting in list(self.waitings):
+                self._give_up(waiting, "closed")
+                if waiting.ticket is not None:
+                    self.tickets.discard(waiting.ticket)
+            self.room.notify_all()
 
     def admit_replayed(self, records: Sequence[TraceRecord]) -> Admission:
         """Records replayed from a spool: counted as submitted (and replayed), past the gate
@@ -386,7 +558,9 @@ class Buffer:
             self.pending += n
             self.accepted += n
             self.replayed += n
-            self._enqueue(records, out, "block")
+            stop = self._enqueue(records, out, "block")
+            if stop < n:
+                self._wait(out, Waiting(records, stop))
         return out
 
     def undispatched_records(self) -> list[TraceRecord]:
@@ -398,18 +572,26 @@ class Buffer:
 
     def reserve(
         self, scores: Sequence[float | None], *, split: str, step: int, invalid: int = 0
-    ) -> tuple[list[Entry | None], bool]:
+    ) -> tuple[list[Entry | None], bool] | None:
         """Ask the gate which rows can be kept before they are decoded; counts the rest, and
         `invalid` rows that were left out (counted as submitted and dropped). Also returns
-        whether the writer should be woken (this offer closed older steps, releasing them)."""
+        whether the writer should be woken (this offer closed older steps, releasing them).
+        None (nothing counted) when a holding sampler's selection has no room under "block"
+        (see `_room_for_held`): the caller waits for room and asks again."""
         with self.lock:
             if self.closed:
                 raise SessionClosedError("the session is finished; it accepts no more samples")
             n = len(scores)
+            full = self.gate is not None and n and self._room_needed(split, step, 0) is not None
+            if full and self.on_full == "block" and not self._room_for_held(split, step, 0, "block"):
+                return None
             self.submitted += n + invalid
             self.pending += n + invalid
             if invalid:
                 self._drop("invalid", invalid)
+            if full and self.on_full != "block" and not self._room_for_held(split, step, 0, self.on_full):
+                self._drop("queue_full", n)
+                return [None] * n, False
             entries: list[Entry] = []
             for s in scores:
                 self._entry_seq += 1
@@ -450,7 +632,9 @@ class Buffer:
                 self.spool.stage(staged)
             # Held rows count as accepted, as they do in log_samples; drops below subtract.
             out.accepted = len(staged)
-            self._enqueue(ready, out)
+            stop = self._enqueue(ready, out)
+            if stop < len(ready):
+                self._wait(out, Waiting(ready, stop))
         return out
 
     def cancel(self, entries: Sequence[Entry], reason: str, *, split: str, step: int) -> None:

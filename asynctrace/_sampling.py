@@ -320,6 +320,25 @@ class Gate:
             return self.sampler.new_step(split, step, self.k).keeps(scores, first_seq)
         return None  # another sampler's new selection may cost something (a seeded RNG)
 
+    def releasing(self, split: str, step: int) -> tuple[int, int]:
+        """What an offer for (split, step) would release from the steps it closes, as (records,
+        encoded bytes); changes nothing. Rows still being decoded count for nothing here: they
+        go through the buffer's bound when they are filled."""
+        if not self.sampler.holds:
+            return 0, 0
+        upto = step - self.max_open_steps - 1
+        closed_upto = self._closed_upto.get(split)
+        if upto < 0 or (closed_upto is not None and upto <= closed_upto):
+            return 0, 0
+        n = nbytes = 0
+        for (sp, st), opened in self._open.items():
+            if sp == split and st <= upto:
+                for e in opened.selection.held():
+                    if e.state != EVICTED and e.record is not None:
+                        n += 1
+                        nbytes += e.record.nbytes
+        return n, nbytes
+
     def offer(self, split: str, step: int, entries: Iterable[Entry], now: float) -> GateResult:
         result = GateResult()
         entries = list(entries)

@@ -25,7 +25,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from . import _forks, _segments, _shutdown
 from ._abandon import call_abandonable
-from ._buffer import Buffer, Marker, MetricsItem, OnFull
+from ._buffer import Buffer, Marker, MetricsItem, OnFull, Waiting
 from ._checks import MAX_STEP, check_int, check_seconds, check_split, check_step, check_text, check_timeout
 from ._record import (
     UNKNOWN,
@@ -416,7 +416,7 @@ class TraceSession:
             adm = self._buffer.admit_replayed(records)
             if adm.wake:
                 self._wake()
-            if adm.waiting:
+            if adm.waiting is not None:
                 await self._wait_for_room(adm.waiting, None)
         if total:
             logger.info("asynctrace: replaying %d unacknowledged records from %s", total, spool.directory)
@@ -521,9 +521,7 @@ class TraceSession:
             start = anyio.current_time()
             deadline = start + budget
             self._state = _State.CLOSING
-            with self._buffer.lock:
-                self._buffer.closed = True
-                self._buffer.room.notify_all()
+            self._buffer.close()
             self._on_room()
             self._finish_budget, self._finish_deadline = budget, deadline
             drained = False
@@ -579,10 +577,17 @@ class TraceSession:
                     spool.unresolved(),
                     spool.directory,
                 )
-            if not drained or stats.pending:
+            if not drained:
                 logger.warning(
                     "asynctrace: finish() reached its %.1fs deadline with %d samples undelivered (%s)",
                     budget,
+                    stats.pending,
+                    stats.summary(),
+                )
+            elif stats.pending:
+                # Drained in time, yet something is unresolved: not the deadline's doing.
+                logger.warning(
+                    "asynctrace: finish() ended with %d samples undelivered (%s)",
                     stats.pending,
                     stats.summary(),
                 )
@@ -774,6 +779,16 @@ class TraceSession:
             with contextlib.suppress(RuntimeError):
                 self._call_soon(writer.wake)
 
+    async def _until_room(self) -> None:
+        """Wait (event-loop thread) until buffer room is freed or the session closes."""
+        event = self._room_event
+        assert event is not None
+        self._async_waiters += 1
+        try:
+            await event.wait()
+        finally:
+            self._async_waiters -= 1
+
     def _on_room(self) -> None:
         """Buffer room was freed (event-loop thread): wake callers waiting under `block`."""
         if self._async_waiters and self._room_event is not None:
@@ -816,7 +831,7 @@ class TraceSession:
             self._commit_spool()
         if adm.wake:
             self._wake()
-        if not adm.waiting:
+        if adm.waiting is None:
             buf = self._buffer
             under_pressure = False
             if buf.pressed:
@@ -834,31 +849,28 @@ class TraceSession:
             return adm.accepted
         return adm.accepted - await self._wait_for_room(adm.waiting, timeout)
 
-    async def _wait_for_room(self, waiting: list[TraceRecord], timeout: float | None) -> int:
-        """Admit `waiting` as room frees up; returns how many were given up."""
+    async def _wait_for_room(self, waiting: Waiting, timeout: float | None) -> int:
+        """Admit `waiting` as room frees up; returns how many will not be queued after all
+        (given up, or refused by the cap when they were offered at last)."""
         self._async_waiters += 1
         ticket = self._buffer.take_ticket()
         try:
             with anyio.move_on_after(timeout):
-                while waiting:
+                while len(waiting):
                     event = self._room_event
                     assert event is not None
-                    if self._buffer.closed:
-                        self._buffer.give_up_waiting(waiting, "closed")
-                        return len(waiting)
                     adm = self._buffer.admit_waiting(waiting)
-                    if adm.closed:
-                        return adm.closed
                     if adm.wake:
                         self._wake()
-                    waiting = adm.waiting
-                    if waiting:
+                    if adm.waiting is not None and adm.waiting is not waiting:
+                        waiting = adm.waiting  # what a sampler passed, waiting for the queue
+                    if len(waiting):
                         await event.wait()
-                return 0
+                return waiting.lost
             self._buffer.give_up_waiting(waiting, "queue_full")
-            return len(waiting)
+            return waiting.lost
         except BaseException:
-            if waiting:
+            if len(waiting):
                 self._buffer.give_up_waiting(waiting, "cancelled")
             raise
         finally:
@@ -898,12 +910,14 @@ class TraceSession:
         # admits anything, so a flush() from another thread cannot slip in between.
         ticket = buf.take_ticket() if self.on_full == "block" else None
         try:
-            adm = buf.admit(records, split=split, step=step, nowait=False, invalid=invalid, refused=refused)
+            adm = buf.admit(
+                records, split=split, step=step, nowait=False, invalid=invalid, refused=refused, ticket=ticket
+            )
             if self._spool_sync:
                 self._commit_spool()
             if adm.wake:
                 self._wake()
-            if not adm.waiting:
+            if adm.waiting is None:
                 return adm.accepted
             return self._wait_blocking(adm.waiting, adm.accepted, timeout, cancelled)
         finally:
@@ -912,38 +926,35 @@ class TraceSession:
 
     def _wait_blocking(
         self,
-        waiting: list[TraceRecord],
+        waiting: Waiting,
         accepted: int,
         timeout: float | None,
         cancelled: threading.Event | None = None,
     ) -> int:
         buf = self._buffer
         deadline = None if timeout is None else time.monotonic() + timeout
-        while waiting:
-            if buf.closed:
-                buf.give_up_waiting(waiting, "closed")
-                return accepted - len(waiting)
+        while len(waiting):
             if cancelled is not None and cancelled.is_set():
                 buf.give_up_waiting(waiting, "cancelled")
-                return accepted - len(waiting)
+                break
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 buf.give_up_waiting(waiting, "queue_full")
-                return accepted - len(waiting)
+                break
             with buf.lock:
-                if not buf._fits(waiting[0].nbytes) and not buf.closed:
+                # finish() gives up what is still waiting itself (Buffer.close): nothing left then.
+                if len(waiting) and not buf.has_room(waiting) and not buf.closed:
                     buf.thread_waiters += 1
                     try:
                         buf.room.wait(timeout=0.25 if left is None else min(left, 0.25))
                     finally:
                         buf.thread_waiters -= 1
             adm = buf.admit_waiting(waiting)
-            if adm.closed:
-                return accepted - adm.closed
             if adm.wake:
                 self._wake()
-            waiting = adm.waiting
-        return accepted
+            if adm.waiting is not None and adm.waiting is not waiting:
+                waiting = adm.waiting  # what a sampler passed, waiting for the queue
+        return accepted - waiting.lost
 
     def log_samples_nowait(
         self,
@@ -1058,7 +1069,7 @@ class TraceSession:
 
     # -- reservations (used by log_rollouts) -----------------------------------------------
 
-    def _reserve(
+    async def _reserve(
         self, scores: Sequence[float | None], rows: list[int], *, step: int, split: str
     ) -> tuple[list[int], list[Entry]]:
         """Reserve places for `rows` by their scores; returns the rows the cap can keep and
@@ -1077,9 +1088,11 @@ class TraceSession:
                 )
             rows = [i for i in rows if scores[i] is not None]
             invalid = len(missing)
-        entries, wake = self._buffer.reserve(
-            [scores[i] for i in rows], split=split, step=step, invalid=invalid
-        )
+        wanted = [scores[i] for i in rows]
+        while (reserved := self._buffer.reserve(wanted, split=split, step=step, invalid=invalid)) is None:
+            # A holding sampler's selection takes rows only while the queue has room (block).
+            await self._until_room()
+        entries, wake = reserved
         if wake:
             self._wake()
         kept = [(i, e) for i, e in zip(rows, entries, strict=True) if e is not None]
@@ -1104,7 +1117,7 @@ class TraceSession:
             self._commit_spool()
         if adm.wake:
             self._wake()
-        if adm.waiting:
+        if adm.waiting is not None:
             return adm.accepted - await self._wait_for_room(adm.waiting, None)
         return adm.accepted
 
@@ -1136,7 +1149,7 @@ class TraceSession:
         # Taken before reserving, so a flush() from now on waits until these rows are queued.
         ticket = self._buffer.take_ticket()
         try:
-            rows, kept = self._reserve(row_scores(rewards, n), candidates, step=step, split=split)
+            rows, kept = await self._reserve(row_scores(rewards, n), candidates, step=step, split=split)
             if not rows:
                 return 0
             try:

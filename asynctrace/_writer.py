@@ -78,6 +78,8 @@ class _Lane:
         self.signal = Signal()
         self.dead: str | None = None
         self.done = False
+        # Waiting for work: it starts whatever it is handed at its next turn.
+        self.idle = False
 
 
 class Writer:
@@ -185,7 +187,12 @@ class Writer:
                     with anyio.CancelScope(shield=True):
                         if isinstance(item, Batch):
                             await self._spool_batch(item)
-                            self.buffer.dispatched(item)
+                            # Only a batch that waits behind a busy sink is drop_oldest's to
+                            # evict from. One that idle sinks start at their next turn stays
+                            # out of reach: a producer that gets the loop first would empty
+                            # every batch before any sink saw it, and nothing would be written.
+                            if not all(lane.idle and not lane.inbox for lane in self._lanes):
+                                self.buffer.dispatched(item)
                         for lane in self._lanes:
                             lane.inbox.append(item)
                             lane.signal.set()
@@ -248,7 +255,11 @@ class Writer:
         batch_size = self.buffer.batch_size
         while True:
             if not lane.inbox:
-                await lane.signal.wait(None)
+                lane.idle = True
+                try:
+                    await lane.signal.wait(None)
+                finally:
+                    lane.idle = False
                 continue
             item = lane.inbox.popleft()
             if isinstance(item, Marker):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Sequence
 
 import anyio
@@ -403,3 +404,46 @@ async def test_drop_oldest_evicts_nothing_for_a_record_that_could_never_fit() ->
         assert await s.log_samples([_sized(7, 4000 - pinned)], step=0) == 1
         st = s.stats()
         assert st.dropped == {"queue_full": 3} and st.queue_depth == 5 and st.check()
+
+
+async def _one_call_that_waits(n: int) -> float:
+    """CPU seconds one log_samples call of `n` small samples takes behind a bound of 64."""
+    sink = _Counting()
+    items = [{"prompt": "q", "response": "a"} for _ in range(n)]
+    async with at.TraceSession("p", sinks=[sink], queue_size=64, batch_size=32) as s:
+        # CPU time, not wall time: other processes on the machine do not count.
+        start = time.process_time()
+        assert await s.log_samples(items, step=0) == n
+        took = time.process_time() - start
+    assert sink.n == n
+    return took
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the buffer's work, whatever the loop
+async def test_one_huge_call_that_waits_for_room_takes_time_linear_in_its_size() -> None:
+    """A single log_samples call far larger than the bound waits for room over a thousand
+    times; what is still waiting is not copied on each pass, so four times the samples take
+    about four times as long (a copy per pass made it quadratic: over twelve times)."""
+    small = await _one_call_that_waits(20_000)
+    large = await _one_call_that_waits(80_000)
+    assert large / small < 7, (small, large)
+
+
+async def test_drop_oldest_from_a_busy_loop_still_lets_the_sink_write() -> None:
+    """log_samples_nowait from the event loop, yielding once every 20 calls, under drop_oldest:
+    batches handed to an idle sink are out of eviction's reach, so the sink writes about as
+    much as under drop_newest (it used to find every batch emptied before it could start it)."""
+    written = {}
+    for policy in ("drop_newest", "drop_oldest"):
+        sink = at.testing.MemorySink(delay=0.005)
+        async with at.TraceSession(
+            "p", sinks=[sink], queue_size=100, batch_size=8, on_full=policy, finish_timeout=5
+        ) as s:
+            for i in range(20_000):
+                s.log_samples_nowait(sample(i), step=0)
+                if i % 20 == 19:
+                    await anyio.sleep(0)
+            written[policy] = len(sink.records)
+        assert s.stats().check()
+    assert written["drop_newest"] > 100
+    assert written["drop_oldest"] > written["drop_newest"] / 2, written

@@ -479,3 +479,33 @@ def test_sigterm_keeps_its_deadline_while_a_finish_is_under_way(project: str) ->
     del finishing
     # The bound is 0.5 + 2 + 0.5 + 1 s; the slack is for a loaded machine, far below finish(60).
     assert took < finish_bound(0.5) + 1.0 + 6.0, f"the collector exited {took:.1f}s after SIGTERM"
+
+
+def test_collector_queue_stays_bounded_with_a_holding_sampler(project: str) -> None:
+    """A client streaming step after step into a collector whose session keeps top_bottom
+    selections, behind a sink slower than the stream: the collector's queue never holds more
+    than queue_size plus a selection per open step (its ingest calls wait for room, which
+    pushes back to the client's own bounded buffer)."""
+    collector = start_collector(
+        sinks=[MemorySink(delay=0.5)],
+        project=project,
+        sampler="top_bottom",
+        max_traces_per_step=8,
+        queue_size=100,
+        max_open_steps=2,
+        on_full="block",
+        finish_timeout=2.0,
+        ingest_timeout=30.0,
+        finish_at_exit=False,
+    )
+    actor = Rollout.remote(collector, "bound", batch_size=50, max_buffered=400, flush_interval=0.01)
+    streaming = actor.stream.remote(3.0, 5)
+    peak = 0
+    while not ray.wait([streaming], timeout=0.02)[0]:
+        peak = max(peak, ray.get(collector.stats.remote()).queue_depth)
+    result = ray.get(streaming)
+    ray.get(actor.close.remote(0.5))
+    ray.kill(collector, no_restart=True)
+    assert result["stats"].check()
+    assert result["calls"] > 200  # steps far faster than the sink writes their selections
+    assert 0 < peak <= 100 + 8 * 3, peak

@@ -309,3 +309,50 @@ def test_number_like_timeouts_of_the_distributed_logger_are_accepted() -> None:
         assert logger.finish(timeout=float("inf")).session.written == 2
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("nowait", [False, True])
+def test_per_rank_stream_keeps_the_session_bound_with_a_holding_sampler(project: str, nowait: bool) -> None:
+    """per_rank_stream with top_bottom, a producer far faster than the sink: the rank's session
+    queue never holds more than queue_size plus a selection per open step; log_samples waits
+    for room, log_samples_nowait drops (counted "queue_full")."""
+    import threading
+
+    sink = MemorySink(delay=0.01)
+    logger = _logger(
+        project,
+        mode="per_rank_stream",
+        max_traces_per_step=8,
+        sampler="top_bottom",
+        sinks=[sink],
+        queue_size=100,
+        max_open_steps=2,
+        max_queue_bytes=100_000,
+    )
+    session = logger.session
+    assert session is not None
+    peak = [0]
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], session.stats().queue_depth)
+            time.sleep(0.0005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        log = logger.log_samples_nowait if nowait else logger.log_samples
+        for step in range(150):
+            log(make_samples("s", step, 16, seed=step), step=step)
+    finally:
+        stop.set()
+        watcher.join()
+    stats = logger.finish(10.0)
+    assert stats.check() and stats.session is not None and stats.session.check()
+    assert peak[0] <= 100 + 8 * 3, peak[0]
+    dropped = dict(stats.session.dropped)
+    if nowait:
+        assert dropped.get("queue_full", 0) > 0, dropped
+    else:
+        assert set(dropped) == {"capped"} and stats.session.written == 150 * 8, dropped

@@ -298,3 +298,47 @@ def test_sigterm_during_a_longer_finish_keeps_the_hooks_deadline(form: str) -> N
     assert proc.returncode == -signal.SIGTERM, err.decode()[-2000:]
     # Three seconds of slack for a loaded machine, against the minute finish(60) would take.
     assert took < finish_bound(0.5) + 1.0 + 3.0, f"the process ended {took:.1f}s after SIGTERM"
+
+
+_WAITING_CHILD = """
+import os, signal, sys, threading, time
+import asynctrace as at
+
+sink = at.testing.MemorySink(delay=0.2)
+with at.TraceSession("p", run="r", sinks=[sink], queue_size=4, batch_size=4, shutdown_hooks=True) as s:
+    def sigterm_once_waiting():
+        # The caller below waits for room once more is pending than the queue holds.
+        while s.stats().pending <= s.stats().queue_depth:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        print("waiting", flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=sigterm_once_waiting, daemon=True).start()
+    s.log_samples([{"prompt": "q", "response": "a"} for _ in range(40)], step=0)
+    print("returned", flush=True)
+"""
+
+
+def test_sigterm_while_waiting_for_room_counts_the_waiting_samples_closed() -> None:
+    """SIGTERM lands while the blocking log_samples waits for room (the hook then finishes the
+    session on that very thread): what still waited is counted "closed", not left pending, and
+    the log does not claim a deadline was reached when it was not."""
+    import re
+    import subprocess
+    import sys
+
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", _WAITING_CHILD], capture_output=True, timeout=60, check=False
+    )
+    took = time.monotonic() - start
+    out, err = proc.stdout.decode(), proc.stderr.decode()
+    assert proc.returncode == -signal.SIGTERM, err[-2000:]
+    assert out.split() == ["waiting"], (out, err[-2000:])
+    summary = re.search(r"submitted=(\d+) written=(\d+) failed=0 pending=(\d+) dropped\[closed=(\d+)\]", err)
+    assert summary is not None, err[-2000:]
+    submitted, written, pending, closed = map(int, summary.groups())
+    assert submitted == 40 and pending == 0 and written + closed == 40 and closed > 0, err[-2000:]
+    assert "reached its" not in err, err[-2000:]
+    assert took < 10
