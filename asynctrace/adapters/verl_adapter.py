@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -42,6 +43,8 @@ _COPIED = (
     ("stop_reason", "stop_reason"),
 )
 _lock = threading.Lock()
+_FAILED = object()
+"""Stored on a trainer whose session could not be opened, so no step tries again."""
 
 
 def _torch() -> Any:
@@ -135,6 +138,9 @@ def to_samples(
     # One transfer for every per-row number.
     numbers = {key: value.cpu().tolist() for key, value in small.items()}
     rewards = numbers.pop("reward", None)
+    if rewards is not None:
+        # A score verl could not compute (NaN) is no reward at all, never a number to rank by.
+        rewards = [r if math.isfinite(r) else None for r in rewards]
 
     samples = decode_rollouts(
         input_ids,
@@ -155,7 +161,7 @@ def to_samples(
         meta = sample.metadata
         for key, values in numbers.items():
             value = float(values[row])
-            if value == value:  # a row with no response token has no advantage
+            if math.isfinite(value):  # a row with no response token has no advantage
                 meta[key] = value
         if uids is not None:
             uid = str(uids[row])
@@ -182,13 +188,13 @@ def open_session(trainer: Any, **kwargs: Any) -> SyncTraceSession:
     from .._session import TraceSession
 
     config = getattr(getattr(trainer, "config", None), "trainer", None)
-    project = str(getattr(config, "project_name", None) or "verl")
-    run = getattr(config, "experiment_name", None)
+    project = _plain(getattr(config, "project_name", None)) or "verl"
+    run = _plain(getattr(config, "experiment_name", None))
     kwargs.setdefault("max_traces_per_step", 64)
     kwargs.setdefault("sampler", "top_bottom")
     main = threading.current_thread() is threading.main_thread()
     kwargs.setdefault("shutdown_hooks", main)
-    session = TraceSession(project, str(run) if run else None, **kwargs).start()
+    session = TraceSession(project, run, **kwargs).start()
     if not kwargs["shutdown_hooks"]:
         # Signal handlers need the main thread; finishing at exit does not.
         atexit.register(session.finish)
@@ -196,11 +202,23 @@ def open_session(trainer: Any, **kwargs: Any) -> SyncTraceSession:
     return session
 
 
+def _plain(name: Any) -> str | None:
+    """A verl project or experiment name as a Trackio name: path separators and controls become "-"."""
+    if name is None:
+        return None
+    text = "".join("-" if c in "/\\" or ord(c) < 32 or ord(c) == 127 else c for c in str(name)).strip()
+    return None if text in ("", ".", "..") else text
+
+
 def _session_of(trainer: Any) -> Any:
     with _lock:
         session = getattr(trainer, _SESSION_ATTR, None)
         if session is None:
-            session = open_session(trainer)
+            try:
+                session = open_session(trainer)
+            except Exception:
+                setattr(trainer, _SESSION_ATTR, _FAILED)
+                raise
         return session
 
 
@@ -223,12 +241,14 @@ def log_batch(
     try:
         if session is None:
             session = _session_of(trainer)
+        if session is _FAILED:
+            return 0
         rows = len(batch)
         at_step = int(trainer.global_steps if step is None else step)
         tokenizer = trainer.tokenizer
     except Exception as exc:  # telemetry must never stop training
         _warn_once(f"could not start logging ({type(exc).__name__}: {exc})")
-        if session is not None:
+        if session is not None and session is not _FAILED:
             _count(session, batch)
         return 0
     return deliver(

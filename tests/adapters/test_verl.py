@@ -237,7 +237,7 @@ def _trainer(tokenizer: Any, step: int, session: Any = None) -> RayPPOTrainer:
     trainer: RayPPOTrainer = object.__new__(RayPPOTrainer)
     trainer.tokenizer = tokenizer
     trainer.global_steps = step
-    names = SimpleNamespace(project_name="verl-gsm8k", experiment_name="grpo-1")
+    names = SimpleNamespace(project_name="verl_gsm8k", experiment_name="qwen2.5/grpo")
     trainer.config = SimpleNamespace(trainer=names)
     if session is not None:
         trainer.asynctrace_session = session
@@ -284,13 +284,13 @@ def test_hook_never_raises_and_counts_the_rows(tokenizer: Any, caplog: pytest.Lo
 
 
 def test_first_call_opens_a_session_named_after_the_run(tokenizer: Any) -> None:
-    """Without a session, the first call opens one named after trainer.project_name/experiment_name."""
+    """open_session names the session after verl's project and experiment, made plain names."""
     sink = at.testing.MemorySink()
     trainer = _trainer(tokenizer, step=2)
     session = verl_adapter.open_session(trainer, sinks=[sink], shutdown_hooks=False)
     try:
         assert trainer.asynctrace_session is session
-        assert (session.project, session.run) == ("verl-gsm8k", "grpo-1")
+        assert (session.project, session.run) == ("verl_gsm8k", "qwen2.5-grpo")
         batch, _, _ = _train_batch(tokenizer)
         assert verl_adapter.log_batch(trainer, batch) == len(batch)
     finally:
