@@ -109,7 +109,8 @@ def _gen_output(tokenizer: Any, *, validate: bool = False) -> tuple[DataProto, l
     n = len(expected)
     versions_min = np.empty(n, dtype=object)
     versions_max = np.empty(n, dtype=object)
-    # A rollout resumed across a weight update spans two versions; validation has none.
+    # A rollout resumed across a weight update spans two versions; a server that has not been
+    # given a version yet reports None.
     versions_min[:] = [None if validate else 4 for _ in range(n)]
     versions_max[:] = [None if validate else (5 if i == 1 else 4) for i in range(n)]
     tensors = {
@@ -217,6 +218,20 @@ def test_tool_output_is_its_own_turn(tokenizer: Any) -> None:
     empty = samples[order.index(8)]
     assert empty.messages == [{"role": "user", "content": PROMPTS[2]}, {"role": "assistant", "content": ""}]
     assert empty.metadata["num_turns"] == 1 and "advantage" not in empty.metadata
+
+
+def test_without_response_mask_the_response_is_one_turn(tokenizer: Any) -> None:
+    """A batch without response_mask is read as compute_response_mask makes it: one assistant turn."""
+    batch, _, order = _train_batch(tokenizer)
+    batch.pop(batch_keys=["response_mask"])
+    samples = verl_adapter.to_samples(batch, tokenizer=tokenizer)
+    batch.batch["response_mask"] = compute_response_mask(batch)
+    assert [s.messages for s in verl_adapter.to_samples(batch, tokenizer=tokenizer)] == [
+        s.messages for s in samples
+    ]
+    multi = samples[order.index(0)].messages
+    assert [m["role"] for m in multi] == ["user", "assistant"]
+    assert multi[1]["content"] == "".join(text for _, text in RESPONSES[0][0])
 
 
 def test_reward_is_the_score_and_the_kl_penalty_is_apart(tokenizer: Any) -> None:
