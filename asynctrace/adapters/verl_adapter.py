@@ -135,8 +135,9 @@ def to_samples(
         counts = valid.sum(dim=-1)
         total = (batch["advantages"].float() * valid).sum(dim=-1)
         small["advantage"] = torch.where(counts > 0, total / counts.clamp(min=1), torch.nan)
-    # One transfer for every per-row number.
-    numbers = {key: value.cpu().tolist() for key, value in small.items()}
+    # Every per-row number crosses to the CPU in one transfer.
+    stacked = torch.stack(list(small.values())).cpu().tolist() if small else []
+    numbers = dict(zip(small, stacked, strict=True))
     rewards = numbers.pop("reward", None)
     if rewards is not None:
         # A score verl could not compute (NaN) is no reward at all, never a number to rank by.
