@@ -9,6 +9,20 @@ The frameworks are not dependencies: structures are read by their field names, a
 
 from __future__ import annotations
 
-from . import areal_adapter, open_instruct_adapter, skyrl_adapter, torchforge_adapter, trl_adapter
+from . import (
+    areal_adapter,
+    open_instruct_adapter,
+    skyrl_adapter,
+    torchforge_adapter,
+    trl_adapter,
+    verl_adapter,
+)
 
-__all__ = ["areal_adapter", "open_instruct_adapter", "skyrl_adapter", "torchforge_adapter", "trl_adapter"]
+__all__ = [
+    "areal_adapter",
+    "open_instruct_adapter",
+    "skyrl_adapter",
+    "torchforge_adapter",
+    "trl_adapter",
+    "verl_adapter",
+]

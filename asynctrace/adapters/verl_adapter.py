@@ -1,0 +1,281 @@
+"""verl: a `DataProto` rollout batch to samples, and a hook for the PPO trainer's loop.
+
+Tested on verl 0.9.1's `RayPPOTrainer` (``verl/trainer/ppo/ray_trainer.py``). The hook is
+called right after ``compute_advantage`` in ``fit()``, and in ``_validate()`` after
+``extract_reward``::
+
+    from asynctrace.adapters import verl_adapter
+    verl_adapter.log_batch(self, batch)  # in fit(), after compute_advantage(...)
+    verl_adapter.log_batch(self, test_batch, split="eval", token_level_scores=reward_tensor)  # _validate
+
+A batch's rows are prompt-response pairs: ``prompts`` is left-padded, ``responses`` right-padded,
+``attention_mask`` covers both, and ``response_mask`` marks what the policy generated (0 on
+tool output in multi-turn rollouts). ``balance_batch`` reorders the rows before the logging
+point, so the rows of one prompt are found by their ``uid``, never by their position.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from .._record import Sample
+from .._sync import SyncTraceSession
+from ..rollouts._decode import decode_rollouts
+from ._common import jsonable
+from ._hooks import deliver
+
+__all__ = ["log_batch", "open_session", "to_samples"]
+
+logger = logging.getLogger("asynctrace")
+
+_WHERE = "verl_adapter.log_batch"
+_SESSION_ATTR = "asynctrace_session"
+# Non-tensor columns copied as they are: verl's name -> the metadata key.
+_COPIED = (
+    ("data_source", "data_source"),
+    ("__num_turns__", "verl_num_turns"),
+    ("request_id", "request_id"),
+    ("stop_reason", "stop_reason"),
+)
+_lock = threading.Lock()
+_FAILED = object()
+"""Stored on a trainer whose session could not be opened, so no step tries again."""
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - verl itself needs torch
+        raise ImportError(
+            "verl_adapter needs torch (install asynctrace[torch], or verl with its dependencies)"
+        ) from exc
+    return torch
+
+
+def _column(non_tensor: Mapping[str, Any], name: str, n: int) -> list[Any] | None:
+    """A non-tensor column as a list of `n` values, or None where the batch has none."""
+    values = non_tensor.get(name)
+    if values is None:
+        return None
+    values = values.tolist() if hasattr(values, "tolist") else list(values)
+    if len(values) != n:
+        raise ValueError(f"non_tensor_batch[{name!r}]: has {len(values)} values for {n} rows")
+    return list(values)
+
+
+def _version(value: Any) -> int | None:
+    """A weight version from `min/max_global_steps` (None where the server reported none)."""
+    if value is None:
+        return None
+    if hasattr(value, "item"):
+        value = value.item()
+    return None if value is None else int(value)
+
+
+def to_samples(
+    data: Any,
+    *,
+    tokenizer: Any,
+    token_level_scores: Any = None,
+    env_role: str = "tool",
+) -> list[Sample]:
+    """One sample per row of a verl `DataProto`, in the batch's row order.
+
+    Messages: the prompt (its real tokens, decoded) as the user turn, then the response cut
+    into `assistant` turns (``response_mask`` 1) and `env_role` turns (0: tool output a
+    multi-turn agent loop appended). All text is decoded in one tokenizer call.
+
+    Metadata: `reward` is the sum of ``token_level_scores`` over the response (verl's sequence
+    score; pass `token_level_scores=` where the batch does not hold it yet, as in
+    ``_validate``, else ``rm_scores`` is used), `sequence_reward` the sum of
+    ``token_level_rewards`` (after a KL penalty in the reward), `advantage` the mean of
+    ``advantages`` over the response mask, `group_uid` the row's ``uid`` and `prompt_index`
+    the order in which its uid first appears in the batch, `policy_version_min/max` from
+    ``min/max_global_steps``, and ``data_source``, ``request_id``, ``stop_reason`` and verl's
+    ``__num_turns__`` (as `verl_num_turns`) where the batch has them.
+    """
+    torch = _torch()
+    batch = data.batch
+    non_tensor: Mapping[str, Any] = data.non_tensor_batch or {}
+    prompts = batch["prompts"]
+    responses = batch["responses"]
+    attention_mask = batch["attention_mask"]
+    n, prompt_width = int(prompts.shape[0]), int(prompts.shape[1])
+    response_width = int(responses.shape[1])
+    if tuple(attention_mask.shape) != (n, prompt_width + response_width):
+        raise ValueError(
+            f"attention_mask: shape {tuple(attention_mask.shape)} does not cover prompts "
+            f"{tuple(prompts.shape)} and responses {tuple(responses.shape)}"
+        )
+    keys = set(batch.keys())
+    # As verl's compute_response_mask does for trainers that never set it.
+    response_mask = batch["response_mask"] if "response_mask" in keys else attention_mask[:, -response_width:]
+    response_mask = response_mask.to(attention_mask.device)
+    input_ids = torch.cat([prompts, responses], dim=1)
+    loss_mask = torch.cat([torch.zeros_like(prompts, dtype=torch.bool), response_mask.bool()], dim=1)
+    prompt_lens = attention_mask[:, :prompt_width].sum(dim=1)
+    # Response tokens the attention mask leaves out are padding: nothing in them counts.
+    valid = response_mask.bool() & attention_mask[:, prompt_width:].bool()
+
+    if token_level_scores is None:
+        token_level_scores = next(
+            (batch[key] for key in ("token_level_scores", "rm_scores") if key in keys), None
+        )
+    small: dict[str, Any] = {}
+    if token_level_scores is not None:
+        small["reward"] = token_level_scores.float().sum(dim=-1)
+    if "token_level_rewards" in keys:
+        small["sequence_reward"] = batch["token_level_rewards"].float().sum(dim=-1)
+    if "advantages" in keys:
+        counts = valid.sum(dim=-1)
+        total = (batch["advantages"].float() * valid).sum(dim=-1)
+        small["advantage"] = torch.where(counts > 0, total / counts.clamp(min=1), torch.nan)
+    # Every per-row number crosses to the CPU in one transfer.
+    stacked = torch.stack(list(small.values())).cpu().tolist() if small else []
+    numbers = dict(zip(small, stacked, strict=True))
+    rewards = numbers.pop("reward", None)
+    if rewards is not None:
+        # A score verl could not compute (NaN) is no reward at all, never a number to rank by.
+        rewards = [r if math.isfinite(r) else None for r in rewards]
+
+    samples = decode_rollouts(
+        input_ids,
+        tokenizer=tokenizer,
+        loss_mask=loss_mask,
+        attention_mask=attention_mask,
+        prompt_lens=prompt_lens,
+        rewards=rewards,
+        env_role=env_role,
+    )
+
+    uids = _column(non_tensor, "uid", n)
+    group_of: dict[str, int] = {}
+    vmin = _column(non_tensor, "min_global_steps", n)
+    vmax = _column(non_tensor, "max_global_steps", n)
+    copied = [(key, _column(non_tensor, name, n)) for name, key in _COPIED]
+    for row, sample in enumerate(samples):
+        meta = sample.metadata
+        for key, values in numbers.items():
+            value = float(values[row])
+            if math.isfinite(value):  # a row with no response token has no advantage
+                meta[key] = value
+        if uids is not None:
+            uid = str(uids[row])
+            meta["group_uid"] = uid
+            meta["prompt_index"] = group_of.setdefault(uid, len(group_of))
+        low = _version(vmin[row]) if vmin is not None else None
+        high = _version(vmax[row]) if vmax is not None else None
+        if low is not None or high is not None:
+            meta["policy_version_min"] = low if low is not None else high
+            meta["policy_version_max"] = high if high is not None else low
+        for key, values in copied:
+            if values is not None and values[row] is not None:
+                meta[key] = jsonable(values[row])
+    return samples
+
+
+def open_session(trainer: Any, **kwargs: Any) -> SyncTraceSession:
+    """A blocking session for `trainer`, named after its ``trainer.project_name`` and ``experiment_name``.
+
+    It is finished at interpreter exit (and drained on SIGTERM/SIGINT when opened on the main
+    thread). `kwargs` go to `TraceSession` (defaults: 64 traces per step, best and worst by
+    reward). Stored on the trainer, where `log_batch` finds it.
+    """
+    from .._session import TraceSession
+
+    config = getattr(getattr(trainer, "config", None), "trainer", None)
+    project = _plain(getattr(config, "project_name", None)) or "verl"
+    run = _plain(getattr(config, "experiment_name", None))
+    kwargs.setdefault("max_traces_per_step", 64)
+    kwargs.setdefault("sampler", "top_bottom")
+    main = threading.current_thread() is threading.main_thread()
+    kwargs.setdefault("shutdown_hooks", main)
+    session = TraceSession(project, run, **kwargs).start()
+    if not kwargs["shutdown_hooks"]:
+        # Signal handlers need the main thread; finishing at exit does not.
+        atexit.register(session.finish)
+    setattr(trainer, _SESSION_ATTR, session)
+    return session
+
+
+def _plain(name: Any) -> str | None:
+    """A verl project or experiment name as a Trackio name: path separators and controls become "-"."""
+    if name is None:
+        return None
+    text = "".join("-" if c in "/\\" or ord(c) < 32 or ord(c) == 127 else c for c in str(name)).strip()
+    return None if text in ("", ".", "..") else text
+
+
+def _session_of(trainer: Any) -> Any:
+    with _lock:
+        session = getattr(trainer, _SESSION_ATTR, None)
+        if session is None:
+            try:
+                session = open_session(trainer)
+            except Exception:
+                setattr(trainer, _SESSION_ATTR, _FAILED)
+                raise
+        return session
+
+
+def log_batch(
+    trainer: Any,
+    batch: Any,
+    *,
+    split: str = "train",
+    token_level_scores: Any = None,
+    step: int | None = None,
+    session: Any = None,
+) -> int:
+    """Log one verl batch from inside `RayPPOTrainer`; never raises. Returns the samples accepted.
+
+    `trainer` gives the tokenizer (``trainer.tokenizer``), the step (``trainer.global_steps``,
+    unless `step` is given) and the session: `session`, else ``trainer.asynctrace_session``,
+    else one `open_session` opens on the first call. Rows that cannot be converted are
+    counted in ``session.stats().dropped["invalid"]``, with one warning.
+    """
+    try:
+        if session is None:
+            session = _session_of(trainer)
+        if session is _FAILED:
+            return 0
+        rows = len(batch)
+        at_step = int(trainer.global_steps if step is None else step)
+        tokenizer = trainer.tokenizer
+    except Exception as exc:  # telemetry must never stop training
+        _warn_once(f"could not start logging ({type(exc).__name__}: {exc})")
+        if session is not None and session is not _FAILED:
+            _count(session, batch)
+        return 0
+    return deliver(
+        session,
+        lambda: (to_samples(batch, tokenizer=tokenizer, token_level_scores=token_level_scores), 0),
+        rows=rows,
+        step=at_step,
+        split=split,
+        where=_WHERE,
+    )
+
+
+_warned = False
+
+
+def _warn_once(message: str) -> None:
+    global _warned
+    with _lock:
+        if _warned:
+            return
+        _warned = True
+    logger.warning("asynctrace: %s: %s; batches are not logged", _WHERE, message)
+
+
+def _count(session: Any, batch: Any) -> None:
+    try:
+        session.record_invalid(len(batch))
+    except Exception:
+        logger.debug("asynctrace: could not count a verl batch as invalid", exc_info=True)
