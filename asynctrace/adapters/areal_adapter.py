@@ -10,11 +10,16 @@ values are `RTensor`s whose data lives on the rollout workers. The hook, in
 
     areal_adapter.log_batch(session, adv_batch, tokenizer=self.tokenizer, step=global_step)
 
+or, from the training script without editing AReaL, before ``trainer.train(...)``::
+
+    areal_adapter.attach(trainer, session)
+
 It never raises into training. `to_samples` and `rollout_kwargs` are the raising forms.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 from collections.abc import Mapping, Sequence
@@ -28,7 +33,7 @@ if TYPE_CHECKING:
     from .._session import TraceSession
     from .._sync import SyncTraceSession
 
-__all__ = ["log_batch", "rollout_kwargs", "to_samples"]
+__all__ = ["attach", "log_batch", "rollout_kwargs", "to_samples"]
 
 _PER_TOKEN = ("input_ids", "attention_mask", "loss_mask", "versions")
 # What decoding needs; a group's other keys (logprobs, ref_logp, values, ...) are never fetched.
@@ -257,3 +262,38 @@ def log_batch(
     return deliver(
         session, convert, rows=_row_count(batch), step=step, split=split, where="areal_adapter.log_batch"
     )
+
+
+def attach(
+    trainer: Any,
+    session: TraceSession | SyncTraceSession,
+    *,
+    tokenizer: Any = None,
+    env_role: str = "tool",
+) -> None:
+    """Log every training step of an AReaL `PPOTrainer` from the training script.
+
+    Wraps ``trainer.actor.compute_advantages``, which `PPOTrainer.train` calls once per step,
+    so that its result is handed to `log_batch` (it never raises) before training goes on
+    with it. The step is the actor's policy version, which the trainer keeps equal to the
+    global step (recovery included); an actor without `get_version` is counted from 0.
+    `tokenizer` defaults to ``trainer.tokenizer``.
+    """
+    actor = trainer.actor
+    compute = actor.compute_advantages
+    decode_with = tokenizer if tokenizer is not None else trainer.tokenizer
+    calls = [0]
+
+    def compute_advantages(*args: Any, **kwargs: Any) -> Any:
+        adv_batch = compute(*args, **kwargs)
+        step = calls[0]
+        calls[0] += 1
+        version = getattr(actor, "get_version", None)
+        if callable(version):
+            # A version that cannot be read: the call count stands in.
+            with contextlib.suppress(Exception):
+                step = int(version())
+        log_batch(session, adv_batch, tokenizer=decode_with, step=step, env_role=env_role)
+        return adv_batch
+
+    actor.compute_advantages = compute_advantages

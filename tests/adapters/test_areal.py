@@ -11,6 +11,7 @@ inference server (SGLang / vLLM cannot run here): `ScriptedServer.agenerate` ans
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import areal.infra.rpc.rtensor as rtensor
 import pytest
 import torch
+from areal import PPOTrainer
 from areal.api.cli_args import GenerationHyperparameters, NormConfig, PPOActorConfig
 from areal.api.io_struct import ModelRequest, ModelResponse
 from areal.infra.remote_inf_engine import GroupedRolloutWorkflow
@@ -300,3 +302,27 @@ def test_rows_pick_samples_before_decoding(hf_tokenizer: PreTrainedTokenizerFast
     assert [s.metadata["sample_index"] for s in samples] == [3, 0]
     assert [s.metadata["group_id"] for s in samples] == [1, 0]
     assert samples[0].messages == expected(hf_tokenizer)[3]
+
+
+def test_attach_logs_each_compute_advantages_of_the_trainer(
+    hf_tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    """attach() logs what PPOTrainer.train's compute_advantages returns, once per call, and passes it on."""
+    # The hook point is AReaL's own: train() calls the actor's compute_advantages once per step.
+    source = inspect.getsource(PPOTrainer.train)
+    assert source.count("self.actor.compute_advantages(rollout_batch)") == 1
+    # PPOTrainer.__init__ launches inference servers and a scheduler, which cannot run here:
+    # the instance gets the two attributes attach reads, with AReaL's real PPOActor (the object
+    # FSDPPPOActor.compute_advantages delegates to; it has no get_version, so steps count from 0).
+    trainer = PPOTrainer.__new__(PPOTrainer)
+    trainer.actor = grpo_actor()
+    trainer.tokenizer = hf_tokenizer
+    sink = at.testing.MemorySink()
+    with at.TraceSession("p", sinks=[sink]) as session:
+        areal_adapter.attach(trainer, session)
+        for _ in range(2):
+            adv_batch = trainer.actor.compute_advantages(prepare_batch(hf_tokenizer))
+            assert "advantages" in adv_batch[0] and len(adv_batch) == 2
+    assert sorted(r.step for r in sink.records) == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [r.sample.messages for r in sink.records if r.step == 1] == expected(hf_tokenizer)
+    assert session.stats().check() and session.stats().written == 8
