@@ -264,6 +264,14 @@ def log_batch(
     )
 
 
+def _is_main_process() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return dist is None or not dist.is_initialized() or int(dist.get_rank()) == 0
+    except Exception:  # a torch without distributed support: one process
+        return True
+
+
 def attach(
     trainer: Any,
     session: TraceSession | SyncTraceSession,
@@ -278,7 +286,14 @@ def attach(
     with it. The step is the actor's policy version, which the trainer keeps equal to the
     global step (recovery included); an actor without `get_version` is counted from 0.
     `tokenizer` defaults to ``trainer.tokenizer``.
+
+    Under torchrun (SPMD mode) every rank runs the trainer and holds its own share of the
+    step's groups (AReaL redistributes them across data-parallel ranks and copies them to
+    the tensor/pipeline-parallel ranks): only global rank 0 logs, so its share is what is
+    logged. In single-controller mode the controller holds every group.
     """
+    if not _is_main_process():
+        return
     actor = trainer.actor
     compute = actor.compute_advantages
     decode_with = tokenizer if tokenizer is not None else trainer.tokenizer
