@@ -20,6 +20,7 @@ It never raises into training. `to_samples` and `rollout_kwargs` are the raising
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import sys
 from collections.abc import Mapping, Sequence
@@ -66,13 +67,17 @@ def _localize(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     An RTensor can only exist once AReaL's module is imported, so it is looked up there and
     AReaL is never imported here. `RTensor.localize` fetches every remote shard of the call
     concurrently and caches it in AReaL's fetch buffer, which the trainer's
-    `clear_batches` empties at the end of the step.
+    `clear_batches` empties at the end of the step; the batch's RTensors stay remote.
     """
     module = sys.modules.get(_RTENSOR_MODULE)
     rtensor = getattr(module, "RTensor", None) if module is not None else None
     if rtensor is None or not any(isinstance(v, rtensor) for part in parts for v in part.values()):
         return parts
-    localized: list[dict[str, Any]] = rtensor.localize(parts)
+    # `localize` stores the fetched data in each RTensor it is given. On the trainer's own
+    # RTensors that would make every later RPC (ppo_update, ...) serialise the whole tensor
+    # instead of its shard id, so it is given copies.
+    copies = [{k: copy.copy(v) if isinstance(v, rtensor) else v for k, v in part.items()} for part in parts]
+    localized: list[dict[str, Any]] = rtensor.localize(copies)
     return localized
 
 

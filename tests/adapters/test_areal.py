@@ -276,6 +276,8 @@ def test_single_controller_rtensors(hf_tokenizer: PreTrainedTokenizerFast, backe
     # loss_mask, versions, rewards, advantages); logprobs, returns, ... stay remote. The second
     # call finds group 0 in AReaL's fetch buffer and fetches only group 1.
     assert backend.fetches == [6, 6]
+    # The trainer's RTensors stay remote: AReaL's RPCs would otherwise serialise their data.
+    assert all(v.data.is_meta for group in remote for v in group.values())
 
 
 def test_log_batch_hook_never_raises(
