@@ -34,6 +34,9 @@ import asynctrace as at
 from asynctrace.adapters import _hooks, areal_adapter
 from asynctrace.rollouts import toy_tokenizer
 from tests._util import read_traces
+from tests.adapters.conftest import LOGGING
+
+logging.Logger.manager, logging.Logger.root = LOGGING
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -44,6 +47,13 @@ PROBLEMS = [
     ({"messages": [{"role": "user", "content": "def add(a, b):"}], "answer": "a + b"}, ["a - b", "a + b"]),
 ]
 VERSION = 3
+
+
+@pytest.fixture(autouse=True)
+def _keep_logging() -> Iterator[None]:
+    """Whatever AReaL's getLogger swaps during a test is put back (see tests/adapters/conftest.py)."""
+    yield
+    logging.Logger.manager, logging.Logger.root = LOGGING
 
 
 @pytest.fixture(scope="module")
