@@ -37,6 +37,9 @@ from tests._util import read_traces
 from tests.adapters.conftest import LOGGING
 
 logging.Logger.manager, logging.Logger.root = LOGGING
+# `areal.api.cli_args` runs `uvloop.install()` at import: the rest of the suite keeps asyncio's
+# default event loop.
+asyncio.set_event_loop_policy(None)
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
