@@ -1,9 +1,13 @@
-"""AReaL-style tensor rollouts: log a padded multi-turn batch, decoding only the rows the cap keeps.
+"""AReaL-shaped rollouts: log each step's list of trajectory groups from a synchronous training loop.
 
-Each step builds a batch the way AReaL holds one (right-padded `input_ids`, `attention_mask`,
-`loss_mask`, `versions`, `rewards`) from groups of multi-turn tool-use conversations, then
-hands it to `log_rollouts`: the cap picks 4 rows from the rewards, and only those are moved
-and decoded. Runs on the CPU in a few seconds with an in-process tokenizer.
+AReaL 1.0's `PPOTrainer.train` (areal/trainer/rl_trainer.py) holds a step's rollouts as a
+list with one dict per group (the `n_samples` answers to one prompt, right-padded by
+`concat_padded_tensors`): `input_ids`, `attention_mask`, `loss_mask`, `logprobs`, `versions`
+(int32, -1 on prompt tokens) and `rewards` ([n]). This script builds such lists from
+multi-turn tool-use conversations, without AReaL installed, and hands each to
+`areal_adapter.log_batch` as the trainer would, right after `compute_advantages`. The hook
+never raises into the loop; each row gets its group id. Runs on the CPU in a few seconds with
+an in-process tokenizer.
 
 Open the dashboard with: trackio show --project "asynctrace-areal"
 """
@@ -13,7 +17,6 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import anyio
 import torch
 
 import asynctrace as at
@@ -21,10 +24,11 @@ from asynctrace.adapters import areal_adapter
 from asynctrace.rollouts import toy_tokenizer
 
 PROBLEMS = [(17, 23), (12, 34), (45, 6), (9, 99)]
+GROUP_SIZE = 8
 
 
-def conversation(a: int, b: int, rng: random.Random) -> tuple[list[tuple[str, str]], float]:
-    """A tool-use episode: the question, a calculator call, its output, the final answer."""
+def episode(tokenizer: Any, a: int, b: int, version: int, rng: random.Random) -> dict[str, torch.Tensor]:
+    """One trajectory as an AReaL workflow returns it: batch dimension 1, loss mask on generated tokens."""
     answer = a * b if rng.random() < 0.7 else a * b + rng.randint(1, 9)
     turns = [
         ("user", f"<|im_start|>user\nWhat is {a} * {b}?<|im_end|>\n"),
@@ -35,52 +39,47 @@ def conversation(a: int, b: int, rng: random.Random) -> tuple[list[tuple[str, st
         ("tool", f"<|im_start|>tool\n{a * b}\n<|im_end|>\n"),
         ("assistant", f"The answer is {answer}.<|im_end|>"),
     ]
-    return turns, float(answer == a * b)
-
-
-def rollout_batch(
-    tokenizer: Any, version: int, rng: random.Random, group_size: int = 8
-) -> dict[str, torch.Tensor]:
-    """One GRPO batch: `group_size` samples per problem, right-padded, versions -1 off-policy."""
-    rows, masks, rewards = [], [], []
-    for a, b in PROBLEMS:
-        for _ in range(group_size):
-            turns, reward = conversation(a, b, rng)
-            ids: list[int] = []
-            mask: list[int] = []
-            for role, text in turns:
-                piece = tokenizer.encode(text).ids
-                ids += piece
-                mask += [int(role == "assistant")] * len(piece)
-            rows.append(ids)
-            masks.append(mask)
-            rewards.append(reward)
-    width = max(len(r) for r in rows) + 4
-    batch = {
-        "input_ids": torch.zeros(len(rows), width, dtype=torch.long),
-        "attention_mask": torch.zeros(len(rows), width, dtype=torch.bool),
-        "loss_mask": torch.zeros(len(rows), width, dtype=torch.long),
-        "versions": torch.full((len(rows), width), -1, dtype=torch.long),
-        "rewards": torch.tensor(rewards),
+    ids: list[int] = []
+    mask: list[int] = []
+    for role, text in turns:
+        piece = tokenizer.encode(text).ids
+        ids += piece
+        mask += [int(role == "assistant")] * len(piece)
+    versions = [version if m else -1 for m in mask]
+    return {
+        "input_ids": torch.tensor([ids], dtype=torch.int32),
+        "loss_mask": torch.tensor([mask], dtype=torch.int32),
+        "logprobs": torch.zeros(1, len(ids)),
+        "versions": torch.tensor([versions], dtype=torch.int32),
+        "attention_mask": torch.ones(1, len(ids), dtype=torch.bool),
+        "rewards": torch.tensor([float(answer == a * b)]),
     }
-    for i, (ids, mask) in enumerate(zip(rows, masks, strict=True)):
-        n = len(ids)
-        batch["input_ids"][i, :n] = torch.tensor(ids)
-        batch["attention_mask"][i, :n] = True
-        batch["loss_mask"][i, :n] = torch.tensor(mask)
-        batch["versions"][i, :n] = torch.where(torch.tensor(mask) == 1, version, -1)
-    return batch
 
 
-async def main() -> None:
+def group(episodes: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """A group's episodes right-padded to its longest and stacked, as `concat_padded_tensors` does."""
+    width = max(e["input_ids"].shape[1] for e in episodes)
+    out: dict[str, torch.Tensor] = {}
+    for key in episodes[0]:
+        values = [e[key] for e in episodes]
+        if values[0].dim() == 2:
+            values = [torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in values]
+        out[key] = torch.cat(values)
+    return out
+
+
+def main() -> None:
     tokenizer = toy_tokenizer()
     rng = random.Random(0)
-    async with at.TraceSession("asynctrace-areal", max_traces_per_step=4, sampler="top_bottom") as session:
+    with at.TraceSession("asynctrace-areal", max_traces_per_step=4, sampler="top_bottom") as session:
         for step in range(5):
-            batch = rollout_batch(tokenizer, version=step, rng=rng)
-            # The cap chooses 4 of the 32 rows from the rewards alone; only those 4 are decoded.
-            await session.log_rollouts(**areal_adapter.rollout_kwargs(batch), tokenizer=tokenizer, step=step)
-            await session.log_metrics({"reward/mean": float(batch["rewards"].mean())}, step=step)
+            batch = [
+                group([episode(tokenizer, a, b, step, rng) for _ in range(GROUP_SIZE)]) for a, b in PROBLEMS
+            ]
+            # In AReaL: right after `adv_batch = self.actor.compute_advantages(rollout_batch)`.
+            areal_adapter.log_batch(session, batch, tokenizer=tokenizer, step=step)
+            rewards = torch.cat([g["rewards"] for g in batch])
+            session.log_metrics({"reward/mean": float(rewards.mean())}, step=step)
     stats = session.stats()
     print(stats.summary())
     if not stats.check() or stats.failed or stats.pending:
@@ -88,4 +87,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    anyio.run(main)
+    main()

@@ -1,50 +1,205 @@
-"""AReaL: the padded tensor dict of a rollout batch to samples.
+"""AReaL 1.0: the trajectory list of `prepare_batch` / `compute_advantages` to samples.
 
-    samples = areal_adapter.to_samples(batch, tokenizer=tokenizer)
-    await session.log_samples(samples, step=global_step)
+AReaL's trainer holds a step's rollouts as a ``list[dict]``: one dict per trajectory group
+(the `group_size` samples of one prompt, concatenated and right-padded by AReaL's
+`concat_padded_tensors`), each with ``input_ids``, ``attention_mask``, ``loss_mask``,
+``logprobs``, ``versions`` ([n, seq]) and ``rewards`` ([n]). In single-controller mode the
+values are `RTensor`s whose data lives on the rollout workers. The hook, in
+``areal/trainer/rl_trainer.py`` `PPOTrainer.train`, right after
+``adv_batch = self.actor.compute_advantages(rollout_batch)``::
 
-or, to decode only what the session's cap keeps::
+    areal_adapter.log_batch(session, adv_batch, tokenizer=self.tokenizer, step=global_step)
 
-    await session.log_rollouts(**areal_adapter.rollout_kwargs(batch), tokenizer=tokenizer, step=global_step)
+or, from the training script without editing AReaL, before ``trainer.train(...)``::
 
-The batch is a dict (or TensorDict) with `input_ids`, `attention_mask`, `loss_mask`,
-`versions` and `rewards`, one row per sample, right-padded. Multi-turn rollouts are one
-sequence each; the loss mask splits it into turns (see `asynctrace.rollouts.decode_rollouts`).
+    areal_adapter.attach(trainer, session)
+
+It never raises into training. `to_samples` and `rollout_kwargs` are the raising forms.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import math
+import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._record import Sample
 from ..rollouts._decode import decode_rollouts
+from ._hooks import deliver
 
-__all__ = ["rollout_kwargs", "to_samples"]
+if TYPE_CHECKING:
+    from .._session import TraceSession
+    from .._sync import SyncTraceSession
 
-_TENSORS = ("attention_mask", "loss_mask", "versions", "rewards")
+__all__ = ["attach", "log_batch", "rollout_kwargs", "to_samples"]
+
+_PER_TOKEN = ("input_ids", "attention_mask", "loss_mask", "versions")
+# What decoding needs; a group's other keys (logprobs, ref_logp, values, ...) are never fetched.
+_NEEDED = (*_PER_TOKEN, "rewards", "advantages")
+_RTENSOR_MODULE = "areal.infra.rpc.rtensor"
 
 
-def _get(batch: Any, name: str) -> Any:
-    """A key of a dict or a TensorDict (whose `get` takes a default), else an attribute."""
-    if isinstance(batch, Mapping):
-        return batch.get(name)
-    getter = getattr(batch, "get", None)
+def _get(obj: Any, name: str) -> Any:
+    """A key of a dict or of a TensorDict-like object (whose `get` takes a default)."""
+    if isinstance(obj, Mapping):
+        return obj.get(name)
+    getter = getattr(obj, "get", None)
     if callable(getter):
         return getter(name, None)
-    return getattr(batch, name, None)
+    return getattr(obj, name, None)
 
 
-def rollout_kwargs(batch: Any) -> dict[str, Any]:
-    """The batch's tensors as keyword arguments of `decode_rollouts` / `TraceSession.log_rollouts`."""
-    input_ids = _get(batch, "input_ids")
-    if input_ids is None:
-        raise ValueError("batch: has no input_ids")
-    kwargs: dict[str, Any] = {"input_ids": input_ids}
-    for name in _TENSORS:
-        value = _get(batch, name)
-        if value is not None:
-            kwargs[name] = value
+def _groups(batch: Any) -> tuple[list[Any], bool]:
+    """The trajectory dicts of a batch, and whether it came as AReaL's list of groups."""
+    if isinstance(batch, (list, tuple)):
+        return [g for g in batch if g is not None], True
+    if batch is None or isinstance(batch, (str, bytes)):
+        raise ValueError(f"batch: expected AReaL's list of trajectory dicts or one dict, got {batch!r}")
+    return [batch], False
+
+
+def _localize(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """RTensors made local in one batched fetch; anything else is returned as it is.
+
+    An RTensor can only exist once AReaL's module is imported, so it is looked up there and
+    AReaL is never imported here. `RTensor.localize` fetches every remote shard of the call
+    concurrently and caches it in AReaL's fetch buffer, which the trainer's
+    `clear_batches` empties at the end of the step; the batch's RTensors stay remote.
+    """
+    module = sys.modules.get(_RTENSOR_MODULE)
+    rtensor = getattr(module, "RTensor", None) if module is not None else None
+    if rtensor is None or not any(isinstance(v, rtensor) for part in parts for v in part.values()):
+        return parts
+    # `localize` stores the fetched data in each RTensor it is given. On the trainer's own
+    # RTensors that would make every later RPC (ppo_update, ...) serialise the whole tensor
+    # instead of its shard id, so it is given copies.
+    copies = [{k: copy.copy(v) if isinstance(v, rtensor) else v for k, v in part.items()} for part in parts]
+    localized: list[dict[str, Any]] = rtensor.localize(copies)
+    return localized
+
+
+def _is_tensor(value: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _unroll(part: dict[str, Any]) -> None:
+    """Undo `compute_advantages`' roll of the loss mask; each row's mean advantage.
+
+    AReaL's `PPOActor._compute_advantages` stores ``loss_mask`` rolled left by one token
+    (position t then says whether token t+1 was generated), so read as it is every turn
+    would start one token early. The first token is always the prompt's, so shifting right
+    by one and filling with 0 gives back the mask as the workflow wrote it.
+    """
+    advantages = part.pop("advantages")
+    rolled: Any = part.get("loss_mask")
+    if not (_is_tensor(advantages) and _is_tensor(rolled)) or rolled.dim() != 2:
+        return
+    import torch
+
+    generated = rolled != 0
+    part["loss_mask"] = torch.cat([torch.zeros_like(generated[:, :1]), generated[:, :-1]], dim=1)
+    weight = generated.to(advantages.dtype if advantages.is_floating_point() else torch.float32)
+    count = weight.sum(dim=-1)
+    total = (advantages * weight).sum(dim=-1)
+    part["advantage"] = torch.where(count > 0, total / count.clamp(min=1), torch.nan)
+
+
+def _pad(value: Any, width: int, fill: int) -> Any:
+    import torch
+
+    if value.dim() < 2 or value.shape[1] == width:
+        return value
+    return torch.nn.functional.pad(value, (0, width - int(value.shape[1])), value=fill)
+
+
+def _concat(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One batch from the groups, as AReaL's `concat_padded_tensors` builds it: right-padded.
+
+    Groups come trimmed to their own longest row (RTensor storage trims padding), so
+    per-token tensors are padded to the widest group; padding is outside `attention_mask`.
+    """
+    if len(parts) == 1:
+        return parts[0]
+    keys = [k for k in (*_NEEDED, "advantage") if all(k in p for p in parts)]
+    if all(_is_tensor(p.get("input_ids")) for p in parts) and "attention_mask" not in keys:
+        import torch
+
+        for p in parts:
+            ids = p["input_ids"]
+            p["attention_mask"] = torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
+        keys.insert(1, "attention_mask")
+    out: dict[str, Any] = {}
+    for key in keys:
+        values = [p[key] for p in parts]
+        if all(_is_tensor(v) for v in values):
+            import torch
+
+            if key in _PER_TOKEN:
+                width = max(int(v.shape[1]) for v in values)
+                values = [_pad(v, width, -1 if key == "versions" else 0) for v in values]
+            out[key] = torch.cat(values, dim=0)
+        else:
+            rows: list[Any] = []
+            for v in values:
+                rows.extend(v.tolist() if hasattr(v, "tolist") else v)
+            out[key] = rows
+    return out
+
+
+def _rows(part: Mapping[str, Any]) -> int:
+    ids = part.get("input_ids")
+    shape = getattr(ids, "shape", None)
+    return int(shape[0]) if shape is not None else len(ids) if ids is not None else 0
+
+
+def rollout_kwargs(batch: Any, *, group_size: int | None = None) -> dict[str, Any]:
+    """The batch as keyword arguments of `decode_rollouts` / `TraceSession.log_rollouts`.
+
+    `batch` is AReaL's list of trajectory dicts (from `prepare_batch`, `rollout_batch` or
+    `compute_advantages`), or one dict; values may be tensors or `RTensor`s. Each row of
+    group i gets ``group_id`` i. A single dict has no groups: give `group_size` when it is
+    a concatenation of equal groups.
+    """
+    groups, grouped = _groups(batch)
+    if not groups:
+        raise ValueError("batch: has no trajectories")
+    parts: list[dict[str, Any]] = []
+    for i, group in enumerate(groups):
+        part = {k: v for k in _NEEDED if (v := _get(group, k)) is not None}
+        if "input_ids" not in part:
+            if _get(group, "interactions") is not None:
+                raise ValueError(
+                    f"batch[{i}]: string-only trajectories (AReaL's external-API mode) have no tokens"
+                )
+            raise ValueError(f"batch[{i}]: has no input_ids" if grouped else "batch: has no input_ids")
+        parts.append(part)
+    parts = _localize(parts)
+    for part in parts:
+        if "advantages" in part:
+            _unroll(part)
+    sizes = [_rows(p) for p in parts]
+    columns = _concat(parts)
+    kwargs: dict[str, Any] = {k: columns[k] for k in _PER_TOKEN if k in columns}
+    if "rewards" in columns:
+        kwargs["rewards"] = columns["rewards"]
+    metadata: dict[str, Any] = {}
+    if grouped:
+        metadata["group_id"] = [i for i, n in enumerate(sizes) for _ in range(n)]
+    elif group_size is not None:
+        if group_size < 1:
+            raise ValueError(f"group_size: expected a positive int, got {group_size!r}")
+        metadata["group_id"] = [r // group_size for r in range(sizes[0])]
+    if "advantage" in columns:
+        advantage = columns["advantage"]
+        values = advantage.tolist() if hasattr(advantage, "tolist") else list(advantage)
+        # A row with no generated token has no advantage: a missing value, not NaN.
+        metadata["advantage"] = [None if v is None or math.isnan(v) else v for v in values]
+    if metadata:
+        kwargs["metadata"] = metadata
     return kwargs
 
 
@@ -55,13 +210,110 @@ def to_samples(
     rows: Sequence[int] | None = None,
     metadata: Mapping[str, Any] | None = None,
     env_role: str = "tool",
+    group_size: int | None = None,
 ) -> list[Sample]:
-    """Decode an AReaL rollout batch: one transfer per tensor, one tokenizer call.
+    """Decode an AReaL batch (list of group dicts or one dict): one transfer per tensor, one tokenizer call.
 
-    Metadata per sample: reward, prompt_len, response_len, seq_len, num_turns,
-    policy_version_min / policy_version_max (from `versions`, ignoring -1), sample_index,
-    plus `metadata={name: per-sample values}`.
+    Metadata per sample: reward, group_id, advantage (mean over the generated tokens, after
+    `compute_advantages`), prompt_len, response_len, seq_len, num_turns,
+    policy_version_min / policy_version_max (from `versions`, ignoring -1), sample_index
+    (the row in the concatenated batch), plus `metadata={name: per-sample values}`.
     """
+    kwargs = rollout_kwargs(batch, group_size=group_size)
+    merged = {**kwargs.pop("metadata", {}), **(metadata or {})}
     return decode_rollouts(
-        **rollout_kwargs(batch), tokenizer=tokenizer, rows=rows, metadata=metadata, env_role=env_role
+        **kwargs, tokenizer=tokenizer, rows=rows, metadata=merged or None, env_role=env_role
     )
+
+
+def _row_count(batch: Any) -> int:
+    try:
+        groups, _ = _groups(batch)
+    except ValueError:
+        return 1
+    total = 0
+    for group in groups:
+        rows = 1
+        for name in ("input_ids", "attention_mask"):
+            try:
+                # An RTensor's shape is its metadata's: counting rows never fetches.
+                rows = int(_get(group, name).shape[0])
+                break
+            except Exception:
+                continue
+        total += rows
+    return total
+
+
+def log_batch(
+    session: TraceSession | SyncTraceSession,
+    batch: Any,
+    *,
+    tokenizer: Any,
+    step: int,
+    split: str = "train",
+    env_role: str = "tool",
+    group_size: int | None = None,
+) -> int:
+    """Log one step's AReaL batch; never raises into training. Returns the samples accepted.
+
+    Rows that cannot be converted are counted in ``session.stats().dropped["invalid"]``
+    with one warning; see `asynctrace.adapters._hooks.deliver`.
+    """
+
+    def convert() -> tuple[list[Sample], int]:
+        return to_samples(batch, tokenizer=tokenizer, env_role=env_role, group_size=group_size), 0
+
+    return deliver(
+        session, convert, rows=_row_count(batch), step=step, split=split, where="areal_adapter.log_batch"
+    )
+
+
+def _is_main_process() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return dist is None or not dist.is_initialized() or int(dist.get_rank()) == 0
+    except Exception:  # a torch without distributed support: one process
+        return True
+
+
+def attach(
+    trainer: Any,
+    session: TraceSession | SyncTraceSession,
+    *,
+    tokenizer: Any = None,
+    env_role: str = "tool",
+) -> None:
+    """Log every training step of an AReaL `PPOTrainer` from the training script.
+
+    Wraps ``trainer.actor.compute_advantages``, which `PPOTrainer.train` calls once per step,
+    so that its result is handed to `log_batch` (it never raises) before training goes on
+    with it. The step is the actor's policy version, which the trainer keeps equal to the
+    global step (recovery included); an actor without `get_version` is counted from 0.
+    `tokenizer` defaults to ``trainer.tokenizer``.
+
+    Under torchrun (SPMD mode) every rank runs the trainer and holds its own share of the
+    step's groups (AReaL redistributes them across data-parallel ranks and copies them to
+    the tensor/pipeline-parallel ranks): only global rank 0 logs, so its share is what is
+    logged. In single-controller mode the controller holds every group.
+    """
+    if not _is_main_process():
+        return
+    actor = trainer.actor
+    compute = actor.compute_advantages
+    decode_with = tokenizer if tokenizer is not None else trainer.tokenizer
+    calls = [0]
+
+    def compute_advantages(*args: Any, **kwargs: Any) -> Any:
+        adv_batch = compute(*args, **kwargs)
+        step = calls[0]
+        calls[0] += 1
+        version = getattr(actor, "get_version", None)
+        if callable(version):
+            # A version that cannot be read: the call count stands in.
+            with contextlib.suppress(Exception):
+                step = int(version())
+        log_batch(session, adv_batch, tokenizer=decode_with, step=step, env_role=env_role)
+        return adv_batch
+
+    actor.compute_advantages = compute_advantages

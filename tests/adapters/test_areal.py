@@ -1,96 +1,343 @@
+"""The AReaL adapter on AReaL 1.0.4's own objects.
+
+Trajectories come from AReaL's real workflows (`RLVRWorkflow`, `MultiTurnWorkflow`), grouped
+by its `GroupedRolloutWorkflow` (which joins a group with `concat_padded_tensors`), turned
+into advantages by `PPOActor.compute_advantages`, and moved to RTensors by
+`RTensor.remotize` as the single controller receives them. The one stand-in is the
+inference server (SGLang / vLLM cannot run here): `ScriptedServer.agenerate` answers each
+`ModelRequest` with a real `ModelResponse` holding scripted tokens.
+"""
+
 from __future__ import annotations
 
+import asyncio
+import inspect
+import logging
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+import areal.infra.rpc.rtensor as rtensor
 import pytest
+import torch
+from areal import PPOTrainer
+from areal.api.cli_args import GenerationHyperparameters, NormConfig, PPOActorConfig
+from areal.api.io_struct import ModelRequest, ModelResponse
+from areal.infra.remote_inf_engine import GroupedRolloutWorkflow
+from areal.infra.rpc.rtensor import RTensor, TensorShardInfo
+from areal.trainer.ppo.actor import PPOActor
+from areal.utils.data import concat_padded_tensors
+from areal.workflow.multi_turn import MultiTurnWorkflow
+from areal.workflow.rlvr import RLVRWorkflow
+from transformers import PreTrainedTokenizerFast
 
 import asynctrace as at
-from asynctrace.adapters import areal_adapter
+from asynctrace.adapters import _hooks, areal_adapter
+from asynctrace.rollouts import toy_tokenizer
 from tests._util import read_traces
-from tests.rollouts._helpers import CONVERSATIONS, expected_messages, padded_batch
+from tests.adapters.conftest import LOGGING
 
-torch = pytest.importorskip("torch")
+logging.Logger.manager, logging.Logger.root = LOGGING
+# `areal.api.cli_args` runs `uvloop.install()` at import: the rest of the suite keeps asyncio's
+# default event loop.
+asyncio.set_event_loop_policy(None)
 
-
-def rollout_batch(tokenizer: Any, conversations: list[Any]) -> dict[str, Any]:
-    """AReaL's padded dict: input_ids, attention_mask, loss_mask, logprobs, versions, rewards."""
-    batch = padded_batch(tokenizer, conversations)
-    batch["logprobs"] = torch.zeros(batch["input_ids"].shape)
-    batch["rewards"] = torch.arange(len(conversations), dtype=torch.float32) / 2
-    return batch
-
-
-def test_group_of_samples_per_prompt(tokenizer: Any) -> None:
-    """Several samples of one prompt decode to their own turns and share the prompt text."""
-    group = [CONVERSATIONS[0], CONVERSATIONS[0], CONVERSATIONS[2]]
-    group[1] = [*CONVERSATIONS[0][:3], ("assistant", "A different final answer.")]
-    batch = rollout_batch(tokenizer, group)
-    samples = areal_adapter.to_samples(batch, tokenizer=tokenizer, metadata={"group_id": [0, 0, 1]})
-    assert [s.messages for s in samples] == [expected_messages(c) for c in group]
-    assert [s.metadata["reward"] for s in samples] == [0.0, 0.5, 1.0]
-    assert [s.metadata["group_id"] for s in samples] == [0, 0, 1]
-    assert samples[0].messages[0] == samples[1].messages[0]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+PROBLEMS = [
+    ({"messages": [{"role": "user", "content": "What is 17 * 23?"}], "answer": "391"}, ["391.", "392."]),
+    ({"messages": [{"role": "user", "content": "def add(a, b):"}], "answer": "a + b"}, ["a - b", "a + b"]),
+]
+VERSION = 3
 
 
-def test_multi_turn_tool_turns_and_versions(tokenizer: Any) -> None:
-    """Tool feedback between assistant turns comes back as tool messages; versions give min/max."""
-    batch = rollout_batch(tokenizer, [CONVERSATIONS[2]])
-    (sample,) = areal_adapter.to_samples(batch, tokenizer=tokenizer)
-    assert [m["role"] for m in sample.messages] == [
-        "user",
-        "assistant",
-        "tool",
-        "assistant",
-        "tool",
-        "assistant",
-    ]
-    assert sample.messages == expected_messages(CONVERSATIONS[2])
-    assert sample.metadata["policy_version_min"] == sample.metadata["policy_version_max"] == 3
-    assert sample.metadata["num_turns"] == 3
+@pytest.fixture(autouse=True)
+def _keep_logging() -> Iterator[None]:
+    """Whatever AReaL's getLogger swaps during a test is put back (see tests/adapters/conftest.py)."""
+    yield
+    logging.Logger.manager, logging.Logger.root = LOGGING
 
 
-def test_eval_batches_without_rewards_or_versions(tokenizer: Any) -> None:
-    """An eval batch with only ids and masks still decodes; reward and versions are left out."""
-    batch = rollout_batch(tokenizer, CONVERSATIONS[:2])
-    del batch["rewards"], batch["versions"]
-    samples = areal_adapter.to_samples(batch, tokenizer=tokenizer)
-    assert [s.messages for s in samples] == [expected_messages(c) for c in CONVERSATIONS[:2]]
-    assert all("reward" not in s.metadata and "policy_version_min" not in s.metadata for s in samples)
-    with pytest.raises(ValueError, match="input_ids"):
-        areal_adapter.to_samples({"attention_mask": batch["attention_mask"]}, tokenizer=tokenizer)
+@pytest.fixture(scope="module")
+def hf_tokenizer() -> PreTrainedTokenizerFast:
+    """AReaL's trainer holds a transformers tokenizer: the in-process BPE one, with a chat template."""
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=toy_tokenizer(), eos_token="<|im_end|>", pad_token="<pad>"
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
 
 
-def test_short_rewards_warn_once(tokenizer: Any) -> None:
-    """A rewards tensor shorter than the batch leaves the reward out of the last samples."""
-    batch = rollout_batch(tokenizer, CONVERSATIONS)
-    batch["rewards"] = batch["rewards"][:2]
-    with pytest.warns(UserWarning, match="rewards has 2 values for 4 samples") as record:
-        samples = areal_adapter.to_samples(batch, tokenizer=tokenizer)
-    assert len(record) == 1
-    assert [s.metadata.get("reward") for s in samples] == [0.0, 0.5, None, None]
+class ScriptedServer:
+    """The inference server's side of `InferenceEngine.agenerate`: scripted answers, real responses."""
 
+    def __init__(self, tokenizer: PreTrainedTokenizerFast, answers: Sequence[str]) -> None:
+        self.tokenizer = tokenizer
+        self.answers = list(answers)
 
-def test_rows_pick_samples_before_decoding(tokenizer: Any) -> None:
-    """`rows` decodes only the chosen samples, in that order."""
-    batch = rollout_batch(tokenizer, CONVERSATIONS)
-    samples = areal_adapter.to_samples(batch, tokenizer=tokenizer, rows=[2, 0])
-    assert [s.metadata["sample_index"] for s in samples] == [2, 0]
-    assert samples[0].messages == expected_messages(CONVERSATIONS[2])
-
-
-@pytest.mark.anyio
-async def test_end_to_end_log_rollouts_decodes_only_capped_rows(tokenizer: Any, project: str) -> None:
-    """Through log_rollouts with a top/bottom cap of 2, Trackio holds the best and worst samples."""
-    batch = rollout_batch(tokenizer, CONVERSATIONS)
-    async with at.TraceSession(project, run="r", max_traces_per_step=2, sampler="top_bottom") as session:
-        await session.log_rollouts(**areal_adapter.rollout_kwargs(batch), tokenizer=tokenizer, step=3)
-        await session.log_samples(
-            areal_adapter.to_samples(batch, tokenizer=tokenizer, rows=[1]), step=3, split="eval"
+    async def agenerate(self, req: ModelRequest) -> ModelResponse:
+        """Answer with the next scripted text and its stop token, as generated by policy VERSION."""
+        out = [*self.tokenizer.encode(self.answers.pop(0), add_special_tokens=False)]
+        out.append(self.tokenizer.eos_token_id)
+        return ModelResponse(
+            input_tokens=list(req.input_ids),
+            output_tokens=out,
+            output_logprobs=[-0.25] * len(out),
+            output_versions=[VERSION] * len(out),
+            tokenizer=self.tokenizer,
         )
+
+
+def reward_fn(prompt: str, completion: str, prompt_ids: Any, completion_ids: Any, **data: Any) -> float:
+    """1 when the completion contains the answer (AReaL's reward-function signature)."""
+    return float(data["answer"] in completion)
+
+
+def gconfig() -> GenerationHyperparameters:
+    return GenerationHyperparameters(n_samples=1, max_new_tokens=32)
+
+
+def prepare_batch(tokenizer: PreTrainedTokenizerFast) -> list[dict[str, Any]]:
+    """What `prepare_batch` returns for PROBLEMS with group_size 2: one padded dict per group."""
+    workflow = GroupedRolloutWorkflow(
+        RLVRWorkflow(reward_fn=reward_fn, gconfig=gconfig(), tokenizer=tokenizer),
+        group_size=2,
+        logger=logging.getLogger("test"),
+    )
+
+    async def run() -> list[dict[str, Any]]:
+        groups = []
+        for data, answers in PROBLEMS:
+            # Sequential: the group's two episodes take the two answers in order.
+            groups.append(await workflow.arun_episode(ScriptedServer(tokenizer, answers), data))
+        return groups
+
+    return asyncio.run(run())
+
+
+def expected(tokenizer: PreTrainedTokenizerFast) -> list[list[dict[str, str]]]:
+    """The messages of each row of `prepare_batch`: the templated prompt, then the answer."""
+    rows = []
+    for data, answers in PROBLEMS:
+        prompt = tokenizer.apply_chat_template(data["messages"], tokenize=False, add_generation_prompt=True)
+        rows += [
+            [{"role": "user", "content": prompt}, {"role": "assistant", "content": a + "<|im_end|>"}]
+            for a in answers
+        ]
+    return rows
+
+
+def grpo_actor() -> PPOActor:
+    """AReaL's PPO actor configured for GRPO (group-normalised advantages); no engine is needed."""
+    config = PPOActorConfig(
+        experiment_name="e",
+        trial_name="t",
+        path="",
+        adv_norm=NormConfig(mean_level="group", std_level="group", group_size=2),
+    )
+    return PPOActor(config, engine=None)  # type: ignore[arg-type]
+
+
+class StorageBackend:
+    """An `RTensorBackend` reading AReaL's shard storage in process, as its RPC server does.
+
+    The HTTP backend would fetch the same shards from the worker's `/data/batch` endpoint,
+    which answers from `rtensor.fetch`; `fetches` records the shards asked for per call.
+    """
+
+    def __init__(self) -> None:
+        self.fetches: list[int] = []
+
+    def fetch(self, shards: list[TensorShardInfo]) -> list[torch.Tensor]:
+        self.fetches.append(len(shards))
+        return [rtensor.fetch(s.shard_id) for s in shards]
+
+    def store(self, tensor: torch.Tensor) -> str:
+        return rtensor.HttpRTensorBackend().store(tensor)
+
+    async def delete(self, node_addr: str, shard_ids: list[Any]) -> None:
+        for sid in shard_ids:
+            rtensor.remove(sid)
+
+
+@pytest.fixture
+def backend() -> Iterator[StorageBackend]:
+    """AReaL's RTensor backend for the test, and its storage emptied afterwards."""
+    storage = StorageBackend()
+    rtensor.set_backend(storage)
+    try:
+        yield storage
+    finally:
+        rtensor.set_backend(None)
+        rtensor.clear_fetch_buffer()
+        for sid in list(rtensor._storage):
+            rtensor.remove(sid)
+
+
+@pytest.fixture
+def warnings_seen() -> Iterator[list[str]]:
+    """The hooks' warnings, read from their own logger.
+
+    AReaL's `getLogger` swaps the logging module's root and manager on every call, so
+    pytest's caplog (on the new root) no longer sees loggers made before it.
+    """
+    seen: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    handler = Collect(logging.WARNING)
+    _hooks._warned.discard("areal_adapter.log_batch")
+    _hooks.logger.addHandler(handler)
+    try:
+        yield seen
+    finally:
+        _hooks.logger.removeHandler(handler)
+
+
+def test_prepare_batch_list_of_groups(hf_tokenizer: PreTrainedTokenizerFast) -> None:
+    """A list of group dicts decodes row by row, with its group id, reward and policy version."""
+    batch = prepare_batch(hf_tokenizer)
+    assert isinstance(batch, list) and [g["input_ids"].shape[0] for g in batch] == [2, 2]
+    samples = areal_adapter.to_samples(batch, tokenizer=hf_tokenizer)
+    assert [s.messages for s in samples] == expected(hf_tokenizer)
+    assert [s.metadata["group_id"] for s in samples] == [0, 0, 1, 1]
+    assert [s.metadata["reward"] for s in samples] == [1.0, 0.0, 0.0, 1.0]
+    assert all(s.metadata["policy_version_min"] == s.metadata["policy_version_max"] == 3 for s in samples)
+    assert [s.metadata["sample_index"] for s in samples] == [0, 1, 2, 3]
+
+
+def test_rollout_kwargs_takes_the_list_through_log_rollouts(
+    hf_tokenizer: PreTrainedTokenizerFast, project: str
+) -> None:
+    """The documented `log_rollouts(**rollout_kwargs(batch))` accepts the list and keeps the best/worst."""
+    batch = prepare_batch(hf_tokenizer)
+    with at.TraceSession(project, run="r", max_traces_per_step=2, sampler="top_bottom") as session:
+        session.log_rollouts(**areal_adapter.rollout_kwargs(batch), tokenizer=hf_tokenizer, step=4)
+    assert session.stats().dropped.get("capped") == 2
+    traces = sorted(read_traces(project, "r"), key=lambda t: t["metadata"]["reward"])
+    rows = expected(hf_tokenizer)
+    assert [t["messages"] for t in traces] == [rows[1], rows[0]]
+    assert [t["metadata"]["group_id"] for t in traces] == [0, 0]
+
+
+def test_one_concatenated_dict_with_group_size(hf_tokenizer: PreTrainedTokenizerFast) -> None:
+    """One dict (the list joined by concat_padded_tensors) decodes the same; group_size gives groups."""
+    joined = concat_padded_tensors(prepare_batch(hf_tokenizer))
+    samples = areal_adapter.to_samples(joined, tokenizer=hf_tokenizer, group_size=2)
+    assert [s.messages for s in samples] == expected(hf_tokenizer)
+    assert [s.metadata["group_id"] for s in samples] == [0, 0, 1, 1]
+    plain = areal_adapter.to_samples(joined, tokenizer=hf_tokenizer)
+    assert all("group_id" not in s.metadata for s in plain)
+
+
+def test_compute_advantages_output_keeps_turns_and_gives_advantages(
+    hf_tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    """After compute_advantages (which rolls the loss mask left by one) turns stay exact, with advantages."""
+    batch = prepare_batch(hf_tokenizer)
+    adv_batch = grpo_actor().compute_advantages(batch)
+    assert not torch.equal(adv_batch[0]["loss_mask"].int(), batch[0]["loss_mask"])
+    first = areal_adapter.to_samples(adv_batch[0], tokenizer=hf_tokenizer)
+    assert [s.messages for s in first] == expected(hf_tokenizer)[:2]
+    samples = areal_adapter.to_samples(adv_batch, tokenizer=hf_tokenizer)
+    assert [s.messages for s in samples] == expected(hf_tokenizer)
+    for sample, row in zip(samples, [(0, 0), (0, 1), (1, 0), (1, 1)], strict=True):
+        group, i = row
+        advantages, mask = adv_batch[group]["advantages"][i], adv_batch[group]["loss_mask"][i]
+        assert sample.metadata["advantage"] == pytest.approx(float(advantages[mask != 0].mean()))
+    # GRPO: the right answer of each group is above its group's mean, the wrong one below.
+    assert [s.metadata["advantage"] > 0 for s in samples] == [True, False, False, True]
+
+
+def test_multi_turn_workflow_feedback_turns(hf_tokenizer: PreTrainedTokenizerFast) -> None:
+    """MultiTurnWorkflow's retry prompt between attempts comes back as its own turn."""
+    workflow = MultiTurnWorkflow(
+        reward_fn=reward_fn, gconfig=gconfig(), tokenizer=hf_tokenizer, max_turns=3, turn_discount=0.5
+    )
+    data, _ = PROBLEMS[0]
+    server = ScriptedServer(hf_tokenizer, ["I think 392.", "It is 391."])
+    traj = asyncio.run(workflow.arun_episode(server, data))
+    (sample,) = areal_adapter.to_samples([traj], tokenizer=hf_tokenizer, env_role="user")
+    prompt = hf_tokenizer.apply_chat_template(data["messages"], tokenize=False, add_generation_prompt=True)
+    feedback = hf_tokenizer.decode(workflow.multi_turn_prompt_ids)
+    assert sample.messages == [
+        {"role": "user", "content": prompt},
+        {"role": "assistant", "content": "I think 392.<|im_end|>"},
+        {"role": "user", "content": feedback},
+        {"role": "assistant", "content": "It is 391.<|im_end|>"},
+    ]
+    assert sample.metadata["reward"] == 0.5 and sample.metadata["num_turns"] == 2
+
+
+def test_single_controller_rtensors(hf_tokenizer: PreTrainedTokenizerFast, backend: StorageBackend) -> None:
+    """RTensor groups (trimmed to their own width) decode like local ones, fetching only what is needed."""
+    local = grpo_actor().compute_advantages(prepare_batch(hf_tokenizer))
+    remote = RTensor.remotize(local, node_addr="worker-0")
+    assert all(v.data.is_meta for group in remote for v in group.values())
+    assert remote[0]["input_ids"].shape[1] != remote[1]["input_ids"].shape[1]
+    first = areal_adapter.to_samples(remote[0], tokenizer=hf_tokenizer)
+    assert [s.messages for s in first] == expected(hf_tokenizer)[:2]
+    samples = areal_adapter.to_samples(remote, tokenizer=hf_tokenizer)
+    assert [s.messages for s in samples] == expected(hf_tokenizer)
+    assert [s.metadata for s in samples] == [
+        s.metadata for s in areal_adapter.to_samples(local, tokenizer=hf_tokenizer)
+    ]
+    # One batched fetch per call of the six tensors decoding needs (input_ids, attention_mask,
+    # loss_mask, versions, rewards, advantages); logprobs, returns, ... stay remote. The second
+    # call finds group 0 in AReaL's fetch buffer and fetches only group 1.
+    assert backend.fetches == [6, 6]
+    # The trainer's RTensors stay remote: AReaL's RPCs would otherwise serialise their data.
+    assert all(v.data.is_meta for group in remote for v in group.values())
+
+
+def test_log_batch_hook_never_raises(
+    hf_tokenizer: PreTrainedTokenizerFast, backend: StorageBackend, warnings_seen: list[str]
+) -> None:
+    """The hook logs RTensor batches; a batch it cannot read is counted as invalid, with one warning."""
+    remote = RTensor.remotize(grpo_actor().compute_advantages(prepare_batch(hf_tokenizer)), "worker-0")
+    sink = at.testing.MemorySink()
+    with at.TraceSession("p", sinks=[sink]) as session:
+        assert areal_adapter.log_batch(session, remote, tokenizer=hf_tokenizer, step=7) == 4
+        broken = [{"attention_mask": torch.ones(2, 3)}, {"input_ids": torch.ones(3, 3)}]
+        for _ in range(2):
+            assert areal_adapter.log_batch(session, broken, tokenizer=hf_tokenizer, step=8) == 0
+        assert areal_adapter.log_batch(session, "not a batch", tokenizer=hf_tokenizer, step=8) == 0
     stats = session.stats()
-    assert stats.dropped.get("capped") == 2
-    traces = read_traces(project, "r")
-    train = sorted((t for t in traces if t["key"] == "train/traces"), key=lambda t: t["metadata"]["reward"])
-    assert [t["metadata"]["sample_index"] for t in train] == [0, 3]
-    assert train[1]["messages"] == expected_messages(CONVERSATIONS[3])
-    assert [t["metadata"]["sample_index"] for t in traces if t["key"] == "eval/traces"] == [1]
+    assert stats.written == 4 and stats.dropped["invalid"] == 5 + 5 + 1 and stats.check()
+    assert sum("areal_adapter.log_batch" in m for m in warnings_seen) == 1
+    assert sorted(r.sample.metadata["group_id"] for r in sink.records) == [0, 0, 1, 1]
+
+
+def test_rows_pick_samples_before_decoding(hf_tokenizer: PreTrainedTokenizerFast) -> None:
+    """`rows` indexes the concatenated batch and decodes only those rows, in that order."""
+    samples = areal_adapter.to_samples(prepare_batch(hf_tokenizer), tokenizer=hf_tokenizer, rows=[3, 0])
+    assert [s.metadata["sample_index"] for s in samples] == [3, 0]
+    assert [s.metadata["group_id"] for s in samples] == [1, 0]
+    assert samples[0].messages == expected(hf_tokenizer)[3]
+
+
+def test_attach_logs_each_compute_advantages_of_the_trainer(
+    hf_tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    """attach() logs what PPOTrainer.train's compute_advantages returns, once per call, and passes it on."""
+    # The hook point is AReaL's own: train() calls the actor's compute_advantages once per step.
+    source = inspect.getsource(PPOTrainer.train)
+    assert source.count("self.actor.compute_advantages(rollout_batch)") == 1
+    # PPOTrainer.__init__ launches inference servers and a scheduler, which cannot run here:
+    # the instance gets the two attributes attach reads, with AReaL's real PPOActor (the object
+    # FSDPPPOActor.compute_advantages delegates to; it has no get_version, so steps count from 0).
+    trainer = PPOTrainer.__new__(PPOTrainer)
+    trainer.actor = grpo_actor()
+    trainer.tokenizer = hf_tokenizer
+    sink = at.testing.MemorySink()
+    with at.TraceSession("p", sinks=[sink]) as session:
+        areal_adapter.attach(trainer, session)
+        for _ in range(2):
+            adv_batch = trainer.actor.compute_advantages(prepare_batch(hf_tokenizer))
+            assert "advantages" in adv_batch[0] and len(adv_batch) == 2
+    assert sorted(r.step for r in sink.records) == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [r.sample.messages for r in sink.records if r.step == 1] == expected(hf_tokenizer)
+    assert session.stats().check() and session.stats().written == 8
