@@ -25,6 +25,7 @@ __all__ = [
     "check_name",
     "check_text",
     "describe",
+    "logger",
     "scrub",
     "scrub_bytes",
     "secret_bytes",
@@ -235,4 +236,8 @@ def install_log_filter(logger: logging.Logger) -> None:
         logger.addFilter(ScrubFilter())
 
 
-install_log_filter(logging.getLogger("asynctrace"))
+logger = logging.getLogger("asynctrace")
+"""asynctrace's logger, with its filter. Modules imported late (the adapters, possibly after a
+framework that replaced `logging`'s logger manager, as AReaL does) log through this object, so
+their records keep the filter and reach the handlers configured for asynctrace."""
+install_log_filter(logger)

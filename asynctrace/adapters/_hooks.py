@@ -8,12 +8,12 @@ dropped (``"invalid"``), one warning per hook names the cause, and training goes
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._record import Sample
+from .._security import logger
 from .._sync import SyncTraceSession
 from ..exceptions import RecordError, SessionClosedError
 
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Converted", "deliver"]
 
-logger = logging.getLogger("asynctrace")
 
 Converted = tuple[Sequence[Sample], int]
 """What a hook's conversion returns: the samples, and how many rows it had to leave out."""

@@ -7,10 +7,10 @@ synchronous session is), and later calls reuse it.
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import TYPE_CHECKING, Literal
 
+from .._security import logger
 from .._sync import SyncTraceSession
 
 if TYPE_CHECKING:
@@ -18,7 +18,6 @@ if TYPE_CHECKING:
 
 __all__ = ["session_for"]
 
-logger = logging.getLogger("asynctrace")
 
 _open: dict[tuple[str, str], SyncTraceSession] = {}
 _failed: set[tuple[str, str]] = set()

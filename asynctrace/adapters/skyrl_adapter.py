@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._record import Sample
+from .._security import logger
 from ..rollouts._align import MISSING, Shortfall
 from ..rollouts._mapping import instance_key, prompt_indices, trajectory_label
 from ..rollouts._stepwise import merge_step_wise, trajectory_groups
@@ -471,8 +471,6 @@ def _collect(
         builder.add(messages, metadata)
     return n, n_prompts
 
-
-logger = logging.getLogger("asynctrace")
 
 _HOOK = "skyrl_adapter.attach"
 _MAX_ORIGINS = 1 << 16

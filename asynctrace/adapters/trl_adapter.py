@@ -29,7 +29,6 @@ where the function returned `None`, which TRL stores as NaN), `reward` as TRL we
 from __future__ import annotations
 
 import functools
-import logging
 import math
 import threading
 from collections import defaultdict, deque
@@ -37,6 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .._record import Sample
+from .._security import logger
 from .._session import TraceSession
 from .._sync import SyncTraceSession
 from ..rollouts._align import MISSING, Shortfall
@@ -46,7 +46,6 @@ from ._hooks import _warn_once, deliver
 
 __all__ = ["GRPOTracer", "attach", "to_samples"]
 
-logger = logging.getLogger("asynctrace")
 
 _WHERE = "trl_adapter.to_samples"
 _HOOK = "trl_adapter.attach"

@@ -17,13 +17,13 @@ point, so the rows of one prompt are found by their ``uid``, never by their posi
 from __future__ import annotations
 
 import atexit
-import logging
 import math
 import threading
 from collections.abc import Mapping
 from typing import Any
 
 from .._record import Sample
+from .._security import logger
 from .._sync import SyncTraceSession
 from ..rollouts._decode import decode_rollouts
 from ._common import jsonable
@@ -31,7 +31,6 @@ from ._hooks import deliver
 
 __all__ = ["log_batch", "open_session", "to_samples"]
 
-logger = logging.getLogger("asynctrace")
 
 _WHERE = "verl_adapter.log_batch"
 _SESSION_ATTR = "asynctrace_session"
