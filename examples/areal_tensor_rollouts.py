@@ -21,7 +21,7 @@ import torch
 
 import asynctrace as at
 from asynctrace.adapters import areal_adapter
-from asynctrace.rollouts import toy_tokenizer
+from asynctrace.rollouts import encode_turns, toy_tokenizer
 
 PROBLEMS = [(17, 23), (12, 34), (45, 6), (9, 99)]
 GROUP_SIZE = 8
@@ -39,12 +39,7 @@ def episode(tokenizer: Any, a: int, b: int, version: int, rng: random.Random) ->
         ("tool", f"<|im_start|>tool\n{a * b}\n<|im_end|>\n"),
         ("assistant", f"The answer is {answer}.<|im_end|>"),
     ]
-    ids: list[int] = []
-    mask: list[int] = []
-    for role, text in turns:
-        piece = tokenizer.encode(text).ids
-        ids += piece
-        mask += [int(role == "assistant")] * len(piece)
+    ids, mask = encode_turns(tokenizer, turns)
     versions = [version if m else -1 for m in mask]
     return {
         "input_ids": torch.tensor([ids], dtype=torch.int32),

@@ -8,12 +8,13 @@ from __future__ import annotations
 from ._decode import decode_rollouts, row_scores
 from ._mapping import prompt_index, prompt_indices
 from ._stepwise import MergeStats, StepWiseMerge, merge_step_wise
-from ._toy import toy_tokenizer
+from ._toy import encode_turns, toy_tokenizer
 
 __all__ = [
     "MergeStats",
     "StepWiseMerge",
     "decode_rollouts",
+    "encode_turns",
     "merge_step_wise",
     "prompt_index",
     "prompt_indices",

@@ -6,6 +6,7 @@ import signal
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -16,6 +17,28 @@ from tests.faults import _harness as h
 @pytest.fixture(autouse=True)
 def _trackio_dir(trackio_dir: str) -> None:
     """Every process here shares the test run's TRACKIO_DIR (inherited through the environment)."""
+
+
+def _sigterm_child(args: list[str], ready: bytes, delay: float = 0.0) -> tuple[Any, float, bytes]:
+    """Run `python -c *args`, SIGTERM it `delay` s after it prints `ready`; returns the process,
+    the seconds from the signal to its end, and its stderr."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=h.env()
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == ready
+        time.sleep(delay)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        return proc, time.monotonic() - sent, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
 
 
 def _trainer(tmp_path: Path) -> tuple[str, Path, Path]:
@@ -215,27 +238,9 @@ def test_sigterm_keeps_the_hooks_deadline_when_a_sink_ignores_cancellation(tmp_p
     minutes: the hook finishes the session, closing the sink, and the signal ends the process
     within the hook's bound (0.5 s drain, 2 s for the write to give in, 0.5 s to close, 1 s
     margin)."""
-    import subprocess
-    import sys
-
     from asynctrace._writer import finish_bound
 
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _STUBBORN_SINK_CHILD, form, str(tmp_path / "closed")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=h.env(),
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == b"writing"
-        sent = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-        took = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+    proc, took, err = _sigterm_child([_STUBBORN_SINK_CHILD, form, str(tmp_path / "closed")], b"writing")
     assert proc.returncode == -signal.SIGTERM, err.decode()[-2000:]
     assert b"'stubborn' still running" in err
     # Finished, not given up on: the sink was closed before the signal was handed on.
@@ -273,28 +278,10 @@ def test_sigterm_during_a_longer_finish_keeps_the_hooks_deadline(form: str) -> N
     """SIGTERM while finish(60) waits on a sink that never answers, with the hook's timeout=0.5:
     that finish is cut short to the hook's deadline and the signal ends the process within the
     hook's bound, not a minute later."""
-    import subprocess
-    import sys
-
     from asynctrace._writer import finish_bound
 
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _LONG_FINISH_CHILD, form],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=h.env(),
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == b"finishing"
-        time.sleep(0.3)  # finish(60) is under way
-        sent = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-        took = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+    # 0.3 s after "finishing": finish(60) is under way.
+    proc, took, err = _sigterm_child([_LONG_FINISH_CHILD, form], b"finishing", delay=0.3)
     assert proc.returncode == -signal.SIGTERM, err.decode()[-2000:]
     # Three seconds of slack for a loaded machine, against the minute finish(60) would take.
     assert took < finish_bound(0.5) + 1.0 + 3.0, f"the process ended {took:.1f}s after SIGTERM"
