@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .._record import TraceRecord
 from .._sampling import Entry, FirstSampler, Sampler, StepSelection, TopBottomSampler
 
 __all__ = ["LocalSelection", "Released", "composes_by_union"]
@@ -81,7 +82,10 @@ class LocalSelection:
         kept = opened.kept
         for payload, score in encoded:
             self._seq += 1
-            took, evicted = offer(Entry(score, self._seq))
+            # The record lets a selection read the sample itself (a group sampler reads its
+            # group from the metadata), as it can inside a session.
+            record = TraceRecord("", step, split, "", payload, now, score)
+            took, evicted = offer(Entry(score, self._seq, record))
             if evicted is not None:
                 out = kept.pop(evicted.seq, None)
                 if out is not None:

@@ -6,11 +6,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import orjson
 import pytest
 
 ray = pytest.importorskip("ray")
 
-from asynctrace import TraceSession  # noqa: E402
+from asynctrace import ReservoirSampler, Sampler, StepSelection, TraceSession  # noqa: E402
+from asynctrace._sampling import Entry  # noqa: E402
 from asynctrace.ray import ClientStats, TraceClient, start_collector  # noqa: E402
 from asynctrace.testing import MemorySink  # noqa: E402
 from tests.distributed._helpers import make_samples, read_traces, top_bottom_uids  # noqa: E402
@@ -226,3 +228,60 @@ def test_unscored_sample_is_refused_in_the_caller_under_top_bottom(top_bottom_co
     assert skipping.log_samples_nowait([{"prompt": "q", "response": "a"}], step=0) == 0
     assert skipping.close(30.0).dropped == {"invalid": 1}
     strict.close(1.0)
+
+
+class _ByPriority(Sampler):
+    """Keeps the k samples with the highest metadata "priority": it reads the sample itself."""
+
+    composes_by_union = True
+
+    def new_step(self, split: str, step: int, k: int) -> StepSelection:
+        return _ByPrioritySelection(k)
+
+
+class _ByPrioritySelection(StepSelection):
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.kept: list[tuple[int, Entry]] = []
+
+    def offer(self, entry: Entry) -> tuple[bool, Entry | None]:
+        assert entry.record is not None
+        self.kept.append((entry.record.sample.metadata["priority"], entry))
+        self.kept.sort(key=lambda pe: -pe[0])
+        if len(self.kept) <= self.k:
+            return True, None
+        _, out = self.kept.pop()
+        return (False, None) if out is entry else (True, out)
+
+    def held(self) -> list[Entry]:
+        return [e for _, e in self.kept]
+
+
+def test_local_selection_plugs_in_any_sampler_that_composes() -> None:
+    """A custom Sampler that opts in with composes_by_union gets each sample's record (it can read
+    its metadata, as a group sampler does); steps close on a newer step past max_open_steps and
+    after step_timeout on the clock given, releasing their candidates in arrival order."""
+    from asynctrace import Sample
+    from asynctrace._record import encode_samples
+    from asynctrace.ray._local import LocalSelection, composes_by_union
+
+    assert composes_by_union(_ByPriority()) and not composes_by_union(ReservoirSampler())
+    local = LocalSelection(2, _ByPriority(), max_open_steps=1, step_timeout=10.0)
+
+    def encoded(step: int, priorities: list[int]) -> list[tuple[bytes, float | None]]:
+        samples = [Sample(messages=[], metadata={"priority": p, "step": step}) for p in priorities]
+        return encode_samples(samples)[0]
+
+    passed, capped, kept, released = local.offer("train", 0, encoded(0, [1, 5, 3, 4]), now=0.0)
+    assert (passed, capped, kept, released) == ([], 2, 2, [])
+    assert local.held == 2
+    assert local.offer("train", 1, encoded(1, [7]), now=1.0)[3] == []  # step 0 stays open (window 1)
+    released = local.offer("train", 2, encoded(2, [9]), now=2.0)[3]  # step 0 closes
+    priorities = [[orjson.loads(p)["metadata"]["priority"] for p in ps] for _, _, ps in released]
+    assert [(split, step) for split, step, _ in released] == [("train", 0)]
+    assert priorities == [[5, 4]]  # the step's two best, in arrival order
+    assert local.close_idle(now=10.5) == []
+    assert [step for _, step, _ in local.close_idle(now=11.0)] == [1]
+    assert local.next_due(now=11.0) == pytest.approx(1.0)
+    assert [step for _, step, _ in local.close_all()] == [2]
+    assert local.held == local.held_bytes == 0
