@@ -50,12 +50,16 @@ class _Rollout:
             self._log(samples[i : i + chunk], step)
         return [{"uid": s["uid"], "reward": s["reward"]} for s in samples]
 
-    def stream(self, seconds: float, chunk: int = 10) -> dict[str, Any]:
-        """Log as fast as a busy rollout loop would for `seconds`; report call latencies."""
-        end = time.monotonic() + seconds
+    def stream(self, seconds: float, chunk: int = 10, *, until_gone: bool = False) -> dict[str, Any]:
+        """Log as fast as a busy rollout loop would for `seconds` (with `until_gone`, also until the
+        client has seen the collector die, and a little after; 120 s at most); report call latencies."""
+        start = time.monotonic()
+        end = start + seconds
         calls = 0
         step = 0
-        while time.monotonic() < end:
+        while time.monotonic() < end or (until_gone and time.monotonic() < start + 120):
+            if until_gone and time.monotonic() >= end and self.client.stats().collector_gone:
+                until_gone, end = False, time.monotonic() + 0.5
             self._log(make_samples(self.tag, step, chunk, seed=calls), step)
             calls += 1
             if calls % 20 == 0:
@@ -157,7 +161,8 @@ def test_killed_collector_never_blocks_clients(project: str) -> None:
     what the collector had already written stays in Trackio."""
     collector = start_collector(project, "killed", flush_interval=0.05, finish_at_exit=False)
     actors = [Rollout.remote(collector, f"k{i}", flush_interval=0.02) for i in range(2)]
-    runs = [a.stream.remote(4.0) for a in actors]
+    # The actors keep logging until they saw the collector die, however long it takes to write.
+    runs = [a.stream.remote(4.0, until_gone=True) for a in actors]
     deadline = time.monotonic() + 30
     while ray.get(collector.stats.remote()).written < 100 and time.monotonic() < deadline:
         time.sleep(0.05)  # kill it mid-run: once it has written something
