@@ -89,14 +89,15 @@ async def session_round(samples: list[Any], uri: str) -> tuple[float, float]:
     return inside / len(samples), elapsed
 
 
-def mlflow_round(bodies: list[dict[str, Any]], uri: str) -> tuple[float, float]:
+def mlflow_round(bodies: list[dict[str, Any]], uri: str, artifacts: Path) -> tuple[float, float]:
     """The same with MLflow's own tracing calls on the caller's thread."""
     import mlflow
     from mlflow.tracking import MlflowClient
 
     mlflow.set_tracking_uri(uri)
     client = MlflowClient(uri)
-    experiment_id = client.create_experiment("bench")
+    # MLflow's exporter may also upload traces as artifacts: into the run's scratch directory.
+    experiment_id = client.create_experiment("bench", artifact_location=artifacts.as_uri())
     run = client.create_run(experiment_id, run_name="bench")
     run_id = run.info.run_id
 
@@ -159,7 +160,7 @@ async def main_async(args: argparse.Namespace) -> int:
                 if variant == "session":
                     per, elapsed = await session_round(samples, uri)
                 else:
-                    per, elapsed = mlflow_round(bodies, uri)
+                    per, elapsed = mlflow_round(bodies, uri, workdir / f"artifacts-{r}")
                 caller[variant].append(per)
                 total[variant].append(elapsed)
     finally:

@@ -118,12 +118,15 @@ class MlflowSink(Sink):
         # An active run, or a tracking URI set in code, exists only where MLflow is imported
         # already: importing it here just to ask would cost the caller seconds.
         if mlflow is not None:
-            if run_id is None and attach_active:
+            current = mlflow.get_tracking_uri()
+            # The active run lives in MLflow's current store: not one to attach to when the
+            # sink is given another.
+            if run_id is None and attach_active and tracking_uri in (None, current):
                 active = mlflow.active_run()
                 if active is not None:
                     self.run_id = active.info.run_id
             if tracking_uri is None:
-                self.tracking_uri = mlflow.get_tracking_uri()
+                self.tracking_uri = current
         self._project = "asynctrace"
         self._run = "run"
         # Tags a run this sink opens, so that an open retried after a call that did create the

@@ -83,7 +83,8 @@ def _immutable(path: Path, on: bool) -> bool:
 
 
 class MlflowBackend(Backend):
-    """A SQLite tracking store; faults are a lock another connection holds, and a deleted experiment."""
+    """A SQLite tracking store. Faults: its file made immutable (transient), a lock another connection
+    holds (a hang), a deleted experiment (permanent)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
