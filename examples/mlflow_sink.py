@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 import anyio
+import mlflow  # imported up front: the sink would import it on its thread when the session starts
 
 import asynctrace as at
 
@@ -37,6 +38,9 @@ async def main() -> None:
         sinks=[sink],
         max_traces_per_step=8,  # 8 traces per step: the 4 highest and the 4 lowest rewards
         sampler="top_bottom",
+        # A new SQLite store's first open runs MLflow's schema migrations, seconds on a busy
+        # machine: room for them in finish's deadline.
+        finish_timeout=120.0,
     ) as session:
         for step in range(5):
             samples = [rollout(step, i) for i in range(64)]
@@ -49,11 +53,11 @@ async def main() -> None:
         raise SystemExit("some traces were not delivered")
 
     # Read back through MLflow itself: the traces of step 3 whose completion was cut off.
-    from mlflow import MlflowClient
-
-    client = MlflowClient(TRACKING_URI)
+    client = mlflow.MlflowClient(TRACKING_URI)
     found = client.search_traces(
-        run_id=sink.run_id, filter_string="tags.step = '3' AND tags.stop_reason = 'length'"
+        locations=[sink.experiment_id],
+        run_id=sink.run_id,
+        filter_string="tags.step = '3' AND tags.stop_reason = 'length'",
     )
     for trace in found:
         print(trace.info.client_request_id, trace.info.tags["reward"], trace.info.request_preview)
