@@ -2,7 +2,7 @@
 
 Each array is held in the sample's JSON as ``{"dtype": "float32", "b64": "..."}``: base64 of the
 little-endian array. A JSON list of float32 log-probs costs about 20 bytes a token (the shortest
-decimal form of each value); this costs 5.3, keeps every value bit for bit, and is what the byte
+decimal form of each value); this costs 5.4, keeps every value bit for bit, and is what the byte
 bound counts (benchmarks/bench_token_fields.py measures both).
 """
 

@@ -52,34 +52,32 @@ def main(argv: list[str] | None = None) -> int:
     ids = [rng.integers(0, 150_000, args.tokens).astype(np.int32) for _ in range(args.rows)]
     message = [{"role": "user", "content": "q"}]
 
-    def json_list() -> list[bytes]:
-        return [
-            orjson.dumps(
-                {"messages": message, "metadata": {"logprobs": lp.tolist(), "token_ids": t.tolist()}}
-            )
-            for lp, t in zip(logprobs, ids, strict=True)
-        ]
-
-    def ours() -> list[bytes]:
-        samples = [
-            at.Sample(message, tokens={"logprobs": lp, "token_ids": t})
-            for lp, t in zip(logprobs, ids, strict=True)
-        ]
-        return [p for p, _ in encode_samples(samples)[0]]
-
-    def half() -> list[bytes]:
+    def json_list(with_ids: bool) -> list[bytes]:
         return [
             orjson.dumps(
                 {
                     "messages": message,
-                    "tokens": {
-                        "logprobs": base64.b64encode(lp.astype("<f2").tobytes()).decode(),
-                        "token_ids": base64.b64encode(t.astype("<i4").tobytes()).decode(),
-                    },
+                    "metadata": {"logprobs": lp.tolist(), **({"token_ids": t.tolist()} if with_ids else {})},
                 }
             )
             for lp, t in zip(logprobs, ids, strict=True)
         ]
+
+    def ours(with_ids: bool) -> list[bytes]:
+        samples = [
+            at.Sample(message, tokens={"logprobs": lp, **({"token_ids": t} if with_ids else {})})
+            for lp, t in zip(logprobs, ids, strict=True)
+        ]
+        return [p for p, _ in encode_samples(samples)[0]]
+
+    def half(with_ids: bool) -> list[bytes]:
+        out = []
+        for lp, t in zip(logprobs, ids, strict=True):
+            tokens = {"logprobs": base64.b64encode(lp.astype("<f2").tobytes()).decode()}
+            if with_ids:
+                tokens["token_ids"] = base64.b64encode(t.astype("<i4").tobytes()).decode()
+            out.append(orjson.dumps({"messages": message, "tokens": tokens}))
+        return out
 
     def exact_json(payload: bytes, row: int) -> bool:
         got = np.asarray(orjson.loads(payload)["metadata"]["logprobs"], dtype=np.float32)
@@ -88,10 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     def exact_ours(payload: bytes, row: int) -> bool:
         record = at.TraceRecord("x-0", 0, "train", "k", payload, 0.0)
         tokens = record.sample.tokens or {}
-        return (
-            np.asarray(tokens["logprobs"], dtype=np.float32).tobytes() == logprobs[row].tobytes()
-            and np.asarray(tokens["token_ids"], dtype=np.int32).tobytes() == ids[row].tobytes()
-        )
+        ok = np.asarray(tokens["logprobs"], dtype=np.float32).tobytes() == logprobs[row].tobytes()
+        if "token_ids" in tokens:
+            ok &= np.asarray(tokens["token_ids"], dtype=np.int32).tobytes() == ids[row].tobytes()
+        return ok
 
     def exact_half(payload: bytes, row: int) -> bool:
         raw = base64.b64decode(orjson.loads(payload)["tokens"]["logprobs"])
@@ -102,23 +100,30 @@ def main(argv: list[str] | None = None) -> int:
         ("base64 <f4 (asynctrace)", ours, exact_ours),
         ("base64 <f2 (reference)", half, exact_half),
     ]
-    results = []
-    for name, fn, exact in options:
-        payloads = fn()
-        per_token = sum(len(p) for p in payloads) / (args.rows * args.tokens)
-        seconds = _best(fn, repeat)
-        ok = all(exact(p, r) for r, p in enumerate(payloads))
-        results.append((name, per_token, seconds / (args.rows * args.tokens) * 1e9, ok))
-    print(f"{args.rows} rows of {args.tokens} tokens: float32 log-probs and int32 token ids per token")
-    print("| option | bytes/token (both fields) | encode ns/token | exact |")
-    print("|---|---|---|---|")
-    for name, size, ns, ok in results:
-        print(f"| {name} | {size:.2f} | {ns:.1f} | {'yes' if ok else 'NO'} |")
-    base = results[0]
-    ours_row = results[1]
-    print(f"size: json list / asynctrace = {base[1] / ours_row[1]:.2f}x")
-    print(f"encode time: json list / asynctrace = {base[2] / ours_row[2]:.2f}x")
-    return 0 if ours_row[3] else 1
+    empty = len(orjson.dumps({"messages": message}))
+    print(f"{args.rows} rows of {args.tokens} tokens (float32 log-probs; int32 token ids)")
+    print("| fields | option | bytes/token | bytes per row | encode ns/token | exact |")
+    print("|---|---|---|---|---|---|")
+    exact_ok = True
+    for with_ids in (False, True):
+        label = "logprobs + token_ids" if with_ids else "logprobs"
+        results = []
+        for name, fn, exact in options:
+            payloads = fn(with_ids)
+            row_bytes = sum(len(p) - empty for p in payloads) / args.rows
+            seconds = _best(lambda fn=fn, with_ids=with_ids: fn(with_ids), repeat)
+            ok = all(exact(p, r) for r, p in enumerate(payloads))
+            results.append((name, row_bytes, seconds / (args.rows * args.tokens) * 1e9, ok))
+            print(
+                f"| {label} | {name} | {row_bytes / args.tokens:.2f} | {row_bytes:,.0f} | "
+                f"{results[-1][2]:.1f} | {'yes' if ok else 'NO'} |"
+            )
+        exact_ok &= results[1][3]
+        print(
+            f"{label}: size json list / asynctrace = {results[0][1] / results[1][1]:.2f}x, "
+            f"encode time json list / asynctrace = {results[0][2] / results[1][2]:.2f}x"
+        )
+    return 0 if exact_ok else 1
 
 
 if __name__ == "__main__":
