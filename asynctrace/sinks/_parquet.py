@@ -242,7 +242,9 @@ class ParquetSink(Sink):
         check_bool("fsync", fsync)
         if max_records < 1 or max_bytes < 1:
             raise ValueError("max_records and max_bytes must be at least 1")
-        if stem is not None and (not isinstance(stem, str) or not stem or _STEM.search(stem)):
+        if stem is not None and (
+            not isinstance(stem, str) or not stem or stem.startswith(".") or _STEM.search(stem)
+        ):
             raise ValueError(f"stem: expected letters, digits, '.', '_' or '-', got {stem!r}")
         self.name = "parquet"
         self.directory = Path(directory)
@@ -302,7 +304,10 @@ class ParquetSink(Sink):
 
         ids: set[str] = set()
         for path in paths:
-            column = pa.parquet.read_table(path, columns=["id"]).column("id")
+            try:
+                column = pa.parquet.read_table(path, columns=["id"]).column("id")
+            except (OSError, KeyError, pa.lib.ArrowException):
+                continue  # not one of ours (another schema, or not Parquet): it holds none of our ids
             if prefixes is not None:
                 keep = None
                 for prefix in prefixes:

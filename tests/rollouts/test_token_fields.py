@@ -17,6 +17,7 @@ import asynctrace as at
 from asynctrace._record import encode_samples
 from asynctrace._tokens import decode_token_fields
 from asynctrace.rollouts import decode_rollouts
+from tests._util import read_traces
 from tests.rollouts._helpers import CONVERSATIONS, padded_batch
 
 pytestmark = pytest.mark.anyio
@@ -151,3 +152,14 @@ async def test_byte_bound_counts_token_arrays_and_trackers_leave_them_out(tmp_pa
     assert s.stats().dropped.get("invalid") == 1
     text = stream.getvalue()
     assert "step 0" in text and "loss_mask" not in text and "b64" not in text
+
+
+async def test_trackio_shows_the_trace_without_its_token_arrays(project: str) -> None:
+    """Trackio's stored trace holds the messages and metadata, and none of the token arrays."""
+    tokens = {"logprobs": [-0.5, -1.25], "token_ids": [11, 12]}
+    sample = at.Sample([{"role": "user", "content": "q"}], metadata={"reward": 1.0}, tokens=tokens)
+    async with at.TraceSession(project, run="r", sinks=[at.TrackioSink(process=False)]) as s:
+        assert await s.log_samples([sample], step=0) == 1
+    (trace,) = read_traces(project, "r")
+    stored = orjson.dumps(trace).decode()
+    assert '"q"' in stored and "logprobs" not in stored and "b64" not in stored
