@@ -11,7 +11,7 @@ from ._shutdown import install_shutdown_hooks
 from ._stats import SessionStats, SinkStats, SpoolStats
 from ._sync import SyncTraceSession
 from .exceptions import AsyncTraceError, PermanentSinkError, RecordError, SessionClosedError, SpoolError
-from .sinks import ConsoleSink, JsonlSink, MlflowSink, Sink, TrackioSink
+from .sinks import ConsoleSink, JsonlSink, MlflowSink, ParquetSink, Sink, TrackioSink
 
 __version__ = "0.1.0"
 
@@ -21,6 +21,7 @@ __all__ = [
     "FirstSampler",
     "JsonlSink",
     "MlflowSink",
+    "ParquetSink",
     "PermanentSinkError",
     "RecordError",
     "ReservoirSampler",

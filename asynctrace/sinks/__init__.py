@@ -6,6 +6,7 @@ from ._base import Sink
 from ._console import ConsoleSink
 from ._jsonl import JsonlSink
 from ._mlflow import MlflowSink
+from ._parquet import ParquetSink
 from ._trackio import TrackioSink
 
-__all__ = ["ConsoleSink", "JsonlSink", "MlflowSink", "Sink", "TrackioSink"]
+__all__ = ["ConsoleSink", "JsonlSink", "MlflowSink", "ParquetSink", "Sink", "TrackioSink"]
