@@ -198,6 +198,9 @@ class WandbSink(Sink):
         self._owns = False
         self._tables: dict[str, Any] = {}
         self._defined: set[str] = set()
+        # Ids of the rows logged: a retry after an attempt that was given up on (its timeout)
+        # but did land in the end adds nothing twice.
+        self._logged: set[str] = set()
         # wandb calls run in daemon threads that a deadline can walk away from (a stalled
         # service blocks them), one at a time: `_io` keeps them in order on the run.
         self._io = threading.Lock()
@@ -268,7 +271,8 @@ class WandbSink(Sink):
         wandb = _import_wandb()
         by_key: dict[str, list[TraceRecord]] = {}
         for r in records:
-            by_key.setdefault(r.key, []).append(r)
+            if r.id not in self._logged:
+                by_key.setdefault(r.key, []).append(r)
         for key, group in by_key.items():
             table = self._tables.get(key)
             if table is None:
@@ -282,6 +286,7 @@ class WandbSink(Sink):
                 # Not logged: the retry adds these rows again, so they must not stay behind.
                 del table.data[before:]
                 raise
+            self._logged.update(r.id for r in group)
 
     def _write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         self._log({**metrics, self.step_metric: step})

@@ -157,6 +157,18 @@ async def test_rows_carry_readable_columns_and_the_full_messages(offline_wandb: 
     assert second["reward"] is None and "reward" in orjson.loads(second["metadata"])
 
 
+async def test_a_batch_written_again_adds_no_rows(offline_wandb: Path) -> None:
+    """A write repeated with the same records (a retry after an attempt that did land) adds nothing."""
+    sink = _sink(offline_wandb)
+    memory = at.testing.MemorySink("memory")
+    async with at.TraceSession("p", run="again", sinks=[sink, memory]) as s:
+        await s.log_samples([sample(i) for i in range(3)], step=0)
+        assert await s.flush(timeout=30)
+        await sink.write(memory.records)
+    ids = [row["id"] for row in table_rows(_files(sink), "train/traces-incr")]
+    assert sorted(ids) == sorted(r.id for r in memory.records)
+
+
 async def test_out_of_order_steps_are_kept_on_the_custom_axis(offline_wandb: Path) -> None:
     """Metrics and tables logged for earlier steps are all in the history, each with its step."""
     sink = _sink(offline_wandb)
