@@ -11,7 +11,7 @@ from ._shutdown import install_shutdown_hooks
 from ._stats import SessionStats, SinkStats, SpoolStats
 from ._sync import SyncTraceSession
 from .exceptions import AsyncTraceError, PermanentSinkError, RecordError, SessionClosedError, SpoolError
-from .sinks import ConsoleSink, JsonlSink, MlflowSink, ParquetSink, Sink, TrackioSink
+from .sinks import ConsoleSink, JsonlSink, MlflowSink, ParquetSink, Sink, TrackioSink, WandbSink
 
 __version__ = "0.1.0"
 
@@ -40,6 +40,7 @@ __all__ = [
     "TraceRecord",
     "TraceSession",
     "TrackioSink",
+    "WandbSink",
     "__version__",
     "install_shutdown_hooks",
     "testing",

@@ -8,5 +8,6 @@ from ._jsonl import JsonlSink
 from ._mlflow import MlflowSink
 from ._parquet import ParquetSink
 from ._trackio import TrackioSink
+from ._wandb import WandbSink
 
-__all__ = ["ConsoleSink", "JsonlSink", "MlflowSink", "ParquetSink", "Sink", "TrackioSink"]
+__all__ = ["ConsoleSink", "JsonlSink", "MlflowSink", "ParquetSink", "Sink", "TrackioSink", "WandbSink"]
