@@ -11,7 +11,7 @@ from ._shutdown import install_shutdown_hooks
 from ._stats import SessionStats, SinkStats, SpoolStats
 from ._sync import SyncTraceSession
 from .exceptions import AsyncTraceError, PermanentSinkError, RecordError, SessionClosedError, SpoolError
-from .sinks import ConsoleSink, JsonlSink, Sink, TrackioSink
+from .sinks import ConsoleSink, JsonlSink, Selected, Sink, TrackioSink
 
 __version__ = "0.1.0"
 
@@ -26,6 +26,7 @@ __all__ = [
     "RetryPolicy",
     "Sample",
     "Sampler",
+    "Selected",
     "SessionClosedError",
     "SessionStats",
     "Sink",

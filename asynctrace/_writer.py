@@ -186,8 +186,12 @@ class Writer:
             item = health.item(self.buffer.snapshot(), now)
             if item is not None:
                 items.append(item)
+        # Straight to the lanes, not through the buffer's queue: a control item there would send
+        # the records queued before it at once, ahead of batch_size and flush_interval.
         for item in items:
-            self.buffer.push_item(item)
+            for lane in self._lanes:
+                lane.inbox.append(item)
+                lane.signal.set()
 
     def wake(self) -> None:
         if self.signal is not None:

@@ -233,3 +233,34 @@ def test_selected_checks_its_arguments() -> None:
         Selected("trackio", max_traces_per_step=2)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="Selected already"):
         Selected(Selected(at.testing.MemorySink(), max_traces_per_step=2), max_traces_per_step=1)
+
+
+async def test_jsonl_archive_and_trackio_top_bottom_16(project: str, tmp_path: object) -> None:
+    """Real Trackio storage holds exactly the top/bottom 16 of each step, each one also in the
+    JSONL archive (same sample), which holds every sample exactly once."""
+    from tests._util import read_traces
+
+    path = f"{tmp_path}/archive.jsonl"
+    rng = random.Random(1)
+    async with at.TraceSession(
+        project,
+        run="tiered",
+        sinks=[at.JsonlSink(path), Selected(at.TrackioSink(), max_traces_per_step=16, sampler="top_bottom")],
+    ) as s:
+        for step in range(3):
+            await s.log_samples([sample(i, step=step, reward=rng.random()) for i in range(100)], step=step)
+    with open(path, "rb") as f:
+        rows = [row for line in f if "id" in (row := orjson.loads(line))]
+    assert len(rows) == 300 and len({row["id"] for row in rows}) == 300
+    by_uid = {row["sample"]["metadata"]["uid"]: row for row in rows}
+    traces = read_traces(project, "tiered")
+    assert Counter(t["step"] for t in traces) == {0: 16, 1: 16, 2: 16}
+    for step in range(3):
+        rewards = sorted(row["sample"]["metadata"]["reward"] for row in rows if row["step"] == step)
+        shown = sorted(t["metadata"]["reward"] for t in traces if t["step"] == step)
+        assert shown == rewards[:8] + rewards[-8:]
+    for t in traces:
+        archived = by_uid[t["metadata"]["uid"]]
+        assert archived["step"] == t["step"] and archived["sample"]["messages"] == t["messages"]
+    st = s.stats()
+    assert st.sinks["trackio"].skipped == {"capped": 252} and st.written == 300 and st.check()
