@@ -11,7 +11,16 @@ from ._shutdown import install_shutdown_hooks
 from ._stats import SessionStats, SinkStats, SpoolStats
 from ._sync import SyncTraceSession
 from .exceptions import AsyncTraceError, PermanentSinkError, RecordError, SessionClosedError, SpoolError
-from .sinks import ConsoleSink, JsonlSink, MlflowSink, ParquetSink, Sink, TrackioSink, WandbSink
+from .sinks import (
+    ConsoleSink,
+    JsonlSink,
+    MlflowSink,
+    ParquetSink,
+    Selected,
+    Sink,
+    TrackioSink,
+    WandbSink,
+)
 
 __version__ = "0.1.0"
 
@@ -28,6 +37,7 @@ __all__ = [
     "RetryPolicy",
     "Sample",
     "Sampler",
+    "Selected",
     "SessionClosedError",
     "SessionStats",
     "Sink",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 import anyio
@@ -21,6 +21,7 @@ from .exceptions import SessionClosedError
 
 if TYPE_CHECKING:
     from ._spool import Spool
+    from ._tiers import Picked
 
 __all__ = ["Batch", "Buffer", "Marker", "MetricsItem", "Waiting"]
 
@@ -30,7 +31,7 @@ OnFull = Literal["block", "drop_newest", "drop_oldest"]
 class Batch:
     """Records dispatched together to every sink; resolved when every sink is done with them."""
 
-    __slots__ = ("errors", "failed", "lanes_left", "nbytes", "pinned", "records", "started")
+    __slots__ = ("errors", "failed", "failed_ids", "lanes_left", "nbytes", "pinned", "records", "started")
 
     def __init__(self, records: list[TraceRecord], lanes: int) -> None:
         self.records = records
@@ -38,6 +39,8 @@ class Batch:
         self.lanes_left = lanes
         self.failed = False
         self.errors: list[tuple[str, str]] = []  # (sink, error) of the sinks that failed it
+        # Records a selecting sink failed (it wrote only some): failed though the batch is not.
+        self.failed_ids: set[int] | None = None
         # Until a sink starts on it, drop_oldest may still take records out of it.
         self.started = False
         # Counted in the buffer's `pinned_*`: out of drop_oldest's reach (see Buffer.take).
@@ -72,6 +75,22 @@ class _SinkCounters:
     retries: int = 0
     metrics_failed: int = 0
     last_error: str | None = None
+    skipped: Counter[str] = field(default_factory=Counter)
+    held: int = 0
+
+
+class _Hold:
+    """A record a sink's selection kept back (see `_tiers`): it stays pending until every sink
+    holding it has decided it and its batch is done with by every sink."""
+
+    __slots__ = ("batch_done", "errors", "failed", "holders", "record")
+
+    def __init__(self, record: TraceRecord) -> None:
+        self.record = record
+        self.holders = 0
+        self.batch_done = False
+        self.failed = False
+        self.errors: list[tuple[str, str]] = []
 
 
 class Waiting:
@@ -188,6 +207,8 @@ class Buffer:
         self.spool: Spool | None = None
         self.spool_on_admit = False
         self.replayed = 0
+        # Records selecting sinks hold for open steps, by id(record) (see `_tiers`).
+        self.holds: dict[int, _Hold] = {}
 
     # -- submission (any thread) -------------------------------------------------------
 
@@ -722,41 +743,142 @@ class Buffer:
             while unstarted and (unstarted[0].started or not unstarted[0].records):
                 unstarted.popleft()
 
-    def resolve(self, batch: Batch, lane: int, ok: bool, retries: int, error: str | None) -> bool:
-        """One sink is done with a batch; True when buffer room was freed."""
+    def resolve(
+        self,
+        batch: Batch,
+        lane: int,
+        ok: bool,
+        retries: int,
+        error: str | None,
+        picked: Picked | None = None,
+    ) -> bool:
+        """One sink is done with a batch; True when buffer room was freed. `picked`: what a
+        selecting sink's selection made of the batch (it wrote `picked.write` only, and failed
+        `picked.failed` of them; `ok` is then not used)."""
         n = len(batch.records)
         with self.lock:
             sink = self.sinks[lane]
             sink.retries += retries
-            if ok:
-                sink.written += n
+            if picked is None:
+                if ok:
+                    sink.written += n
+                else:
+                    sink.failed += n
+                    sink.last_error = error
+                    batch.errors.append((self.sink_names[lane], error or "failed"))
+                    batch.failed = True
             else:
-                sink.failed += n
-                sink.last_error = error
-                batch.failed = True
-                batch.errors.append((self.sink_names[lane], error or "failed"))
+                sink.written += len(picked.write) - len(picked.failed)
+                if picked.failed:
+                    sink.failed += len(picked.failed)
+                    sink.last_error = error
+                    batch.errors.append((self.sink_names[lane], error or "failed"))
+                    ids = batch.failed_ids if batch.failed_ids is not None else set()
+                    ids.update(id(r) for r in picked.failed)
+                    batch.failed_ids = ids
+                sink.skipped.update(picked.skipped)
+                sink.held += len(picked.held)
+                for r in picked.held:
+                    hold = self.holds.get(id(r))
+                    if hold is None:
+                        hold = self.holds[id(r)] = _Hold(r)
+                    hold.holders += 1
             batch.lanes_left -= 1
             if batch.lanes_left:
                 return False
             self.depth -= n
             self.nbytes -= batch.nbytes
-            self.pending -= n
             if batch.pinned:
                 self.pinned_records -= n
                 self.pinned_bytes -= batch.nbytes
-            if batch.failed:
-                self.failed += n
+            if self.holds or batch.failed_ids:
+                self._settle_batch(batch)
             else:
-                self.written += n
-            if self.spool is not None:
+                self.pending -= n
                 if batch.failed:
-                    error_text = "; ".join(f"{name}: {e}" for name, e in batch.errors)
-                    self.spool.resolve(batch.records, error_text, [name for name, _ in batch.errors])
+                    self.failed += n
                 else:
-                    self.spool.resolve(batch.records)
+                    self.written += n
+                if self.spool is not None:
+                    if batch.failed:
+                        self._spool_failed(batch.records, batch.errors)
+                    else:
+                        self.spool.resolve(batch.records)
             if self.thread_waiters:
                 self.room.notify_all()
             return True
+
+    def _spool_failed(self, records: Sequence[TraceRecord], errors: list[tuple[str, str]]) -> None:
+        assert self.spool is not None
+        error_text = "; ".join(f"{name}: {e}" for name, e in errors)
+        self.spool.resolve(records, error_text, [name for name, _ in errors])
+
+    def _settle_batch(self, batch: Batch) -> None:
+        """Lock held: every sink is done with a batch some selection took part in. Records no
+        sink holds are resolved now; held ones once their holders decide them."""
+        failed_ids = batch.failed_ids or set()
+        ok: list[TraceRecord] = []
+        bad: list[TraceRecord] = []
+        errors = list(batch.errors)
+        for r in batch.records:
+            failed = batch.failed or id(r) in failed_ids
+            hold = self.holds.get(id(r))
+            if hold is not None:
+                hold.batch_done = True
+                if failed:
+                    hold.failed = True
+                    hold.errors.extend(batch.errors)
+                if hold.holders:
+                    continue
+                del self.holds[id(r)]
+                failed = hold.failed  # a holder may have failed it before the batch was done
+                errors.extend(e for e in hold.errors if e not in errors)
+            (bad if failed else ok).append(r)
+        self._finalize(ok, bad, errors)
+
+    def _finalize(self, ok: list[TraceRecord], bad: list[TraceRecord], errors: list[tuple[str, str]]) -> None:
+        self.pending -= len(ok) + len(bad)
+        self.written += len(ok)
+        self.failed += len(bad)
+        if self.spool is not None:
+            if ok:
+                self.spool.resolve(ok)
+            if bad:
+                self._spool_failed(bad, errors)
+
+    def resolve_held(
+        self, lane: int, records: Sequence[TraceRecord], outcome: str, error: str | None
+    ) -> None:
+        """A selecting sink decided records its selection held: `outcome` is "written",
+        "failed" (with `error`) or the reason it left them out."""
+        if not records:
+            return
+        with self.lock:
+            sink = self.sinks[lane]
+            sink.held -= len(records)
+            if outcome == "written":
+                sink.written += len(records)
+            elif outcome == "failed":
+                sink.failed += len(records)
+                sink.last_error = error
+            else:
+                sink.skipped[outcome] += len(records)
+            ok: list[TraceRecord] = []
+            bad: list[TraceRecord] = []
+            errors: list[tuple[str, str]] = []
+            for r in records:
+                hold = self.holds[id(r)]
+                hold.holders -= 1
+                if outcome == "failed":
+                    hold.failed = True
+                    hold.errors.append((self.sink_names[lane], error or "failed"))
+                if hold.holders or not hold.batch_done:
+                    continue
+                del self.holds[id(r)]
+                (bad if hold.failed else ok).append(r)
+                if hold.failed:
+                    errors.extend(e for e in hold.errors if e not in errors)
+            self._finalize(ok, bad, errors)
 
     def note_retries(self, lane: int, retries: int) -> None:
         with self.lock:
@@ -787,6 +909,8 @@ class Buffer:
                         retries=s.retries,
                         metrics_failed=s.metrics_failed,
                         last_error=s.last_error,
+                        skipped={k: v for k, v in s.skipped.items() if v},
+                        held=s.held,
                     )
                     for name, s in zip(self.sink_names, self.sinks, strict=True)
                 },

@@ -27,6 +27,8 @@ from . import _forks, _segments, _shutdown
 from ._abandon import call_abandonable
 from ._buffer import Buffer, Marker, MetricsItem, OnFull, Waiting
 from ._checks import MAX_STEP, check_int, check_seconds, check_split, check_step, check_text, check_timeout
+from ._group_metrics import GroupMetrics
+from ._groups import GroupKey
 from ._record import (
     UNKNOWN,
     Sample,
@@ -144,6 +146,9 @@ class TraceSession:
         durability: Durability = "writer",
         replay: bool = True,
         shutdown_hooks: bool = False,
+        health_metrics: bool = True,
+        health_interval: float = 5.0,
+        group_key: GroupKey | None = None,
     ) -> None:
         if not isinstance(project, str) or not project:
             raise ValueError(f"project must be a non-empty str, got {shown(project)}")
@@ -182,7 +187,25 @@ class TraceSession:
             raise ValueError(f"spool_dir must be a path or None, got {type(spool_dir).__name__}")
         if spool_dir is not None and not os.fspath(spool_dir):
             raise ValueError("spool_dir must not be empty")
-        for name, flag in (("replay", replay), ("shutdown_hooks", shutdown_hooks)):
+        check_seconds("health_interval", health_interval)
+        if group_key is not None and not (
+            callable(group_key)
+            or isinstance(group_key, str)
+            or (
+                isinstance(group_key, (list, tuple))
+                and group_key
+                and all(isinstance(k, str) for k in group_key)
+            )
+        ):
+            raise ValueError(
+                "group_key must be a metadata key, a list of keys tried in order, or a function of "
+                f"the metadata, got {shown(group_key)}"
+            )
+        for name, flag in (
+            ("replay", replay),
+            ("shutdown_hooks", shutdown_hooks),
+            ("health_metrics", health_metrics),
+        ):
             if not isinstance(flag, bool):
                 raise ValueError(f"{name} must be a bool, got {shown(flag)}")
 
@@ -232,6 +255,14 @@ class TraceSession:
             names.append(name)
             sink.bind(project, self.run)
         self.sink_names = names
+        # The step-closing rules, which a `Selected` sink's own selection follows too.
+        self._step_rules = (max_open_steps, step_timeout)
+        self._health_interval = float(health_interval) if health_metrics else None
+        self._groups = (
+            GroupMetrics(group_key, max_open_steps=max_open_steps, step_timeout=step_timeout)
+            if group_key is not None
+            else None
+        )
 
         gate = (
             Gate(
@@ -340,6 +371,10 @@ class TraceSession:
             flush_interval=self.flush_interval,
             step_timeout=self._buffer.gate.step_timeout if self._buffer.gate else None,
             on_room=self._on_room,
+            max_open_steps=self._step_rules[0],
+            sink_step_timeout=self._step_rules[1],
+            health_interval=self._health_interval,
+            groups=self._groups,
         )
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
@@ -527,6 +562,9 @@ class TraceSession:
             drained = False
             with anyio.CancelScope() as self._drain_scope:
                 drained = await self._flush_until(deadline)
+                if drained and self._writer is not None and self._writer.final_health():
+                    # The health once more, counting everything the drain delivered.
+                    await self._flush_until(deadline)
             self._drain_scope = None
             budget, deadline = self._finish_budget, self._finish_deadline
             writer = self._writer
@@ -677,6 +715,14 @@ class TraceSession:
             check_step(step, split)  # raises, or accepts an int subclass
         items = samples if type(samples) is list else as_list(samples)
         key = self._keys.get(split) or self._key_for(split)
+        if self._groups is not None and precheck:
+            # Every sample the caller submitted, before the cap, counts for the group metrics
+            # (log_rollouts' decoded rows, which come without `precheck`, are only the kept ones).
+            closed = self._groups.observe(items, step, split, time.monotonic())
+            for item in closed:
+                self._buffer.push_item(item)
+            if closed:
+                self._wake()
         now = time.time()
         kept = self._encode_kept(items, step, split) if precheck and self._precheck_cap else None
         if kept is not None:
@@ -1039,6 +1085,9 @@ class TraceSession:
 
     async def _flush_until(self, deadline: float | None) -> bool:
         self._buffer.close_steps()
+        if self._groups is not None:
+            for item in self._groups.close_all():
+                self._buffer.push_item(item)
         marker = Marker(len(self.sinks))
         self._buffer.push_item(marker)
         self._wake()

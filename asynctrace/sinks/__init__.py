@@ -7,7 +7,17 @@ from ._console import ConsoleSink
 from ._jsonl import JsonlSink
 from ._mlflow import MlflowSink
 from ._parquet import ParquetSink
+from ._selected import Selected
 from ._trackio import TrackioSink
 from ._wandb import WandbSink
 
-__all__ = ["ConsoleSink", "JsonlSink", "MlflowSink", "ParquetSink", "Sink", "TrackioSink", "WandbSink"]
+__all__ = [
+    "ConsoleSink",
+    "JsonlSink",
+    "MlflowSink",
+    "ParquetSink",
+    "Selected",
+    "Sink",
+    "TrackioSink",
+    "WandbSink",
+]
