@@ -288,8 +288,10 @@ class _Uncancellable(at.Sink):
 
     def __init__(self, hold: float) -> None:
         self.hold = hold
+        self.began = False
 
     async def write(self, records: Any) -> None:
+        self.began = True
         with anyio.CancelScope(shield=True):
             await anyio.sleep(self.hold)
 
@@ -299,7 +301,9 @@ async def test_finish_names_a_sink_that_ignores_cancellation(caplog: pytest.LogC
     sink = _Uncancellable(hold=STOP_GRACE + 1.5)
     async with at.TraceSession("p", sinks=[sink], flush_interval=0.01, finish_timeout=0.2) as s:
         await s.log_samples([sample(0)], step=0)
-        await anyio.sleep(0.1)  # the write has begun
+        with anyio.fail_after(10):
+            while not sink.began:  # finish only once the write has begun
+                await anyio.sleep(0.01)
     assert "'stubborn' still running" in caplog.text
     assert s.stats().check()
 
