@@ -227,14 +227,17 @@ def test_sync_session_accepts_an_infinite_timeout() -> None:
 async def test_finish_counts_rows_still_being_decoded_as_closed_in_its_own_stats() -> None:
     """Rows log_rollouts is decoding when finish() runs are "closed" in the stats finish() returns,
     not left pending (with a false deadline warning) there and closed later."""
+    import threading
     import time
 
     from asynctrace import rollouts
 
     tok = rollouts.toy_tokenizer()
+    decoding = threading.Event()
 
     class SlowTokenizer:
         def batch_decode(self, seqs: Any, **kwargs: Any) -> list[str]:
+            decoding.set()
             time.sleep(0.5)
             return list(tok.decode_batch(seqs, skip_special_tokens=False))
 
@@ -242,7 +245,9 @@ async def test_finish_counts_rows_still_being_decoded_as_closed_in_its_own_stats
     session = at.TraceSession("p", sinks=[at.testing.MemorySink()])
     async with session, anyio.create_task_group() as tg:
         tg.start_soon(functools.partial(session.log_rollouts, rows, tokenizer=SlowTokenizer(), step=0))
-        await anyio.sleep(0.1)
+        with anyio.fail_after(10):
+            while not decoding.is_set():  # finish only while the rows are being decoded
+                await anyio.sleep(0.01)
         final = await session.finish(timeout=1)
     assert final.pending == 0 and final.dropped == {"closed": 4} and final == session.stats()
 
