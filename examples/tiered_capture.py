@@ -31,14 +31,6 @@ def rollout(step: int, i: int) -> dict[str, Any]:
     }
 
 
-def record_id(trace: dict[str, Any]) -> str:
-    """The asynctrace id of a trace read from Trackio's storage: TrackioSink stores a run of
-    consecutive records under the first one's id ("at-<id>"), each at its index."""
-    log_id = trace["id"].split(":")[1].removeprefix("at-")
-    prefix, _, seq = log_id.rpartition("-")
-    return f"{prefix}-{int(seq) + int(trace['index'])}"
-
-
 async def main() -> None:
     archive = Path(tempfile.mkdtemp(prefix="asynctrace-tiered-")) / "archive.jsonl"
     async with at.TraceSession(
@@ -61,7 +53,7 @@ async def main() -> None:
     from trackio.sqlite_storage import SQLiteStorage
 
     trace = SQLiteStorage.get_traces("asynctrace-tiered", run="tiered-demo", sort="step_asc")[0]
-    wanted = record_id(trace)
+    wanted = trace["metadata"]["asynctrace_id"]  # the record id every sink got
     with archive.open("rb") as f:
         row = next(r for line in f if (r := orjson.loads(line)).get("id") == wanted)
     print(
