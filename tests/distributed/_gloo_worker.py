@@ -7,11 +7,19 @@ import os
 from dataclasses import asdict
 from typing import Any
 
-from tests.distributed._helpers import make_samples
+from tests.distributed._helpers import make_samples, pair_of
 
 K = 8
 # Samples per rank for each step: the bytes a rank sends must not grow with these.
 SAMPLES_PER_STEP = (20, 400, 2000, 60)
+GLOBAL_SAMPLERS = ("top_bottom", "first", "reservoir", "group")
+
+
+def sampler_for(name: str) -> Any:
+    """The sampler a global run uses: groups are pairs of one rank's samples."""
+    import asynctrace as at
+
+    return at.GroupSampler("top_bottom", key=pair_of) if name == "group" else name
 
 
 def _log_steps(logger: Any, tag: str, rank: int, *, end_steps: bool = True) -> list[int]:
@@ -35,9 +43,13 @@ def run(rank: int, world_size: int, port: int, project: str, out_dir: str) -> No
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     result: dict[str, Any] = {"rank": rank}
     try:
-        for sampler in ("top_bottom", "first"):
+        for sampler in GLOBAL_SAMPLERS:
             logger = DistributedTraceLogger(
-                project, f"global-{sampler}", mode="global", max_traces_per_step=K, sampler=sampler
+                project,
+                f"global-{sampler}",
+                mode="global",
+                max_traces_per_step=K,
+                sampler=sampler_for(sampler),
             )
             result[f"bytes_{sampler}"] = _log_steps(logger, "g", rank)
             # A straggling sample for an ended step is late on its own rank, never sent.

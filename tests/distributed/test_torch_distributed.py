@@ -16,10 +16,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import asynctrace as at  # noqa: E402
+from asynctrace._sampling import Entry  # noqa: E402
 from asynctrace.testing import MemorySink  # noqa: E402
 from tests.distributed import _gloo_worker  # noqa: E402
-from tests.distributed._gloo_worker import SAMPLES_PER_STEP, K  # noqa: E402
-from tests.distributed._helpers import make_samples, read_traces  # noqa: E402
+from tests.distributed._gloo_worker import GLOBAL_SAMPLERS, SAMPLES_PER_STEP, K, sampler_for  # noqa: E402
+from tests.distributed._helpers import make_samples, pair_of, read_traces  # noqa: E402
 
 WORLD = 3
 
@@ -44,11 +45,15 @@ def ranks() -> Iterator[tuple[str, list[dict[str, Any]]]]:
     yield project, results
 
 
-def _single_process_pick(tag: str, sampler: Literal["first", "top_bottom"]) -> dict[int, list[str]]:
+def _single_process_pick(tag: str, sampler: str) -> dict[int, list[str]]:
     """What one process picks when it logs every rank's samples itself, rank by rank."""
     sink = MemorySink()
     with at.TraceSession(
-        "unused", sinks=[sink], max_traces_per_step=K, sampler=sampler, max_open_steps=len(SAMPLES_PER_STEP)
+        "unused",
+        sinks=[sink],
+        max_traces_per_step=K,
+        sampler=sampler_for(sampler),
+        max_open_steps=len(SAMPLES_PER_STEP),
     ) as session:
         for step, n in enumerate(SAMPLES_PER_STEP):
             for rank in range(WORLD):
@@ -63,14 +68,40 @@ def _written(project: str, run: str) -> dict[int, list[str]]:
     return {step: sorted(uids) for step, uids in out.items()}
 
 
-@pytest.mark.parametrize("sampler", ["top_bottom", "first"])
+def _parts_pick(tag: str) -> dict[int, list[str]]:
+    """The reservoir's whole-step pick computed here: each rank's samples offered (in the chunks
+    the ranks log) to that rank's part of the step, the parts merged by the sampler."""
+    sampler = at.ReservoirSampler()
+    out = {}
+    for step, n in enumerate(SAMPLES_PER_STEP):
+        parts = []
+        for rank in range(WORLD):
+            selection = sampler.new_part_step("train", step, K, rank)
+            samples = make_samples(f"{tag}{rank}", step, n, seed=rank)
+            entries = [Entry(None, i, group=s["uid"]) for i, s in enumerate(samples)]
+            for i in range(0, n, 50):
+                selection.offer_all(entries[i : i + 50])
+            parts.append([Entry(None, e.seq, key=e.key, group=e.group) for e in selection.held()])
+        out[step] = sorted(str(e.group) for e in sampler.merge("train", step, K, parts))
+    return out
+
+
+@pytest.mark.parametrize("sampler", GLOBAL_SAMPLERS)
 def test_global_mode_picks_what_one_process_would(
-    ranks: tuple[str, list[dict[str, Any]]], sampler: Literal["first", "top_bottom"]
+    ranks: tuple[str, list[dict[str, Any]]], sampler: str
 ) -> None:
     """Global mode writes, for every step, exactly the samples one process would pick from all
-    ranks' samples, and the job's accounting adds up across ranks."""
+    ranks' samples (whole groups for the group sampler; for the reservoir, whose ranks draw their
+    own keys, the merge of each rank's part computed in one process), and the job's accounting
+    adds up across ranks."""
     project, results = ranks
-    assert _written(project, f"global-{sampler}") == _single_process_pick("g", sampler)
+    expected = _parts_pick("g") if sampler == "reservoir" else _single_process_pick("g", sampler)
+    written = _written(project, f"global-{sampler}")
+    assert written == expected
+    if sampler == "group":
+        for uids in written.values():
+            pairs = [pair_of({"uid": u}) for u in uids]
+            assert all(pairs.count(p) == 2 for p in pairs)  # whole groups only
 
     stats = results[0][f"stats_{sampler}"]
     assert [s["rank"] for s in stats] == list(range(WORLD))
@@ -94,7 +125,7 @@ def test_global_mode_sends_o_k_bytes_per_rank(ranks: tuple[str, list[dict[str, A
     _, results = ranks
     largest = max(len(s["prompt"]) + len(s["response"]) + 120 for s in make_samples("g0", 0, 1, 0))
     for r in results:
-        for sampler in ("top_bottom", "first"):
+        for sampler in GLOBAL_SAMPLERS:
             sent = r[f"bytes_{sampler}"]
             assert len(sent) == len(SAMPLES_PER_STEP)
             assert max(sent) <= 1.15 * min(sent)
