@@ -242,15 +242,25 @@ class _TopBottomSelection(StepSelection):
             maybe = [i for i, sc in enumerate(scores) if sc is not None and (sc > hi or sc < lo)]
             if not maybe:
                 return [False] * n
-        # Offer the rest to a copy: the same code decides, so the answer cannot drift from it.
-        sim = _TopBottomSelection(0)
-        sim._n_top, sim._n_bottom = self._n_top, self._n_bottom
-        sim._top, sim._bottom = list(self._top), list(self._bottom)
-        probes = {i: Entry(scores[i], first_seq + i) for i in maybe}
-        for probe in probes.values():
-            sim.offer(probe)
-        kept = {id(e) for _, _, e in sim._top} | {id(e) for _, _, e in sim._bottom}
-        return [i in probes and id(probes[i]) in kept for i in range(n)]
+        # Offer the rest to copies of the two heaps, as `offer` would (ties cannot happen: the
+        # sequence numbers differ), by (score, -seq) alone: nothing is built per refused sample.
+        n_top, n_bottom = self._n_top, self._n_bottom
+        top = [t[:2] for t in self._top]
+        bottom = [t[:2] for t in self._bottom]
+        push, pop = heapq.heappush, heapq.heappop
+        for i in maybe:
+            score = scores[i]
+            if score is None:
+                continue
+            push(top, (score, -(first_seq + i)))
+            if len(top) <= n_top:
+                continue
+            down = pop(top)
+            push(bottom, (-down[0], down[1]))
+            if len(bottom) > n_bottom:
+                pop(bottom)
+        held = {t[1] for t in top} | {t[1] for t in bottom}
+        return [-(first_seq + i) in held for i in range(n)]
 
 
 class TopBottomSampler(Sampler):

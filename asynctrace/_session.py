@@ -721,7 +721,17 @@ class TraceSession:
         skip = self.on_invalid == "skip"
         invalid: set[int] = set()
         if ranked_by is not None:
-            scores: list[Any] = [preview_score(obj) for obj in items]
+            scores: list[Any] = [
+                # The common case inline: a Sample whose metadata holds a finite float reward.
+                raw
+                if type(obj) is Sample
+                and obj.score is None
+                and type(md := obj.metadata) is dict
+                and type(raw := md.get("reward")) is float
+                and math.isfinite(raw)
+                else preview_score(obj)
+                for obj in items
+            ]
             if any(sc is UNKNOWN for sc in scores):
                 return None
             for i, sc in enumerate(scores):
@@ -765,13 +775,19 @@ class TraceSession:
             # An invalid sample takes no place, so one refused in its favour may fit now.
             candidates = [i for i in candidates if i not in invalid]
         gaps: list[int] = []
-        gap = 0
-        for i in candidates:
-            if i in encoded:
-                gaps.append(gap)
-                gap = 0
-            else:
-                gap += 1
+        if len(candidates) == n:  # nothing invalid: candidate positions are the indices
+            last = -1
+            for i in sorted(encoded):
+                gaps.append(i - last - 1)
+                last = i
+        else:
+            gap = 0
+            for i in candidates:
+                if i in encoded:
+                    gaps.append(gap)
+                    gap = 0
+                else:
+                    gap += 1
         return [encoded[i] for i in sorted(encoded)], len(invalid), n - len(invalid) - len(encoded), gaps
 
     def _groups_of(self, items: Sequence[Any]) -> list[Hashable | None]:
@@ -781,7 +797,17 @@ class TraceSession:
         out: list[Hashable | None] = []
         for obj in items:
             metadata = obj.metadata if type(obj) is Sample else obj.get("metadata", obj)
-            out.append(group_of(metadata, key) if isinstance(metadata, Mapping) else None)
+            if type(metadata) is dict and type(key) is tuple:
+                # The common case inline (a call per sample is a measurable part of this path).
+                for name in key:
+                    value = metadata.get(name)
+                    if value is not None:
+                        out.append(tuple(value) if type(value) is list else value)
+                        break
+                else:
+                    out.append(None)
+            else:
+                out.append(group_of(metadata, key) if isinstance(metadata, Mapping) else None)
         return out
 
     def _commit_spool(self, blocking: bool = True) -> None:
