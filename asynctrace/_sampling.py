@@ -619,6 +619,15 @@ class Gate:
         opened.last_seen = now
         holds = self.sampler.holds
         flags, pushed_out = opened.selection.offer_all(entries)
+        for e, kept in zip(entries, flags, strict=True):
+            if not kept:
+                e.state = EVICTED
+                result.capped += 1
+            elif holds:
+                result.held += 1
+            else:
+                e.state = RELEASED
+                result.passed.append(e)
         for evicted in pushed_out:
             if evicted.state == HELD:
                 evicted.state = EVICTED
@@ -633,15 +642,6 @@ class Gate:
                     "its mind must set holds=True",
                     type(self.sampler).__name__,
                 )
-        for e, kept in zip(entries, flags, strict=True):
-            if not kept:
-                e.state = EVICTED
-                result.capped += 1
-            elif holds:
-                result.held += 1
-            else:
-                e.state = RELEASED
-                result.passed.append(e)
         return result
 
     def _close_older(self, split: str, step: int, result: GateResult) -> bool:
