@@ -512,7 +512,8 @@ class DistributedTraceLogger:
             entries = []
             for seq, (entry, payload) in sorted(opened.kept.items()):
                 # The key a sampler drew travels with the entry, so the merge can rank by it.
-                entries.append([seq, entry.score, len(payload), entry.key])
+                row = [seq, entry.score, len(payload)]
+                entries.append(row if entry.key is None else [*row, entry.key])
                 payloads.append(payload)
             steps.append([split, step, opened.offered, entries])
         if not steps:
@@ -579,7 +580,8 @@ class DistributedTraceLogger:
             rank = int(head["rank"])
             for split, step, offered, entries in head["steps"]:
                 cands = []
-                for seq, score, size, key in entries:
+                for seq, score, size, *key_if_any in entries:
+                    key = key_if_any[0] if key_if_any else None
                     payload = raw[offset : offset + size]
                     cands.append((Entry(score, int(seq), key=key, group=self._group(payload)), payload))
                     offset += size

@@ -7,12 +7,14 @@ import os
 from dataclasses import asdict
 from typing import Any
 
+from asynctrace.testing import MemorySink
 from tests.distributed._helpers import make_samples, pair_of
 
 K = 8
 # Samples per rank for each step: the bytes a rank sends must not grow with these.
 SAMPLES_PER_STEP = (20, 400, 2000, 60)
-GLOBAL_SAMPLERS = ("top_bottom", "first", "reservoir", "group")
+# Checked on the two ranks of `run_pair`, into memory (the others go to Trackio in `run`).
+PAIR_SAMPLERS = ("reservoir", "group")
 
 
 def sampler_for(name: str) -> Any:
@@ -43,13 +45,9 @@ def run(rank: int, world_size: int, port: int, project: str, out_dir: str) -> No
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     result: dict[str, Any] = {"rank": rank}
     try:
-        for sampler in GLOBAL_SAMPLERS:
+        for sampler in ("top_bottom", "first"):
             logger = DistributedTraceLogger(
-                project,
-                f"global-{sampler}",
-                mode="global",
-                max_traces_per_step=K,
-                sampler=sampler_for(sampler),
+                project, f"global-{sampler}", mode="global", max_traces_per_step=K, sampler=sampler
             )
             result[f"bytes_{sampler}"] = _log_steps(logger, "g", rank)
             # A straggling sample for an ended step is late on its own rank, never sent.
@@ -83,7 +81,6 @@ def run_pair(rank: int, world_size: int, port: int, project: str, out_dir: str) 
     import torch.distributed as dist
 
     from asynctrace.distributed import DistributedTraceLogger
-    from asynctrace.testing import MemorySink
 
     dist.init_process_group(
         "gloo",
@@ -93,6 +90,23 @@ def run_pair(rank: int, world_size: int, port: int, project: str, out_dir: str) 
         timeout=datetime.timedelta(seconds=20),
     )
     result: dict[str, Any] = {"rank": rank}
+
+    # The reservoir's and the group sampler's whole-step pick, merged from both ranks.
+    for name in PAIR_SAMPLERS:
+        memory = MemorySink()
+        logger = DistributedTraceLogger(
+            project,
+            f"sel-{name}",
+            mode="global",
+            max_traces_per_step=K,
+            sampler=sampler_for(name),
+            sinks=[memory],
+        )
+        result[f"bytes_{name}"] = _log_steps(logger, "g", rank)
+        logger.finish(60.0)
+        result[f"written_{name}"] = {
+            str(step): sorted(r.sample.metadata["uid"] for r in recs) for step, recs in memory.steps().items()
+        }
 
     # flush() ends step 0 on rank 0 only (rank 1 has nothing of it open); rank 1's later samples
     # for step 0 must not start a second selection of the step on the writing rank.
