@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import testing
+from ._group_sampling import GroupSampler
 from ._record import Sample, TraceRecord
 from ._retry import RetryPolicy
 from ._sampling import FirstSampler, ReservoirSampler, Sampler, StepSelection, TopBottomSampler
@@ -10,6 +11,7 @@ from ._session import TraceSession
 from ._shutdown import install_shutdown_hooks
 from ._stats import SessionStats, SinkStats, SpoolStats
 from ._sync import SyncTraceSession
+from ._watch import Watch
 from .exceptions import AsyncTraceError, PermanentSinkError, RecordError, SessionClosedError, SpoolError
 from .sinks import (
     ConsoleSink,
@@ -28,6 +30,7 @@ __all__ = [
     "AsyncTraceError",
     "ConsoleSink",
     "FirstSampler",
+    "GroupSampler",
     "JsonlSink",
     "MlflowSink",
     "ParquetSink",
@@ -47,6 +50,7 @@ __all__ = [
     "StepSelection",
     "SyncTraceSession",
     "TopBottomSampler",
+    "Watch",
     "TraceRecord",
     "TraceSession",
     "TrackioSink",

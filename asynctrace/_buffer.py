@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -103,7 +103,7 @@ class Waiting:
     caller can tell how many it got in.
     """
 
-    __slots__ = ("gated", "lost", "records", "split", "start", "step", "ticket")
+    __slots__ = ("gaps", "gated", "lost", "records", "split", "start", "step", "ticket")
 
     def __init__(
         self,
@@ -113,8 +113,10 @@ class Waiting:
         gated: bool = False,
         split: str = "",
         step: int = 0,
+        gaps: Sequence[int] | None = None,
     ) -> None:
         self.records = records
+        self.gaps = gaps
         self.start = start
         self.gated = gated
         self.split = split
@@ -392,10 +394,12 @@ class Buffer:
         step: int,
         out: Admission,
         on_full: OnFull,
+        gaps: Sequence[int] | None = None,
     ) -> int:
         """Offer records from `start` on to the gate and queue what it passes. The records
         count as accepted already: those the cap refuses (or the policy drops) are taken off
-        again (and counted in `out.refused`). Returns where "block" stopped, as `_enqueue`."""
+        again (and counted in `out.refused`). `gaps`: per record, how many samples the cap
+        refused right before it (see `keeps`). Returns where "block" stopped, as `_enqueue`."""
         if start >= len(records):
             return start
         if not self._room_for_held(split, step, records[start].nbytes, on_full):
@@ -411,6 +415,9 @@ class Buffer:
         for r in offered:
             self._entry_seq += 1
             entries.append(Entry(r.score, self._entry_seq, r))
+        if gaps is not None:
+            for e, gap in zip(entries, gaps[start:], strict=True):
+                e.gap = gap
         assert self.gate is not None
         result = self.gate.offer(split, step, entries, self.clock())
         if self.spool_on_admit and self.spool is not None:
@@ -437,10 +444,14 @@ class Buffer:
         invalid: int = 0,
         refused: int = 0,
         ticket: int | None = None,
+        gaps: Sequence[int] | None = None,
+        gated: bool = True,
     ) -> Admission:
         """Count and admit one submission (records of one split and step). `refused` counts
-        samples the cap turned away before they were encoded (see `keeps`); `ticket` is the
-        submission's flush ticket, given back should finish() give up its waiting records."""
+        samples the cap turned away before they were encoded (see `keeps`), `gaps` how many of
+        them came right before each record; `ticket` is the submission's flush ticket, given
+        back should finish() give up its waiting records. `gated=False` passes the cap by (the
+        watch list has its own)."""
         out = Admission()
         with self.lock:
             if self.closed:
@@ -462,16 +473,20 @@ class Buffer:
             on_full: OnFull = "drop_newest" if nowait and self.on_full == "block" else self.on_full
             out.accepted = n
             self.accepted += n
-            if self.gate is None:
+            if self.gate is None or not gated:
                 if self.spool_on_admit and self.spool is not None:
                     self.spool.stage(records)
                 stop = self._enqueue(records, out, on_full)
                 if stop < n:
                     self._wait(out, Waiting(records, stop))
             else:
-                stop = self._offer(records, 0, split, step, out, on_full)
+                stop = self._offer(records, 0, split, step, out, on_full, gaps)
+                if gaps is not None and refused > sum(gaps):
+                    # Refused after the last record: passed over now, so a positional sampler
+                    # (the reservoir) counts them before any later submission's rows.
+                    self.gate.skip(split, step, refused - sum(gaps))
                 if stop < n:
-                    self._wait(out, Waiting(records, stop, gated=True, split=split, step=step))
+                    self._wait(out, Waiting(records, stop, gated=True, split=split, step=step, gaps=gaps))
             if out.waiting is not None:
                 out.waiting.ticket = ticket
         return out
@@ -503,13 +518,20 @@ class Buffer:
         with self.lock:
             return any(ticket is None or t <= ticket for t in self.tickets)
 
-    def keeps(self, scores: Sequence[float | None], *, split: str, step: int) -> list[bool] | None:
+    def keeps(
+        self,
+        scores: Sequence[float | None],
+        *,
+        split: str,
+        step: int,
+        groups: Sequence[Hashable | None] | None = None,
+    ) -> list[bool] | None:
         """Which of a submission's samples the cap would keep if offered now (None: cannot
         tell); a sample it would refuse need not be encoded. Counts nothing."""
         if self.gate is None:
             return None
         with self.lock:
-            return self.gate.keeps(split, step, scores, self._entry_seq + 1)
+            return self.gate.keeps(split, step, scores, self._entry_seq + 1, groups)
 
     def admit_waiting(self, waiting: Waiting) -> Admission:
         """Retry records that were waiting for room (block policy); consumes `waiting` in place."""
@@ -525,7 +547,7 @@ class Buffer:
             # Only the block policy (and replay, which never drops for room) leaves records waiting.
             if waiting.gated:
                 waiting.start = self._offer(
-                    waiting.records, waiting.start, waiting.split, waiting.step, out, "block"
+                    waiting.records, waiting.start, waiting.split, waiting.step, out, "block", waiting.gaps
                 )
                 waiting.lost += out.refused
                 if out.waiting is not None:

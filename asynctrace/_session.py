@@ -14,7 +14,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Hashable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -28,7 +28,7 @@ from ._abandon import call_abandonable
 from ._buffer import Buffer, Marker, MetricsItem, OnFull, Waiting
 from ._checks import MAX_STEP, check_int, check_seconds, check_split, check_step, check_text, check_timeout
 from ._group_metrics import GroupMetrics
-from ._groups import GroupKey
+from ._groups import GroupKey, group_of
 from ._record import (
     UNKNOWN,
     Sample,
@@ -47,6 +47,7 @@ from ._security import check_name, describe, shown
 from ._spool import Durability, Spool
 from ._stats import SessionStats
 from ._sync import SyncTraceSession, _SyncRunner
+from ._watch import Watch, WatchCounter
 from ._writer import STOP_GRACE, Writer, close_grace, finish_bound
 from .exceptions import AsyncTraceError, RecordError, SessionClosedError
 from .sinks._base import Sink
@@ -140,6 +141,7 @@ class TraceSession:
         trace_key: str = "{split}/traces",
         on_invalid: Literal["raise", "skip"] = "raise",
         max_open_steps: int = 2,
+        watch: Watch | None = None,
         step_timeout: float | None = 300.0,
         redact: Callable[[Sample], Sample] | None = None,
         spool_dir: str | os.PathLike[str] | None = None,
@@ -229,6 +231,11 @@ class TraceSession:
         self.sinks = sinks
         self.max_traces_per_step = max_traces_per_step
         self.sampler = resolve_sampler(sampler)
+        self._group_key: GroupKey | None = getattr(self.sampler, "group_key", None)
+        if watch is not None and not isinstance(watch, Watch):
+            raise ValueError(f"watch must be an asynctrace.Watch, got {type(watch).__name__}")
+        self.watch = watch
+        self._watch = WatchCounter(watch) if watch is not None and max_traces_per_step is not None else None
         self.queue_size = queue_size
         self.max_queue_bytes = max_queue_bytes
         self.on_full = on_full
@@ -707,9 +714,10 @@ class TraceSession:
         *,
         precheck: bool = True,
         skipped: list[int] | None = None,
-    ) -> tuple[list[TraceRecord], int, int]:
-        """Validate and encode samples once, in the caller; returns records, the invalid count and
-        how many the cap refused before they were encoded (only with `precheck`). Without
+    ) -> tuple[list[TraceRecord], int, int, list[int] | None]:
+        """Validate and encode samples once, in the caller; returns records, the invalid count,
+        how many the cap refused before they were encoded (only with `precheck`) and, then, how
+        many of those came right before each record (a positional sampler counts them). Without
         `precheck`, the indices of samples left out as invalid go to `skipped`."""
         if type(step) is not int or step < 0 or step > MAX_STEP or type(split) is not str or not split:
             check_step(step, split)  # raises, or accepts an int subclass
@@ -725,8 +733,9 @@ class TraceSession:
                 self._wake()
         now = time.time()
         kept = self._encode_kept(items, step, split) if precheck and self._precheck_cap else None
+        gaps: list[int] | None = None
         if kept is not None:
-            encoded, invalid, refused = kept
+            encoded, invalid, refused, gaps = kept
         else:
             refused = 0
             encoded, invalid = encode_samples(
@@ -737,13 +746,15 @@ class TraceSession:
                 score_needed_by=self._score_needed_by,
                 skipped=skipped,
             )
-        return records_for(encoded, self._ids, self._id_prefix, step, split, key, now), invalid, refused
+        records = records_for(encoded, self._ids, self._id_prefix, step, split, key, now)
+        return records, invalid, refused, gaps
 
     def _encode_kept(
         self, items: Sequence[Any], step: int, split: str
-    ) -> tuple[list[tuple[bytes, float | None]], int, int] | None:
+    ) -> tuple[list[tuple[bytes, float | None]], int, int, list[int]] | None:
         """Encode only the samples the cap would keep if offered now; None when that cannot be
-        told cheaply (the caller then encodes everything).
+        told cheaply (the caller then encodes everything). Also returns, per encoded sample, how
+        many refused ones came right before it.
 
         A sample the cap refuses is counted as capped without being encoded or validated, as
         `log_rollouts` skips decoding rows it will not keep. The gate still decides at
@@ -755,7 +766,17 @@ class TraceSession:
         skip = self.on_invalid == "skip"
         invalid: set[int] = set()
         if ranked_by is not None:
-            scores: list[Any] = [preview_score(obj) for obj in items]
+            scores: list[Any] = [
+                # The common case inline: a Sample whose metadata holds a finite float reward.
+                raw
+                if type(obj) is Sample
+                and obj.score is None
+                and type(md := obj.metadata) is dict
+                and type(raw := md.get("reward")) is float
+                and math.isfinite(raw)
+                else preview_score(obj)
+                for obj in items
+            ]
             if any(sc is UNKNOWN for sc in scores):
                 return None
             for i, sc in enumerate(scores):
@@ -769,8 +790,14 @@ class TraceSession:
             return None  # an unusual item gets the full path, and its error if it is wrong
         candidates = [i for i in range(n) if i not in invalid]
         encoded: dict[int, tuple[bytes, float | None]] = {}
+        groups = self._groups_of(items) if self._group_key is not None else None
         while candidates:
-            keeps = self._buffer.keeps([scores[i] for i in candidates], split=split, step=step)
+            keeps = self._buffer.keeps(
+                [scores[i] for i in candidates],
+                split=split,
+                step=step,
+                groups=None if groups is None else [groups[i] for i in candidates],
+            )
             if keeps is None:
                 return None
             failed = False
@@ -792,7 +819,41 @@ class TraceSession:
                 break
             # An invalid sample takes no place, so one refused in its favour may fit now.
             candidates = [i for i in candidates if i not in invalid]
-        return [encoded[i] for i in sorted(encoded)], len(invalid), n - len(invalid) - len(encoded)
+        gaps: list[int] = []
+        if len(candidates) == n:  # nothing invalid: candidate positions are the indices
+            last = -1
+            for i in sorted(encoded):
+                gaps.append(i - last - 1)
+                last = i
+        else:
+            gap = 0
+            for i in candidates:
+                if i in encoded:
+                    gaps.append(gap)
+                    gap = 0
+                else:
+                    gap += 1
+        return [encoded[i] for i in sorted(encoded)], len(invalid), n - len(invalid) - len(encoded), gaps
+
+    def _groups_of(self, items: Sequence[Any]) -> list[Hashable | None]:
+        """Each sample's prompt group, read from its metadata (a group sampler's `keeps` ranks by it)."""
+        key = self._group_key
+        assert key is not None
+        out: list[Hashable | None] = []
+        for obj in items:
+            metadata = obj.metadata if type(obj) is Sample else obj.get("metadata", obj)
+            if type(metadata) is dict and type(key) is tuple:
+                # The common case inline (a call per sample is a measurable part of this path).
+                for name in key:
+                    value = metadata.get(name)
+                    if value is not None:
+                        out.append(tuple(value) if type(value) is list else value)
+                        break
+                else:
+                    out.append(None)
+            else:
+                out.append(group_of(metadata, key) if isinstance(metadata, Mapping) else None)
+        return out
 
     def _commit_spool(self, blocking: bool = True) -> None:
         spool = self._spool
@@ -869,9 +930,12 @@ class TraceSession:
             timeout = check_timeout(timeout)
         if threading.get_ident() != self._loop_thread:
             return await self._log_from_other_loop(samples, step, split, timeout)
-        records, invalid, refused = self._encode(samples, step, split)
+        watched = 0
+        if self._watch is not None:
+            samples, watched = self._log_watched(samples, step, split)
+        records, invalid, refused, gaps = self._encode(samples, step, split)
         adm = self._buffer.admit(
-            records, split=split, step=step, nowait=False, invalid=invalid, refused=refused
+            records, split=split, step=step, nowait=False, invalid=invalid, refused=refused, gaps=gaps
         )
         if self._spool_sync:
             self._commit_spool()
@@ -892,8 +956,8 @@ class TraceSession:
                 # calls, as a trainer does, lets the writer run there, outside this call.
                 self._since_turn = 0
                 await anyio.lowlevel.checkpoint()
-            return adm.accepted
-        return adm.accepted - await self._wait_for_room(adm.waiting, timeout)
+            return watched + adm.accepted
+        return watched + adm.accepted - await self._wait_for_room(adm.waiting, timeout)
 
     async def _wait_for_room(self, waiting: Waiting, timeout: float | None) -> int:
         """Admit `waiting` as room frees up; returns how many will not be queued after all
@@ -950,22 +1014,32 @@ class TraceSession:
     ) -> int:
         """The blocking form, for threads other than the session's event loop."""
         self._check_open()
-        records, invalid, refused = self._encode(samples, step, split)
+        watched = 0
+        if self._watch is not None:
+            samples, watched = self._log_watched(samples, step, split)
+        records, invalid, refused, gaps = self._encode(samples, step, split)
         buf = self._buffer
         # Under "block" this call may be left waiting for room: its ticket is taken before it
         # admits anything, so a flush() from another thread cannot slip in between.
         ticket = buf.take_ticket() if self.on_full == "block" else None
         try:
             adm = buf.admit(
-                records, split=split, step=step, nowait=False, invalid=invalid, refused=refused, ticket=ticket
+                records,
+                split=split,
+                step=step,
+                nowait=False,
+                invalid=invalid,
+                refused=refused,
+                ticket=ticket,
+                gaps=gaps,
             )
             if self._spool_sync:
                 self._commit_spool()
             if adm.wake:
                 self._wake()
             if adm.waiting is None:
-                return adm.accepted
-            return self._wait_blocking(adm.waiting, adm.accepted, timeout, cancelled)
+                return watched + adm.accepted
+            return watched + self._wait_blocking(adm.waiting, adm.accepted, timeout, cancelled)
         finally:
             if ticket is not None:
                 buf.return_ticket(ticket)
@@ -1016,9 +1090,12 @@ class TraceSession:
         """
         if self._state is not _OPEN and self._state is not _State.CLOSED:
             self._check_nowait()
-        records, invalid, refused = self._encode(samples, step, split)
+        watched = 0
+        if self._watch is not None:
+            samples, watched = self._log_watched(samples, step, split)
+        records, invalid, refused, gaps = self._encode(samples, step, split)
         adm = self._buffer.admit(
-            records, split=split, step=step, nowait=True, invalid=invalid, refused=refused
+            records, split=split, step=step, nowait=True, invalid=invalid, refused=refused, gaps=gaps
         )
         if self._spool_sync:
             # Never blocks: if another commit is under way, that one or the writer's next
@@ -1026,7 +1103,25 @@ class TraceSession:
             self._commit_spool(blocking=False)
         if adm.wake:
             self._wake()
-        return adm.accepted
+        return watched + adm.accepted
+
+    def _log_watched(
+        self, samples: SampleLike | Iterable[SampleLike], step: int, split: str
+    ) -> tuple[list[Any], int]:
+        """Queue the call's watched samples past the cap (never waiting for room: under "block"
+        a full queue drops them as "queue_full"); returns the other samples and how many
+        watched ones were accepted."""
+        assert self._watch is not None
+        check_step(step, split)
+        items = samples if type(samples) is list else list(as_list(samples))
+        watched, rest = self._watch.split(items, split, step)
+        if not watched:
+            return rest, 0
+        records, invalid, _, _ = self._encode(watched, step, split, precheck=False)
+        adm = self._buffer.admit(records, split=split, step=step, nowait=True, invalid=invalid, gated=False)
+        if adm.wake:
+            self._wake()
+        return rest, adm.accepted
 
     def record_invalid(self, n: int) -> None:
         """Count `n` samples that could not even be built (an adapter's unconvertible rows).
@@ -1152,7 +1247,7 @@ class TraceSession:
     ) -> int:
         try:
             skipped: list[int] = []
-            records, _, _ = self._encode(samples, step, split, precheck=False, skipped=skipped)
+            records, _, _, _ = self._encode(samples, step, split, precheck=False, skipped=skipped)
             if skipped:
                 # on_invalid="skip" left these rows out: only their places are given back.
                 gone = set(skipped)
