@@ -336,6 +336,11 @@ class TraceSession:
         self._sync: _SyncRunner | None = None
         self._opening_sync = False
 
+    @property
+    def step_rules(self) -> tuple[int, float | None]:
+        """When the sampler closes a step: (max_open_steps, step_timeout), as configured."""
+        return self._step_rules
+
     def __repr__(self) -> str:
         return f"TraceSession(project={self.project!r}, run={self.run!r}, state={self._state.value})"
 

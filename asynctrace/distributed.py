@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import orjson
 
 from ._checks import MAX_STEP, check_int, check_step, check_timeout
-from ._groups import GroupKey, group_of
+from ._parts import PartStep, group_key_of, merge_parts, payload_group
 from ._record import Sample, SampleLike, as_list, encode_samples
-from ._sampling import Entry, Sampler, SamplerName, StepSelection, resolve_sampler
+from ._sampling import Entry, Sampler, SamplerName, resolve_sampler
 from ._security import check_name, shown
 from ._session import TraceSession
 from ._stats import SessionStats
@@ -99,31 +99,6 @@ class RankStats:
         return self.submitted == self.handed_on + self.held + self.dropped_total
 
 
-class _OpenStep:
-    """The local selection of one (split, step): O(k) candidates at most, with their payloads."""
-
-    __slots__ = ("kept", "offered", "selection")
-
-    def __init__(self, selection: StepSelection) -> None:
-        self.selection = selection
-        self.kept: dict[int, tuple[Entry, bytes]] = {}  # by sequence number, in arrival order
-        self.offered = 0
-
-    def offer(self, cands: Sequence[tuple[Entry, bytes]]) -> int:
-        """Offer new candidates to the selection; returns how many samples it cut."""
-        flags, evicted = self.selection.offer_all([e for e, _ in cands])
-        cut = 0
-        for (e, payload), took in zip(cands, flags, strict=True):
-            if took:
-                self.kept[e.seq] = (e, payload)
-            else:
-                cut += 1
-        for e in evicted:
-            if self.kept.pop(e.seq, None) is not None:
-                cut += 1
-        return cut
-
-
 class DistributedTraceLogger:
     """Per-step trace sampling across the ranks of a torch.distributed job.
 
@@ -186,7 +161,7 @@ class DistributedTraceLogger:
         self.project = project
         self.max_traces_per_step = max_traces_per_step
         self.sampler = resolve_sampler(sampler)
-        self._group_key: GroupKey | None = getattr(self.sampler, "group_key", None)
+        self._group_key = group_key_of(self.sampler)
         self.on_invalid = on_invalid
         self.redact = redact
         self._distributed = dist.is_available() and dist.is_initialized()
@@ -208,7 +183,7 @@ class DistributedTraceLogger:
         self.writes = mode != "global" or self.rank == self._dst_group_rank
 
         self._lock = threading.Lock()
-        self._open: dict[tuple[str, int], _OpenStep] = {}
+        self._open: dict[tuple[str, int], PartStep] = {}
         self._ended_all = -1
         self._ended: dict[str, int] = {}
         self._seq = 0
@@ -397,7 +372,7 @@ class DistributedTraceLogger:
             if opened is None:
                 # Each rank is a part of the step: a sampler that draws gives it its own stream.
                 selection = self.sampler.new_part_step(split, step, k, self.rank)
-                opened = self._open[key] = _OpenStep(selection)
+                opened = self._open[key] = PartStep(selection)
                 if len(self._open) > _OPEN_STEPS_WARNING and not self._warned_open:
                     self._warned_open = True
                     logger.warning(
@@ -410,7 +385,6 @@ class DistributedTraceLogger:
                 (Entry(score, self._next_seq(), group=self._group(payload)), payload)
                 for payload, score in encoded
             ]
-            opened.offered += len(cands)
             cut = opened.offer(cands)
             self._held += len(opened.kept) - before
             self._dropped_add("capped", cut)
@@ -418,10 +392,7 @@ class DistributedTraceLogger:
 
     def _group(self, payload: bytes) -> Hashable | None:
         """The prompt group of an encoded sample, for a group sampler (None for the others)."""
-        if self._group_key is None:
-            return None
-        metadata = orjson.loads(payload).get("metadata")
-        return group_of(metadata, self._group_key) if isinstance(metadata, dict) else None
+        return payload_group(payload, self._group_key)
 
     def _next_seq(self) -> int:
         self._seq += 1
@@ -433,7 +404,7 @@ class DistributedTraceLogger:
 
     # -- ending steps ---------------------------------------------------------------------------
 
-    def _take_ended(self, step: int | None, split: str | None) -> list[tuple[tuple[str, int], _OpenStep]]:
+    def _take_ended(self, step: int | None, split: str | None) -> list[tuple[tuple[str, int], PartStep]]:
         """Remove and return the open steps that end now (lock held)."""
         keys = sorted(
             key
@@ -476,7 +447,7 @@ class DistributedTraceLogger:
             ended = self._take_ended(step, split)
         self._hand_on(ended, timeout)
 
-    def _hand_on(self, ended: list[tuple[tuple[str, int], _OpenStep]], timeout: float | None) -> float | None:
+    def _hand_on(self, ended: list[tuple[tuple[str, int], PartStep]], timeout: float | None) -> float | None:
         """Hand ended steps on; `timeout` bounds waiting for room in the session. Returns the
         deadline that applied (None without `timeout`)."""
         if self.mode == "per_rank":
@@ -486,7 +457,7 @@ class DistributedTraceLogger:
             return deadline
         return self._reduce(ended, timeout)
 
-    def _abort(self, ended: list[tuple[tuple[str, int], _OpenStep]]) -> None:
+    def _abort(self, ended: list[tuple[tuple[str, int], PartStep]]) -> None:
         """Count samples taken out of their selections but never handed on as ``"aborted"``."""
         with self._lock:
             n = sum(len(opened.kept) for _, opened in ended)
@@ -505,7 +476,7 @@ class DistributedTraceLogger:
 
     # -- the reduction (global mode) ------------------------------------------------------------
 
-    def _frame(self, ended: list[tuple[tuple[str, int], _OpenStep]]) -> tuple[bytes, int]:
+    def _frame(self, ended: list[tuple[tuple[str, int], PartStep]]) -> tuple[bytes, int]:
         steps = []
         payloads: list[bytes] = []
         for (split, step), opened in ended:
@@ -554,7 +525,7 @@ class DistributedTraceLogger:
         dist.gather(tensor, gather_list=None, dst=self.dst, group=self.group)
         return None
 
-    def _reduce(self, ended: list[tuple[tuple[str, int], _OpenStep]], timeout: float | None) -> float | None:
+    def _reduce(self, ended: list[tuple[tuple[str, int], PartStep]], timeout: float | None) -> float | None:
         frame, payload_bytes = self._frame(ended)
         try:
             frames = self._gather(frame)
@@ -600,11 +571,10 @@ class DistributedTraceLogger:
             # rank after rank, would keep (see `Sampler.merge`).
             k = self.max_traces_per_step
             assert k is not None
-            payload_of = {id(e): p for _, _, cands in parts for e, p in cands}
-            chosen = self.sampler.merge(split, step, k, [[e for e, _ in cands] for _, _, cands in parts])
+            chosen = merge_parts(self.sampler, split, step, k, [cands for _, _, cands in parts])
             self._merged_capped += received - len(chosen)
             self._merged_upto[split] = max(self._merged_upto.get(split, -1), step)
-            self._write(split, step, [payload_of[id(e)] for e in chosen], deadline)
+            self._write(split, step, chosen, deadline)
         return deadline
 
     # -- lifecycle ------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """TraceClient: fire-and-forget logging from Ray actors and tasks to a `TraceCollector`.
 
 The caller's thread only validates and encodes (once, as `TraceSession` does), offers the
-samples to the client's own selection of their step when the collector has a cap that composes
-across clients (see `_local.py`), and appends what is to be shipped to a bounded local buffer.
+samples to the client's own selection of their step when the collector has a cap (see
+`_local.py`: the client is a part of each step, merged on the collector), and appends what is
+to be shipped to a bounded local buffer.
 A background thread ships batches to the collector with at most `max_in_flight` calls
 outstanding; completions arrive as future callbacks, so nothing polls.
 When the collector is slow the buffer fills and new samples are dropped as ``"queue_full"``;
@@ -37,6 +38,7 @@ except ImportError:  # older Ray: a restarting actor fails calls with RayActorEr
 
 
 from .._checks import MAX_STEP, check_int, check_seconds, check_step, check_timeout, wait_arg
+from .._parts import Row
 from .._record import Sample, SampleLike, as_list, encode_samples
 from .._sampling import Sampler
 from .._security import describe, shown
@@ -103,12 +105,21 @@ class ClientStats:
 
 
 class _Group:
-    """Consecutive samples of one (split, step) from one call, waiting to be shipped."""
+    """Consecutive samples of one (split, step) from one call, waiting to be shipped; with local
+    selection, of one part, with each sample's row (sequence number, score, key) for the merge."""
 
-    __slots__ = ("first_seq", "nbytes", "payloads", "since", "split", "step")
+    __slots__ = ("first_seq", "nbytes", "part", "payloads", "rows", "since", "split", "step")
 
     def __init__(
-        self, split: str, step: int, payloads: list[bytes], nbytes: int, first_seq: int, since: float
+        self,
+        split: str,
+        step: int,
+        payloads: list[bytes],
+        nbytes: int,
+        first_seq: int,
+        since: float,
+        part: int | None = None,
+        rows: list[Row] | None = None,
     ) -> None:
         self.split = split
         self.step = step
@@ -116,6 +127,8 @@ class _Group:
         self.nbytes = nbytes
         self.first_seq = first_seq
         self.since = since
+        self.part = part
+        self.rows = rows
 
 
 class _Call:
@@ -131,6 +144,8 @@ class _Call:
 
 # (split, step, encoded samples): the wire format of `TraceCollector.ingest_encoded`.
 WireGroup = tuple[str, int, list[bytes]]
+# (split, step, part, encoded candidates, their rows): the wire format of `TraceCollector.ingest_parts`.
+PartGroup = tuple[str, int, int, list[bytes], list[Row]]
 
 # How long a new client waits for the collector to say which cap and sampler it applies.
 SELECTION_TIMEOUT = 30.0
@@ -151,11 +166,13 @@ class TraceClient:
     `max_buffered_bytes`; past that, new samples are dropped and counted. Use it as a context
     manager in tasks so the tail is shipped before the task returns.
 
-    With `select_locally` and a collector whose cap and sampler compose across clients
-    (``first``, ``top_bottom``), the client keeps only its `O(k)` candidates of each step and
-    ships them when the step closes here: when a step more than `max_open_steps` newer is
-    logged, after `step_timeout` seconds without samples for it, on `end_step`, `flush` or
-    `close`. What it refuses is counted as dropped ``"capped"``.
+    With `select_locally` and a collector with a cap, the client is a part of each step: it
+    keeps only its `O(k)` candidates of each step under the collector's sampler (any sampler:
+    ``first``, ``top_bottom``, ``reservoir``, ``group`` or your own) and ships them, with what
+    the collector's merge needs, when the step closes here: when a step more than
+    `max_open_steps` newer is logged, after `step_timeout` seconds without samples for it, on
+    `end_step`, `flush` or `close` (``first`` ships its picks at once). What it refuses is
+    counted as dropped ``"capped"``.
     """
 
     def __init__(
@@ -328,8 +345,8 @@ class TraceClient:
                 passed, capped, accepted, released = self._local.offer(split, step, encoded, now)
                 self._drop(CAPPED, capped)
                 self._append_released(released, now)
-                if passed:
-                    self._append(split, step, passed, sum(len(p) for p in passed), now)
+                if passed is not None:
+                    self._append_released([passed], now)
             if self._thread is None:
                 self._start_thread()
             return accepted
@@ -354,10 +371,19 @@ class TraceClient:
             return 0, 0
         return self._local.held, self._local.held_bytes
 
-    def _append(self, split: str, step: int, payloads: list[bytes], nbytes: int, now: float) -> int:
+    def _append(
+        self,
+        split: str,
+        step: int,
+        payloads: list[bytes],
+        nbytes: int,
+        now: float,
+        part: int | None = None,
+        rows: list[Row] | None = None,
+    ) -> int:
         """Queue payloads of one (split, step) for shipping (lock held); returns how many."""
         was_empty = not self._groups
-        self._groups.append(_Group(split, step, payloads, nbytes, self._next_seq, now))
+        self._groups.append(_Group(split, step, payloads, nbytes, self._next_seq, now, part, rows))
         self._next_seq += len(payloads)
         self._buffered += len(payloads)
         self._buffered_bytes += nbytes
@@ -366,8 +392,8 @@ class TraceClient:
         return len(payloads)
 
     def _append_released(self, released: list[Released], now: float) -> None:
-        for split, step, payloads in released:
-            self._append(split, step, payloads, sum(len(p) for p in payloads), now)
+        for split, step, part, payloads, rows in released:
+            self._append(split, step, payloads, sum(len(p) for p in payloads), now, part, rows)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Ship everything buffered now and wait until each sample logged before the call was
@@ -540,9 +566,11 @@ class TraceClient:
     def _in_flight_calls(self) -> int:
         return len(self._calls)
 
-    def _take_batch(self) -> tuple[list[WireGroup], _Call]:
-        """Pop up to `batch_size` samples / `max_batch_bytes`, keeping (split, step) groups together."""
-        wire: list[WireGroup] = []
+    def _take_batch(self) -> tuple[list[PartGroup], _Call]:
+        """Pop up to `batch_size` samples / `max_batch_bytes`, keeping (split, step) groups together.
+
+        Groups without a part (no local selection) go with part -1 and no rows."""
+        wire: list[PartGroup] = []
         n = 0
         nbytes = 0
         first_seq = self._groups[0].first_seq
@@ -558,22 +586,27 @@ class TraceClient:
                 took_bytes += len(p)
             if take == 0:
                 break
+            rows = group.rows if group.rows is not None else []
             if take == len(group.payloads):
                 self._groups.popleft()
                 payloads = group.payloads
             else:
                 payloads = group.payloads[:take]
+                rows = rows[:take]
                 group.payloads = group.payloads[take:]
+                group.rows = group.rows[take:] if group.rows is not None else None
                 group.nbytes -= took_bytes
                 group.first_seq += take
-            if wire and wire[-1][0] == group.split and wire[-1][1] == group.step:
+            part = -1 if group.part is None else group.part
+            if wire and wire[-1][:3] == (group.split, group.step, part):
                 # Consecutive calls for the same step travel as one group: the collector
                 # handles (and may wait for room for) each group once.
-                wire[-1][2].extend(payloads)
+                wire[-1][3].extend(payloads)
+                wire[-1][4].extend(rows)
             else:
-                # `payloads` belongs to this batch alone (a popped group's list, or a slice), so
-                # extending it above is safe.
-                wire.append((group.split, group.step, payloads))
+                # `payloads` and `rows` belong to this batch alone (a popped group's lists, or
+                # slices), so extending them above is safe.
+                wire.append((group.split, group.step, part, payloads, list(rows)))
             n += take
             nbytes += took_bytes
             if nbytes >= self.max_batch_bytes:
@@ -624,9 +657,13 @@ class TraceClient:
                 self._clear_buffer()
                 self._drop(SHIP_ERROR, n)
 
-    def _ship(self, call_id: int, call: _Call, wire: list[WireGroup]) -> None:
+    def _ship(self, call_id: int, call: _Call, wire: list[PartGroup]) -> None:
         try:
-            ref: Any = self.collector.ingest_encoded.remote(wire)
+            if self._local is None:
+                plain: list[WireGroup] = [(split, step, payloads) for split, step, _, payloads, _ in wire]
+                ref: Any = self.collector.ingest_encoded.remote(plain)
+            else:
+                ref = self.collector.ingest_parts.remote(wire)
             future: Future[Any] = ref.future()
         except Exception as exc:  # Ray not connected in this process, or shutting down
             self._finish_call(call_id, exc, SHIP_ERROR)
@@ -673,12 +710,12 @@ class TraceClient:
 def _ask_selection(
     collector: ActorHandle[Any], max_open_steps: int, step_timeout: float | None
 ) -> LocalSelection | None:
-    """The local selection matching the collector's cap and sampler; None when it has none that
-    composes across clients, or cannot say (then every sample is shipped and selected there)."""
+    """The local selection matching the collector's cap and sampler, as a part of its own; None
+    when the collector has no cap, or cannot say (then every sample is shipped and selected there)."""
     try:
         ref: Any = collector.selection.remote()
-        answer: tuple[int | None, Sampler | None] = ray.get(ref, timeout=SELECTION_TIMEOUT)
-        k, sampler = answer
+        answer: tuple[int | None, Sampler | None, int] = ray.get(ref, timeout=SELECTION_TIMEOUT)
+        k, sampler, part = answer
     except Exception as exc:
         logger.warning(
             "asynctrace: TraceClient could not ask the collector for its cap (%s); "
@@ -688,7 +725,7 @@ def _ask_selection(
         return None
     if k is None or sampler is None:
         return None
-    return LocalSelection(k, sampler, max_open_steps=max_open_steps, step_timeout=step_timeout)
+    return LocalSelection(k, sampler, part, max_open_steps=max_open_steps, step_timeout=step_timeout)
 
 
 # Clients still open at interpreter exit ship what they hold (within their own deadline) when

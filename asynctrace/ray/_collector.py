@@ -1,16 +1,19 @@
 """TraceCollector: the Ray actor that owns the job's one `TraceSession`.
 
 Caps and samplers run here, over every client's samples, so `max_traces_per_step` and
-`top_bottom` mean the whole step of the whole job. The actor is a threaded actor with two
-concurrency groups: ``ingest`` for the data path (which may wait for buffer room under
-``on_full="block"``) and ``control`` for `flush`/`stats`/`finish`, so a stalled sink can never
-make the collector unresponsive to shutdown.
+`top_bottom` mean the whole step of the whole job: clients that select locally ship their part
+of each step, which the collector merges exactly (`_merge.py`) before its session sees it.
+The actor is a threaded actor with two concurrency groups: ``ingest`` for the data path
+(which may wait for buffer room under ``on_full="block"``) and ``control`` for
+`flush`/`stats`/`finish`, so a stalled sink can never make the collector unresponsive to shutdown.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
+import itertools
 import logging
 import os
 import signal
@@ -33,7 +36,8 @@ from .._shutdown import _schedule, hook_bound
 from .._stats import SessionStats
 from .._sync import SyncTraceSession, log_within
 from ..exceptions import SessionClosedError
-from ._local import composes_by_union
+from ._client import PartGroup
+from ._merge import Merged, StepMerge
 
 __all__ = ["RemoteTraceCollector", "TraceCollector", "start_collector"]
 
@@ -111,6 +115,23 @@ class TraceCollector:
         self._session = session
         self._finished: SessionStats | None = None
         self._finish_lock = threading.Lock()
+        # Parts of open steps from clients that select locally; `_merge_lock` guards them and is
+        # held while a merged step is handed to the session, so `stats` never counts it twice.
+        self._merge_lock = threading.Condition()
+        self._merge: StepMerge | None = None
+        k = session.max_traces_per_step
+        if k is not None:
+            max_open_steps, step_timeout = session.step_rules
+            self._merge = StepMerge(
+                k, session.sampler, max_open_steps=max_open_steps, step_timeout=step_timeout
+            )
+        self._parts = itertools.count(1)  # part 0 is a single process's own stream
+        self._merge_thread: threading.Thread | None = None
+        if self._merge is not None:
+            # Ray may drop the actor's instance before the exit hooks run (`__ray_terminate__`):
+            # the steps still merging then go to the session when the instance goes, so the
+            # session's own exit drain writes them.
+            weakref.finalize(self, _merge_on_exit, self._merge, self._merge_lock, self._sync, ingest_timeout)
         _install_exit_hooks(self)
 
     # -- data path ----------------------------------------------------------------------------
@@ -127,13 +148,83 @@ class TraceCollector:
 
         Returns how many the session accepted (the rest are in its `dropped` counts).
         """
+        return self._plain(groups, time.monotonic() + self.ingest_timeout)
+
+    @_group("ingest")
+    def ingest_parts(self, groups: Iterable[PartGroup]) -> int:
+        """The wire method of `TraceClient` with local selection: each group is one client's part
+        of a (split, step), with a row (sequence number, score, key) per sample for the merge.
+
+        Returns how many samples the session accepted from the steps this call closed.
+        """
         deadline = time.monotonic() + self.ingest_timeout
+        merge = self._merge
+        groups = list(groups)
+        with self._merge_lock:
+            if merge is None or merge.closed:
+                # No cap (or finishing): the session takes them as they are, and counts them.
+                plain = [(split, step, payloads) for split, step, _, payloads, _ in groups]
+                return self._plain(plain, deadline)
+            now = time.monotonic()
+            merged: list[Merged] = []
+            for split, step, part, payloads, rows in groups:
+                merged.extend(merge.add(split, step, part, payloads, rows, now))
+            if merge.step_timeout is not None:
+                self._start_merge_thread()
+                self._merge_lock.notify()
+            return self._hand_on(merged, deadline)
+
+    def _plain(self, groups: Iterable[tuple[str, int, list[bytes]]], deadline: float) -> int:
         accepted = 0
         for split, step, payloads in groups:
             # Decoding here and encoding again in the session keeps one validated path into
             # the session; the cost is a few microseconds per sample, paid on the collector.
             accepted += self._admit([orjson.loads(p) for p in payloads], step, split, deadline)
         return accepted
+
+    def _hand_on(self, merged: list[Merged], deadline: float) -> int:
+        """Give merged steps to the session (merge lock held)."""
+        return self._plain(merged, deadline)
+
+    def _start_merge_thread(self) -> None:
+        if self._merge_thread is None and self._merge is not None:
+            # The thread holds no reference to the collector, so the instance can still go.
+            args = (self._merge, self._merge_lock, self._sync, self.ingest_timeout)
+            self._merge_thread = threading.Thread(
+                target=_close_idle_steps, args=args, name="asynctrace-ray-merge", daemon=True
+            )
+            self._merge_thread.start()
+
+    def _close_merge(self, *, final: bool) -> None:
+        """Merge every open step and hand it on (flush; finish with `final`, after which clients'
+        parts go to the session as they are, which counts them as closed)."""
+        if self._merge is None:
+            return
+        with self._merge_lock:
+            if self._merge.closed:
+                return
+            merged = self._merge.close_all()
+            if final:
+                self._merge.closed = True
+                self._merge_lock.notify()
+            self._hand_on(merged, time.monotonic() + self.ingest_timeout)
+
+    def _with_merge(self, stats: SessionStats) -> SessionStats:
+        """The session's stats with the merge's own counts (merge lock held): samples waiting for
+        their step to close are pending, merged away ones dropped as capped, parts too late late."""
+        merge = self._merge
+        if merge is None:
+            return stats
+        dropped = dict(stats.dropped)
+        for reason, n in (("capped", merge.capped), ("late", merge.late)):
+            if n:
+                dropped[reason] = dropped.get(reason, 0) + n
+        return dataclasses.replace(
+            stats,
+            submitted=stats.submitted + merge.held + merge.capped + merge.late,
+            pending=stats.pending + merge.held,
+            dropped=dropped,
+        )
 
     @_group("ingest")
     def ingest(self, samples: Any, *, step: int, split: str = "train") -> int:
@@ -160,12 +251,14 @@ class TraceCollector:
         }
 
     @_group("control")
-    def selection(self) -> tuple[int | None, Sampler | None]:
-        """The cap and the sampler clients may select with before they ship: (k, sampler), with
-        None for the sampler when it does not compose across clients (they then ship everything)."""
+    def selection(self) -> tuple[int | None, Sampler | None, int]:
+        """The cap and the sampler a new client selects its part of each step with, and its part
+        number: (k, sampler, part); (None, None, 0) without a cap (clients ship everything)."""
         k = self._session.max_traces_per_step
-        sampler = self._session.sampler
-        return k, (sampler if k is not None and composes_by_union(sampler) else None)
+        if k is None:
+            return None, None, 0
+        with self._merge_lock:
+            return k, self._session.sampler, next(self._parts)
 
     @_group("control")
     def flush(self, timeout: float | None = None) -> bool:
@@ -175,6 +268,7 @@ class TraceCollector:
         deadline = None if timeout is None else time.monotonic() + timeout
         if self._finished is None:
             try:
+                self._close_merge(final=False)
                 return self._sync.flush(timeout)
             except SessionClosedError:
                 pass  # finish() has begun: its outcome is the answer
@@ -189,8 +283,10 @@ class TraceCollector:
 
     @_group("control")
     def stats(self) -> SessionStats:
-        """The session's accounting: `submitted` counts every sample clients delivered."""
-        return self._sync.stats()
+        """The session's accounting: `submitted` counts every sample clients delivered (parts of
+        steps not merged yet are `pending`, and what the merge leaves out is dropped ``"capped"``)."""
+        with self._merge_lock:
+            return self._with_merge(self._sync.stats())
 
     @_group("control")
     def finish(self, timeout: float | None = None) -> SessionStats:
@@ -218,10 +314,16 @@ class TraceCollector:
                 "asynctrace: the collector's session is still finishing after %.1fs; going on without it",
                 wait or 0.0,
             )
-            return self._sync.stats()
+            return self.stats()
         try:
             if self._finished is None:
-                self._finished = self._sync.finish(timeout)
+                try:
+                    self._close_merge(final=True)
+                except Exception as exc:  # the session counts what it refused; finish all the same
+                    logger.error("asynctrace: handing merged steps to the session failed: %s", exc)
+                finished = self._sync.finish(timeout)
+                with self._merge_lock:
+                    self._finished = self._with_merge(finished)
             return self._finished
         finally:
             self._finish_lock.release()
@@ -285,6 +387,46 @@ def _finish_all(why: str) -> None:
             collector._finish_quietly(None, wait=wait)
     if why == "sigterm":
         _sigterm_handled = True
+
+
+def _log_merged(sync: SyncTraceSession, merged: list[Merged], deadline: float) -> None:
+    for split, step, payloads in merged:
+        left = max(0.0, deadline - time.monotonic())
+        samples = [orjson.loads(p) for p in payloads]
+        log_within(sync, samples, step=step, split=split, blocking=False, timeout=left)
+
+
+def _close_idle_steps(
+    merge: StepMerge, lock: threading.Condition, sync: SyncTraceSession, timeout: float
+) -> None:
+    """Merge steps whose parts stopped coming `step_timeout` seconds ago (its own thread)."""
+    with lock:
+        while not merge.closed:
+            now = time.monotonic()
+            merged = merge.close_idle(now)
+            if merged:
+                try:
+                    _log_merged(sync, merged, now + timeout)
+                except Exception as exc:  # the session counts what it refused; carry on
+                    logger.error("asynctrace: handing merged steps to the session failed: %s", exc)
+                continue
+            due = merge.next_due(now)
+            lock.wait(None if due is None else wait_arg(max(due, 1e-3)))
+
+
+def _merge_on_exit(
+    merge: StepMerge, lock: threading.Condition, sync: SyncTraceSession, timeout: float
+) -> None:
+    """Hand the steps still merging to the session (the collector instance is gone)."""
+    try:
+        with lock:
+            if merge.closed:
+                return
+            merge.closed = True
+            lock.notify_all()
+            _log_merged(sync, merge.close_all(), time.monotonic() + timeout)
+    except Exception as exc:  # pragma: no cover - best effort on the way out; the session counts
+        logger.error("asynctrace: handing merged steps to the session at exit failed: %s", exc)
 
 
 # The actor class users see as `asynctrace.ray.TraceCollector`. The plain class above keeps its

@@ -1,44 +1,41 @@
 """Selection inside a `TraceClient`: keep a step's `O(k)` candidates, ship only those.
 
-The collector applies the cap and sampler again over every client's candidates. For samplers
-that keep the `k` best samples by an order (``first``: arrival; ``top_bottom``: score), a
-sample one client refuses has `k` better ones from that client alone, so it could never be
-kept over the whole step: shipping each client's candidates gives the collector exactly the
-selection it would make from every sample. A step that a client closed and then sees again
-starts a new round whose candidates compose the same way, so closing early costs bytes, never
-exactness. Not thread-safe: the client holds its lock.
+Each client is a part of every step (see `_parts.py`): it selects its own samples with the
+collector's sampler (`Sampler.new_part_step`, with the part number the collector gave it) and
+ships what its selection kept, with each entry's score, sequence number and key; the collector
+merges the parts with `Sampler.merge`, which chooses exactly what one selection offered every
+part's samples would keep. A step that a client closed and then sees again starts a new round,
+a part of its own with its own random stream, so closing early costs bytes, never exactness.
+Not thread-safe: the client holds its lock.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
 
+from .._parts import PartStep, Row, group_key_of, payload_group
 from .._record import TraceRecord
-from .._sampling import Entry, FirstSampler, Sampler, StepSelection, TopBottomSampler
+from .._sampling import Entry, Sampler
 
-__all__ = ["LocalSelection", "Released", "composes_by_union"]
+__all__ = ["ROUND_STRIDE", "LocalSelection", "Released"]
 
-# (split, step, encoded candidates in arrival order): what one closed local step ships.
-Released = tuple[str, int, list[bytes]]
+# (split, step, part, encoded candidates, their rows) in arrival order: what one part ships.
+Released = tuple[str, int, int, list[bytes], list[Row]]
 
-
-def composes_by_union(sampler: Any) -> bool:
-    """True when the union of per-client selections, selected again, equals one selection over all.
-
-    A custom `Sampler` opts in with a class attribute ``composes_by_union = True``.
-    """
-    if type(sampler) in (FirstSampler, TopBottomSampler):
-        return True
-    return isinstance(sampler, Sampler) and getattr(sampler, "composes_by_union", False) is True
+# Round r of client part p is part p + r * ROUND_STRIDE: a part number of its own, so a
+# sampler that draws gives it its own stream, and the collector merges it after the earlier ones.
+ROUND_STRIDE = 1 << 32
+# How many closed steps remember their rounds (a step seen again after that starts at round 0).
+_ROUNDS_KEPT = 4096
 
 
 class _OpenStep:
-    __slots__ = ("kept", "last_seen", "selection")
+    __slots__ = ("last_seen", "part", "selection")
 
-    def __init__(self, selection: StepSelection, now: float) -> None:
+    def __init__(self, selection: PartStep, part: int, now: float) -> None:
         self.selection = selection
-        self.kept: dict[int, bytes] = {}  # sequence number -> payload, for holding samplers
+        self.part = part
         self.last_seen = now
 
 
@@ -50,58 +47,57 @@ class LocalSelection:
     and by `close_all` (flush and close).
     """
 
-    def __init__(self, k: int, sampler: Sampler, *, max_open_steps: int, step_timeout: float | None) -> None:
+    def __init__(
+        self, k: int, sampler: Sampler, part: int, *, max_open_steps: int, step_timeout: float | None
+    ) -> None:
         self.k = k
         self.sampler = sampler
+        self.part = part
         self.holds = sampler.holds
         self.max_open_steps = max_open_steps
         self.step_timeout = step_timeout
+        self._group_key = group_key_of(sampler)
         self._open: dict[tuple[str, int], _OpenStep] = {}
+        self._rounds: OrderedDict[tuple[str, int], int] = OrderedDict()
         self._seq = 0
         self.held = 0
         self.held_bytes = 0
 
     def offer(
         self, split: str, step: int, encoded: Sequence[tuple[bytes, float | None]], now: float
-    ) -> tuple[list[bytes], int, int, list[Released]]:
+    ) -> tuple[Released | None, int, int, list[Released]]:
         """Offer one call's candidates in order.
 
-        Returns (payloads to ship now, how many this call refused or evicted, how many of this
-        call's are kept for now, steps this offer closed).
+        Returns (what to ship now: a sampler that holds nothing passes its picks on at once;
+        how many this call refused or evicted; how many of this call's are kept for now;
+        steps this offer closed).
         """
         released = self._close_older(split, step)
         key = (split, step)
         opened = self._open.get(key)
         if opened is None:
-            opened = self._open[key] = _OpenStep(self.sampler.new_step(split, step, self.k), now)
+            part = self.part + self._rounds.get(key, 0) * ROUND_STRIDE
+            selection = self.sampler.new_part_step(split, step, self.k, part)
+            opened = self._open[key] = _OpenStep(PartStep(selection), part, now)
         opened.last_seen = now
-        passed: list[bytes] = []
-        capped = 0
-        first = self._seq + 1
-        offer = opened.selection.offer
-        kept = opened.kept
+        cands = []
         for payload, score in encoded:
             self._seq += 1
-            # The record lets a selection read the sample itself (a group sampler reads its
-            # group from the metadata), as it can inside a session.
+            # The record lets a custom selection read the sample itself, as inside a session.
             record = TraceRecord("", step, split, "", payload, now, score)
-            took, evicted = offer(Entry(score, self._seq, record))
-            if evicted is not None:
-                out = kept.pop(evicted.seq, None)
-                if out is not None:
-                    capped += 1
-                    self.held -= 1
-                    self.held_bytes -= len(out)
-            if not took:
-                capped += 1
-            elif self.holds:
-                kept[self._seq] = payload
-                self.held += 1
-                self.held_bytes += len(payload)
-            else:
-                passed.append(payload)
-        mine = len(passed) if not self.holds else sum(1 for seq in kept if seq >= first)
-        return passed, capped, mine, released
+            group = payload_group(payload, self._group_key)
+            cands.append((Entry(score, self._seq, record, group=group), payload))
+        part_step = opened.selection
+        before, before_bytes = len(part_step.kept), part_step.nbytes
+        capped = part_step.offer(cands)
+        mine = [e.seq for e, _ in cands if e.seq in part_step.kept]
+        if not self.holds:
+            passed = part_step.take(mine)
+            ship: Released | None = (split, step, opened.part, *_unzip(passed)) if passed else None
+            return ship, capped, len(mine), released
+        self.held += len(part_step.kept) - before
+        self.held_bytes += part_step.nbytes - before_bytes
+        return None, capped, len(mine), released
 
     def _close_older(self, split: str, step: int) -> list[Released]:
         upto = step - self.max_open_steps - 1
@@ -143,9 +139,17 @@ class LocalSelection:
         out: list[Released] = []
         for key in sorted(keys):
             opened = self._open.pop(key)
-            if opened.kept:
-                payloads = [opened.kept[seq] for seq in sorted(opened.kept)]
-                self.held -= len(payloads)
-                self.held_bytes -= sum(len(p) for p in payloads)
-                out.append((key[0], key[1], payloads))
+            self._rounds[key] = self._rounds.get(key, 0) + 1
+            self._rounds.move_to_end(key)
+            if len(self._rounds) > _ROUNDS_KEPT:
+                self._rounds.popitem(last=False)
+            part_step = opened.selection
+            if part_step.kept:
+                self.held -= len(part_step.kept)
+                self.held_bytes -= part_step.nbytes
+                out.append((key[0], key[1], opened.part, *_unzip(part_step.rows())))
         return out
+
+
+def _unzip(rows: list[tuple[Entry, bytes]]) -> tuple[list[bytes], list[Row]]:
+    return [p for _, p in rows], [(e.seq, e.score, e.key) for e, _ in rows]

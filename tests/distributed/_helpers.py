@@ -20,6 +20,25 @@ def make_samples(tag: str, step: int, n: int, seed: int, *, width: int = 40) -> 
     ]
 
 
+def make_groups(tag: str, step: int, groups: int, size: int, seed: int) -> list[list[dict[str, Any]]]:
+    """`groups` prompt groups of `size` samples each (as an RL rollout worker makes them): every
+    sample names its group in `group_uid`; rewards are distinct and random."""
+    rng = random.Random(f"{tag}:{step}:{seed}:groups")
+    return [
+        [
+            {
+                "prompt": f"question {g} of {tag} step {step}",
+                "response": f"answer {i}",
+                "reward": rng.random(),
+                "uid": f"{tag}:{step}:{g}:{i}",
+                "group_uid": f"{tag}:{step}:{g}",
+            }
+            for i in range(size)
+        ]
+        for g in range(groups)
+    ]
+
+
 def pair_of(metadata: Any) -> str:
     """The prompt group of a sample made by `make_samples`: samples 2i and 2i+1 of a rank's step."""
     head, _, index = str(metadata["uid"]).rpartition(":")

@@ -299,10 +299,11 @@ def test_client_merges_consecutive_calls_for_a_step(project: str) -> None:
         wire, call = client._take_batch()
         call_id = next(client._call_ids)
         client._calls[call_id] = call
-    assert [(split, step, len(p)) for split, step, p in wire] == [
-        ("train", 0, 6),
-        ("train", 1, 4),
-        ("train", 0, 2),
+    # No cap: nothing is selected locally, so the groups go without a part (-1) or rows.
+    assert [(split, step, part, len(p), rows) for split, step, part, p, rows in wire] == [
+        ("train", 0, -1, 6, []),
+        ("train", 1, -1, 4, []),
+        ("train", 0, -1, 2, []),
     ]
     client._ship(call_id, call, wire)
     stats = client.close(30.0)

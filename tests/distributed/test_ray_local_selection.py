@@ -11,14 +11,15 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from asynctrace import ReservoirSampler, Sampler, StepSelection, TraceSession  # noqa: E402
+from asynctrace import GroupSampler, Sampler, StepSelection, TraceSession  # noqa: E402
 from asynctrace._sampling import Entry  # noqa: E402
 from asynctrace.ray import ClientStats, TraceClient, start_collector  # noqa: E402
 from asynctrace.testing import MemorySink  # noqa: E402
-from tests.distributed._helpers import make_samples, read_traces, top_bottom_uids  # noqa: E402
+from tests.distributed._helpers import make_groups, make_samples, read_traces, top_bottom_uids  # noqa: E402
 
 K = 8
 STEPS = 3
+GROUP_SIZE = 4
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -43,6 +44,13 @@ class _Rollout:
         for i in range(0, n, chunk):
             self.client.log_samples_nowait(samples[i : i + chunk], step=step)
         return samples
+
+    def generate_groups(self, step: int, n: int) -> list[dict[str, Any]]:
+        """`n` samples in whole prompt groups, each group logged in one call, as a rollout worker does."""
+        groups = make_groups(self.tag, step, n // GROUP_SIZE, GROUP_SIZE, seed=0)
+        for group in groups:
+            self.client.log_samples_nowait(group, step=step)
+        return [s for group in groups for s in group]
 
     def flush(self) -> bool:
         return self.client.flush(30.0)
@@ -83,15 +91,20 @@ def _written(project: str, run: str) -> dict[int, set[str]]:
     return out
 
 
-def _one_process(sampler: str, produced: dict[int, list[dict[str, Any]]]) -> dict[int, set[str]]:
-    """What a single session chooses when it logs every step's samples itself, in actor order."""
+def _one_process(
+    sampler: str | Sampler, produced: dict[int, list[dict[str, Any]]], call: int | None = None
+) -> dict[int, set[str]]:
+    """What a single session chooses when it logs every step's samples itself, in actor order
+    (`call` samples a call: whole groups for a group sampler)."""
     sink = MemorySink()
     session = TraceSession(
         "reference", sinks=[sink], max_traces_per_step=K, sampler=sampler, step_timeout=None
     )
     sync = session.start()
     for step, samples in sorted(produced.items()):
-        sync.log_samples(samples, step=step)
+        size = call or len(samples)
+        for i in range(0, len(samples), size):
+            sync.log_samples(samples[i : i + size], step=step)
     sync.finish(30.0)
     return {step: {r.sample.metadata["uid"] for r in rows} for step, rows in sink.steps().items()}
 
@@ -103,31 +116,53 @@ def _wait_for(what: Callable[[], bool], timeout: float = 30.0) -> None:
         time.sleep(0.01)
 
 
-@pytest.mark.parametrize("sampler", ["first", "top_bottom", "reservoir"])
+def _sampler(name: str) -> str | Sampler:
+    return GroupSampler() if name == "group" else name
+
+
+@pytest.mark.parametrize("sampler", ["first", "top_bottom", "reservoir", "group"])
 def test_collector_selects_what_one_process_would(project: str, sampler: str, pool: list[Any]) -> None:
-    """4 actors with a cap: Trackio holds exactly what one process logging every sample would keep;
-    with first and top_bottom each actor ships only its k candidates a step (whatever it logged),
-    and the accounting of the clients and the collector adds up to every sample."""
+    """4 actors with a cap: each ships only its k candidates a step (whatever it logged), and
+    Trackio holds exactly what one process logging every sample would keep (whole prompt groups
+    for the group sampler; for reservoir, an exact uniform merge of the actors' keyed picks, k a
+    step, which is not one process's draw); the accounting of clients and collector adds up."""
     collector = start_collector(
-        project, "sel", max_traces_per_step=K, sampler=sampler, step_timeout=None, finish_at_exit=False
+        project,
+        "sel",
+        max_traces_per_step=K,
+        sampler=_sampler(sampler),
+        step_timeout=None,
+        finish_at_exit=False,
     )
-    sizes = [5, 20, 60, 200]  # unequal on purpose: a small actor ships all it has
+    # Unequal on purpose: a small actor ships all it has. Multiples of the group size.
+    sizes = [4, 20, 60, 200]
     actors = pool
     ray.get([a.connect.remote(collector, f"a{i}", flush_interval=0.02) for i, a in enumerate(actors)])
     produced: dict[int, list[dict[str, Any]]] = {}
     for step in range(STEPS):
         # One actor after another, each flushed: the collector sees actor order, as the reference.
         for actor, n in zip(actors, sizes, strict=True):
-            produced.setdefault(step, []).extend(ray.get(actor.generate.remote(step, n)))
+            generate = actor.generate_groups if sampler == "group" else actor.generate
+            produced.setdefault(step, []).extend(ray.get(generate.remote(step, n)))
             assert ray.get(actor.flush.remote())
     clients: list[ClientStats] = ray.get([a.close.remote() for a in actors])
     final = ray.get(collector.finish.remote())
 
-    assert _written(project, "sel") == _one_process(sampler, produced)
-    assert all(len(uids) == K for uids in _written(project, "sel").values())
+    written = _written(project, "sel")
+    if sampler == "reservoir":
+        assert written.keys() == produced.keys()
+        for step, uids in written.items():
+            assert uids <= {s["uid"] for s in produced[step]}
+    else:
+        call = GROUP_SIZE if sampler == "group" else None
+        assert written == _one_process(_sampler(sampler), produced, call)
+    assert all(len(uids) == K for uids in written.values())
+    if sampler == "group":
+        groups = [uid.rpartition(":")[0] for uids in written.values() for uid in uids]
+        assert all(groups.count(g) == GROUP_SIZE for g in groups)  # whole groups only
     for stats, n in zip(clients, sizes, strict=True):
         assert stats.check() and stats.held == 0
-        shipped = STEPS * (min(n, K) if sampler != "reservoir" else n)
+        shipped = STEPS * min(n, K)
         assert stats.delivered == shipped
         assert stats.dropped == ({"capped": STEPS * n - shipped} if shipped < STEPS * n else {})
     assert final.check()
@@ -138,23 +173,33 @@ def test_collector_selects_what_one_process_would(project: str, sampler: str, po
     )
 
 
-def test_bytes_shipped_per_step_do_not_grow_with_samples(project: str, pool: list[Any]) -> None:
-    """An actor logging 20 or 2000 samples a step ships the same k candidates: what crosses to the
-    collector is O(k) per step, the same bytes whatever the actor logged."""
+@pytest.mark.parametrize("sampler", ["top_bottom", "group"])
+def test_bytes_shipped_per_step_do_not_grow_with_samples(project: str, sampler: str, pool: list[Any]) -> None:
+    """An actor logging 20 or 2000 samples a step ships the same k candidates (two whole groups
+    for the group sampler): what crosses to the collector is O(k) per step, the same bytes
+    whatever the actor logged."""
     collector = start_collector(
-        project, sinks=[MemorySink()], max_traces_per_step=K, sampler="top_bottom", finish_at_exit=False
+        project,
+        sinks=[MemorySink()],
+        max_traces_per_step=K,
+        sampler=_sampler(sampler),
+        finish_at_exit=False,
     )
     shipped: dict[int, ClientStats] = {}
     for n, actor in zip((20, 2000), pool, strict=False):
         ray.get(actor.connect.remote(collector, f"b{n}", flush_interval=0.02))
         for step in range(STEPS):
-            ray.get(actor.generate.remote(step, n, 100))
+            if sampler == "group":
+                ray.get(actor.generate_groups.remote(step, n))
+            else:
+                ray.get(actor.generate.remote(step, n, 100))
         shipped[n] = ray.get(actor.close.remote())
     ray.get(collector.finish.remote())
     small, large = shipped[20], shipped[2000]
     assert small.delivered == large.delivered == STEPS * K
-    # Samples differ only in their uid and reward digits: the same k cost the same bytes to within 5%.
-    assert abs(large.bytes_shipped - small.bytes_shipped) < 0.05 * small.bytes_shipped
+    # Samples differ only in the digits of their ids and rewards: the same k cost the same bytes
+    # to within 10%, where shipping every sample would cost 100 times more.
+    assert abs(large.bytes_shipped - small.bytes_shipped) < 0.1 * small.bytes_shipped
     assert large.dropped == {"capped": STEPS * (2000 - K)}
     assert large.calls <= STEPS  # one call per step at most: candidates of a closed step go together
 
@@ -233,8 +278,6 @@ def test_unscored_sample_is_refused_in_the_caller_under_top_bottom(top_bottom_co
 class _ByPriority(Sampler):
     """Keeps the k samples with the highest metadata "priority": it reads the sample itself."""
 
-    composes_by_union = True
-
     def new_step(self, split: str, step: int, k: int) -> StepSelection:
         return _ByPrioritySelection(k)
 
@@ -257,31 +300,58 @@ class _ByPrioritySelection(StepSelection):
         return [e for _, e in self.kept]
 
 
-def test_local_selection_plugs_in_any_sampler_that_composes() -> None:
-    """A custom Sampler that opts in with composes_by_union gets each sample's record (it can read
-    its metadata, as a group sampler does); steps close on a newer step past max_open_steps and
-    after step_timeout on the clock given, releasing their candidates in arrival order."""
+def test_local_selection_plugs_in_a_custom_sampler() -> None:
+    """A custom Sampler gets each sample's record (it can read its metadata, as a group sampler
+    does); steps close on a newer step past max_open_steps and after step_timeout on the clock
+    given, releasing their candidates in arrival order with their rows, as the client's part."""
     from asynctrace import Sample
     from asynctrace._record import encode_samples
-    from asynctrace.ray._local import LocalSelection, composes_by_union
+    from asynctrace.ray._local import LocalSelection
 
-    assert composes_by_union(_ByPriority()) and not composes_by_union(ReservoirSampler())
-    local = LocalSelection(2, _ByPriority(), max_open_steps=1, step_timeout=10.0)
+    local = LocalSelection(2, _ByPriority(), 3, max_open_steps=1, step_timeout=10.0)
 
     def encoded(step: int, priorities: list[int]) -> list[tuple[bytes, float | None]]:
         samples = [Sample(messages=[], metadata={"priority": p, "step": step}) for p in priorities]
         return encode_samples(samples)[0]
 
     passed, capped, kept, released = local.offer("train", 0, encoded(0, [1, 5, 3, 4]), now=0.0)
-    assert (passed, capped, kept, released) == ([], 2, 2, [])
+    assert (passed, capped, kept, released) == (None, 2, 2, [])
     assert local.held == 2
     assert local.offer("train", 1, encoded(1, [7]), now=1.0)[3] == []  # step 0 stays open (window 1)
     released = local.offer("train", 2, encoded(2, [9]), now=2.0)[3]  # step 0 closes
-    priorities = [[orjson.loads(p)["metadata"]["priority"] for p in ps] for _, _, ps in released]
-    assert [(split, step) for split, step, _ in released] == [("train", 0)]
+    priorities = [[orjson.loads(p)["metadata"]["priority"] for p in ps] for *_, ps, _ in released]
+    assert [(split, step, part) for split, step, part, _, _ in released] == [("train", 0, 3)]
     assert priorities == [[5, 4]]  # the step's two best, in arrival order
+    assert [seq for seq, _, _ in released[0][4]] == [2, 4]  # their sequence numbers, for the merge
     assert local.close_idle(now=10.5) == []
-    assert [step for _, step, _ in local.close_idle(now=11.0)] == [1]
+    assert [step for _, step, *_ in local.close_idle(now=11.0)] == [1]
     assert local.next_due(now=11.0) == pytest.approx(1.0)
-    assert [step for _, step, _ in local.close_all()] == [2]
+    assert [step for _, step, *_ in local.close_all()] == [2]
     assert local.held == local.held_bytes == 0
+
+
+def test_collector_merges_reservoir_parts_by_key_and_counts_late_parts() -> None:
+    """The collector's merge keeps the k smallest keys over every part (an exact uniform merge),
+    closes a step on a newer step past max_open_steps, on idle time and on demand, and counts
+    a part for a step already merged as late."""
+    from asynctrace import ReservoirSampler
+    from asynctrace.ray._merge import StepMerge
+
+    merge = StepMerge(3, ReservoirSampler(), max_open_steps=0, step_timeout=10.0)
+    keys = {1: [0.9, 0.2, 0.5], 2: [0.1, 0.7], 3: [0.3]}
+    for part, ks in keys.items():
+        payloads = [f"{part}:{i}".encode() for i in range(len(ks))]
+        rows = [(i, None, key) for i, key in enumerate(ks)]
+        assert merge.add("train", 0, part, payloads, rows, now=0.0) == []
+    assert merge.held == 6
+    merged = merge.add("train", 1, 1, [b"next"], [(0, None, 0.4)], now=1.0)  # closes step 0
+    assert merged == [("train", 0, [b"1:1", b"2:0", b"3:0"])]  # keys 0.2, 0.1, 0.3, in merged order
+    assert (merge.held, merge.capped) == (1, 3)
+    assert merge.add("train", 0, 4, [b"late"], [(0, None, 0.0)], now=1.0) == []
+    assert merge.late == 1
+    assert merge.next_due(now=5.0) == pytest.approx(6.0)
+    assert merge.close_idle(now=10.5) == []
+    assert merge.close_idle(now=11.0) == [("train", 1, [b"next"])]
+    assert (merge.held, merge.capped, merge.late) == (0, 3, 1)
+    with pytest.raises(ValueError, match="one row per payload"):
+        merge.add("train", 2, 1, [b"a", b"b"], [(0, None, 0.1)], now=12.0)

@@ -1,0 +1,119 @@
+"""The collector's side of local selection: each client's part of a step, merged when it closes.
+
+Clients ship what their own selection kept (see `_local.py`). The collector holds those parts
+per (split, step) and, when the step closes here, merges them with the sampler's `merge` (see
+`_parts.py`) and hands the chosen samples to its session. A step closes by the session's own
+rules: a step more than `max_open_steps` newer arrives (of the same split), `step_timeout`
+seconds pass without a part for it, or on flush and finish; a part for a closed step is late.
+Not thread-safe: the collector holds its lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .._parts import Row, group_key_of, merge_parts, payload_group
+from .._sampling import Entry, Sampler
+
+__all__ = ["Merged", "StepMerge"]
+
+# (split, step, the chosen payloads in merged order): one merged step.
+Merged = tuple[str, int, list[bytes]]
+
+
+class _Parts:
+    __slots__ = ("by_part", "last_seen", "n")
+
+    def __init__(self, now: float) -> None:
+        self.by_part: dict[int, list[tuple[Entry, bytes]]] = {}
+        self.last_seen = now
+        self.n = 0
+
+
+class StepMerge:
+    """Open steps' parts on the collector, with counts: `held` (waiting for their step to close),
+    `capped` (merged away) and `late` (a part of a step already merged)."""
+
+    def __init__(self, k: int, sampler: Sampler, *, max_open_steps: int, step_timeout: float | None) -> None:
+        self.k = k
+        self.sampler = sampler
+        self.max_open_steps = max_open_steps
+        self.step_timeout = step_timeout
+        self._group_key = group_key_of(sampler)
+        self._open: dict[tuple[str, int], _Parts] = {}
+        self._closed_upto: dict[str, int] = {}
+        self.held = 0
+        self.capped = 0
+        self.late = 0
+        self.closed = False  # set by the collector once every step was handed on for good
+
+    def add(
+        self, split: str, step: int, part: int, payloads: Sequence[bytes], rows: Sequence[Row], now: float
+    ) -> list[Merged]:
+        """Take candidates of one part; returns the steps this closed, merged."""
+        if len(rows) != len(payloads):
+            raise ValueError(f"a part needs one row per payload, got {len(rows)} for {len(payloads)}")
+        merged = self._close_older(split, step)
+        if step <= self._closed_upto.get(split, -1):
+            self.late += len(payloads)
+            return merged
+        parts = self._open.get((split, step))
+        if parts is None:
+            parts = self._open[(split, step)] = _Parts(now)
+        parts.last_seen = now
+        mine = parts.by_part.setdefault(part, [])
+        for payload, (seq, score, key) in zip(payloads, rows, strict=True):
+            group = payload_group(payload, self._group_key)
+            mine.append((Entry(score, seq, key=key, group=group), payload))
+        parts.n += len(payloads)
+        self.held += len(payloads)
+        return merged
+
+    def _close_older(self, split: str, step: int) -> list[Merged]:
+        # As in the session: everything more than max_open_steps behind the newest step is
+        # closed, open or not, so a straggler that far behind is late.
+        upto = step - self.max_open_steps - 1
+        if upto < 0 or upto <= self._closed_upto.get(split, -1):
+            return []
+        out = self._close([key for key in self._open if key[0] == split and key[1] <= upto])
+        self._closed_upto[split] = max(self._closed_upto.get(split, upto), upto)
+        return out
+
+    def close_idle(self, now: float) -> list[Merged]:
+        """Merge the steps that got no part for `step_timeout` seconds."""
+        if self.step_timeout is None:
+            return []
+        limit = self.step_timeout
+        return self._close([key for key, p in self._open.items() if now - p.last_seen >= limit])
+
+    def close_all(self) -> list[Merged]:
+        """Merge every open step (flush, finish)."""
+        return self._close(list(self._open))
+
+    def next_due(self, now: float) -> float | None:
+        """Seconds until `close_idle` has a step to merge; None when no step is open."""
+        if self.step_timeout is None or not self._open:
+            return None
+        oldest = min(p.last_seen for p in self._open.values())
+        return max(0.0, oldest + self.step_timeout - now)
+
+    def _close(self, keys: list[tuple[str, int]]) -> list[Merged]:
+        # Closing a step closes the earlier open steps of its split too, as in the session:
+        # a split's closed steps are always a prefix, so lateness is one number per split.
+        upto: dict[str, int] = {}
+        for split, step in keys:
+            upto[split] = max(upto.get(split, step), step)
+        keys = [key for key in self._open if key[0] in upto and key[1] <= upto[key[0]]]
+        out: list[Merged] = []
+        for split, step in sorted(keys):
+            parts = self._open.pop((split, step))
+            # Parts in the order their first candidates arrived here (part numbers follow the
+            # order clients started, which says nothing of the step): `first` keeps the first
+            # arrivals, and ties of a score or key go to the earlier part, as in one process.
+            ordered = list(parts.by_part.values())
+            chosen = merge_parts(self.sampler, split, step, self.k, ordered)
+            self.held -= parts.n
+            self.capped += parts.n - len(chosen)
+            self._closed_upto[split] = max(self._closed_upto.get(split, step), step)
+            out.append((split, step, chosen))
+        return out
