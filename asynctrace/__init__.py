@@ -6,8 +6,7 @@ from . import testing
 from ._record import Sample, TraceRecord
 from ._retry import RetryPolicy
 from ._sampling import FirstSampler, ReservoirSampler, Sampler, StepSelection, TopBottomSampler
-from ._session import TraceSession
-from ._shutdown import install_shutdown_hooks
+from ._session import TraceSession, install_shutdown_hooks
 from ._stats import SessionStats, SinkStats, SpoolStats
 from ._sync import SyncTraceSession
 from .exceptions import AsyncTraceError, PermanentSinkError, RecordError, SessionClosedError, SpoolError

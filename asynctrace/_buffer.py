@@ -16,7 +16,7 @@ import anyio
 
 from ._record import TraceRecord
 from ._sampling import EVICTED, HELD, RELEASED, Entry, Gate, GateResult
-from ._stats import SessionStats, SinkStats
+from ._stats import DropReason, SessionStats, SinkStats
 from .exceptions import SessionClosedError
 
 if TYPE_CHECKING:
@@ -156,7 +156,6 @@ class Buffer:
         self.accepted = 0
         self.written = 0
         self.failed = 0
-        self.pending = 0
         self.dropped: Counter[str] = Counter()
         # Unresolved records that hold buffer room: queued or dispatched, not yet resolved.
         self.depth = 0
@@ -181,7 +180,7 @@ class Buffer:
         self.waitings: set[Waiting] = set()
         self.thread_waiters = 0
         self._entry_seq = 0
-        self.on_drop: Callable[[str, int], None] | None = None
+        self.on_drop: Callable[[DropReason, int], None] | None = None
         # The write-ahead spool, when the session has one. With `spool_on_admit` (durability
         # "enqueue") records are staged as they are admitted; otherwise the writer stages each
         # batch as it dispatches it. Either way every resolution is passed on.
@@ -191,10 +190,9 @@ class Buffer:
 
     # -- submission (any thread) -------------------------------------------------------
 
-    def _drop(self, reason: str, n: int, records: Sequence[TraceRecord] = ()) -> None:
+    def _drop(self, reason: DropReason, n: int, records: Sequence[TraceRecord] = ()) -> None:
         if n:
             self.dropped[reason] += n
-            self.pending -= n
             if self.on_drop is not None:
                 self.on_drop(reason, n)
             if records and self.spool is not None:
@@ -426,12 +424,10 @@ class Buffer:
                 if not nowait:
                     raise SessionClosedError("the session is finished; it accepts no more samples")
                 self.submitted += len(records) + invalid + refused
-                self.pending += len(records) + invalid + refused
                 self._drop("closed", len(records) + invalid + refused)
                 return out
             n = len(records)
             self.submitted += n + invalid + refused
-            self.pending += n + invalid + refused
             if invalid:
                 self._drop("invalid", invalid)
             if refused:
@@ -459,7 +455,6 @@ class Buffer:
         """`n` samples the caller could not build: counted as submitted and dropped ("invalid")."""
         with self.lock:
             self.submitted += n
-            self.pending += n
             self._drop("invalid", n)
 
     def take_ticket(self) -> int:
@@ -520,7 +515,7 @@ class Buffer:
                 self.waitings.discard(waiting)
         return out
 
-    def _give_up(self, waiting: Waiting, reason: str) -> None:
+    def _give_up(self, waiting: Waiting, reason: DropReason) -> None:
         """Lock held: drop what `waiting` still holds."""
         rest = waiting.rest()
         self.accepted -= len(rest)
@@ -529,7 +524,7 @@ class Buffer:
         waiting.start = len(waiting.records)
         self.waitings.discard(waiting)
 
-    def give_up_waiting(self, waiting: Waiting, reason: str) -> None:
+    def give_up_waiting(self, waiting: Waiting, reason: DropReason) -> None:
         with self.lock:
             self._give_up(waiting, reason)
 
@@ -555,7 +550,6 @@ class Buffer:
                 raise SessionClosedError("the session is finished; it accepts no more samples")
             n = len(records)
             self.submitted += n
-            self.pending += n
             self.accepted += n
             self.replayed += n
             stop = self._enqueue(records, out, "block")
@@ -586,7 +580,6 @@ class Buffer:
             if full and self.on_full == "block" and not self._room_for_held(split, step, 0, "block"):
                 return None
             self.submitted += n + invalid
-            self.pending += n + invalid
             if invalid:
                 self._drop("invalid", invalid)
             if full and self.on_full != "block" and not self._room_for_held(split, step, 0, self.on_full):
@@ -637,7 +630,7 @@ class Buffer:
                 self._wait(out, Waiting(ready, stop))
         return out
 
-    def cancel(self, entries: Sequence[Entry], reason: str, *, split: str, step: int) -> None:
+    def cancel(self, entries: Sequence[Entry], reason: DropReason, *, split: str, step: int) -> None:
         """Resolve reserved entries that could not be filled (their decoding failed); they
         give their places in the step's selection back."""
         with self.lock:
@@ -740,7 +733,6 @@ class Buffer:
                 return False
             self.depth -= n
             self.nbytes -= batch.nbytes
-            self.pending -= n
             if batch.pinned:
                 self.pinned_records -= n
                 self.pinned_bytes -= batch.nbytes
@@ -776,7 +768,7 @@ class Buffer:
                 dropped=dict(self.dropped),
                 failed=self.failed,
                 retries=sum(s.retries for s in self.sinks),
-                pending=self.pending,
+                pending=self.submitted - self.written - self.failed - sum(self.dropped.values()),
                 queue_depth=self.depth,
                 queue_bytes=self.nbytes,
                 replayed=self.replayed,

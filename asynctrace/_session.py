@@ -2,31 +2,26 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
-import enum
 import functools
 import itertools
 import logging
-import math
 import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import anyio.abc
-import sniffio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from . import _forks, _segments, _shutdown
 from ._abandon import call_abandonable
 from ._buffer import Buffer, Marker, MetricsItem, OnFull, Waiting
 from ._checks import MAX_STEP, check_int, check_seconds, check_split, check_step, check_text, check_timeout
+from ._lifecycle import Lifecycle, State
 from ._record import (
     UNKNOWN,
     Sample,
@@ -41,7 +36,7 @@ from ._record import (
 )
 from ._retry import NO_RETRY, RetryPolicy
 from ._sampling import Gate, Sampler, SamplerName, resolve_sampler
-from ._security import check_name, describe, shown
+from ._security import check_name, describe, generated_run_name, shown
 from ._spool import Durability, Spool
 from ._stats import SessionStats
 from ._sync import SyncTraceSession, _SyncRunner
@@ -51,57 +46,18 @@ from .sinks._base import Sink
 
 if TYPE_CHECKING:
     from ._sampling import Entry
-    from ._shutdown import _Hooks
 
-__all__ = ["TraceSession"]
+__all__ = ["TraceSession", "hurry_finish", "install_shutdown_hooks", "recovery_session"]
 
 logger = logging.getLogger("asynctrace")
 
 
-class _State(enum.Enum):
-    UNOPENED = "unopened"
-    OPEN = "open"
-    CLOSING = "closing"
-    CLOSED = "closed"
-    FORKED = "forked"  # a copy in a process forked from the session's own
-
-
-_OPEN = _State.OPEN
-
-
-# A coroutine function run as a task of the session (see TraceSession._run_jobs).
-Job = Callable[[], Coroutine[Any, Any, None]]
+_OPEN = State.OPEN
 
 _ON_FULL = ("block", "drop_newest", "drop_oldest")
 _ON_INVALID = ("raise", "skip")
 _DURABILITY = ("writer", "enqueue")
 _DEFAULT_RETRY = RetryPolicy()
-
-
-def _threadsafe_caller() -> Callable[[Callable[[], None]], None]:
-    """A non-blocking way for other threads to run a callback on this event loop."""
-    library = sniffio.current_async_library()
-    if library == "asyncio":
-        loop = asyncio.get_running_loop()
-
-        def call(fn: Callable[[], None]) -> None:
-            loop.call_soon_threadsafe(fn)
-
-        return call
-    if library == "trio":
-        import trio
-
-        token = trio.lowlevel.current_trio_token()
-
-        def call_trio(fn: Callable[[], None]) -> None:
-            token.run_sync_soon(fn)
-
-        return call_trio
-    raise RuntimeError(f"unsupported async library {library!r}")
-
-
-def _generated_run_name() -> str:
-    return time.strftime("run-%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:4]
 
 
 class TraceSession:
@@ -202,7 +158,7 @@ class TraceSession:
                 raise ValueError(f"sinks must be asynctrace.Sink instances, got {type(sink).__name__}")
 
         self.project = project
-        self.run = run or _generated_run_name()
+        self.run = run or generated_run_name()
         self.sinks = sinks
         self.max_traces_per_step = max_traces_per_step
         self.sampler = resolve_sampler(sampler)
@@ -273,39 +229,34 @@ class TraceSession:
         self._replay_from: tuple[str, str] | None = None
         self._replay_dead = False
         self._replay_quiet = False
-        self._hooks: _Hooks | None = None
-        # Jobs other threads and signal handlers start in the session's task group (see _run_jobs).
-        self._jobs: MemoryObjectSendStream[Job] | None = None
         self._keys: dict[str, str] = {}
-        self._state = _State.UNOPENED
-        self._pid = os.getpid()
-        self._loop_thread: int | None = None
-        self._call_soon: Callable[[Callable[[], None]], None] | None = None
+        self._life = Lifecycle(
+            name=f"{project}/{self.run}",
+            finish=self.finish,
+            flush=self.flush,
+            stats=self.stats,
+            locks=self._drain_locks,
+            finish_timeout=self.finish_timeout,
+            spooled=lambda: None if self._spool is None else self._spool.unresolved(),
+        )
         self._tg: anyio.abc.TaskGroup | None = None
         self._writer: Writer | None = None
         self._room_event: anyio.Event | None = None
         self._async_waiters = 0
         self._finishing: anyio.Event | None = None
-        # The drain of a finish() under way, and its budget and deadline, which `_hurry` may cut.
-        self._drain_scope: anyio.CancelScope | None = None
-        self._finish_budget = 0.0
-        self._finish_deadline = 0.0
-        # Set once finish() is done, for waiters on other threads (a signal handler).
-        self._closed_event = threading.Event()
-        # Run on the loop, through its own callback machinery, once finish() is done.
-        self._after_finish: list[Callable[[], None]] = []
-        self._final: SessionStats | None = None
         self._sync: _SyncRunner | None = None
         self._opening_sync = False
 
     def __repr__(self) -> str:
-        return f"TraceSession(project={self.project!r}, run={self.run!r}, state={self._state.value})"
+        return f"TraceSession(project={self.project!r}, run={self.run!r}, state={self._life.state.value})"
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def __aenter__(self) -> TraceSession:
-        if self._state is not _State.UNOPENED:
-            raise SessionClosedError(f"a TraceSession can be opened once; this one is {self._state.value}")
+        if self._life.state is not State.UNOPENED:
+            raise SessionClosedError(
+                f"a TraceSession can be opened once; this one is {self._life.state.value}"
+            )
         spool = self._spool
         scan: _segments.DirScan | None = None
         if spool is not None:
@@ -330,8 +281,6 @@ class TraceSession:
         return self
 
     async def _start(self) -> None:
-        self._loop_thread = threading.get_ident()
-        self._call_soon = _threadsafe_caller()
         self._room_event = anyio.Event()
         self._writer = Writer(
             self._buffer,
@@ -349,31 +298,8 @@ class TraceSession:
             self._tg.cancel_scope.cancel()
             await self._tg.__aexit__(None, None, None)
             raise
-        self._jobs, jobs = anyio.create_memory_object_stream[Job](math.inf)
-        self._tg.start_soon(self._run_jobs, jobs)
-        self._pid = os.getpid()
-        self._state = _State.OPEN
+        await self._life.opened(self._tg)
         _forks.hold(self)
-
-    async def _run_jobs(self, jobs: MemoryObjectReceiveStream[Job]) -> None:
-        # Starting a task needs a task context (anyio detects the event loop from it), which a
-        # loop callback scheduled by another thread or a signal handler does not have; this
-        # task starts such jobs for them. It ends when finish() closes the stream.
-        assert self._tg is not None
-        async with jobs:
-            async for job in jobs:
-                self._tg.start_soon(job)
-
-    def _submit_job(self, job: Job) -> bool:
-        """Start `job` in the session's task group; event-loop thread only (use `_call_soon`)."""
-        jobs = self._jobs
-        if jobs is None:
-            return False
-        try:
-            jobs.send_nowait(job)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            return False
-        return True
 
     async def _replay_backlog(self, scan: _segments.DirScan) -> None:
         """Deliver what a previous session left unacknowledged in the spool, ahead of new records."""
@@ -421,30 +347,27 @@ class TraceSession:
         if total:
             logger.info("asynctrace: replaying %d unacknowledged records from %s", total, spool.directory)
 
+    def _drain_locks(self) -> list[threading.Lock]:
+        locks = [self._buffer.lock]
+        if self._spool is not None:
+            locks.append(self._spool.io_lock)
+        return locks
+
     def _install_hooks(self) -> None:
         if threading.current_thread() is threading.main_thread():
-            _shutdown.install_shutdown_hooks(self)
+            install_shutdown_hooks(self)
         else:
             logger.warning(
                 "asynctrace: shutdown_hooks=True but the session was opened off the main thread; "
                 "only the exit hook is installed (Python runs signal handlers on the main thread)"
             )
-            _shutdown._hooked.add(self)
-
-    def _is_open(self) -> bool:
-        return self._state is _State.OPEN
-
-    def _is_closing(self) -> bool:
-        return self._state is _State.CLOSING
-
-    def _is_forked(self) -> bool:
-        return self._state is _State.FORKED
+            _shutdown.hook_exit(self._life)
 
     def _after_fork_in_child(self) -> None:
         # A forked child has the session's state but not its writer thread or task: what it
         # logged would wait forever in its copy of the buffer, and its finish() would wait for a
         # loop that is not there (unwinding a `with` block, or at exit). It refuses to log instead.
-        self._state = _State.FORKED
+        self._life.state = State.FORKED
         # The lock may have been held by a thread the child does not have.
         self._buffer.lock = threading.Lock()
         self._buffer.room = threading.Condition(self._buffer.lock)
@@ -456,7 +379,7 @@ class TraceSession:
         tb: TracebackType | None,
     ) -> None:
         assert self._tg is not None
-        if self._state is _State.FORKED:
+        if self._life.is_forked():
             # The parent finishes the session. The child's copy of the task group waits on a
             # loop that forking left unusable (asyncio refuses to run it in a child at all).
             return
@@ -471,16 +394,21 @@ class TraceSession:
             await self._tg.__aexit__(None, None, None)
 
     def __enter__(self) -> SyncTraceSession:
-        if self._state is not _State.UNOPENED:
-            raise SessionClosedError(f"a TraceSession can be opened once; this one is {self._state.value}")
+        if self._life.state is not State.UNOPENED:
+            raise SessionClosedError(
+                f"a TraceSession can be opened once; this one is {self._life.state.value}"
+            )
         self._opening_sync = True
         try:
-            self._sync = _SyncRunner(self)
+            self._sync = _SyncRunner(self, self._life)
         finally:
             self._opening_sync = False
+        self._life.runner = self._sync
         if self.shutdown_hooks:
             self._install_hooks()
-        return SyncTraceSession(self)
+        return SyncTraceSession(
+            self, self._sync, log_blocking=self._log_blocking, push_metrics=self._push_metrics
+        )
 
     def __exit__(
         self,
@@ -501,12 +429,13 @@ class TraceSession:
         Idempotent. What was not delivered by the deadline stays counted as `pending`.
         """
         timeout = check_timeout(timeout)
-        if self._state is _State.CLOSED:
-            assert self._final is not None
-            return self._final
-        if self._state is _State.UNOPENED:
+        life = self._life
+        if life.state is State.CLOSED:
+            assert life.final is not None
+            return life.final
+        if life.state is State.UNOPENED:
             raise SessionClosedError("the session was never opened; use `async with` or `with`")
-        if self._state is _State.FORKED:
+        if life.state is State.FORKED:
             return self.stats()  # the parent process finishes it
         self._check_loop_thread("finish")
         if self._finishing is not None:
@@ -514,21 +443,20 @@ class TraceSession:
             bound = finish_bound(self.finish_timeout if timeout is None else timeout)
             with anyio.CancelScope(shield=True), anyio.move_on_after(bound):
                 await self._finishing.wait()
-            return self._final if self._final is not None else self.stats()
+            return life.final if life.final is not None else self.stats()
         self._finishing = anyio.Event()
         budget = self.finish_timeout if timeout is None else float(timeout)
         with anyio.CancelScope(shield=True):
             start = anyio.current_time()
             deadline = start + budget
-            self._state = _State.CLOSING
+            life.finishing(budget, deadline)
             self._buffer.close()
             self._on_room()
-            self._finish_budget, self._finish_deadline = budget, deadline
             drained = False
-            with anyio.CancelScope() as self._drain_scope:
+            with anyio.CancelScope() as life.drain_scope:
                 drained = await self._flush_until(deadline)
-            self._drain_scope = None
-            budget, deadline = self._finish_budget, self._finish_deadline
+            life.drain_scope = None
+            budget, deadline = life.budget, life.deadline
             writer = self._writer
             assert writer is not None and writer.scope is not None
             writer.scope.cancel()
@@ -545,8 +473,8 @@ class TraceSession:
                 )
                 writer.abandon()
                 await writer.stopped.wait()
-            if self._hooks is not None:
-                self._hooks.uninstall()
+            if life.hooks is not None:
+                life.hooks.uninstall()
             # Callers waiting for room were woken when the buffer closed, and rows log_rollouts
             # is still decoding cannot be queued any more: each holds a ticket until it has
             # counted its samples as "closed" (and acknowledged them in the spool). Wait for
@@ -593,31 +521,10 @@ class TraceSession:
                 )
             elif stats.failed or stats.dropped_total - stats.dropped.get("capped", 0):
                 logger.warning("asynctrace: session finished with losses: %s", stats.summary())
-            self._final = stats
-            self._state = _State.CLOSED
             _forks.release(self)
-            if self._jobs is not None:
-                self._jobs.close()
             self._finishing.set()
-            self._closed_event.set()
-            # After the state is CLOSED: a signal handler that saw CLOSING has added its
-            # callback by now, and one that runs later sees CLOSED and hands on by itself.
-            while self._after_finish:
-                callback = self._after_finish.pop(0)
-                if not _shutdown._call_soon(self, callback):
-                    callback()
+            life.finished(stats)
         return stats
-
-    async def _hurry(self, timeout: float) -> None:
-        """Cut the drain of a finish() under way to end within `timeout` seconds from now, and its
-        close grace to match (a shutdown hook with a shorter deadline). A session job: run it
-        with `_shutdown._schedule`."""
-        scope = self._drain_scope
-        deadline = anyio.current_time() + timeout
-        if scope is not None and deadline < self._finish_deadline:
-            self._finish_budget = min(self._finish_budget, timeout)
-            self._finish_deadline = deadline
-            scope.deadline = deadline
 
     async def _close_sink(self, sink: Sink, name: str, budget: float) -> None:
         with anyio.move_on_after(budget) as scope:
@@ -630,22 +537,6 @@ class TraceSession:
             logger.error("asynctrace: closing sink %r did not finish within %.1fs", name, budget)
 
     # -- submission ------------------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        self._check_nowait()
-        if self._state is not _State.OPEN:
-            raise SessionClosedError("the session is finished; it accepts no more samples")
-
-    def _check_nowait(self) -> None:
-        # What even log_samples_nowait refuses (it counts samples after finish as "closed").
-        if self._state is _State.UNOPENED:
-            raise SessionClosedError("the session is not open yet; use `async with` or `with`")
-        if self._state is _State.FORKED:
-            raise SessionClosedError(
-                f"this session belongs to process {self._pid}, which this process was forked "
-                "from; a forked child cannot log through it (open a session in the child, or "
-                "see docs/distributed.md to send samples to one session from many processes)"
-            )
 
     def _key_for(self, split: str) -> str:
         key = self._keys.get(split)
@@ -755,13 +646,11 @@ class TraceSession:
             # caller's records and still be writing them; taking the commit lock waits for it.
             spool.commit(blocking=blocking)
 
-    def _on_loop_thread(self) -> bool:
-        return threading.get_ident() == self._loop_thread
-
     def _check_loop_thread(self, what: str) -> None:
         # Its waits are on the session's own event loop: awaited from another thread's loop
         # they would break that loop's primitives (and the writer with them) instead of waiting.
-        if self._loop_thread is not None and threading.get_ident() != self._loop_thread:
+        loop_thread = self._life.loop_thread
+        if loop_thread is not None and threading.get_ident() != loop_thread:
             raise AsyncTraceError(
                 f"{what}() must be awaited on the event loop that opened the session; from another "
                 "thread or event loop, use the session's blocking form (`with TraceSession(...)`), "
@@ -772,12 +661,11 @@ class TraceSession:
         writer = self._writer
         if writer is None:
             return
-        if self._on_loop_thread():
+        if self._life.on_loop_thread():
             writer.wake()
-        elif self._call_soon is not None:
-            # A closing loop raises RuntimeError: its writer no longer needs waking.
-            with contextlib.suppress(RuntimeError):
-                self._call_soon(writer.wake)
+        else:
+            # A closing loop: its writer no longer needs waking.
+            self._life.call_soon(writer.wake)
 
     async def _until_room(self) -> None:
         """Wait (event-loop thread) until buffer room is freed or the session closes."""
@@ -817,11 +705,11 @@ class TraceSession:
         """
         # Inline checks: after a training step every function this call touches runs cold,
         # and on the machines measured each costs microseconds (docs/performance.md).
-        if self._state is not _OPEN:
-            self._check_open()
+        if self._life.state is not _OPEN:
+            self._life.check_open()
         if timeout is not None:
             timeout = check_timeout(timeout)
-        if threading.get_ident() != self._loop_thread:
+        if threading.get_ident() != self._life.loop_thread:
             return await self._log_from_other_loop(samples, step, split, timeout)
         records, invalid, refused = self._encode(samples, step, split)
         adm = self._buffer.admit(
@@ -903,7 +791,7 @@ class TraceSession:
         cancelled: threading.Event | None = None,
     ) -> int:
         """The blocking form, for threads other than the session's event loop."""
-        self._check_open()
+        self._life.check_open()
         records, invalid, refused = self._encode(samples, step, split)
         buf = self._buffer
         # Under "block" this call may be left waiting for room: its ticket is taken before it
@@ -968,8 +856,9 @@ class TraceSession:
         After the session is finished, samples are counted as dropped (``"closed"``) rather
         than raising, so a rollout thread racing shutdown never crashes.
         """
-        if self._state is not _OPEN and self._state is not _State.CLOSED:
-            self._check_nowait()
+        state = self._life.state
+        if state is not _OPEN and state is not State.CLOSED:
+            self._life.check_usable()
         records, invalid, refused = self._encode(samples, step, split)
         adm = self._buffer.admit(
             records, split=split, step=step, nowait=True, invalid=invalid, refused=refused
@@ -992,7 +881,7 @@ class TraceSession:
         self._buffer.count_invalid(n)
 
     def _push_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        self._check_open()
+        self._life.check_open()
         check_step(step, "train")
         if not isinstance(metrics, Mapping):
             raise ValueError(f"metrics must be a mapping of str to number, got {type(metrics).__name__}")
@@ -1019,7 +908,7 @@ class TraceSession:
         """Close open sampler steps and wait until everything submitted before the call is
         delivered or finally failed. Returns False when `timeout` passed first."""
         timeout = check_timeout(timeout)
-        self._check_open()
+        self._life.check_open()
         self._check_loop_thread("flush")
         deadline = None if timeout is None else anyio.current_time() + timeout
         # Samples submitted before this call but not queued yet (a caller waiting for room, rows
@@ -1140,7 +1029,7 @@ class TraceSession:
         from .rollouts import decode_rollouts
         from .rollouts._decode import _check_rows, row_scores
 
-        self._check_open()
+        self._life.check_open()
         check_step(step, split)
         n = len(input_ids)
         # `rows` picks (and orders) the rows to log, as in decode_rollouts; the cap chooses
@@ -1172,3 +1061,48 @@ class TraceSession:
             return await self._fill(kept, samples, step=step, split=split)
         finally:
             self._buffer.return_ticket(ticket)
+
+
+def install_shutdown_hooks(
+    session: TraceSession | SyncTraceSession,
+    *,
+    timeout: float = _shutdown.DEFAULT_TIMEOUT,
+    signals: Iterable[int] = _shutdown.DEFAULT_SIGNALS,
+) -> Callable[[], None]:
+    """Drain `session` within `timeout` seconds on SIGTERM/SIGINT and at interpreter exit.
+
+    Chains to the handlers installed before (see `asynctrace._shutdown` for what each case
+    does). Must be called from the main thread. Returns a function that removes the hooks
+    (finishing the session removes them too).
+    """
+    target = session.session if isinstance(session, SyncTraceSession) else session
+    assert isinstance(target, TraceSession)
+    check_seconds("timeout", timeout)
+    return _shutdown.install(target._life, float(timeout), signals)
+
+
+def hurry_finish(session: TraceSession, timeout: float) -> None:
+    """Cut a finish() under way on `session`'s loop to end within `timeout` seconds, from any thread."""
+    session._life.schedule(session._life.hurry, timeout)
+
+
+def recovery_session(
+    spool_dir: str | os.PathLike[str], target: tuple[str, str], source: tuple[str, str], *, dead_letters: bool
+) -> TraceSession:
+    """A session that replays what the spool holds of `source` (dead letters too, with
+    `dead_letters`) into the (project, run) `target`, for `asynctrace recover`."""
+    from .sinks import TrackioSink
+
+    session = TraceSession(
+        target[0],
+        run=target[1],
+        sinks=[TrackioSink()],
+        spool_dir=spool_dir,
+        durability="writer",
+        replay=True,
+        finish_timeout=120.0,
+    )
+    session._replay_from = source
+    session._replay_dead = dead_letters
+    session._replay_quiet = True
+    return session

@@ -517,6 +517,11 @@ class Spool:
         finally:
             self._unlock()
 
+    @property
+    def io_lock(self) -> threading.Lock:
+        """Held while a commit writes; a drain that needs the spool waits for it."""
+        return self._io
+
     def unresolved(self) -> int:
         """Records the spool still holds for a later replay."""
         # list() copies in one step: a commit on another thread may add or drop files meanwhile.

@@ -16,7 +16,6 @@ import os
 import signal
 import threading
 import time
-import uuid
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import FrameType
@@ -27,8 +26,9 @@ import ray
 from ray.actor import ActorHandle
 
 from .._checks import check_seconds, check_timeout, wait_arg
-from .._session import TraceSession
-from .._shutdown import _schedule, hook_bound
+from .._security import generated_run_name
+from .._session import TraceSession, hurry_finish
+from .._shutdown import hook_bound
 from .._stats import SessionStats
 from .._sync import SyncTraceSession, log_within
 from ..exceptions import SessionClosedError
@@ -201,7 +201,7 @@ class TraceCollector:
         if wait is not None and self._finish_lock.locked():
             # A finish with a longer deadline is under way: cut it short to this one's.
             budget = self._session.finish_timeout if timeout is None else timeout
-            _schedule(self._session, self._session._hurry, budget)
+            hurry_finish(self._session, budget)
         limit = None if wait is None else wait_arg(wait)
         if not self._finish_lock.acquire(timeout=-1.0 if limit is None else limit):
             logger.error(
@@ -305,7 +305,7 @@ def start_collector(
     if run is None and collector_kwargs.get("session_factory") is None:
         # Named here, not in the actor: a collector that Ray restarts (max_restarts) builds its
         # session again with the same arguments, and so resumes the same Trackio run.
-        run = time.strftime("run-%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:4]
+        run = generated_run_name()
     actor_class = RemoteTraceCollector.options(**dict(actor_options or {}))
     handle: ActorHandle[Any] = actor_class.remote(project, run, **collector_kwargs)
     ray.get(handle.ready.remote(), timeout=ready_timeout)
