@@ -56,6 +56,12 @@ INGEST_CONCURRENCY = 4
 CONTROL_CONCURRENCY = 2
 
 
+_SKIP_ONLY = (
+    "TraceCollector validates in the clients; its session counts what it still rejects as "
+    "dropped, so the session's on_invalid must be 'skip'"
+)
+
+
 class TraceCollector:
     """Owns one `TraceSession` (sinks, caps, samplers, buffer) for every client of a job.
 
@@ -63,7 +69,8 @@ class TraceCollector:
     `TraceSession` keyword) or ``session_factory=`` (a picklable callable returning an unopened
     `TraceSession`, for sinks that cannot be pickled). Clients have validated samples already,
     so the session counts anything it still rejects (an unscored sample under ``top_bottom``)
-    as dropped ``"invalid"`` instead of failing the whole batch: its `on_invalid` is ``"skip"``.
+    as dropped ``"invalid"`` instead of failing the whole batch: its `on_invalid` must be
+    ``"skip"`` (the default here; a `session_factory` must build its session so).
 
     With ``on_full="block"`` an ingest call waits up to `ingest_timeout` seconds for room, which
     holds the client's call in flight, so backpressure reaches the clients' bounded buffers;
@@ -88,16 +95,13 @@ class TraceCollector:
             session = session_factory()
             if not isinstance(session, TraceSession):
                 raise ValueError(f"session_factory must return a TraceSession, got {type(session).__name__}")
-            # Public attribute, read on every submission: see the class docstring for why.
-            session.on_invalid = "skip"
+            if session.on_invalid != "skip":
+                raise ValueError(_SKIP_ONLY + " (build it with on_invalid='skip')")
         else:
             if project is None:
                 raise ValueError("TraceCollector needs a project (or a session_factory)")
             if session_kwargs.get("on_invalid", "skip") != "skip":
-                raise ValueError(
-                    "TraceCollector validates in the clients; its session counts what it still "
-                    "rejects as dropped, so on_invalid must be 'skip' (set on_invalid on TraceClient)"
-                )
+                raise ValueError(_SKIP_ONLY + " (set on_invalid on TraceClient)")
             session_kwargs["on_invalid"] = "skip"
             session = TraceSession(project, run, **session_kwargs)
         self.ingest_timeout = float(ingest_timeout)
