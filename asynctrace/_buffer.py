@@ -22,9 +22,38 @@ from .exceptions import SessionClosedError
 if TYPE_CHECKING:
     from ._spool import Spool
 
-__all__ = ["Batch", "Buffer", "Marker", "MetricsItem", "Waiting"]
+__all__ = ["Batch", "Buffer", "Marker", "MetricsItem", "Room", "Waiting"]
 
 OnFull = Literal["block", "drop_newest", "drop_oldest"]
+
+
+class Room:
+    """Wakes whoever waits for the buffer to change (room freed, a submission queued or given
+    up, the buffer closed): the one way every caller, on any thread, waits for it.
+
+    A waiter subscribes first, then tries, then waits for its wake-up: a change between the
+    try and the wait is never missed. Each subscription is woken once.
+    """
+
+    __slots__ = ("_lock", "_waiters")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiters: list[Callable[[], object]] = []
+
+    def subscribe(self, wake: Callable[[], object]) -> None:
+        with self._lock:
+            self._waiters.append(wake)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def notify(self) -> None:
+        with self._lock:
+            waiters, self._waiters = self._waiters, []
+        for wake in waiters:
+            wake()
 
 
 class Batch:
@@ -107,10 +136,6 @@ class Waiting:
     def __len__(self) -> int:
         return len(self.records) - self.start
 
-    @property
-    def head_nbytes(self) -> int:
-        return self.records[self.start].nbytes
-
     def rest(self) -> Sequence[TraceRecord]:
         return self.records[self.start :] if self.start else self.records
 
@@ -149,7 +174,7 @@ class Buffer:
         self.gate = gate
         self.clock = clock
         self.lock = threading.Lock()
-        self.room = threading.Condition(self.lock)
+        self.room = Room()
         self.sink_names = list(sink_names)
         self.sinks = [_SinkCounters() for _ in sink_names]
         self.submitted = 0
@@ -178,7 +203,6 @@ class Buffer:
         # itself, so a caller stuck elsewhere (a signal handler running on its thread) cannot
         # leave them pending.
         self.waitings: set[Waiting] = set()
-        self.thread_waiters = 0
         self._entry_seq = 0
         self.on_drop: Callable[[DropReason, int], None] | None = None
         # The write-ahead spool, when the session has one. With `spool_on_admit` (durability
@@ -354,13 +378,6 @@ class Buffer:
             return True
         return on_full == "drop_oldest" and self._evict_oldest_for(need[1], need[0])
 
-    def has_room(self, waiting: Waiting) -> bool:
-        """Lock held: whether `waiting` could move on now (its head fits)."""
-        if waiting.gated:
-            need = self._room_needed(waiting.split, waiting.step, waiting.head_nbytes)
-            return need is None or self._fits(need[1], need[0])
-        return self._fits(waiting.head_nbytes)
-
     def _offer(
         self,
         records: Sequence[TraceRecord],
@@ -466,6 +483,7 @@ class Buffer:
     def return_ticket(self, ticket: int) -> None:
         with self.lock:
             self.tickets.discard(ticket)
+        self.room.notify()
 
     def last_ticket(self) -> int:
         with self.lock:
@@ -539,7 +557,7 @@ class Buffer:
                 self._give_up(waiting, "closed")
                 if waiting.ticket is not None:
                     self.tickets.discard(waiting.ticket)
-            self.room.notify_all()
+        self.room.notify()
 
     def admit_replayed(self, records: Sequence[TraceRecord]) -> Admission:
         """Records replayed from a spool: counted as submitted (and replayed), past the gate
@@ -746,8 +764,6 @@ class Buffer:
                     self.spool.resolve(batch.records, error_text, [name for name, _ in batch.errors])
                 else:
                     self.spool.resolve(batch.records)
-            if self.thread_waiters:
-                self.room.notify_all()
             return True
 
     def note_retries(self, lane: int, retries: int) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import logging
 import os
 import threading
@@ -19,20 +18,14 @@ import anyio.abc
 
 from . import _forks, _segments, _shutdown
 from ._abandon import call_abandonable
-from ._buffer import Buffer, Marker, MetricsItem, OnFull, Waiting
-from ._checks import MAX_STEP, check_int, check_seconds, check_split, check_step, check_text, check_timeout
+from ._buffer import Buffer, Marker, MetricsItem, OnFull, Room
+from ._checks import check_int, check_seconds, check_step, check_text, check_timeout
+from ._encode import Encoder
+from ._intake import Intake
 from ._lifecycle import Lifecycle, State
 from ._record import (
-    UNKNOWN,
     Sample,
     SampleLike,
-    TraceRecord,
-    as_list,
-    encode_checked,
-    encode_samples,
-    missing_score,
-    preview_score,
-    records_for,
 )
 from ._retry import NO_RETRY, RetryPolicy
 from ._sampling import Gate, Sampler, SamplerName, resolve_sampler
@@ -41,11 +34,11 @@ from ._spool import Durability, Spool
 from ._stats import SessionStats
 from ._sync import SyncTraceSession, _SyncRunner
 from ._writer import STOP_GRACE, Writer, close_grace, finish_bound
-from .exceptions import AsyncTraceError, RecordError, SessionClosedError
+from .exceptions import AsyncTraceError, SessionClosedError
 from .sinks._base import Sink
 
 if TYPE_CHECKING:
-    from ._sampling import Entry
+    pass
 
 __all__ = ["TraceSession", "hurry_finish", "install_shutdown_hooks", "recovery_session"]
 
@@ -199,12 +192,6 @@ class TraceSession:
             if max_traces_per_step is not None
             else None
         )
-        # The sampler's name when it ranks by score (every sample then needs one), else None.
-        needs_score = gate is not None and self.sampler.needs_score
-        self._score_needed_by = type(self.sampler).__name__ if needs_score else None
-        # With a cap, encode only what it would keep (see _encode_kept); a redact callable
-        # may change a score, so then everything is encoded first.
-        self._precheck_cap = gate is not None and redact is None
         self._buffer = Buffer(
             queue_size=queue_size,
             max_bytes=max_queue_bytes,
@@ -216,20 +203,29 @@ class TraceSession:
         )
         self._buffer.on_drop = self._note_drop
         self._warned: set[str] = set()
-        self._ids = itertools.count()
-        self._id_prefix = uuid.uuid4().hex[:12]
+        id_prefix = uuid.uuid4().hex[:12]
         self._spool = (
-            Spool(spool_dir, project=project, run=self.run, session=self._id_prefix, durability=durability)
+            Spool(spool_dir, project=project, run=self.run, session=id_prefix, durability=durability)
             if spool_dir is not None
             else None
         )
-        # durability="enqueue": callers write their records to the spool before returning.
-        self._spool_sync = self._spool is not None and durability == "enqueue"
+        needs_score = gate is not None and self.sampler.needs_score
+        self._encoder = Encoder(
+            trace_key=trace_key,
+            redact=redact,
+            skip_invalid=on_invalid == "skip",
+            max_bytes=max_queue_bytes,
+            score_needed_by=type(self.sampler).__name__ if needs_score else None,
+            # With a cap, encode only what it would keep; a redact callable may change a
+            # score, so then everything is encoded first.
+            precheck=gate is not None and redact is None,
+            keeps=self._buffer.keeps,
+            id_prefix=id_prefix,
+        )
         # Set by `asynctrace recover`: replay another (project, run)'s records, dead letters too.
         self._replay_from: tuple[str, str] | None = None
         self._replay_dead = False
         self._replay_quiet = False
-        self._keys: dict[str, str] = {}
         self._life = Lifecycle(
             name=f"{project}/{self.run}",
             finish=self.finish,
@@ -239,10 +235,17 @@ class TraceSession:
             finish_timeout=self.finish_timeout,
             spooled=lambda: None if self._spool is None else self._spool.unresolved(),
         )
+        self._intake = Intake(
+            self._buffer,
+            self._encoder,
+            self._life,
+            spool=self._spool,
+            spool_sync=self._spool is not None and durability == "enqueue",
+            batch_size=batch_size,
+            wake_writer=self._wake_writer,
+        )
         self._tg: anyio.abc.TaskGroup | None = None
         self._writer: Writer | None = None
-        self._room_event: anyio.Event | None = None
-        self._async_waiters = 0
         self._finishing: anyio.Event | None = None
         self._sync: _SyncRunner | None = None
         self._opening_sync = False
@@ -281,14 +284,13 @@ class TraceSession:
         return self
 
     async def _start(self) -> None:
-        self._room_event = anyio.Event()
         self._writer = Writer(
             self._buffer,
             self.sinks,
             retry=self.retry,
             flush_interval=self.flush_interval,
             step_timeout=self._buffer.gate.step_timeout if self._buffer.gate else None,
-            on_room=self._on_room,
+            on_room=self._buffer.room.notify,
         )
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
@@ -339,11 +341,7 @@ class TraceSession:
             if records is None:
                 break
             total += len(records)
-            adm = self._buffer.admit_replayed(records)
-            if adm.wake:
-                self._wake()
-            if adm.waiting is not None:
-                await self._wait_for_room(adm.waiting, None)
+            await self._intake.replay(records)
         if total:
             logger.info("asynctrace: replaying %d unacknowledged records from %s", total, spool.directory)
 
@@ -370,7 +368,7 @@ class TraceSession:
         self._life.state = State.FORKED
         # The lock may have been held by a thread the child does not have.
         self._buffer.lock = threading.Lock()
-        self._buffer.room = threading.Condition(self._buffer.lock)
+        self._buffer.room = Room()
 
     async def __aexit__(
         self,
@@ -407,7 +405,7 @@ class TraceSession:
         if self.shutdown_hooks:
             self._install_hooks()
         return SyncTraceSession(
-            self, self._sync, log_blocking=self._log_blocking, push_metrics=self._push_metrics
+            self, self._sync, log_blocking=self._intake.log_blocking, push_metrics=self._push_metrics
         )
 
     def __exit__(
@@ -451,7 +449,6 @@ class TraceSession:
             deadline = start + budget
             life.finishing(budget, deadline)
             self._buffer.close()
-            self._on_room()
             drained = False
             with anyio.CancelScope() as life.drain_scope:
                 drained = await self._flush_until(deadline)
@@ -479,7 +476,7 @@ class TraceSession:
             # is still decoding cannot be queued any more: each holds a ticket until it has
             # counted its samples as "closed" (and acknowledged them in the spool). Wait for
             # that before the spool is closed and the final count is taken; bounded all the same.
-            await self._until_queued(None, 1.0)
+            await self._intake.until_queued(None, 1.0)
             spool = self._spool
             if spool is not None:
                 # Whatever is still queued goes to the spool (durability="writer" had not
@@ -538,114 +535,6 @@ class TraceSession:
 
     # -- submission ------------------------------------------------------------------------
 
-    def _key_for(self, split: str) -> str:
-        key = self._keys.get(split)
-        if key is None:
-            # Once per split, not on every call: one a sink could not store is refused here.
-            check_split(split)
-            try:
-                key = self.trace_key.format(split=split)
-            except Exception:  # "{split[3]}" with a shorter split
-                raise ValueError(
-                    f"trace_key {shown(self.trace_key)} cannot be formatted with split {shown(split)}"
-                ) from None
-            self._keys[split] = key
-        return key
-
-    def _encode(
-        self,
-        samples: SampleLike | Iterable[SampleLike],
-        step: int,
-        split: str,
-        *,
-        precheck: bool = True,
-        skipped: list[int] | None = None,
-    ) -> tuple[list[TraceRecord], int, int]:
-        """Validate and encode samples once, in the caller; returns records, the invalid count and
-        how many the cap refused before they were encoded (only with `precheck`). Without
-        `precheck`, the indices of samples left out as invalid go to `skipped`."""
-        if type(step) is not int or step < 0 or step > MAX_STEP or type(split) is not str or not split:
-            check_step(step, split)  # raises, or accepts an int subclass
-        items = samples if type(samples) is list else as_list(samples)
-        key = self._keys.get(split) or self._key_for(split)
-        now = time.time()
-        kept = self._encode_kept(items, step, split) if precheck and self._precheck_cap else None
-        if kept is not None:
-            encoded, invalid, refused = kept
-        else:
-            refused = 0
-            encoded, invalid = encode_samples(
-                items,
-                redact=self.redact,
-                skip_invalid=self.on_invalid == "skip",
-                max_bytes=self.max_queue_bytes,
-                score_needed_by=self._score_needed_by,
-                skipped=skipped,
-            )
-        return records_for(encoded, self._ids, self._id_prefix, step, split, key, now), invalid, refused
-
-    def _encode_kept(
-        self, items: Sequence[Any], step: int, split: str
-    ) -> tuple[list[tuple[bytes, float | None]], int, int] | None:
-        """Encode only the samples the cap would keep if offered now; None when that cannot be
-        told cheaply (the caller then encodes everything).
-
-        A sample the cap refuses is counted as capped without being encoded or validated, as
-        `log_rollouts` skips decoding rows it will not keep. The gate still decides at
-        admission; a selection only gets harder to enter, so nothing refused here could have
-        been kept there.
-        """
-        n = len(items)
-        ranked_by = self._score_needed_by  # the sampler's name when it ranks by score
-        skip = self.on_invalid == "skip"
-        invalid: set[int] = set()
-        if ranked_by is not None:
-            scores: list[Any] = [preview_score(obj) for obj in items]
-            if any(sc is UNKNOWN for sc in scores):
-                return None
-            for i, sc in enumerate(scores):
-                if sc is None:
-                    if not skip:
-                        raise missing_score(i, ranked_by)
-                    invalid.add(i)
-        elif all(type(obj) is Sample or type(obj) is dict for obj in items):
-            scores = [None] * n
-        else:
-            return None  # an unusual item gets the full path, and its error if it is wrong
-        candidates = [i for i in range(n) if i not in invalid]
-        encoded: dict[int, tuple[bytes, float | None]] = {}
-        while candidates:
-            keeps = self._buffer.keeps([scores[i] for i in candidates], split=split, step=step)
-            if keeps is None:
-                return None
-            failed = False
-            for i, keep in zip(candidates, keeps, strict=True):
-                if not keep or i in encoded:
-                    continue
-                try:
-                    pair = encode_checked(items[i], i, None, self.max_queue_bytes, "max_queue_bytes", None)
-                except RecordError:
-                    if not skip:
-                        raise
-                    invalid.add(i)
-                    failed = True
-                    continue
-                if ranked_by is not None and pair[1] != scores[i]:
-                    return None  # the preview misread this shape; let the full path decide
-                encoded[i] = pair
-            if not failed:
-                break
-            # An invalid sample takes no place, so one refused in its favour may fit now.
-            candidates = [i for i in candidates if i not in invalid]
-        return [encoded[i] for i in sorted(encoded)], len(invalid), n - len(invalid) - len(encoded)
-
-    def _commit_spool(self, blocking: bool = True) -> None:
-        spool = self._spool
-        if spool is not None and (blocking or spool.has_staged):
-            # Blocking, even with nothing staged: another thread's commit may have taken this
-            # caller's records and still be writing them; taking the commit lock waits for it.
-            spool.commit(blocking=blocking)
-
     def _check_loop_thread(self, what: str) -> None:
         # Its waits are on the session's own event loop: awaited from another thread's loop
         # they would break that loop's primitives (and the writer with them) instead of waiting.
@@ -657,31 +546,18 @@ class TraceSession:
                 "whose methods may be called from any thread"
             )
 
-    def _wake(self) -> None:
-        writer = self._writer
-        if writer is None:
-            return
-        if self._life.on_loop_thread():
-            writer.wake()
-        else:
-            # A closing loop: its writer no longer needs waking.
-            self._life.call_soon(writer.wake)
+    def _wake_writer(self) -> None:
+        if self._writer is not None:
+            self._writer.wake()
 
-    async def _until_room(self) -> None:
-        """Wait (event-loop thread) until buffer room is freed or the session closes."""
-        event = self._room_event
-        assert event is not None
-        self._async_waiters += 1
-        try:
-            await event.wait()
-        finally:
-            self._async_waiters -= 1
+    @property
+    def _precheck_cap(self) -> bool:
+        # Benchmarks and tests compare the capped path with and without encoding only what is kept.
+        return self._encoder.precheck
 
-    def _on_room(self) -> None:
-        """Buffer room was freed (event-loop thread): wake callers waiting under `block`."""
-        if self._async_waiters and self._room_event is not None:
-            event, self._room_event = self._room_event, anyio.Event()
-            event.set()
+    @_precheck_cap.setter
+    def _precheck_cap(self, value: bool) -> None:
+        self._encoder.precheck = value
 
     def _note_drop(self, reason: str, n: int) -> None:
         # Called under the buffer lock: only bookkeeping and a first-time warning here.
@@ -703,146 +579,11 @@ class TraceSession:
         With ``on_full="block"`` this waits for room (at most `timeout` seconds, after which
         the rest are dropped as ``"queue_full"``); the drop policies never wait.
         """
-        # Inline checks: after a training step every function this call touches runs cold,
-        # and on the machines measured each costs microseconds (docs/performance.md).
         if self._life.state is not _OPEN:
             self._life.check_open()
         if timeout is not None:
             timeout = check_timeout(timeout)
-        if threading.get_ident() != self._life.loop_thread:
-            return await self._log_from_other_loop(samples, step, split, timeout)
-        records, invalid, refused = self._encode(samples, step, split)
-        adm = self._buffer.admit(
-            records, split=split, step=step, nowait=False, invalid=invalid, refused=refused
-        )
-        if self._spool_sync:
-            self._commit_spool()
-        if adm.wake:
-            self._wake()
-        if adm.waiting is None:
-            buf = self._buffer
-            under_pressure = False
-            if buf.pressed:
-                self._since_turn += len(records) + invalid
-                under_pressure = self._since_turn >= min(self.batch_size, buf.depth // 2 + 1)
-            if under_pressure or buf.undispatched >= self._yield_at:
-                # The writer has fallen behind: two batches wait for it, or half the bound is
-                # taken and a batch's worth (or half of what is held) came in since its last
-                # turn. Give it a turn, so that a caller that never awaits anything else cannot
-                # starve the sinks. Never a wait for room, and not on every call under pressure
-                # (a turn of the loop costs tens of microseconds); a caller that awaits between
-                # calls, as a trainer does, lets the writer run there, outside this call.
-                self._since_turn = 0
-                await anyio.lowlevel.checkpoint()
-            return adm.accepted
-        return adm.accepted - await self._wait_for_room(adm.waiting, timeout)
-
-    async def _wait_for_room(self, waiting: Waiting, timeout: float | None) -> int:
-        """Admit `waiting` as room frees up; returns how many will not be queued after all
-        (given up, or refused by the cap when they were offered at last)."""
-        self._async_waiters += 1
-        ticket = self._buffer.take_ticket()
-        try:
-            with anyio.move_on_after(timeout):
-                while len(waiting):
-                    event = self._room_event
-                    assert event is not None
-                    adm = self._buffer.admit_waiting(waiting)
-                    if adm.wake:
-                        self._wake()
-                    if adm.waiting is not None and adm.waiting is not waiting:
-                        waiting = adm.waiting  # what a sampler passed, waiting for the queue
-                    if len(waiting):
-                        await event.wait()
-                return waiting.lost
-            self._buffer.give_up_waiting(waiting, "queue_full")
-            return waiting.lost
-        except BaseException:
-            if len(waiting):
-                self._buffer.give_up_waiting(waiting, "cancelled")
-            raise
-        finally:
-            self._async_waiters -= 1
-            self._buffer.return_ticket(ticket)
-
-    async def _log_from_other_loop(
-        self, samples: SampleLike | Iterable[SampleLike], step: int, split: str, timeout: float | None
-    ) -> int:
-        """`await log_samples` on another thread's event loop: the blocking form in a worker
-        thread, which a cancellation of the caller makes give up its wait for room."""
-        cancelled = threading.Event()
-        try:
-            return await anyio.to_thread.run_sync(
-                self._log_blocking, samples, step, split, timeout, cancelled, abandon_on_cancel=True
-            )
-        except BaseException:
-            # The worker thread sees this at its next look at the buffer (within 0.25 s) and
-            # counts what is still waiting for room as "cancelled", as the same call on the
-            # session's own loop does.
-            cancelled.set()
-            raise
-
-    def _log_blocking(
-        self,
-        samples: SampleLike | Iterable[SampleLike],
-        step: int,
-        split: str,
-        timeout: float | None,
-        cancelled: threading.Event | None = None,
-    ) -> int:
-        """The blocking form, for threads other than the session's event loop."""
-        self._life.check_open()
-        records, invalid, refused = self._encode(samples, step, split)
-        buf = self._buffer
-        # Under "block" this call may be left waiting for room: its ticket is taken before it
-        # admits anything, so a flush() from another thread cannot slip in between.
-        ticket = buf.take_ticket() if self.on_full == "block" else None
-        try:
-            adm = buf.admit(
-                records, split=split, step=step, nowait=False, invalid=invalid, refused=refused, ticket=ticket
-            )
-            if self._spool_sync:
-                self._commit_spool()
-            if adm.wake:
-                self._wake()
-            if adm.waiting is None:
-                return adm.accepted
-            return self._wait_blocking(adm.waiting, adm.accepted, timeout, cancelled)
-        finally:
-            if ticket is not None:
-                buf.return_ticket(ticket)
-
-    def _wait_blocking(
-        self,
-        waiting: Waiting,
-        accepted: int,
-        timeout: float | None,
-        cancelled: threading.Event | None = None,
-    ) -> int:
-        buf = self._buffer
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while len(waiting):
-            if cancelled is not None and cancelled.is_set():
-                buf.give_up_waiting(waiting, "cancelled")
-                break
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                buf.give_up_waiting(waiting, "queue_full")
-                break
-            with buf.lock:
-                # finish() gives up what is still waiting itself (Buffer.close): nothing left then.
-                if len(waiting) and not buf.has_room(waiting) and not buf.closed:
-                    buf.thread_waiters += 1
-                    try:
-                        buf.room.wait(timeout=0.25 if left is None else min(left, 0.25))
-                    finally:
-                        buf.thread_waiters -= 1
-            adm = buf.admit_waiting(waiting)
-            if adm.wake:
-                self._wake()
-            if adm.waiting is not None and adm.waiting is not waiting:
-                waiting = adm.waiting  # what a sampler passed, waiting for the queue
-        return accepted - waiting.lost
+        return await self._intake.log(samples, step, split, timeout)
 
     def log_samples_nowait(
         self,
@@ -856,20 +597,7 @@ class TraceSession:
         After the session is finished, samples are counted as dropped (``"closed"``) rather
         than raising, so a rollout thread racing shutdown never crashes.
         """
-        state = self._life.state
-        if state is not _OPEN and state is not State.CLOSED:
-            self._life.check_usable()
-        records, invalid, refused = self._encode(samples, step, split)
-        adm = self._buffer.admit(
-            records, split=split, step=step, nowait=True, invalid=invalid, refused=refused
-        )
-        if self._spool_sync:
-            # Never blocks: if another commit is under way, that one or the writer's next
-            # one writes these records (before any sink sees them).
-            self._commit_spool(blocking=False)
-        if adm.wake:
-            self._wake()
-        return adm.accepted
+        return self._intake.log_nowait(samples, step, split)
 
     def record_invalid(self, n: int) -> None:
         """Count `n` samples that could not even be built (an adapter's unconvertible rows).
@@ -898,7 +626,7 @@ class TraceSession:
                     f"metrics[{shown(k)}]: expected a number a float can hold, got {type(v).__name__}"
                 ) from None
         self._buffer.push_item(MetricsItem(step, clean))
-        self._wake()
+        self._intake.wake()
 
     async def log_metrics(self, metrics: Mapping[str, float], *, step: int) -> None:
         """Queue scalar metrics for `step`; every sink that supports metrics gets them in order."""
@@ -914,23 +642,15 @@ class TraceSession:
         # Samples submitted before this call but not queued yet (a caller waiting for room, rows
         # log_rollouts is decoding) must be queued before the marker that flush waits for.
         left = None if deadline is None else deadline - anyio.current_time()
-        if not await self._until_queued(self._buffer.last_ticket(), left):
+        if not await self._intake.until_queued(self._buffer.last_ticket(), left):
             return False
         return await self._flush_until(deadline)
-
-    async def _until_queued(self, ticket: int | None, timeout: float | None) -> bool:
-        """Wait until the submissions numbered `ticket` or earlier (None: every one) are queued or
-        given up; False when `timeout` passed first."""
-        with anyio.move_on_after(timeout):
-            while self._buffer.tickets_upto(ticket):
-                await anyio.sleep(0.005)
-        return not self._buffer.tickets_upto(ticket)
 
     async def _flush_until(self, deadline: float | None) -> bool:
         self._buffer.close_steps()
         marker = Marker(len(self.sinks))
         self._buffer.push_item(marker)
-        self._wake()
+        self._intake.wake()
         timeout = None if deadline is None else max(0.0, deadline - anyio.current_time())
         writer = self._writer
         assert writer is not None
@@ -955,60 +675,6 @@ class TraceSession:
             return snapshot
         duplicates = sum(int(getattr(sink, "duplicates_skipped", 0)) for sink in self.sinks)
         return dataclasses.replace(snapshot, spool=spool.stats(duplicates))
-
-    # -- reservations (used by log_rollouts) -----------------------------------------------
-
-    async def _reserve(
-        self, scores: Sequence[float | None], rows: list[int], *, step: int, split: str
-    ) -> tuple[list[int], list[Entry]]:
-        """Reserve places for `rows` by their scores; returns the rows the cap can keep and
-        their entries. A row without the score a ranking sampler needs raises, or with
-        ``on_invalid="skip"`` is counted as ``"invalid"``."""
-        invalid = 0
-        if self._score_needed_by is not None:
-            missing = [i for i in rows if scores[i] is None]  # row_scores: None unless finite
-            if missing and self.on_invalid != "skip":
-                i = missing[0]
-                raise RecordError(
-                    f"sample {i}: rewards: the {self._score_needed_by} ranks by score; "
-                    "every row needs a finite reward",
-                    index=i,
-                    path="rewards",
-                )
-            rows = [i for i in rows if scores[i] is not None]
-            invalid = len(missing)
-        wanted = [scores[i] for i in rows]
-        while (reserved := self._buffer.reserve(wanted, split=split, step=step, invalid=invalid)) is None:
-            # A holding sampler's selection takes rows only while the queue has room (block).
-            await self._until_room()
-        entries, wake = reserved
-        if wake:
-            self._wake()
-        kept = [(i, e) for i, e in zip(rows, entries, strict=True) if e is not None]
-        return [i for i, _ in kept], [e for _, e in kept]
-
-    async def _fill(
-        self, entries: Sequence[Entry], samples: Sequence[SampleLike], *, step: int, split: str
-    ) -> int:
-        try:
-            skipped: list[int] = []
-            records, _, _ = self._encode(samples, step, split, precheck=False, skipped=skipped)
-            if skipped:
-                # on_invalid="skip" left these rows out: only their places are given back.
-                gone = set(skipped)
-                self._buffer.cancel([entries[i] for i in skipped], "invalid", split=split, step=step)
-                entries = [e for i, e in enumerate(entries) if i not in gone]
-        except BaseException:
-            self._buffer.cancel(entries, "invalid", split=split, step=step)
-            raise
-        adm = self._buffer.fill(entries, records)
-        if self._spool_sync:
-            self._commit_spool()
-        if adm.wake:
-            self._wake()
-        if adm.waiting is not None:
-            return adm.accepted - await self._wait_for_room(adm.waiting, None)
-        return adm.accepted
 
     async def log_rollouts(
         self,
@@ -1038,7 +704,9 @@ class TraceSession:
         # Taken before reserving, so a flush() from now on waits until these rows are queued.
         ticket = self._buffer.take_ticket()
         try:
-            rows, kept = await self._reserve(row_scores(rewards, n), candidates, step=step, split=split)
+            rows, kept = await self._intake.reserve(
+                row_scores(rewards, n), candidates, step=step, split=split
+            )
             if not rows:
                 return 0
             try:
@@ -1053,12 +721,12 @@ class TraceSession:
                     )
                 )
             except anyio.get_cancelled_exc_class():
-                self._buffer.cancel(kept, "cancelled", split=split, step=step)
+                self._intake.cancel(kept, "cancelled", split=split, step=step)
                 raise
             except BaseException:
-                self._buffer.cancel(kept, "invalid", split=split, step=step)
+                self._intake.cancel(kept, "invalid", split=split, step=step)
                 raise
-            return await self._fill(kept, samples, step=step, split=split)
+            return await self._intake.fill(kept, samples, step=step, split=split)
         finally:
             self._buffer.return_ticket(ticket)
 
