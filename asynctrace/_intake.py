@@ -7,6 +7,7 @@ queued) is one `Room` subscription: no polling.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -298,6 +299,44 @@ class Intake:
         if adm.waiting is not None:
             return adm.accepted - await self.wait_for_room(adm.waiting, None)
         return adm.accepted
+
+    async def log_rollouts(
+        self, input_ids: Any, *, tokenizer: Any, step: int, split: str, rewards: Any, **decode_kwargs: Any
+    ) -> int:
+        """See `TraceSession.log_rollouts`: reserve places by reward, decode only the rows kept."""
+        from .rollouts import decode_rollouts
+        from .rollouts._decode import _check_rows, row_scores
+
+        n = len(input_ids)
+        # `rows` picks (and orders) the rows to log, as in decode_rollouts; the cap chooses
+        # among those.
+        candidates = _check_rows(decode_kwargs.pop("rows", None), n)
+        # Taken before reserving, so a flush() from now on waits until these rows are queued.
+        ticket = self.buffer.take_ticket()
+        try:
+            rows, kept = await self.reserve(row_scores(rewards, n), candidates, step=step, split=split)
+            if not rows:
+                return 0
+            try:
+                samples = await anyio.to_thread.run_sync(
+                    functools.partial(
+                        decode_rollouts,
+                        input_ids,
+                        tokenizer=tokenizer,
+                        rewards=rewards,
+                        rows=rows,
+                        **decode_kwargs,
+                    )
+                )
+            except anyio.get_cancelled_exc_class():
+                self.cancel(kept, "cancelled", split=split, step=step)
+                raise
+            except BaseException:
+                self.cancel(kept, "invalid", split=split, step=step)
+                raise
+            return await self.fill(kept, samples, step=step, split=split)
+        finally:
+            self.buffer.return_ticket(ticket)
 
     def cancel(self, entries: Sequence[Entry], reason: DropReason, *, step: int, split: str) -> None:
         self.buffer.cancel(entries, reason, split=split, step=step)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import os
 import threading
@@ -17,9 +16,9 @@ import anyio
 import anyio.abc
 
 from . import _forks, _segments, _shutdown
-from ._abandon import call_abandonable
-from ._buffer import Buffer, Marker, MetricsItem, OnFull, Room
-from ._checks import check_int, check_seconds, check_step, check_text, check_timeout
+from ._buffer import Buffer, MetricsItem, OnFull, Room
+from ._checks import check_int, check_seconds, check_step, check_text, check_timeout, checked_metrics
+from ._closing import close_sinks, close_spool, flush_until, report_finish, stop_writer
 from ._encode import Encoder
 from ._intake import Intake
 from ._lifecycle import Lifecycle, State
@@ -27,13 +26,14 @@ from ._record import (
     Sample,
     SampleLike,
 )
+from ._replay import ReplayPlan, replay_backlog
 from ._retry import NO_RETRY, RetryPolicy
 from ._sampling import Gate, Sampler, SamplerName, resolve_sampler
-from ._security import check_name, describe, generated_run_name, shown
+from ._security import check_name, generated_run_name, shown
 from ._spool import Durability, Spool
 from ._stats import SessionStats
 from ._sync import SyncTraceSession, _SyncRunner
-from ._writer import STOP_GRACE, Writer, close_grace, finish_bound
+from ._writer import Writer, close_grace, finish_bound
 from .exceptions import AsyncTraceError, SessionClosedError
 from .sinks._base import Sink
 
@@ -94,61 +94,8 @@ class TraceSession:
         replay: bool = True,
         shutdown_hooks: bool = False,
     ) -> None:
-        if not isinstance(project, str) or not project:
-            raise ValueError(f"project must be a non-empty str, got {shown(project)}")
-        check_name("project", project)
-        if run is not None and (not isinstance(run, str) or not run):
-            raise ValueError(f"run must be a non-empty str or None, got {shown(run)}")
-        if run is not None:
-            check_name("run", run)
-        check_int("max_traces_per_step", max_traces_per_step, allow_none=True)
-        check_int("queue_size", queue_size)
-        check_int("max_queue_bytes", max_queue_bytes)
-        check_int("batch_size", batch_size)
-        check_int("max_open_steps", max_open_steps, minimum=0)
-        check_seconds("flush_interval", flush_interval)
-        check_seconds("finish_timeout", finish_timeout)
-        check_seconds("step_timeout", step_timeout, allow_none=True)
-        if on_full not in _ON_FULL:
-            raise ValueError(f"on_full must be one of {_ON_FULL}, got {shown(on_full)}")
-        if on_invalid not in _ON_INVALID:
-            raise ValueError(f"on_invalid must be one of {_ON_INVALID}, got {shown(on_invalid)}")
-        if retry is not None and not isinstance(retry, RetryPolicy):
-            raise ValueError(f"retry must be a RetryPolicy or None, got {type(retry).__name__}")
-        if not isinstance(trace_key, str) or not trace_key:
-            raise ValueError(f"trace_key must be a non-empty str, got {shown(trace_key)}")
-        check_text("trace_key", trace_key)
-        try:
-            trace_key.format(split="train")
-        except Exception:  # KeyError, IndexError, ValueError, AttributeError ("{split.x}")
-            # Not chained: the KeyError would quote a part of trace_key unscrubbed.
-            raise ValueError(f"trace_key may only use the {{split}} field, got {shown(trace_key)}") from None
-        if redact is not None and not callable(redact):
-            raise ValueError("redact must be a callable taking and returning a Sample")
-        if durability not in _DURABILITY:
-            raise ValueError(f"durability must be one of {_DURABILITY}, got {shown(durability)}")
-        if spool_dir is not None and not isinstance(spool_dir, (str, os.PathLike)):
-            raise ValueError(f"spool_dir must be a path or None, got {type(spool_dir).__name__}")
-        if spool_dir is not None and not os.fspath(spool_dir):
-            raise ValueError("spool_dir must not be empty")
-        for name, flag in (("replay", replay), ("shutdown_hooks", shutdown_hooks)):
-            if not isinstance(flag, bool):
-                raise ValueError(f"{name} must be a bool, got {shown(flag)}")
-
-        if sinks is None:
-            from .sinks import TrackioSink
-
-            sinks = [TrackioSink()]
-        if isinstance(sinks, Sink):
-            raise ValueError(f"sinks must be a list of sinks, got one {type(sinks).__name__}: pass [sink]")
-        if isinstance(sinks, (str, bytes)) or not isinstance(sinks, Iterable):
-            raise ValueError(f"sinks must be a list of asynctrace.Sink instances, got {type(sinks).__name__}")
-        sinks = list(sinks)
-        if not sinks:
-            raise ValueError("sinks must name at least one sink (or be None for the default TrackioSink)")
-        for sink in sinks:
-            if not isinstance(sink, Sink):
-                raise ValueError(f"sinks must be asynctrace.Sink instances, got {type(sink).__name__}")
+        _check_arguments(**locals())  # every argument, before anything is built from them
+        sinks = _checked_sinks(sinks)
 
         self.project = project
         self.run = run or generated_run_name()
@@ -159,9 +106,6 @@ class TraceSession:
         self.max_queue_bytes = max_queue_bytes
         self.on_full = on_full
         self.batch_size = batch_size
-        # log_samples yields to the writer once this many records wait for it (see there).
-        self._yield_at = 2 * batch_size
-        self._since_turn = 0
         self.flush_interval = float(flush_interval)
         self.retry = retry if retry is not None else NO_RETRY
         self.finish_timeout = float(finish_timeout)
@@ -172,15 +116,7 @@ class TraceSession:
         self.replay = replay
         self.shutdown_hooks = shutdown_hooks
 
-        names: list[str] = []
-        for sink in sinks:
-            base = getattr(sink, "name", type(sink).__name__) or type(sink).__name__
-            name, i = base, 2
-            while name in names:
-                name, i = f"{base}#{i}", i + 1
-            names.append(name)
-            sink.bind(project, self.run)
-        self.sink_names = names
+        self.sink_names = names = _bind_sinks(sinks, project, self.run)
 
         gate = (
             Gate(
@@ -222,10 +158,8 @@ class TraceSession:
             keeps=self._buffer.keeps,
             id_prefix=id_prefix,
         )
-        # Set by `asynctrace recover`: replay another (project, run)'s records, dead letters too.
-        self._replay_from: tuple[str, str] | None = None
-        self._replay_dead = False
-        self._replay_quiet = False
+        # Set by `recovery_session`: replay another (project, run)'s records, dead letters too.
+        self._replay_plan: ReplayPlan | None = None
         self._life = Lifecycle(
             name=f"{project}/{self.run}",
             finish=self.finish,
@@ -272,9 +206,10 @@ class TraceSession:
             if spool is not None:
                 spool.close()
             raise
-        if scan is not None:
+        if spool is not None and scan is not None:
             try:
-                await self._replay_backlog(scan)
+                plan = self._replay_plan or ReplayPlan((self.project, self.run))
+                await replay_backlog(spool, scan, plan, self.replay, self._intake.replay)
             except BaseException:
                 with anyio.CancelScope(shield=True):
                     await self.__aexit__(None, None, None)
@@ -302,48 +237,6 @@ class TraceSession:
             raise
         await self._life.opened(self._tg)
         _forks.hold(self)
-
-    async def _replay_backlog(self, scan: _segments.DirScan) -> None:
-        """Deliver what a previous session left unacknowledged in the spool, ahead of new records."""
-        spool = self._spool
-        assert spool is not None
-        for name, problem in scan.problems:
-            logger.warning("asynctrace: spool file %s: %s", spool.directory / name, problem)
-        source = self._replay_from or (self.project, self.run)
-        others = {g: n for g, n in scan.groups().items() if g != source}
-        if others and not self._replay_quiet:
-            listed = ", ".join(f"{p}/{r} ({n})" for (p, r), n in sorted(others.items()))
-            logger.warning(
-                "asynctrace: the spool in %s holds unacknowledged records of other runs: %s; "
-                "this session replays only its own; deliver them with `asynctrace recover %s`",
-                spool.directory,
-                listed,
-                spool.directory,
-            )
-        if not self.replay:
-            mine = scan.groups().get(source, 0)
-            if mine:
-                logger.warning(
-                    "asynctrace: replay=False leaves %d unacknowledged records in the spool in %s",
-                    mine,
-                    spool.directory,
-                )
-            return
-
-        def selects(f: _segments.FileScan) -> bool:
-            wanted = f.kind == _segments.SEGMENT or (self._replay_dead and f.kind == _segments.DEAD)
-            return wanted and (f.project, f.run) == source
-
-        backlog = spool.backlog(scan, selects)
-        total = 0
-        while True:
-            records = await anyio.to_thread.run_sync(next, backlog, None)
-            if records is None:
-                break
-            total += len(records)
-            await self._intake.replay(records)
-        if total:
-            logger.info("asynctrace: replaying %d unacknowledged records from %s", total, spool.directory)
 
     def _drain_locks(self) -> list[threading.Lock]:
         locks = [self._buffer.lock]
@@ -451,25 +344,11 @@ class TraceSession:
             self._buffer.close()
             drained = False
             with anyio.CancelScope() as life.drain_scope:
-                drained = await self._flush_until(deadline)
+                drained = await flush_until(self._buffer, self._writer, self._intake.wake, deadline)
             life.drain_scope = None
             budget, deadline = life.budget, life.deadline
-            writer = self._writer
-            assert writer is not None and writer.scope is not None
-            writer.scope.cancel()
-            with anyio.move_on_after(STOP_GRACE):
-                await writer.stopped.wait()
-            if not writer.stopped.is_set():
-                # A sink call that ignores its cancel is left running on its own (see _writer).
-                logger.error(
-                    "asynctrace: %s still running %.0fs after finish() cancelled it; "
-                    "finish() goes on without it and leaves that call running. A sink's write "
-                    "must be cancellable: use async I/O, or a thread it may abandon",
-                    writer.still_running(),
-                    STOP_GRACE,
-                )
-                writer.abandon()
-                await writer.stopped.wait()
+            assert self._writer is not None
+            await stop_writer(self._writer)
             if life.hooks is not None:
                 life.hooks.uninstall()
             # Callers waiting for room were woken when the buffer closed, and rows log_rollouts
@@ -477,61 +356,17 @@ class TraceSession:
             # counted its samples as "closed" (and acknowledged them in the spool). Wait for
             # that before the spool is closed and the final count is taken; bounded all the same.
             await self._intake.until_queued(None, 1.0)
-            spool = self._spool
-            if spool is not None:
-                # Whatever is still queued goes to the spool (durability="writer" had not
-                # written it yet), so a later session or `asynctrace recover` delivers it.
-                spool.stage(self._buffer.undispatched_records())
-                try:
-                    await anyio.to_thread.run_sync(spool.close)
-                except Exception as exc:  # never a reason to leave the sinks' runs open
-                    logger.error(
-                        "asynctrace: closing the spool in %s failed: %s", spool.directory, describe(exc)
-                    )
+            await close_spool(self._spool, self._buffer)
             # Closing gets what is left of the deadline, and at least a short grace, so a
             # slow drain can never skip finishing the runs the sinks opened.
             close_budget = max(deadline - anyio.current_time(), close_grace(budget))
-            async with anyio.create_task_group() as tg:
-                for sink, name in zip(self.sinks, self.sink_names, strict=True):
-                    tg.start_soon(self._close_sink, sink, name, close_budget)
+            await close_sinks(self.sinks, self.sink_names, close_budget)
             stats = self.stats()
-            if spool is not None and stats.pending:
-                logger.warning(
-                    "asynctrace: %d undelivered records stay in the spool in %s; the next session "
-                    "on it (or `asynctrace recover`) delivers them",
-                    spool.unresolved(),
-                    spool.directory,
-                )
-            if not drained:
-                logger.warning(
-                    "asynctrace: finish() reached its %.1fs deadline with %d samples undelivered (%s)",
-                    budget,
-                    stats.pending,
-                    stats.summary(),
-                )
-            elif stats.pending:
-                # Drained in time, yet something is unresolved: not the deadline's doing.
-                logger.warning(
-                    "asynctrace: finish() ended with %d samples undelivered (%s)",
-                    stats.pending,
-                    stats.summary(),
-                )
-            elif stats.failed or stats.dropped_total - stats.dropped.get("capped", 0):
-                logger.warning("asynctrace: session finished with losses: %s", stats.summary())
+            report_finish(stats, self._spool, drained, budget)
             _forks.release(self)
             self._finishing.set()
             life.finished(stats)
         return stats
-
-    async def _close_sink(self, sink: Sink, name: str, budget: float) -> None:
-        with anyio.move_on_after(budget) as scope:
-            try:
-                # A close that ignores its cancel is left running on its own at the deadline.
-                await call_abandonable(sink.close, grace=0.0)
-            except Exception as exc:
-                logger.error("asynctrace: closing sink %r failed: %s", name, describe(exc))
-        if scope.cancelled_caught:
-            logger.error("asynctrace: closing sink %r did not finish within %.1fs", name, budget)
 
     # -- submission ------------------------------------------------------------------------
 
@@ -611,21 +446,7 @@ class TraceSession:
     def _push_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         self._life.check_open()
         check_step(step, "train")
-        if not isinstance(metrics, Mapping):
-            raise ValueError(f"metrics must be a mapping of str to number, got {type(metrics).__name__}")
-        clean: dict[str, float] = {}
-        for k, v in metrics.items():
-            if not isinstance(k, str):
-                raise ValueError(f"metrics: key {shown(k)} is not a str")
-            check_text("metrics: key", k)
-            try:
-                clean[k] = float(v)
-            except Exception:  # OverflowError (10**400) or a caller's __float__ failing
-                # Not chained: float()'s error quotes the value (a string) unscrubbed.
-                raise ValueError(
-                    f"metrics[{shown(k)}]: expected a number a float can hold, got {type(v).__name__}"
-                ) from None
-        self._buffer.push_item(MetricsItem(step, clean))
+        self._buffer.push_item(MetricsItem(step, checked_metrics(metrics)))
         self._intake.wake()
 
     async def log_metrics(self, metrics: Mapping[str, float], *, step: int) -> None:
@@ -644,28 +465,7 @@ class TraceSession:
         left = None if deadline is None else deadline - anyio.current_time()
         if not await self._intake.until_queued(self._buffer.last_ticket(), left):
             return False
-        return await self._flush_until(deadline)
-
-    async def _flush_until(self, deadline: float | None) -> bool:
-        self._buffer.close_steps()
-        marker = Marker(len(self.sinks))
-        self._buffer.push_item(marker)
-        self._intake.wake()
-        timeout = None if deadline is None else max(0.0, deadline - anyio.current_time())
-        writer = self._writer
-        assert writer is not None
-        with anyio.move_on_after(timeout):
-            # A finish() on another task stops the writer, after which the marker never arrives.
-            async with anyio.create_task_group() as tg:
-
-                async def until_stopped() -> None:
-                    await writer.stopped.wait()
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(until_stopped)
-                await marker.done.wait()
-                tg.cancel_scope.cancel()
-        return marker.done.is_set()
+        return await flush_until(self._buffer, self._writer, self._intake.wake, deadline)
 
     def stats(self) -> SessionStats:
         """A consistent snapshot of the session's accounting (and of its spool, if it has one)."""
@@ -692,43 +492,108 @@ class TraceSession:
         still be kept; only those are moved and decoded (see `asynctrace.rollouts.decode_rollouts`
         for the other arguments). Rows that cannot be kept are counted as ``"capped"``.
         """
-        from .rollouts import decode_rollouts
-        from .rollouts._decode import _check_rows, row_scores
-
         self._life.check_open()
         check_step(step, split)
-        n = len(input_ids)
-        # `rows` picks (and orders) the rows to log, as in decode_rollouts; the cap chooses
-        # among those.
-        candidates = _check_rows(decode_kwargs.pop("rows", None), n)
-        # Taken before reserving, so a flush() from now on waits until these rows are queued.
-        ticket = self._buffer.take_ticket()
-        try:
-            rows, kept = await self._intake.reserve(
-                row_scores(rewards, n), candidates, step=step, split=split
-            )
-            if not rows:
-                return 0
-            try:
-                samples = await anyio.to_thread.run_sync(
-                    functools.partial(
-                        decode_rollouts,
-                        input_ids,
-                        tokenizer=tokenizer,
-                        rewards=rewards,
-                        rows=rows,
-                        **decode_kwargs,
-                    )
-                )
-            except anyio.get_cancelled_exc_class():
-                self._intake.cancel(kept, "cancelled", split=split, step=step)
-                raise
-            except BaseException:
-                self._intake.cancel(kept, "invalid", split=split, step=step)
-                raise
-            return await self._intake.fill(kept, samples, step=step, split=split)
-        finally:
-            self._buffer.return_ticket(ticket)
+        return await self._intake.log_rollouts(
+            input_ids, tokenizer=tokenizer, step=step, split=split, rewards=rewards, **decode_kwargs
+        )
+
+
+def _check_arguments(
+    *,
+    project: Any,
+    run: Any,
+    trace_key: Any,
+    max_traces_per_step: Any,
+    queue_size: Any,
+    max_queue_bytes: Any,
+    batch_size: Any,
+    max_open_steps: Any,
+    flush_interval: Any,
+    finish_timeout: Any,
+    step_timeout: Any,
+    on_full: Any,
+    on_invalid: Any,
+    retry: Any,
+    redact: Any,
+    durability: Any,
+    spool_dir: Any,
+    replay: Any,
+    shutdown_hooks: Any,
+    **_: Any,
+) -> None:
+    """Check `TraceSession`'s arguments, each with a clear error naming it."""
+    if not isinstance(project, str) or not project:
+        raise ValueError(f"project must be a non-empty str, got {shown(project)}")
+    check_name("project", project)
+    if run is not None and (not isinstance(run, str) or not run):
+        raise ValueError(f"run must be a non-empty str or None, got {shown(run)}")
+    if run is not None:
+        check_name("run", run)
+    check_int("max_traces_per_step", max_traces_per_step, allow_none=True)
+    check_int("queue_size", queue_size)
+    check_int("max_queue_bytes", max_queue_bytes)
+    check_int("batch_size", batch_size)
+    check_int("max_open_steps", max_open_steps, minimum=0)
+    check_seconds("flush_interval", flush_interval)
+    check_seconds("finish_timeout", finish_timeout)
+    check_seconds("step_timeout", step_timeout, allow_none=True)
+    if on_full not in _ON_FULL:
+        raise ValueError(f"on_full must be one of {_ON_FULL}, got {shown(on_full)}")
+    if on_invalid not in _ON_INVALID:
+        raise ValueError(f"on_invalid must be one of {_ON_INVALID}, got {shown(on_invalid)}")
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise ValueError(f"retry must be a RetryPolicy or None, got {type(retry).__name__}")
+    if not isinstance(trace_key, str) or not trace_key:
+        raise ValueError(f"trace_key must be a non-empty str, got {shown(trace_key)}")
+    check_text("trace_key", trace_key)
+    try:
+        trace_key.format(split="train")
+    except Exception:  # KeyError, IndexError, ValueError, AttributeError ("{split.x}")
+        # Not chained: the KeyError would quote a part of trace_key unscrubbed.
+        raise ValueError(f"trace_key may only use the {{split}} field, got {shown(trace_key)}") from None
+    if redact is not None and not callable(redact):
+        raise ValueError("redact must be a callable taking and returning a Sample")
+    if durability not in _DURABILITY:
+        raise ValueError(f"durability must be one of {_DURABILITY}, got {shown(durability)}")
+    if spool_dir is not None and not isinstance(spool_dir, (str, os.PathLike)):
+        raise ValueError(f"spool_dir must be a path or None, got {type(spool_dir).__name__}")
+    if spool_dir is not None and not os.fspath(spool_dir):
+        raise ValueError("spool_dir must not be empty")
+    for name, flag in (("replay", replay), ("shutdown_hooks", shutdown_hooks)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name} must be a bool, got {shown(flag)}")
+
+
+def _bind_sinks(sinks: Sequence[Sink], project: str, run: str) -> list[str]:
+    """Bind every sink to the run; returns their names, numbered where two share one."""
+    names: list[str] = []
+    for sink in sinks:
+        base = getattr(sink, "name", type(sink).__name__) or type(sink).__name__
+        name, i = base, 2
+        while name in names:
+            name, i = f"{base}#{i}", i + 1
+        names.append(name)
+        sink.bind(project, run)
+    return names
+
+
+def _checked_sinks(sinks: Sequence[Sink] | None) -> list[Sink]:
+    if sinks is None:
+        from .sinks import TrackioSink
+
+        sinks = [TrackioSink()]
+    if isinstance(sinks, Sink):
+        raise ValueError(f"sinks must be a list of sinks, got one {type(sinks).__name__}: pass [sink]")
+    if isinstance(sinks, (str, bytes)) or not isinstance(sinks, Iterable):
+        raise ValueError(f"sinks must be a list of asynctrace.Sink instances, got {type(sinks).__name__}")
+    sinks = list(sinks)
+    if not sinks:
+        raise ValueError("sinks must name at least one sink (or be None for the default TrackioSink)")
+    for sink in sinks:
+        if not isinstance(sink, Sink):
+            raise ValueError(f"sinks must be asynctrace.Sink instances, got {type(sink).__name__}")
+    return sinks
 
 
 def install_shutdown_hooks(
@@ -770,7 +635,5 @@ def recovery_session(
         replay=True,
         finish_timeout=120.0,
     )
-    session._replay_from = source
-    session._replay_dead = dead_letters
-    session._replay_quiet = True
+    session._replay_plan = ReplayPlan(source, dead_letters=dead_letters, quiet=True)
     return session
