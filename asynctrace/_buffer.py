@@ -224,7 +224,7 @@ class Buffer:
                 # "writer" when its batch was dispatched, which drop_oldest may still evict
                 # from) and was dropped since is done with. A replayed one is not: it stays in
                 # the spool for the next replay.
-                done = [r for r in records if r._spool is not None and not r.replayed]
+                done = [r for r in records if r.spool_slot is not None and not r.replayed]
                 if done:
                     self.spool.resolve(done)
 

@@ -236,7 +236,7 @@ class TraceSession:
             await self._tg.__aexit__(None, None, None)
             raise
         await self._life.opened(self._tg)
-        _forks.hold(self)
+        _forks.hold(self, self._after_fork_in_child)
 
     def _drain_locks(self) -> list[threading.Lock]:
         locks = [self._buffer.lock]
