@@ -166,6 +166,8 @@ class Buffer:
         gate: Gate | None,
         sink_names: Sequence[str],
         clock: Callable[[], float],
+        spool: Spool | None = None,
+        spool_on_admit: bool = False,
     ) -> None:
         self.queue_size = queue_size
         self.max_bytes = max_bytes
@@ -208,8 +210,8 @@ class Buffer:
         # The write-ahead spool, when the session has one. With `spool_on_admit` (durability
         # "enqueue") records are staged as they are admitted; otherwise the writer stages each
         # batch as it dispatches it. Either way every resolution is passed on.
-        self.spool: Spool | None = None
-        self.spool_on_admit = False
+        self.spool = spool
+        self.spool_on_admit = spool is not None and spool_on_admit
         self.replayed = 0
 
     # -- submission (any thread) -------------------------------------------------------

@@ -21,7 +21,6 @@ from ._encode import Encoder
 from ._lifecycle import Lifecycle, State
 from ._record import SampleLike, TraceRecord
 from ._sampling import Entry
-from ._spool import Spool
 from ._stats import DropReason
 from .exceptions import RecordError
 
@@ -40,17 +39,12 @@ class Intake:
         encoder: Encoder,
         life: Lifecycle,
         *,
-        spool: Spool | None,
-        spool_sync: bool,
         batch_size: int,
         wake_writer: Callable[[], None],
     ) -> None:
         self.buffer = buffer
         self.encoder = encoder
         self.life = life
-        self.spool = spool
-        # durability="enqueue": callers write their records to the spool before returning.
-        self.spool_sync = spool_sync
         self.batch_size = batch_size
         self._wake_writer = wake_writer
         # log yields to the writer once this many records wait for it (see there).
@@ -65,11 +59,13 @@ class Intake:
             self.life.call_soon(self._wake_writer)  # False once the loop is closing: no need then
 
     def _after_admit(self, adm: Admission, blocking: bool = True) -> None:
-        if self.spool_sync and self.spool is not None and (blocking or self.spool.has_staged):
+        spool = self.buffer.spool
+        # durability="enqueue": callers write their records to the spool before returning.
+        if self.buffer.spool_on_admit and spool is not None and (blocking or spool.has_staged):
             # Blocking, even with nothing staged: another thread's commit may have taken this
             # caller's records and still be writing them; taking the commit lock waits for it.
             # Not blocking: that commit, or the writer's next one, writes these records first.
-            self.spool.commit(blocking=blocking)
+            spool.commit(blocking=blocking)
         if adm.wake:
             self.wake()
 

@@ -128,6 +128,12 @@ class TraceSession:
             if max_traces_per_step is not None
             else None
         )
+        id_prefix = uuid.uuid4().hex[:12]
+        self._spool = (
+            Spool(spool_dir, project=project, run=self.run, session=id_prefix, durability=durability)
+            if spool_dir is not None
+            else None
+        )
         self._buffer = Buffer(
             queue_size=queue_size,
             max_bytes=max_queue_bytes,
@@ -136,15 +142,11 @@ class TraceSession:
             gate=gate,
             sink_names=names,
             clock=time.monotonic,
+            spool=self._spool,
+            spool_on_admit=durability == "enqueue",
         )
         self._buffer.on_drop = self._note_drop
         self._warned: set[str] = set()
-        id_prefix = uuid.uuid4().hex[:12]
-        self._spool = (
-            Spool(spool_dir, project=project, run=self.run, session=id_prefix, durability=durability)
-            if spool_dir is not None
-            else None
-        )
         needs_score = gate is not None and self.sampler.needs_score
         self._encoder = Encoder(
             trace_key=trace_key,
@@ -173,8 +175,6 @@ class TraceSession:
             self._buffer,
             self._encoder,
             self._life,
-            spool=self._spool,
-            spool_sync=self._spool is not None and durability == "enqueue",
             batch_size=batch_size,
             wake_writer=self._wake_writer,
         )
@@ -198,8 +198,6 @@ class TraceSession:
         scan: _segments.DirScan | None = None
         if spool is not None:
             scan = await anyio.to_thread.run_sync(spool.open)
-            self._buffer.spool = spool
-            self._buffer.spool_on_admit = self.durability == "enqueue"
         try:
             await self._start()
         except BaseException:
