@@ -1,0 +1,59 @@
+"""Prompt groups: the samples of one prompt that were scored against each other (GRPO-style).
+
+One place decides which group a sample belongs to, so the group sampler, the group metrics and
+the watch list agree: by default the sample's metadata `group_uid`, else `prompt_index`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["DEFAULT_GROUP_KEYS", "GroupKey", "GroupSummary", "group_of", "summarize_groups"]
+
+DEFAULT_GROUP_KEYS: tuple[str, ...] = ("group_uid", "prompt_index")
+
+# Metadata key names tried in order, or a function of the metadata returning the group (None: no group).
+GroupKey = str | Sequence[str] | Callable[[Mapping[str, Any]], Hashable | None]
+
+
+def group_of(metadata: Mapping[str, Any], key: GroupKey = DEFAULT_GROUP_KEYS) -> Hashable | None:
+    """The group a sample belongs to, from its metadata; None when it names none."""
+    if callable(key):
+        return key(metadata)
+    names = (key,) if isinstance(key, str) else key
+    for name in names:
+        value = metadata.get(name)
+        if value is not None:
+            # Lists (JSON arrays) cannot be dict keys; a tuple of the same items names the same group.
+            return tuple(value) if isinstance(value, list) else value
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSummary:
+    """The groups seen in one step: how many, how many with zero reward spread, the mean spread.
+
+    Spread is the population standard deviation of a group's rewards (what GRPO divides the
+    advantage by): a group whose samples all got the same reward has spread 0 and teaches the
+    policy nothing.
+    """
+
+    groups: int
+    zero_spread: int
+    mean_spread: float
+
+
+def summarize_groups(rewards: Mapping[Hashable, Iterable[float]]) -> GroupSummary:
+    """Summarise a step's groups from each group's finite rewards."""
+    spreads: list[float] = []
+    for values in rewards.values():
+        xs = [x for x in values if math.isfinite(x)]
+        if not xs:
+            continue
+        mean = sum(xs) / len(xs)
+        spreads.append(math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs)))
+    zero = sum(1 for s in spreads if s == 0.0)
+    return GroupSummary(len(spreads), zero, sum(spreads) / len(spreads) if spreads else 0.0)
