@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 from . import testing
+from ._group_sampling import GroupSampler
 from ._record import Sample, TraceRecord
 from ._retry import RetryPolicy
 from ._sampling import FirstSampler, ReservoirSampler, Sampler, StepSelection, TopBottomSampler
 from ._session import TraceSession, install_shutdown_hooks
 from ._stats import SessionStats, SinkStats, SpoolStats
 from ._sync import SyncTraceSession
+from ._watch import Watch
 from .exceptions import AsyncTraceError, PermanentSinkError, RecordError, SessionClosedError, SpoolError
-from .sinks import ConsoleSink, JsonlSink, Sink, TrackioSink
+from .sinks import (
+    ConsoleSink,
+    JsonlSink,
+    MlflowSink,
+    ParquetSink,
+    Selected,
+    Sink,
+    TrackioSink,
+    WandbSink,
+)
 
 __version__ = "0.1.0"
 
@@ -18,13 +29,17 @@ __all__ = [
     "AsyncTraceError",
     "ConsoleSink",
     "FirstSampler",
+    "GroupSampler",
     "JsonlSink",
+    "MlflowSink",
+    "ParquetSink",
     "PermanentSinkError",
     "RecordError",
     "ReservoirSampler",
     "RetryPolicy",
     "Sample",
     "Sampler",
+    "Selected",
     "SessionClosedError",
     "SessionStats",
     "Sink",
@@ -34,9 +49,11 @@ __all__ = [
     "StepSelection",
     "SyncTraceSession",
     "TopBottomSampler",
+    "Watch",
     "TraceRecord",
     "TraceSession",
     "TrackioSink",
+    "WandbSink",
     "__version__",
     "install_shutdown_hooks",
     "testing",

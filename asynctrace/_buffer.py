@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 import anyio
@@ -21,6 +21,7 @@ from .exceptions import SessionClosedError
 
 if TYPE_CHECKING:
     from ._spool import Spool
+    from ._tiers import Picked
 
 __all__ = ["Batch", "Buffer", "Marker", "MetricsItem", "Room", "Waiting"]
 
@@ -59,7 +60,7 @@ class Room:
 class Batch:
     """Records dispatched together to every sink; resolved when every sink is done with them."""
 
-    __slots__ = ("errors", "failed", "lanes_left", "nbytes", "pinned", "records", "started")
+    __slots__ = ("errors", "failed", "failed_ids", "lanes_left", "nbytes", "pinned", "records", "started")
 
     def __init__(self, records: list[TraceRecord], lanes: int) -> None:
         self.records = records
@@ -67,6 +68,8 @@ class Batch:
         self.lanes_left = lanes
         self.failed = False
         self.errors: list[tuple[str, str]] = []  # (sink, error) of the sinks that failed it
+        # Records a selecting sink failed (it wrote only some): failed though the batch is not.
+        self.failed_ids: set[int] | None = None
         # Until a sink starts on it, drop_oldest may still take records out of it.
         self.started = False
         # Counted in the buffer's `pinned_*`: out of drop_oldest's reach (see Buffer.take).
@@ -101,6 +104,22 @@ class _SinkCounters:
     retries: int = 0
     metrics_failed: int = 0
     last_error: str | None = None
+    skipped: Counter[str] = field(default_factory=Counter)
+    held: int = 0
+
+
+class _Hold:
+    """A record a sink's selection kept back (see `_tiers`): it stays pending until every sink
+    holding it has decided it and its batch is done with by every sink."""
+
+    __slots__ = ("batch_done", "errors", "failed", "holders", "record")
+
+    def __init__(self, record: TraceRecord) -> None:
+        self.record = record
+        self.holders = 0
+        self.batch_done = False
+        self.failed = False
+        self.errors: list[tuple[str, str]] = []
 
 
 class Waiting:
@@ -113,7 +132,7 @@ class Waiting:
     caller can tell how many it got in.
     """
 
-    __slots__ = ("gated", "lost", "records", "split", "start", "step", "ticket")
+    __slots__ = ("gaps", "gated", "lost", "records", "split", "start", "step", "ticket")
 
     def __init__(
         self,
@@ -123,8 +142,10 @@ class Waiting:
         gated: bool = False,
         split: str = "",
         step: int = 0,
+        gaps: Sequence[int] | None = None,
     ) -> None:
         self.records = records
+        self.gaps = gaps
         self.start = start
         self.gated = gated
         self.split = split
@@ -213,6 +234,8 @@ class Buffer:
         self.spool = spool
         self.spool_on_admit = spool is not None and spool_on_admit
         self.replayed = 0
+        # Records selecting sinks hold for open steps, by id(record) (see `_tiers`).
+        self.holds: dict[int, _Hold] = {}
 
     # -- submission (any thread) -------------------------------------------------------
 
@@ -388,10 +411,12 @@ class Buffer:
         step: int,
         out: Admission,
         on_full: OnFull,
+        gaps: Sequence[int] | None = None,
     ) -> int:
         """Offer records from `start` on to the gate and queue what it passes. The records
         count as accepted already: those the cap refuses (or the policy drops) are taken off
-        again (and counted in `out.refused`). Returns where "block" stopped, as `_enqueue`."""
+        again (and counted in `out.refused`). `gaps`: per record, how many samples the cap
+        refused right before it (see `keeps`). Returns where "block" stopped, as `_enqueue`."""
         if start >= len(records):
             return start
         if not self._room_for_held(split, step, records[start].nbytes, on_full):
@@ -407,6 +432,9 @@ class Buffer:
         for r in offered:
             self._entry_seq += 1
             entries.append(Entry(r.score, self._entry_seq, r))
+        if gaps is not None:
+            for e, gap in zip(entries, gaps[start:], strict=True):
+                e.gap = gap
         assert self.gate is not None
         result = self.gate.offer(split, step, entries, self.clock())
         if self.spool_on_admit and self.spool is not None:
@@ -433,10 +461,14 @@ class Buffer:
         invalid: int = 0,
         refused: int = 0,
         ticket: int | None = None,
+        gaps: Sequence[int] | None = None,
+        gated: bool = True,
     ) -> Admission:
         """Count and admit one submission (records of one split and step). `refused` counts
-        samples the cap turned away before they were encoded (see `keeps`); `ticket` is the
-        submission's flush ticket, given back should finish() give up its waiting records."""
+        samples the cap turned away before they were encoded (see `keeps`), `gaps` how many of
+        them came right before each record; `ticket` is the submission's flush ticket, given
+        back should finish() give up its waiting records. `gated=False` passes the cap by (the
+        watch list has its own)."""
         out = Admission()
         with self.lock:
             if self.closed:
@@ -456,16 +488,20 @@ class Buffer:
             on_full: OnFull = "drop_newest" if nowait and self.on_full == "block" else self.on_full
             out.accepted = n
             self.accepted += n
-            if self.gate is None:
+            if self.gate is None or not gated:
                 if self.spool_on_admit and self.spool is not None:
                     self.spool.stage(records)
                 stop = self._enqueue(records, out, on_full)
                 if stop < n:
                     self._wait(out, Waiting(records, stop))
             else:
-                stop = self._offer(records, 0, split, step, out, on_full)
+                stop = self._offer(records, 0, split, step, out, on_full, gaps)
+                if gaps is not None and refused > sum(gaps):
+                    # Refused after the last record: passed over now, so a positional sampler
+                    # (the reservoir) counts them before any later submission's rows.
+                    self.gate.skip(split, step, refused - sum(gaps))
                 if stop < n:
-                    self._wait(out, Waiting(records, stop, gated=True, split=split, step=step))
+                    self._wait(out, Waiting(records, stop, gated=True, split=split, step=step, gaps=gaps))
             if out.waiting is not None:
                 out.waiting.ticket = ticket
         return out
@@ -497,13 +533,20 @@ class Buffer:
         with self.lock:
             return any(ticket is None or t <= ticket for t in self.tickets)
 
-    def keeps(self, scores: Sequence[float | None], *, split: str, step: int) -> list[bool] | None:
+    def keeps(
+        self,
+        scores: Sequence[float | None],
+        *,
+        split: str,
+        step: int,
+        groups: Sequence[Hashable | None] | None = None,
+    ) -> list[bool] | None:
         """Which of a submission's samples the cap would keep if offered now (None: cannot
         tell); a sample it would refuse need not be encoded. Counts nothing."""
         if self.gate is None:
             return None
         with self.lock:
-            return self.gate.keeps(split, step, scores, self._entry_seq + 1)
+            return self.gate.keeps(split, step, scores, self._entry_seq + 1, groups)
 
     def admit_waiting(self, waiting: Waiting) -> Admission:
         """Retry records that were waiting for room (block policy); consumes `waiting` in place."""
@@ -519,7 +562,7 @@ class Buffer:
             # Only the block policy (and replay, which never drops for room) leaves records waiting.
             if waiting.gated:
                 waiting.start = self._offer(
-                    waiting.records, waiting.start, waiting.split, waiting.step, out, "block"
+                    waiting.records, waiting.start, waiting.split, waiting.step, out, "block", waiting.gaps
                 )
                 waiting.lost += out.refused
                 if out.waiting is not None:
@@ -735,19 +778,46 @@ class Buffer:
             while unstarted and (unstarted[0].started or not unstarted[0].records):
                 unstarted.popleft()
 
-    def resolve(self, batch: Batch, lane: int, ok: bool, retries: int, error: str | None) -> bool:
-        """One sink is done with a batch; True when buffer room was freed."""
+    def resolve(
+        self,
+        batch: Batch,
+        lane: int,
+        ok: bool,
+        retries: int,
+        error: str | None,
+        picked: Picked | None = None,
+    ) -> bool:
+        """One sink is done with a batch; True when buffer room was freed. `picked`: what a
+        selecting sink's selection made of the batch (it wrote `picked.write` only, and failed
+        `picked.failed` of them; `ok` is then not used)."""
         n = len(batch.records)
         with self.lock:
             sink = self.sinks[lane]
             sink.retries += retries
-            if ok:
-                sink.written += n
+            if picked is None:
+                if ok:
+                    sink.written += n
+                else:
+                    sink.failed += n
+                    sink.last_error = error
+                    batch.errors.append((self.sink_names[lane], error or "failed"))
+                    batch.failed = True
             else:
-                sink.failed += n
-                sink.last_error = error
-                batch.failed = True
-                batch.errors.append((self.sink_names[lane], error or "failed"))
+                sink.written += len(picked.write) - len(picked.failed)
+                if picked.failed:
+                    sink.failed += len(picked.failed)
+                    sink.last_error = error
+                    batch.errors.append((self.sink_names[lane], error or "failed"))
+                    ids = batch.failed_ids if batch.failed_ids is not None else set()
+                    ids.update(id(r) for r in picked.failed)
+                    batch.failed_ids = ids
+                sink.skipped.update(picked.skipped)
+                sink.held += len(picked.held)
+                for r in picked.held:
+                    hold = self.holds.get(id(r))
+                    if hold is None:
+                        hold = self.holds[id(r)] = _Hold(r)
+                    hold.holders += 1
             batch.lanes_left -= 1
             if batch.lanes_left:
                 return False
@@ -756,17 +826,90 @@ class Buffer:
             if batch.pinned:
                 self.pinned_records -= n
                 self.pinned_bytes -= batch.nbytes
-            if batch.failed:
-                self.failed += n
+            if self.holds or batch.failed_ids:
+                self._settle_batch(batch)
             else:
-                self.written += n
-            if self.spool is not None:
                 if batch.failed:
-                    error_text = "; ".join(f"{name}: {e}" for name, e in batch.errors)
-                    self.spool.resolve(batch.records, error_text, [name for name, _ in batch.errors])
+                    self.failed += n
                 else:
-                    self.spool.resolve(batch.records)
+                    self.written += n
+                if self.spool is not None:
+                    if batch.failed:
+                        self._spool_failed(batch.records, batch.errors)
+                    else:
+                        self.spool.resolve(batch.records)
             return True
+
+    def _spool_failed(self, records: Sequence[TraceRecord], errors: list[tuple[str, str]]) -> None:
+        assert self.spool is not None
+        error_text = "; ".join(f"{name}: {e}" for name, e in errors)
+        self.spool.resolve(records, error_text, [name for name, _ in errors])
+
+    def _settle_batch(self, batch: Batch) -> None:
+        """Lock held: every sink is done with a batch some selection took part in. Records no
+        sink holds are resolved now; held ones once their holders decide them."""
+        failed_ids = batch.failed_ids or set()
+        ok: list[TraceRecord] = []
+        bad: list[TraceRecord] = []
+        errors = list(batch.errors)
+        for r in batch.records:
+            failed = batch.failed or id(r) in failed_ids
+            hold = self.holds.get(id(r))
+            if hold is not None:
+                hold.batch_done = True
+                if failed:
+                    hold.failed = True
+                    hold.errors.extend(batch.errors)
+                if hold.holders:
+                    continue
+                del self.holds[id(r)]
+                failed = hold.failed  # a holder may have failed it before the batch was done
+                errors.extend(e for e in hold.errors if e not in errors)
+            (bad if failed else ok).append(r)
+        self._finalize(ok, bad, errors)
+
+    def _finalize(self, ok: list[TraceRecord], bad: list[TraceRecord], errors: list[tuple[str, str]]) -> None:
+        self.written += len(ok)
+        self.failed += len(bad)
+        if self.spool is not None:
+            if ok:
+                self.spool.resolve(ok)
+            if bad:
+                self._spool_failed(bad, errors)
+
+    def resolve_held(
+        self, lane: int, records: Sequence[TraceRecord], outcome: str, error: str | None
+    ) -> None:
+        """A selecting sink decided records its selection held: `outcome` is "written",
+        "failed" (with `error`) or the reason it left them out."""
+        if not records:
+            return
+        with self.lock:
+            sink = self.sinks[lane]
+            sink.held -= len(records)
+            if outcome == "written":
+                sink.written += len(records)
+            elif outcome == "failed":
+                sink.failed += len(records)
+                sink.last_error = error
+            else:
+                sink.skipped[outcome] += len(records)
+            ok: list[TraceRecord] = []
+            bad: list[TraceRecord] = []
+            errors: list[tuple[str, str]] = []
+            for r in records:
+                hold = self.holds[id(r)]
+                hold.holders -= 1
+                if outcome == "failed":
+                    hold.failed = True
+                    hold.errors.append((self.sink_names[lane], error or "failed"))
+                if hold.holders or not hold.batch_done:
+                    continue
+                del self.holds[id(r)]
+                (bad if hold.failed else ok).append(r)
+                if hold.failed:
+                    errors.extend(e for e in hold.errors if e not in errors)
+            self._finalize(ok, bad, errors)
 
     def note_retries(self, lane: int, retries: int) -> None:
         with self.lock:
@@ -797,6 +940,8 @@ class Buffer:
                         retries=s.retries,
                         metrics_failed=s.metrics_failed,
                         last_error=s.last_error,
+                        skipped={k: v for k, v in s.skipped.items() if v},
+                        held=s.held,
                     )
                     for name, s in zip(self.sink_names, self.sinks, strict=True)
                 },

@@ -198,6 +198,7 @@ class Group:
     prompt_len: int
     policy_version: int
     completions: list[Completion]
+    seconds: float  # how long generating the group took
 
 
 @dataclass(slots=True)
@@ -274,10 +275,11 @@ async def _rollout_worker(
             completions = [_complete(problem, version, rng, tokenizer) for _ in range(cfg.group_size)]
             # Generation time grows with the longest completion, as with batched decoding.
             longest = max(c.response_len for c in completions)
-            await anyio.sleep(rng.uniform(0.02, 0.05) + 0.0012 * longest)
+            seconds = rng.uniform(0.02, 0.05) + 0.0012 * longest
+            await anyio.sleep(seconds)
             prompt_len = len(tokenizer.encode(_chat_prompt(problem.question)).ids)
             counters.groups_generated += 1
-            await send.send(Group(worker, seq, index, prompt_len, version, completions))
+            await send.send(Group(worker, seq, index, prompt_len, version, completions, seconds))
 
 
 def _advantages(rewards: list[float]) -> list[float]:
@@ -300,6 +302,7 @@ def _samples(group: Group, step: int, staleness: int) -> list[dict[str, Any]]:
                 "advantage": adv,
                 "reward_breakdown": c.breakdown,
                 "stop_reason": c.stop_reason,
+                "generation_time": round(group.seconds, 4),
                 "dataset": DATASET,
                 "prompt_index": group.prompt_index,
                 "sample_index": i,

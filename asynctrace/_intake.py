@@ -17,11 +17,13 @@ import anyio
 import anyio.lowlevel
 
 from ._buffer import Admission, Buffer, Waiting
+from ._checks import check_step
 from ._encode import Encoder
 from ._lifecycle import Lifecycle, State
-from ._record import SampleLike, TraceRecord
+from ._record import SampleLike, TraceRecord, as_list
 from ._sampling import Entry
 from ._stats import DropReason
+from ._watch import WatchCounter
 from .exceptions import RecordError
 
 __all__ = ["Intake"]
@@ -41,12 +43,14 @@ class Intake:
         *,
         batch_size: int,
         wake_writer: Callable[[], None],
+        watch: WatchCounter | None = None,
     ) -> None:
         self.buffer = buffer
         self.encoder = encoder
         self.life = life
         self.batch_size = batch_size
         self._wake_writer = wake_writer
+        self.watch = watch
         # log yields to the writer once this many records wait for it (see there).
         self._yield_at = 2 * batch_size
         self._since_turn = 0
@@ -155,9 +159,14 @@ class Intake:
     ) -> int:
         if threading.get_ident() != self.life.loop_thread:
             return await self._log_from_other_loop(samples, step, split, timeout)
-        records, invalid, refused = self.encoder.encode(samples, step, split)
+        watched = 0
+        if self.watch is not None:
+            samples, watched = self._log_watched(samples, step, split)
+        records, invalid, refused, gaps = self.encoder.encode(samples, step, split)
         buf = self.buffer
-        adm = buf.admit(records, split=split, step=step, nowait=False, invalid=invalid, refused=refused)
+        adm = buf.admit(
+            records, split=split, step=step, nowait=False, invalid=invalid, refused=refused, gaps=gaps
+        )
         self._after_admit(adm)
         if adm.waiting is None:
             under_pressure = False
@@ -173,8 +182,8 @@ class Intake:
                 # calls, as a trainer does, lets the writer run there, outside this call.
                 self._since_turn = 0
                 await anyio.lowlevel.checkpoint()
-            return adm.accepted
-        return adm.accepted - await self.wait_for_room(adm.waiting, timeout)
+            return watched + adm.accepted
+        return watched + adm.accepted - await self.wait_for_room(adm.waiting, timeout)
 
     async def _log_from_other_loop(
         self, samples: SampleLike | Iterable[SampleLike], step: int, split: str, timeout: float | None
@@ -203,19 +212,29 @@ class Intake:
     ) -> int:
         """The blocking form, for threads other than the session's event loop."""
         self.life.check_open()
-        records, invalid, refused = self.encoder.encode(samples, step, split)
+        watched = 0
+        if self.watch is not None:
+            samples, watched = self._log_watched(samples, step, split)
+        records, invalid, refused, gaps = self.encoder.encode(samples, step, split)
         buf = self.buffer
         # Under "block" this call may be left waiting for room: its ticket is taken before it
         # admits anything, so a flush() from another thread cannot slip in between.
         ticket = buf.take_ticket() if buf.on_full == "block" else None
         try:
             adm = buf.admit(
-                records, split=split, step=step, nowait=False, invalid=invalid, refused=refused, ticket=ticket
+                records,
+                split=split,
+                step=step,
+                nowait=False,
+                invalid=invalid,
+                refused=refused,
+                ticket=ticket,
+                gaps=gaps,
             )
             self._after_admit(adm)
             if adm.waiting is None:
-                return adm.accepted
-            return adm.accepted - self._wait_blocking(adm.waiting, timeout, cancelled)
+                return watched + adm.accepted
+            return watched + adm.accepted - self._wait_blocking(adm.waiting, timeout, cancelled)
         finally:
             if ticket is not None:
                 buf.return_ticket(ticket)
@@ -224,12 +243,33 @@ class Intake:
         state = self.life.state
         if state is not _OPEN and state is not State.CLOSED:
             self.life.check_usable()
-        records, invalid, refused = self.encoder.encode(samples, step, split)
+        watched = 0
+        if self.watch is not None:
+            samples, watched = self._log_watched(samples, step, split)
+        records, invalid, refused, gaps = self.encoder.encode(samples, step, split)
         adm = self.buffer.admit(
-            records, split=split, step=step, nowait=True, invalid=invalid, refused=refused
+            records, split=split, step=step, nowait=True, invalid=invalid, refused=refused, gaps=gaps
         )
         self._after_admit(adm, blocking=False)
-        return adm.accepted
+        return watched + adm.accepted
+
+    def _log_watched(
+        self, samples: SampleLike | Iterable[SampleLike], step: int, split: str
+    ) -> tuple[list[Any], int]:
+        """Queue the call's watched samples past the cap (never waiting for room: under "block"
+        a full queue drops them as "queue_full"); returns the other samples and how many
+        watched ones were accepted."""
+        assert self.watch is not None
+        check_step(step, split)
+        items = samples if type(samples) is list else list(as_list(samples))
+        watched, rest = self.watch.split(items, split, step)
+        if not watched:
+            return rest, 0
+        records, invalid, _, _ = self.encoder.encode(watched, step, split, precheck=False)
+        adm = self.buffer.admit(records, split=split, step=step, nowait=True, invalid=invalid, gated=False)
+        if adm.wake:
+            self.wake()
+        return rest, adm.accepted
 
     async def replay(self, records: Sequence[TraceRecord]) -> None:
         """Records replayed from a spool, ahead of new ones; they wait for room, never dropped."""
@@ -281,7 +321,7 @@ class Intake:
         buf = self.buffer
         try:
             skipped: list[int] = []
-            records, _, _ = self.encoder.encode(samples, step, split, precheck=False, skipped=skipped)
+            records, _, _, _ = self.encoder.encode(samples, step, split, precheck=False, skipped=skipped)
             if skipped:
                 # on_invalid="skip" left these rows out: only their places are given back.
                 gone = set(skipped)

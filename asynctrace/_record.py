@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 from ._security import describe, shown
+from ._tokens import decode_token_fields, encode_token_fields
 from .exceptions import RecordError
 
 __all__ = ["Sample", "SampleLike", "TraceRecord"]
@@ -24,12 +25,17 @@ _RESERVED_MAPPING_KEYS = frozenset({"messages", "prompt", "response", "spans", "
 
 @dataclass(slots=True)
 class Sample:
-    """One rollout sample: chat messages plus JSON-able metadata; the unit capped, queued and written."""
+    """One rollout sample: chat messages plus JSON-able metadata; the unit capped, queued and written.
+
+    `tokens` optionally holds per-token arrays (``token_ids``, ``loss_mask``, ``logprobs``,
+    ``advantages``: 1-D tensors, arrays or lists), kept compactly encoded in the payload.
+    """
 
     messages: list[dict[str, Any]]
     metadata: dict[str, Any] = field(default_factory=dict)
     spans: list[dict[str, Any]] | None = None
     score: float | None = None
+    tokens: dict[str, Any] | None = None
 
     def ranking_score(self) -> float | None:
         """The key samplers rank by: `score`, else `metadata["reward"]`; None when missing or not finite."""
@@ -82,6 +88,7 @@ class TraceRecord:
             metadata=data.get("metadata", {}),
             spans=data.get("spans"),
             score=data.get("score"),
+            tokens=decode_token_fields(data["tokens"]) if "tokens" in data else None,
         )
 
     @property
@@ -335,6 +342,11 @@ def _body(obj: Any, index: int) -> dict[str, Any]:
             body["spans"] = obj.spans
         if obj.score is not None:
             body["score"] = obj.score
+        if obj.tokens is not None:
+            try:
+                body["tokens"] = encode_token_fields(obj.tokens)
+            except ValueError as exc:
+                raise RecordError(f"sample {index}: tokens: {exc}", index=index, path="tokens") from None
         if not isinstance(obj.metadata, dict):
             raise RecordError(
                 f"sample {index}: metadata: expected a dict, got {type(obj.metadata).__name__}",
@@ -459,7 +471,13 @@ def encode_samples(
             # Anything unusual, or any failure, takes the careful path below, which names it.
             messages = obj.messages
             metadata = obj.metadata
-            if type(messages) is list and type(metadata) is dict and obj.spans is None and obj.score is None:
+            if (
+                type(messages) is list
+                and type(metadata) is dict
+                and obj.spans is None
+                and obj.score is None
+                and obj.tokens is None
+            ):
                 for message in messages:
                     if type(message) is not dict or type(message.get("role")) is not str:
                         break
@@ -567,6 +585,7 @@ def sample_from(obj: SampleLike, index: int = 0) -> Sample:
         metadata=body["metadata"],
         spans=body.get("spans"),
         score=body.get("score"),
+        tokens=body.get("tokens"),
     )
 
 

@@ -7,7 +7,8 @@ import heapq
 import logging
 import math
 import random
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -35,15 +36,32 @@ RELEASED = 2  # handed on towards the buffer
 
 
 class Entry:
-    """A candidate sample inside a sampler. `record` is None while a reserved row is still being decoded."""
+    """A candidate sample inside a sampler. `record` is None while a reserved row is still being decoded.
 
-    __slots__ = ("record", "score", "seq", "state")
+    `key` is what a sampler ranked the entry by besides its score (the reservoir's random key, a
+    group's random key) and travels with it when selections of several processes are merged;
+    `group` is the prompt group a group sampler put it in (see `_groups.group_of`). `gap` counts
+    the samples the cap refused (through `StepSelection.keeps`) right before this one.
+    """
 
-    def __init__(self, score: float | None, seq: int, record: TraceRecord | None = None) -> None:
+    __slots__ = ("gap", "group", "key", "record", "score", "seq", "state")
+
+    def __init__(
+        self,
+        score: float | None,
+        seq: int,
+        record: TraceRecord | None = None,
+        *,
+        key: float | None = None,
+        group: Hashable | None = None,
+    ) -> None:
         self.score = score
         self.seq = seq
         self.record = record
         self.state = HELD
+        self.key = key
+        self.group = group
+        self.gap = 0
 
 
 class StepSelection(abc.ABC):
@@ -57,10 +75,28 @@ class StepSelection(abc.ABC):
     def held(self) -> list[Entry]:
         """Entries still held (for holding samplers), released when the step closes."""
 
+    def offer_all(self, entries: Sequence[Entry]) -> tuple[list[bool], list[Entry]]:
+        """Offer one call's candidates in order; returns which of them are kept and the entries
+        (earlier ones or of this call) they pushed out. A selection that judges a call's samples
+        together (the group sampler) overrides this; the default offers them one by one."""
+        kept: list[bool] = []
+        evicted: list[Entry] = []
+        for e in entries:
+            took, out = self.offer(e)
+            kept.append(took)
+            if out is not None:
+                evicted.append(out)
+        return kept, evicted
+
     def keeps(self, scores: Sequence[float | None], first_seq: int) -> list[bool] | None:
         """Which of these candidates, offered in order after everything offered so far (with
         sequence numbers from `first_seq`), would still be kept; None when it cannot tell
         without offering them. Must not change the selection."""
+        return None
+
+    def skip(self, n: int) -> None:
+        """`n` samples `keeps` refused were passed over here (an entry's `gap` counts those right
+        before it). Only a selection that counts positions (the reservoir) needs them."""
         return None
 
     def withdraw(self, entries: Sequence[Entry]) -> None:
@@ -77,10 +113,42 @@ class Sampler(abc.ABC):
     holds: bool = True
     #: True when the sampler ranks by score, so every sample needs a finite one.
     needs_score: bool = False
+    #: True when `new_step` costs little, so the session may ask a step not open yet which
+    #: samples it would keep (`StepSelection.keeps`) and skip encoding the others.
+    starts_cheaply: bool = False
 
     @abc.abstractmethod
     def new_step(self, split: str, step: int, k: int) -> StepSelection:
         """Start the selection for a new step."""
+
+    def new_part_step(self, split: str, step: int, k: int, part: int) -> StepSelection:
+        """Start the selection of one part (a process, a rank) of a step whose parts are merged
+        later with `merge`. A sampler that draws random numbers gives each part its own stream
+        (part 0's is `new_step`'s); the default is `new_step`."""
+        return self.new_step(split, step, k)
+
+    def merge(self, split: str, step: int, k: int, parts: Sequence[Sequence[Entry]]) -> list[Entry]:
+        """The step's selection from the selections of its parts, exactly what one selection
+        offered every part's samples (part after part, each in its own order) would keep.
+
+        `parts` holds, per part in order, the entries that part's own selection kept (its
+        `held()` for a holding sampler, what it passed otherwise) with their `score`, `key` and
+        `group` as that selection set them, in the part's arrival order. Each part's selection
+        must have kept every one of its samples the whole step's selection keeps: true of the
+        built-in samplers, which keep the `k` best by an order their keys and scores carry
+        (first arrivals, top and bottom scores, smallest random keys, best groups). Returns the
+        chosen entries in merged arrival order; their `seq` is renumbered to that order.
+        """
+        merged: list[Entry] = []
+        for part in parts:
+            merged.extend(sorted(part, key=lambda e: e.seq))
+        for i, e in enumerate(merged):
+            e.seq = i
+            e.state = HELD
+        selection = self.new_step(split, step, k)
+        kept, evicted = selection.offer_all(merged)
+        gone = {id(e) for e in evicted}
+        return [e for e, took in zip(merged, kept, strict=True) if took and id(e) not in gone]
 
 
 class _FirstSelection(StepSelection):
@@ -111,6 +179,7 @@ class FirstSampler(Sampler):
     """Keeps the first `k` samples to arrive; they flow on at once."""
 
     holds = False
+    starts_cheaply = True
 
     def new_step(self, split: str, step: int, k: int) -> StepSelection:
         return _FirstSelection(k)
@@ -173,78 +242,242 @@ class _TopBottomSelection(StepSelection):
             maybe = [i for i, sc in enumerate(scores) if sc is not None and (sc > hi or sc < lo)]
             if not maybe:
                 return [False] * n
-        # Offer the rest to a copy: the same code decides, so the answer cannot drift from it.
-        sim = _TopBottomSelection(0)
-        sim._n_top, sim._n_bottom = self._n_top, self._n_bottom
-        sim._top, sim._bottom = list(self._top), list(self._bottom)
-        probes = {i: Entry(scores[i], first_seq + i) for i in maybe}
-        for probe in probes.values():
-            sim.offer(probe)
-        kept = {id(e) for _, _, e in sim._top} | {id(e) for _, _, e in sim._bottom}
-        return [i in probes and id(probes[i]) in kept for i in range(n)]
+        # Offer the rest to copies of the two heaps, as `offer` would (ties cannot happen: the
+        # sequence numbers differ), by (score, -seq) alone: nothing is built per refused sample.
+        n_top, n_bottom = self._n_top, self._n_bottom
+        top = [t[:2] for t in self._top]
+        bottom = [t[:2] for t in self._bottom]
+        push, pop = heapq.heappush, heapq.heappop
+        for i in maybe:
+            score = scores[i]
+            if score is None:
+                continue
+            push(top, (score, -(first_seq + i)))
+            if len(top) <= n_top:
+                continue
+            down = pop(top)
+            push(bottom, (-down[0], down[1]))
+            if len(bottom) > n_bottom:
+                pop(bottom)
+        held = {t[1] for t in top} | {t[1] for t in bottom}
+        return [-(first_seq + i) in held for i in range(n)]
 
 
 class TopBottomSampler(Sampler):
     """Keeps the ceil(k/2) highest and floor(k/2) lowest scores of the step."""
 
     needs_score = True
+    starts_cheaply = True
 
     def new_step(self, split: str, step: int, k: int) -> StepSelection:
         return _TopBottomSelection(k)
 
 
 class _ReservoirSelection(StepSelection):
-    __slots__ = ("_k", "_n", "_res", "_rng")
+    # Bottom-k sampling with skip-ahead (algorithm L's jumps): every row has a uniform random key
+    # and the k smallest keys are kept, which is a uniform k of the step and merges exactly
+    # across processes (the k smallest of the union). Keys are drawn only for rows that enter:
+    # once k rows are held with largest key `w`, the number of rows until one has a key below
+    # `w` is geometric, and that row's key is uniform below `w`. So a refused row costs a
+    # counter increment, no draw. Random numbers are taken from `_draws` (drawn ahead by
+    # `keeps`) before the generator, so asking what would be kept never changes what is kept.
+    __slots__ = ("_draws", "_full", "_heap", "_k", "_n", "_next", "_rng", "_w")
 
     def __init__(self, k: int, rng: random.Random) -> None:
         self._k = k
-        self._n = 0
-        self._res: list[Entry] = []
+        self._n = 0  # rows offered
+        self._heap: list[tuple[float, int, Entry]] = []  # (-key, -seq, entry): root = largest key
         self._rng = rng
+        self._draws: deque[float] = deque()
+        self._full = False  # k rows were held once: from then on rows enter by skip-ahead
+        self._w = 1.0  # the threshold below which a row's key enters
+        self._next = 0  # the row number (1-based) of the next row to enter, once full
+
+    def _draw(self, i: int) -> float:
+        """The i-th random number not yet used (drawn from the generator on first need)."""
+        draws = self._draws
+        while len(draws) <= i:
+            draws.append(self._rng.random())
+        return draws[i]
+
+    @staticmethod
+    def _skip(u: float, w: float) -> int:
+        """Rows passed over before the next key below `w`, from a uniform `u` in [0, 1)."""
+        if w >= 1.0:
+            return 0
+        if w <= 0.0:
+            return 1 << 62
+        return int(math.log(1.0 - u) / math.log1p(-w))
+
+    def skip(self, n: int) -> None:
+        self._n += n
+        self._catch_up()
+
+    def _catch_up(self) -> None:
+        # The row planned to enter was passed over: only when a `keeps` raced with another
+        # offer to the same step. Plan afresh from here, as algorithm L would after a skip.
+        if self._full and self._next <= self._n:
+            self._next = self._n + 1 + self._skip(self._draw(0), self._w)
+            self._draws.popleft()
 
     def offer(self, entry: Entry) -> tuple[bool, Entry | None]:
+        if entry.gap:
+            self.skip(entry.gap)
         self._n += 1
-        if self._n <= self._k:
-            self._res.append(entry)
+        heap = self._heap
+        if not self._full:
+            key = self._draw(0)
+            self._draws.popleft()
+            entry.key = key
+            heapq.heappush(heap, (-key, -entry.seq, entry))
+            if len(heap) >= self._k:
+                self._fill_done()
             return True, None
-        j = self._rng.randrange(self._n)
-        if j < self._k:
-            if len(self._res) < self._k:
-                # A place `withdraw` freed goes to the next row algorithm R picks, not to the
-                # next row: that one would be kept far more often than k/n.
-                self._res.append(entry)
-                return True, None
-            out = self._res[j]
-            self._res[j] = entry
-            return True, out
-        return False, None
+        if self._n != self._next:
+            return False, None
+        u = self._draw(0) * self._w
+        self._draws.popleft()
+        entry.key = u
+        out: Entry | None = None
+        if len(heap) >= self._k:
+            out = heapq.heapreplace(heap, (-u, -entry.seq, entry))[2]
+        else:  # a place `withdraw` freed goes to the next row that draws a key below `w`
+            heapq.heappush(heap, (-u, -entry.seq, entry))
+        if len(heap) >= self._k:
+            self._w = -heap[0][0]
+        self._next = self._n + 1 + self._skip(self._draw(0), self._w)
+        self._draws.popleft()
+        return True, out
+
+    def _fill_done(self) -> None:
+        self._full = True
+        self._w = -self._heap[0][0] if self._heap else 1.0
+        self._next = self._n + 1 + self._skip(self._draw(0), self._w)
+        self._draws.popleft()
+
+    def keeps(self, scores: Sequence[float | None], first_seq: int) -> list[bool] | None:
+        n = len(scores)
+        out = [False] * n
+        if not self._full:
+            room = self._k - len(self._heap)
+            if room >= n:
+                return [True] * n
+            # The fill ends inside this call: the rest would be judged by keys not drawn yet.
+            # Simulate on a copy that shares the drawn-ahead numbers (drawing more as needed).
+            return self._simulate(n)
+        # Jump from one entering row to the next: the copy draws only for those rows.
+        keys = [-t[0] for t in self._heap]
+        w, nxt, used, room = self._w, self._next, 0, self._k - len(keys)
+        last = self._n + n
+        while nxt <= last:
+            out[nxt - self._n - 1] = True
+            u = self._draw(used) * w
+            used += 1
+            if room > 0:
+                keys.append(u)
+                room -= 1
+                if room == 0:
+                    w = max(keys)
+            else:
+                keys.remove(max(keys))
+                keys.append(u)
+                w = max(keys)
+            nxt = nxt + 1 + self._skip(self._draw(used), w)
+            used += 1
+        return out
+
+    def _simulate(self, n: int) -> list[bool]:
+        sim = _ReservoirSelection(self._k, self._rng)
+        sim._n, sim._full, sim._w, sim._next = self._n, self._full, self._w, self._next
+        sim._heap = list(self._heap)
+        # Numbers the copy draws ahead are this selection's next ones: they go to the shared queue.
+        sim._draws = _SharedDraws(self._draws, self._rng)  # type: ignore[assignment]
+        out = []
+        for i in range(n):
+            took, _ = sim.offer(Entry(None, -1 - i))
+            out.append(took)
+        return out
 
     def held(self) -> list[Entry]:
-        return sorted(self._res, key=lambda e: e.seq)
+        return sorted((t[2] for t in self._heap), key=lambda e: e.seq)
 
     def withdraw(self, entries: Sequence[Entry]) -> None:
         # Later rows then enter at the rate they would have had were the withdrawn rows never
-        # offered. The rows those displaced are gone, so a step that ends before a later row
-        # is picked for a freed place is left short of k.
+        # offered; the rows those displaced are gone, so a step that ends before a later row
+        # draws a key below the threshold is left short of k.
         gone = {id(e) for e in entries}
-        kept = [e for e in self._res if id(e) not in gone]
-        self._n -= len(self._res) - len(kept)
-        self._res = kept
+        kept = [t for t in self._heap if id(t[2]) not in gone]
+        removed = len(self._heap) - len(kept)
+        if self._n - removed <= self._k:
+            # Every row so far would have been held: the step is still filling.
+            self._n -= removed
+            self._full = False
+        self._heap = kept
+        heapq.heapify(kept)
+
+
+class _SharedDraws:
+    """A read-through view of a selection's drawn-ahead numbers for a simulation: popping
+    advances a private cursor, and numbers it needs beyond them are drawn into the shared queue."""
+
+    __slots__ = ("_i", "_q", "_rng")
+
+    def __init__(self, q: deque[float], rng: random.Random) -> None:
+        self._q, self._rng, self._i = q, rng, 0
+
+    def _fill(self, i: int) -> None:
+        while len(self._q) <= i:
+            self._q.append(self._rng.random())
+
+    def popleft(self) -> float:
+        self._fill(self._i)
+        self._i += 1
+        return self._q[self._i - 1]
+
+    def __len__(self) -> int:
+        return len(self._q) - self._i
+
+    def __getitem__(self, i: int) -> float:
+        self._fill(self._i + i)
+        return self._q[self._i + i]
+
+    def append(self, x: float) -> None:
+        self._q.append(x)
 
 
 class ReservoirSampler(Sampler):
-    """A uniform random `k` of the step (algorithm R); seeded per (seed, split, step), so reproducible."""
+    """A uniform random `k` of the step (the `k` smallest of uniform random keys, drawn by
+    skip-ahead only for rows that enter); seeded per (seed, split, step), so reproducible, and
+    merged exactly across processes."""
+
+    starts_cheaply = True
 
     def __init__(self, seed: int | None = 0) -> None:
         self.seed = seed
 
     def new_step(self, split: str, step: int, k: int) -> StepSelection:
-        # A string seed is hashed deterministically (sha512), unlike hash() of a tuple.
-        rng = random.Random(f"{self.seed}:{split}:{step}" if self.seed is not None else None)
+        return self.new_part_step(split, step, k, 0)
+
+    def new_part_step(self, split: str, step: int, k: int, part: int) -> StepSelection:
+        # A string seed is hashed deterministically (sha512), unlike hash() of a tuple. Each
+        # part draws its own keys: parts sharing a stream would keep the same rows of each.
+        tail = f":{part}" if part else ""
+        rng = random.Random(f"{self.seed}:{split}:{step}{tail}" if self.seed is not None else None)
         return _ReservoirSelection(k, rng)
 
+    def merge(self, split: str, step: int, k: int, parts: Sequence[Sequence[Entry]]) -> list[Entry]:
+        merged: list[Entry] = []
+        for part in parts:
+            merged.extend(sorted(part, key=lambda e: e.seq))
+        for i, e in enumerate(merged):
+            e.seq = i
+        if any(e.key is None for e in merged):
+            raise ValueError("a reservoir merge needs each entry's key, as its part's selection set it")
+        chosen = heapq.nsmallest(k, merged, key=lambda e: (e.key, e.seq))
+        return sorted(chosen, key=lambda e: e.seq)
 
-SamplerName = Literal["first", "top_bottom", "reservoir"]
+
+SamplerName = Literal["first", "top_bottom", "reservoir", "group"]
 
 
 def resolve_sampler(sampler: SamplerName | Sampler) -> Sampler:
@@ -256,8 +489,13 @@ def resolve_sampler(sampler: SamplerName | Sampler) -> Sampler:
         return TopBottomSampler()
     if sampler == "reservoir":
         return ReservoirSampler()
+    if sampler == "group":
+        from ._group_sampling import GroupSampler  # it builds on this module
+
+        return GroupSampler()
     raise ValueError(
-        f"sampler must be 'first', 'top_bottom', 'reservoir' or a Sampler instance, got {shown(sampler)}"
+        "sampler must be 'first', 'top_bottom', 'reservoir', 'group' or a Sampler instance, "
+        f"got {shown(sampler)}"
     )
 
 
@@ -297,6 +535,8 @@ class Gate:
         self._open: dict[tuple[str, int], _OpenStep] = {}
         self._closed_upto: dict[str, int] = {}
         self._warned = False
+        # A selection `keeps` started for a step not open yet (one at most).
+        self._fresh: dict[tuple[str, int], StepSelection] = {}
 
     def is_closed(self, split: str, step: int) -> bool:
         """True when samples for this step are late."""
@@ -304,7 +544,12 @@ class Gate:
         return closed_upto is not None and step <= closed_upto
 
     def keeps(
-        self, split: str, step: int, scores: Sequence[float | None], first_seq: int
+        self,
+        split: str,
+        step: int,
+        scores: Sequence[float | None],
+        first_seq: int,
+        groups: Sequence[Hashable | None] | None = None,
     ) -> list[bool] | None:
         """Which candidates an offer made now would keep (see `StepSelection.keeps`); changes nothing.
 
@@ -315,10 +560,27 @@ class Gate:
             return [False] * len(scores)
         opened = self._open.get((split, step))
         if opened is not None:
-            return opened.selection.keeps(scores, first_seq)
-        if isinstance(self.sampler, (FirstSampler, TopBottomSampler)):
-            return self.sampler.new_step(split, step, self.k).keeps(scores, first_seq)
-        return None  # another sampler's new selection may cost something (a seeded RNG)
+            return self._ask(opened.selection, scores, first_seq, groups)
+        if self.sampler.starts_cheaply:
+            # The fresh selection is kept for the offer that opens the step, so a seeded
+            # generator that drew ahead here is the one that decides there.
+            fresh = self._fresh.get((split, step))
+            if fresh is None:
+                self._fresh.clear()
+                fresh = self._fresh[(split, step)] = self.sampler.new_step(split, step, self.k)
+            return self._ask(fresh, scores, first_seq, groups)
+        return None  # another sampler's new selection may cost something
+
+    @staticmethod
+    def _ask(
+        selection: StepSelection,
+        scores: Sequence[float | None],
+        first_seq: int,
+        groups: Sequence[Hashable | None] | None,
+    ) -> list[bool] | None:
+        if groups is None:
+            return selection.keeps(scores, first_seq)
+        return selection.keeps(scores, first_seq, groups=groups)  # type: ignore[call-arg]
 
     def releasing(self, split: str, step: int) -> tuple[int, int]:
         """What an offer for (split, step) would release from the steps it closes, as (records,
@@ -351,15 +613,26 @@ class Gate:
         key = (split, step)
         opened = self._open.get(key)
         if opened is None:
-            opened = self._open[key] = _OpenStep(self.sampler.new_step(split, step, self.k), now)
+            fresh = self._fresh.pop(key, None)
+            selection = fresh if fresh is not None else self.sampler.new_step(split, step, self.k)
+            opened = self._open[key] = _OpenStep(selection, now)
         opened.last_seen = now
         holds = self.sampler.holds
-        for e in entries:
-            kept, evicted = opened.selection.offer(e)
-            if evicted is not None and evicted.state == HELD:
+        flags, pushed_out = opened.selection.offer_all(entries)
+        for e, kept in zip(entries, flags, strict=True):
+            if not kept:
+                e.state = EVICTED
+                result.capped += 1
+            elif holds:
+                result.held += 1
+            else:
+                e.state = RELEASED
+                result.passed.append(e)
+        for evicted in pushed_out:
+            if evicted.state == HELD:
                 evicted.state = EVICTED
                 result.evicted.append(evicted)
-            elif evicted is not None and evicted.state == RELEASED and not self._warned:
+            elif evicted.state == RELEASED and not self._warned:
                 # Already passed on (a sampler with holds=False keeps nothing back): it is
                 # written all the same, so it must not be counted as capped too.
                 self._warned = True
@@ -369,14 +642,6 @@ class Gate:
                     "its mind must set holds=True",
                     type(self.sampler).__name__,
                 )
-            if not kept:
-                e.state = EVICTED
-                result.capped += 1
-            elif holds:
-                result.held += 1
-            else:
-                e.state = RELEASED
-                result.passed.append(e)
         return result
 
     def _close_older(self, split: str, step: int, result: GateResult) -> bool:
@@ -410,6 +675,13 @@ class Gate:
                     e.state = RELEASED
                     out.append(e)
         self._closed_upto[split] = max(self._closed_upto.get(split, upto), upto)
+
+    def skip(self, split: str, step: int, n: int) -> None:
+        """`n` samples of (split, step) that `keeps` refused were passed over (see `StepSelection.skip`)."""
+        opened = self._open.get((split, step))
+        selection = opened.selection if opened is not None else self._fresh.get((split, step))
+        if selection is not None and n:
+            selection.skip(n)
 
     def withdraw(self, split: str, step: int, entries: Sequence[Entry]) -> None:
         """Give back the places of kept entries that will never be filled."""

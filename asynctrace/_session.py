@@ -20,6 +20,8 @@ from ._buffer import Buffer, MetricsItem, OnFull, Room
 from ._checks import check_int, check_seconds, check_step, check_text, check_timeout, checked_metrics
 from ._closing import close_sinks, close_spool, flush_until, report_finish, stop_writer
 from ._encode import Encoder
+from ._group_metrics import GroupMetrics
+from ._groups import GroupKey
 from ._intake import Intake
 from ._lifecycle import Lifecycle, State
 from ._record import (
@@ -33,6 +35,7 @@ from ._security import check_name, generated_run_name, shown
 from ._spool import Durability, Spool
 from ._stats import SessionStats
 from ._sync import SyncTraceSession, _SyncRunner
+from ._watch import Watch, WatchCounter
 from ._writer import Writer, close_grace, finish_bound
 from .exceptions import AsyncTraceError, SessionClosedError
 from .sinks._base import Sink
@@ -87,12 +90,16 @@ class TraceSession:
         trace_key: str = "{split}/traces",
         on_invalid: Literal["raise", "skip"] = "raise",
         max_open_steps: int = 2,
+        watch: Watch | None = None,
         step_timeout: float | None = 300.0,
         redact: Callable[[Sample], Sample] | None = None,
         spool_dir: str | os.PathLike[str] | None = None,
         durability: Durability = "writer",
         replay: bool = True,
         shutdown_hooks: bool = False,
+        health_metrics: bool = True,
+        health_interval: float = 5.0,
+        group_key: GroupKey | None = None,
     ) -> None:
         _check_arguments(**locals())  # every argument, before anything is built from them
         sinks = _checked_sinks(sinks)
@@ -102,6 +109,10 @@ class TraceSession:
         self.sinks = sinks
         self.max_traces_per_step = max_traces_per_step
         self.sampler = resolve_sampler(sampler)
+        group_of_sampler: GroupKey | None = getattr(self.sampler, "group_key", None)
+        if watch is not None and not isinstance(watch, Watch):
+            raise ValueError(f"watch must be an asynctrace.Watch, got {type(watch).__name__}")
+        self.watch = watch
         self.queue_size = queue_size
         self.max_queue_bytes = max_queue_bytes
         self.on_full = on_full
@@ -117,6 +128,14 @@ class TraceSession:
         self.shutdown_hooks = shutdown_hooks
 
         self.sink_names = names = _bind_sinks(sinks, project, self.run)
+        # The step-closing rules, which a `Selected` sink's own selection follows too.
+        self._step_rules = (max_open_steps, step_timeout)
+        self._health_interval = float(health_interval) if health_metrics else None
+        self._groups = (
+            GroupMetrics(group_key, max_open_steps=max_open_steps, step_timeout=step_timeout)
+            if group_key is not None
+            else None
+        )
 
         gate = (
             Gate(
@@ -159,6 +178,9 @@ class TraceSession:
             precheck=gate is not None and redact is None,
             keeps=self._buffer.keeps,
             id_prefix=id_prefix,
+            groups=self._groups,
+            group_key=group_of_sampler,
+            push=self._push_items,
         )
         # Set by `recovery_session`: replay another (project, run)'s records, dead letters too.
         self._replay_plan: ReplayPlan | None = None
@@ -177,6 +199,7 @@ class TraceSession:
             self._life,
             batch_size=batch_size,
             wake_writer=self._wake_writer,
+            watch=WatchCounter(watch) if watch is not None and max_traces_per_step is not None else None,
         )
         self._tg: anyio.abc.TaskGroup | None = None
         self._writer: Writer | None = None
@@ -224,6 +247,10 @@ class TraceSession:
             flush_interval=self.flush_interval,
             step_timeout=self._buffer.gate.step_timeout if self._buffer.gate else None,
             on_room=self._buffer.room.notify,
+            max_open_steps=self._step_rules[0],
+            sink_step_timeout=self._step_rules[1],
+            health_interval=self._health_interval,
+            groups=self._groups,
         )
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
@@ -342,7 +369,10 @@ class TraceSession:
             self._buffer.close()
             drained = False
             with anyio.CancelScope() as life.drain_scope:
-                drained = await flush_until(self._buffer, self._writer, self._intake.wake, deadline)
+                drained = await self._flush_until(deadline)
+                if drained and self._writer is not None and self._writer.final_health():
+                    # The health once more, counting everything the drain delivered.
+                    await self._flush_until(deadline)
             life.drain_scope = None
             budget, deadline = life.budget, life.deadline
             assert self._writer is not None
@@ -378,6 +408,18 @@ class TraceSession:
                 "thread or event loop, use the session's blocking form (`with TraceSession(...)`), "
                 "whose methods may be called from any thread"
             )
+
+    async def _flush_until(self, deadline: float | None) -> bool:
+        if self._groups is not None:
+            self._push_items(self._groups.close_all())
+        return await flush_until(self._buffer, self._writer, self._intake.wake, deadline)
+
+    def _push_items(self, items: Sequence[Any]) -> None:
+        """Queue control items (group metrics of closed steps) for the writer."""
+        for item in items:
+            self._buffer.push_item(item)
+        if items:
+            self._intake.wake()
 
     def _wake_writer(self) -> None:
         if self._writer is not None:
@@ -463,7 +505,7 @@ class TraceSession:
         left = None if deadline is None else deadline - anyio.current_time()
         if not await self._intake.until_queued(self._buffer.last_ticket(), left):
             return False
-        return await flush_until(self._buffer, self._writer, self._intake.wake, deadline)
+        return await self._flush_until(deadline)
 
     def stats(self) -> SessionStats:
         """A consistent snapshot of the session's accounting (and of its spool, if it has one)."""
@@ -518,6 +560,9 @@ def _check_arguments(
     spool_dir: Any,
     replay: Any,
     shutdown_hooks: Any,
+    health_metrics: Any,
+    health_interval: Any,
+    group_key: Any,
     **_: Any,
 ) -> None:
     """Check `TraceSession`'s arguments, each with a clear error naming it."""
@@ -558,7 +603,21 @@ def _check_arguments(
         raise ValueError(f"spool_dir must be a path or None, got {type(spool_dir).__name__}")
     if spool_dir is not None and not os.fspath(spool_dir):
         raise ValueError("spool_dir must not be empty")
-    for name, flag in (("replay", replay), ("shutdown_hooks", shutdown_hooks)):
+    check_seconds("health_interval", health_interval)
+    if group_key is not None and not (
+        callable(group_key)
+        or isinstance(group_key, str)
+        or (isinstance(group_key, (list, tuple)) and group_key and all(isinstance(k, str) for k in group_key))
+    ):
+        raise ValueError(
+            "group_key must be a metadata key, a list of keys tried in order, or a function of "
+            f"the metadata, got {shown(group_key)}"
+        )
+    for name, flag in (
+        ("replay", replay),
+        ("shutdown_hooks", shutdown_hooks),
+        ("health_metrics", health_metrics),
+    ):
         if not isinstance(flag, bool):
             raise ValueError(f"{name} must be a bool, got {shown(flag)}")
 

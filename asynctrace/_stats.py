@@ -59,13 +59,20 @@ class Counts:
 
 @dataclass(frozen=True, slots=True)
 class SinkStats:
-    """What one sink did with the records handed to it."""
+    """What one sink did with the records handed to it.
+
+    A sink with a selection of its own (`asynctrace.sinks.Selected`) also counts what it left
+    out, by reason (`skipped`), and what it holds for steps still open (`held`): every record
+    handed to a sink is ``written + failed + sum(skipped.values()) + held``.
+    """
 
     written: int = 0
     failed: int = 0
     retries: int = 0
     metrics_failed: int = 0
     last_error: str | None = None
+    skipped: Mapping[str, int] = field(default_factory=dict)
+    held: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,10 +22,14 @@ import anyio.lowlevel
 
 from ._abandon import spawn_detached, wait_first
 from ._buffer import Batch, Buffer, Marker, MetricsItem
+from ._group_metrics import GroupMetrics
+from ._health import Health
 from ._record import TraceRecord
 from ._retry import RetryPolicy, call_with_retry
 from ._security import describe
+from ._tiers import LaneSelection, Picked
 from .sinks._base import Sink
+from .sinks._selected import Selected
 
 logger = logging.getLogger("asynctrace")
 
@@ -71,9 +75,12 @@ class Signal:
 
 
 class _Lane:
-    def __init__(self, index: int, sink: Sink) -> None:
+    def __init__(self, index: int, sink: Sink, selection: LaneSelection | None = None) -> None:
         self.index = index
         self.sink = sink
+        # A `Selected` sink's own per-step selection (see _tiers).
+        self.selection = selection
+        self.next_idle_check = 0.0
         self.inbox: deque[Batch | Marker | MetricsItem] = deque()
         self.signal = Signal()
         self.dead: str | None = None
@@ -94,6 +101,10 @@ class Writer:
         flush_interval: float,
         step_timeout: float | None,
         on_room: Callable[[], None],
+        max_open_steps: int = 2,
+        sink_step_timeout: float | None = None,
+        health_interval: float | None = None,
+        groups: GroupMetrics | None = None,
     ) -> None:
         self.buffer = buffer
         self.sinks = list(sinks)
@@ -101,6 +112,12 @@ class Writer:
         self.flush_interval = flush_interval
         self.step_timeout = step_timeout
         self.on_room = on_room
+        # The session's step-closing rules, which `Selected` sinks' selections follow too.
+        self.max_open_steps = max_open_steps
+        self.sink_step_timeout = sink_step_timeout
+        # The session's health as run metrics (see _health), and the idle steps of its group metrics.
+        self.health = Health(health_interval, buffer.clock()) if health_interval is not None else None
+        self.groups = groups
         self.signal: Signal | None = None
         self.scope: anyio.CancelScope | None = None
         self.stopped = anyio.Event()
@@ -139,12 +156,42 @@ class Writer:
     async def _run(self, started: anyio.Event) -> None:
         with anyio.CancelScope(shield=True) as self.scope:
             self.signal = Signal()
-            self._lanes = [_Lane(i, s) for i, s in enumerate(self.sinks)]
+            self._lanes = [_Lane(i, s, self._selection_for(s)) for i, s in enumerate(self.sinks)]
             async with anyio.create_task_group() as tg:
                 for lane in self._lanes:
                     tg.start_soon(self._run_lane, lane)
                 tg.start_soon(self._dispatch)
                 started.set()
+
+    def _selection_for(self, sink: Sink) -> LaneSelection | None:
+        if not isinstance(sink, Selected):
+            return None
+        return LaneSelection(sink, max_open_steps=self.max_open_steps, step_timeout=self.sink_step_timeout)
+
+    def final_health(self) -> bool:
+        """Queue the health metrics once more (finish, after the drain); False when they are off."""
+        if self.health is None:
+            return False
+        item = self.health.item(self.buffer.snapshot(), self.buffer.clock(), final=True)
+        assert item is not None
+        self.buffer.push_item(item)
+        self.wake()
+        return True
+
+    def _health_tick(self, now: float) -> None:
+        """Every health interval: close idle group steps, and log the health if it changed."""
+        health = self.health
+        items = self.groups.close_idle(now) if self.groups is not None else []
+        if health is not None:
+            item = health.item(self.buffer.snapshot(), now)
+            if item is not None:
+                items.append(item)
+        # Straight to the lanes, not through the buffer's queue: a control item there would send
+        # the records queued before it at once, ahead of batch_size and flush_interval.
+        for item in items:
+            for lane in self._lanes:
+                lane.inbox.append(item)
+                lane.signal.set()
 
     def wake(self) -> None:
         if self.signal is not None:
@@ -173,11 +220,20 @@ class Writer:
         idle_check = self.step_timeout
         check_every = min(idle_check, 1.0) if idle_check is not None else None
         next_check = self.buffer.clock() + check_every if check_every is not None else None
+        health = self.health
+        tick_every = health.interval if health is not None else None
+        if self.groups is not None and self.groups.step_timeout is not None:
+            idle_every = min(self.groups.step_timeout, 1.0)
+            tick_every = idle_every if tick_every is None else min(tick_every, idle_every)
+        next_tick = self.buffer.clock() + tick_every if tick_every is not None else None
         while True:
             now = self.buffer.clock()
             if next_check is not None and check_every is not None and now >= next_check:
                 self.buffer.close_steps(idle_only=True)
                 next_check = now + check_every
+            if next_tick is not None and tick_every is not None and now >= next_tick:
+                self._health_tick(now)
+                next_tick = now + tick_every
             due = self._due_in(now)
             if due == 0.0:
                 item = self.buffer.take()
@@ -185,6 +241,11 @@ class Writer:
                     # Shielded: once taken, a batch reaches the spool and the lanes even if
                     # finish() stops the writer meanwhile (this takes milliseconds).
                     with anyio.CancelScope(shield=True):
+                        if health is not None:
+                            if isinstance(item, Batch):
+                                health.note_steps([r.step for r in item.records])
+                            elif isinstance(item, MetricsItem):
+                                health.note_steps((item.step,))
                         if isinstance(item, Batch):
                             await self._spool_batch(item)
                             # Only a batch that waits behind a busy sink is drop_oldest's to
@@ -199,9 +260,10 @@ class Writer:
                 # Give callers on this loop a turn between batches.
                 await anyio.lowlevel.checkpoint()
                 continue
-            if next_check is not None:
-                until_check = max(0.0, next_check - now)
-                due = until_check if due is None else min(due, until_check)
+            for at in (next_check, next_tick):
+                if at is not None:
+                    until = max(0.0, at - now)
+                    due = until if due is None else min(due, until)
             await self.signal.wait(due)
 
     async def _spool_batch(self, batch: Batch) -> None:
@@ -257,12 +319,16 @@ class Writer:
             if not lane.inbox:
                 lane.idle = True
                 try:
-                    await lane.signal.wait(None)
+                    await lane.signal.wait(self._idle_check_in(lane))
                 finally:
                     lane.idle = False
+                await self._close_idle(lane, on_retry)
                 continue
             item = lane.inbox.popleft()
             if isinstance(item, Marker):
+                if lane.selection is not None and lane.dead is None:
+                    # A flush closes the steps a sink's selection holds, as it closes the session's.
+                    await self._write_picked(lane, [], [lane.selection.close_all()], on_retry)
                 item.arrive()
                 continue
             if isinstance(item, MetricsItem):
@@ -280,11 +346,36 @@ class Writer:
                 batches.append(nxt)  # type: ignore[arg-type]
                 n += len(nxt.records)  # type: ignore[union-attr]
             await self._write_batches(lane, batches, on_retry)  # type: ignore[arg-type]
+            await self._close_idle(lane, on_retry)
+
+    def _idle_check_in(self, lane: _Lane) -> float | None:
+        """How long an idle lane may wait before its selection's idle steps must be closed."""
+        selection = lane.selection
+        if selection is None or not selection.holding or selection.step_timeout is None:
+            return None
+        return max(0.0, lane.next_idle_check - self.buffer.clock())
+
+    async def _close_idle(self, lane: _Lane, on_retry: Callable[[BaseException | None], None]) -> None:
+        selection = lane.selection
+        if selection is None or not selection.holding or selection.step_timeout is None:
+            return
+        now = self.buffer.clock()
+        if now < lane.next_idle_check:
+            return
+        lane.next_idle_check = now + min(selection.step_timeout, 1.0)
+        picked = selection.close_idle(now)
+        if picked.released:
+            await self._write_picked(lane, [], [picked], on_retry)
 
     async def _write_batches(
         self, lane: _Lane, batches: list[Batch], on_retry: Callable[[BaseException | None], None]
     ) -> None:
         self.buffer.start(batches)
+        if lane.selection is not None and lane.dead is None:
+            now = self.buffer.clock()
+            picks = [lane.selection.offer(b.records, now) for b in batches]
+            await self._write_picked(lane, batches, picks, on_retry)
+            return
         error = lane.dead
         ok = error is None
         if ok and any(b.records for b in batches):
@@ -296,21 +387,63 @@ class Writer:
             except Exception as exc:
                 ok = False
                 error = describe(exc)
-                logger.warning(
-                    "asynctrace: sink %r failed to write %d records for good: %s",
-                    lane.sink.name,
-                    len(records),
-                    error,
-                )
+                self._warn_failed(lane, len(records), error)
         freed = False
         for batch in batches:
             freed |= self.buffer.resolve(batch, lane.index, ok, 0, error)
         if freed:
-            self.on_room()
-            spool = self.buffer.spool
-            if spool is not None:
-                # Acknowledgements are not urgent: if a commit is under way, a later one writes them.
-                spool.commit(blocking=False)
+            self._freed()
+
+    def _warn_failed(self, lane: _Lane, n: int, error: str) -> None:
+        logger.warning(
+            "asynctrace: sink %r failed to write %d records for good: %s", lane.sink.name, n, error
+        )
+
+    def _freed(self) -> None:
+        self.on_room()
+        spool = self.buffer.spool
+        if spool is not None:
+            # Acknowledgements are not urgent: if a commit is under way, a later one writes them.
+            spool.commit(blocking=False)
+
+    async def _write_picked(
+        self,
+        lane: _Lane,
+        batches: list[Batch],
+        picks: list[Picked],
+        on_retry: Callable[[BaseException | None], None],
+    ) -> None:
+        """Write what a sink's selection picked: released records of closed steps and the
+        batches' records it passes on, in slices of at most batch_size (the contract's bound on
+        one write); then resolve the batches and what the selection had held."""
+        released = [r for p in picks for r in p.released]
+        records = [r for p in picks for r in (*p.released, *p.write)]
+        failed: set[int] = set()
+        error: str | None = None
+        size = self.buffer.batch_size
+        for i in range(0, len(records), size):
+            chunk = records[i : i + size]
+            try:
+                await call_with_retry(self.retry, lambda c=chunk: lane.sink.write(c), on_retry)  # type: ignore[misc]
+            except Exception as exc:
+                error = describe(exc)
+                failed.update(id(r) for r in chunk)
+                self._warn_failed(lane, len(chunk), error)
+        freed = False
+        for batch, pick in zip(batches, picks, strict=False):
+            pick.failed = [r for r in pick.write if id(r) in failed] if failed else []
+            freed |= self.buffer.resolve(batch, lane.index, True, 0, error, pick)
+        # After the batches: a record held by one of them and released by a later one is
+        # registered as held before it is resolved.
+        buffer = self.buffer
+        if failed:
+            buffer.resolve_held(lane.index, [r for r in released if id(r) in failed], "failed", error)
+            buffer.resolve_held(lane.index, [r for r in released if id(r) not in failed], "written", None)
+        else:
+            buffer.resolve_held(lane.index, released, "written", None)
+        buffer.resolve_held(lane.index, [r for p in picks for r in p.evicted], "capped", None)
+        if freed:
+            self._freed()
 
     async def _write_metrics(
         self, lane: _Lane, item: MetricsItem, on_retry: Callable[[BaseException | None], None]

@@ -17,12 +17,11 @@ torch is imported when a logger is created, never when this module is imported.
 from __future__ import annotations
 
 import logging
-import random
 import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -30,8 +29,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import orjson
 
 from ._checks import MAX_STEP, check_int, check_step, check_timeout
+from ._groups import GroupKey, group_of
 from ._record import Sample, SampleLike, as_list, encode_samples
-from ._sampling import Entry, ReservoirSampler, Sampler, SamplerName, StepSelection, resolve_sampler
+from ._sampling import Entry, Sampler, SamplerName, StepSelection, resolve_sampler
 from ._security import check_name, generated_run_name, shown
 from ._session import TraceSession
 from ._stats import Counts, DropReason, SessionStats
@@ -91,73 +91,29 @@ class RankStats(Counts):
     PARTS: ClassVar[tuple[str, ...]] = ("handed_on", "held")
 
 
-class _Candidate:
-    __slots__ = ("payload", "rank", "score", "seq")
-
-    def __init__(self, rank: int, seq: int, score: float | None, payload: bytes) -> None:
-        self.rank = rank
-        self.seq = seq
-        self.score = score
-        self.payload = payload
-
-
 class _OpenStep:
-    """The local selection of one (split, step): O(k) candidates at most."""
+    """The local selection of one (split, step): O(k) candidates at most, with their payloads."""
 
     __slots__ = ("kept", "offered", "selection")
 
     def __init__(self, selection: StepSelection) -> None:
         self.selection = selection
-        self.kept: dict[int, _Candidate] = {}
+        self.kept: dict[int, tuple[Entry, bytes]] = {}  # by sequence number, in arrival order
         self.offered = 0
 
-
-def _select(
-    selection: StepSelection, candidates: Iterable[_Candidate], next_seq: Callable[[], int]
-) -> tuple[dict[int, _Candidate], int]:
-    """Offer candidates in order; returns the kept ones (by sequence number) and how many were cut."""
-    kept: dict[int, _Candidate] = {}
-    cut = 0
-    for cand in candidates:
-        seq = next_seq()
-        took, evicted = selection.offer(Entry(cand.score, seq))
-        if took:
-            kept[seq] = cand
-        else:
-            cut += 1
-        if evicted is not None:
-            kept.pop(evicted.seq, None)
-            cut += 1
-    return kept, cut
-
-
-def _merge_reservoir(
-    sampler: ReservoirSampler, split: str, step: int, k: int, parts: Sequence[tuple[int, list[_Candidate]]]
-) -> list[_Candidate]:
-    """A uniform `k` of the whole step from each rank's uniform sample and its sample count.
-
-    Draws how many come from each rank as sampling without replacement from the step's
-    population (a multivariate hypergeometric draw), then that many uniformly from the rank's
-    own sample: a uniform subset of a uniform subset is uniform. Reproducible for a seed, but not
-    the same `k` a single process with that seed would draw.
-    """
-    rng = random.Random(f"{sampler.seed}:{split}:{step}:merge" if sampler.seed is not None else None)
-    left = [n for n, _ in parts]
-    take = [0] * len(parts)
-    total = sum(left)
-    for _ in range(min(k, total)):
-        pick = rng.randrange(total)
-        for i, n in enumerate(left):
-            if pick < n:
-                take[i] += 1
-                left[i] -= 1
-                break
-            pick -= n
-        total -= 1
-    out: list[_Candidate] = []
-    for (_, cands), n in zip(parts, take, strict=True):
-        out.extend(sorted(rng.sample(cands, n), key=lambda c: c.seq))
-    return out
+    def offer(self, cands: Sequence[tuple[Entry, bytes]]) -> int:
+        """Offer new candidates to the selection; returns how many samples it cut."""
+        flags, evicted = self.selection.offer_all([e for e, _ in cands])
+        cut = 0
+        for (e, payload), took in zip(cands, flags, strict=True):
+            if took:
+                self.kept[e.seq] = (e, payload)
+            else:
+                cut += 1
+        for e in evicted:
+            if self.kept.pop(e.seq, None) is not None:
+                cut += 1
+        return cut
 
 
 class DistributedTraceLogger:
@@ -222,6 +178,7 @@ class DistributedTraceLogger:
         self.project = project
         self.max_traces_per_step = max_traces_per_step
         self.sampler = resolve_sampler(sampler)
+        self._group_key: GroupKey | None = getattr(self.sampler, "group_key", None)
         self.on_invalid = on_invalid
         self.redact = redact
         self._distributed = dist.is_available() and dist.is_initialized()
@@ -430,7 +387,9 @@ class DistributedTraceLogger:
             key = (split, step)
             opened = self._open.get(key)
             if opened is None:
-                opened = self._open[key] = _OpenStep(self.sampler.new_step(split, step, k))
+                # Each rank is a part of the step: a sampler that draws gives it its own stream.
+                selection = self.sampler.new_part_step(split, step, k, self.rank)
+                opened = self._open[key] = _OpenStep(selection)
                 if len(self._open) > _OPEN_STEPS_WARNING and not self._warned_open:
                     self._warned_open = True
                     logger.warning(
@@ -439,12 +398,22 @@ class DistributedTraceLogger:
                         self.rank,
                     )
             before = len(opened.kept)
-            cands = [_Candidate(self.rank, 0, score, payload) for payload, score in encoded]
+            cands = [
+                (Entry(score, self._next_seq(), group=self._group(payload)), payload)
+                for payload, score in encoded
+            ]
             opened.offered += len(cands)
-            cut = _select_into(opened, cands, self._next_seq)
+            cut = opened.offer(cands)
             self._held += len(opened.kept) - before
             self._dropped_add("capped", cut)
-            return sum(1 for c in cands if c.seq in opened.kept)
+            return sum(1 for e, _ in cands if e.seq in opened.kept)
+
+    def _group(self, payload: bytes) -> Hashable | None:
+        """The prompt group of an encoded sample, for a group sampler (None for the others)."""
+        if self._group_key is None:
+            return None
+        metadata = orjson.loads(payload).get("metadata")
+        return group_of(metadata, self._group_key) if isinstance(metadata, dict) else None
 
     def _next_seq(self) -> int:
         self._seq += 1
@@ -505,7 +474,7 @@ class DistributedTraceLogger:
         if self.mode == "per_rank":
             deadline = None if timeout is None else time.monotonic() + timeout
             for (split, step), opened in ended:
-                self._write(split, step, sorted(opened.kept.items()), deadline)
+                self._write(split, step, [p for _, (_, p) in sorted(opened.kept.items())], deadline)
             return deadline
         return self._reduce(ended, timeout)
 
@@ -516,18 +485,12 @@ class DistributedTraceLogger:
             self._handed_on -= n
             self._dropped_add("aborted", n)
 
-    def _write(
-        self,
-        split: str,
-        step: int,
-        selected: Sequence[tuple[int, _Candidate]],
-        deadline: float | None,
-    ) -> None:
-        if not selected or self._sync is None:
+    def _write(self, split: str, step: int, payloads: Sequence[bytes], deadline: float | None) -> None:
+        if not payloads or self._sync is None:
             return
         # The session holds records only as the JSON encoded once; decoding here lets it check
         # and encode them through its one public path. `k` per step, so the cost is small.
-        samples = [orjson.loads(c.payload) for _, c in selected]
+        samples = [orjson.loads(p) for p in payloads]
         # This runs on the caller's thread, never on the session's loop thread.
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         log_within(self._sync, samples, step=step, split=split, blocking=self._blocking, timeout=left)
@@ -539,9 +502,11 @@ class DistributedTraceLogger:
         payloads: list[bytes] = []
         for (split, step), opened in ended:
             entries = []
-            for seq, cand in sorted(opened.kept.items()):
-                entries.append([seq, cand.score, len(cand.payload)])
-                payloads.append(cand.payload)
+            for seq, (entry, payload) in sorted(opened.kept.items()):
+                # The key a sampler drew travels with the entry, so the merge can rank by it.
+                row = [seq, entry.score, len(payload)]
+                entries.append(row if entry.key is None else [*row, entry.key])
+                payloads.append(payload)
             steps.append([split, step, opened.offered, entries])
         if not steps:
             return b"", 0
@@ -596,8 +561,8 @@ class DistributedTraceLogger:
         self._payload_bytes += payload_bytes
         if frames is None:
             return deadline
-        # (split, step) -> [(rank, samples offered there, candidates)]
-        by_step: dict[tuple[str, int], list[tuple[int, int, list[_Candidate]]]] = {}
+        # (split, step) -> [(rank, samples offered there, candidates with their payloads)]
+        by_step: dict[tuple[str, int], list[tuple[int, int, list[tuple[Entry, bytes]]]]] = {}
         for raw in frames:
             if not raw:
                 continue
@@ -607,8 +572,10 @@ class DistributedTraceLogger:
             rank = int(head["rank"])
             for split, step, offered, entries in head["steps"]:
                 cands = []
-                for seq, score, size in entries:
-                    cands.append(_Candidate(rank, int(seq), score, raw[offset : offset + size]))
+                for seq, score, size, *key_if_any in entries:
+                    key = key_if_any[0] if key_if_any else None
+                    payload = raw[offset : offset + size]
+                    cands.append((Entry(score, int(seq), key=key, group=self._group(payload)), payload))
                     offset += size
                 by_step.setdefault((split, int(step)), []).append((rank, int(offered), cands))
         written_upto = dict(self._merged_upto)
@@ -621,30 +588,16 @@ class DistributedTraceLogger:
                 # open, and another rank logged some later. Merging again would break the cap.
                 self._merged_late += received
                 continue
-            chosen = self._merge(split, step, parts)
+            # The sampler's own merge: exactly what one selection offered every rank's samples,
+            # rank after rank, would keep (see `Sampler.merge`).
+            k = self.max_traces_per_step
+            assert k is not None
+            payload_of = {id(e): p for _, _, cands in parts for e, p in cands}
+            chosen = self.sampler.merge(split, step, k, [[e for e, _ in cands] for _, _, cands in parts])
             self._merged_capped += received - len(chosen)
             self._merged_upto[split] = max(self._merged_upto.get(split, -1), step)
-            self._write(split, step, list(enumerate(chosen)), deadline)
+            self._write(split, step, [payload_of[id(e)] for e in chosen], deadline)
         return deadline
-
-    def _merge(
-        self, split: str, step: int, parts: list[tuple[int, int, list[_Candidate]]]
-    ) -> list[_Candidate]:
-        k = self.max_traces_per_step
-        assert k is not None
-        if isinstance(self.sampler, ReservoirSampler):
-            return _merge_reservoir(self.sampler, split, step, k, [(n, c) for _, n, c in parts])
-        # Selections that keep the k best by some order (first, top_bottom) compose exactly:
-        # each rank's local pick contains every one of its samples the whole-step pick keeps.
-        # Offering the union in rank order, each rank's in its own order, reproduces the pick a
-        # single process would make logging every rank's samples in that order.
-        counter = iter(range(1, 1 << 62))
-        kept, _ = _select(
-            self.sampler.new_step(split, step, k),
-            (c for _, _, cands in parts for c in sorted(cands, key=lambda c: c.seq)),
-            lambda: next(counter),
-        )
-        return [c for _, c in sorted(kept.items())]
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -759,22 +712,6 @@ class DistributedTraceLogger:
         tb: TracebackType | None,
     ) -> None:
         self.finish(collective=exc_type is None)
-
-
-def _select_into(opened: _OpenStep, cands: Sequence[_Candidate], next_seq: Callable[[], int]) -> int:
-    """Offer new local candidates to an open step; returns how many samples it cut."""
-    cut = 0
-    for cand in cands:
-        seq = next_seq()
-        cand.seq = seq
-        took, evicted = opened.selection.offer(Entry(cand.score, seq))
-        if took:
-            opened.kept[seq] = cand
-        else:
-            cut += 1
-        if evicted is not None and opened.kept.pop(evicted.seq, None) is not None:
-            cut += 1
-    return cut
 
 
 def _tensor_bytes(tensor: torch.Tensor) -> bytes:

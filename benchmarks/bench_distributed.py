@@ -49,8 +49,14 @@ class Producer:
 
     def __init__(self, collector: Any, max_buffered: int) -> None:
         self.collector = collector
+        # Every sample crosses, so the collector's throughput is what it measures
+        # (bench_ray_ship.py compares this with the client's local selection).
         self.client = TraceClient(
-            collector, max_buffered=max_buffered, max_buffered_bytes=4 * 2**30, flush_interval=0.05
+            collector,
+            max_buffered=max_buffered,
+            max_buffered_bytes=4 * 2**30,
+            flush_interval=0.05,
+            select_locally=False,
         )
 
     def cost(

@@ -51,8 +51,12 @@ class RolloutActor:
                         "sample_index": s,
                     }
                 )
-            # Traces are capped per *training* step, whichever actor produced them.
+            # Traces are capped per *training* step, whichever actor produced them. The client
+            # keeps only its own 16 candidates of the step and ships those.
             self.traces.log_samples_nowait(group, step=step)
+        # This actor's step is complete: ship its candidates now rather than when the next
+        # step starts (or the client's step_timeout passes).
+        self.traces.end_step(step)
         time.sleep(0.05)  # generation time
         return rewards
 

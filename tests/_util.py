@@ -16,6 +16,20 @@ def read_traces(project: str, run: str) -> list[dict[str, Any]]:
     return SQLiteStorage.get_traces(project, run=run, sort="step_asc")
 
 
+def as_logged(metadata: dict[str, Any]) -> dict[str, Any]:
+    """A Trackio trace's metadata as the sample carried it: without the keys the Trackio sink
+    adds for the dashboard (`asynctrace_id`, and `status` / `duration_ms` it derived)."""
+    from asynctrace.sinks._trackio_writer import dashboard_metadata
+
+    record_id = metadata.get("asynctrace_id")
+    base = {k: v for k, v in metadata.items() if k != "asynctrace_id"}
+    for derived in (("status", "duration_ms"), ("status",), ("duration_ms",), ()):
+        candidate = {k: v for k, v in base.items() if k not in derived}
+        if dashboard_metadata(str(record_id), candidate) == metadata:
+            return candidate
+    return base
+
+
 def sample(i: int, *, reward: float | None = None, step: int = 0, **meta: Any) -> dict[str, Any]:
     """A small valid sample whose content identifies it."""
     return {

@@ -110,6 +110,8 @@ def test_demo_traces_are_in_trackio(demo_run: DemoRun) -> None:
         assert isinstance(meta["reward"], float) and isinstance(meta["advantage"], float)
         assert set(meta["reward_breakdown"]) == {"correct", "format", "length", "noise"}
         assert meta["stop_reason"] in {"stop", "length"}
+        assert meta["status"] == {"stop": "success", "length": "truncated"}[meta["stop_reason"]]
+        assert meta["duration_ms"] == round(meta["generation_time"] * 1000, 3) > 0
         assert meta["prompt_len"] > 0 and meta["response_len"] > 0
         assert meta["seq_len"] == meta["prompt_len"] + meta["response_len"]
         assert 0 <= meta["staleness"] == t["step"] - meta["policy_version"]

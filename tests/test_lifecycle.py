@@ -227,14 +227,17 @@ def test_sync_session_accepts_an_infinite_timeout() -> None:
 async def test_finish_counts_rows_still_being_decoded_as_closed_in_its_own_stats() -> None:
     """Rows log_rollouts is decoding when finish() runs are "closed" in the stats finish() returns,
     not left pending (with a false deadline warning) there and closed later."""
+    import threading
     import time
 
     from asynctrace import rollouts
 
     tok = rollouts.toy_tokenizer()
+    decoding = threading.Event()
 
     class SlowTokenizer:
         def batch_decode(self, seqs: Any, **kwargs: Any) -> list[str]:
+            decoding.set()
             time.sleep(0.5)
             return list(tok.decode_batch(seqs, skip_special_tokens=False))
 
@@ -242,7 +245,9 @@ async def test_finish_counts_rows_still_being_decoded_as_closed_in_its_own_stats
     session = at.TraceSession("p", sinks=[at.testing.MemorySink()])
     async with session, anyio.create_task_group() as tg:
         tg.start_soon(functools.partial(session.log_rollouts, rows, tokenizer=SlowTokenizer(), step=0))
-        await anyio.sleep(0.1)
+        with anyio.fail_after(10):
+            while not decoding.is_set():  # finish only while the rows are being decoded
+                await anyio.sleep(0.01)
         final = await session.finish(timeout=1)
     assert final.pending == 0 and final.dropped == {"closed": 4} and final == session.stats()
 
@@ -288,8 +293,10 @@ class _Uncancellable(at.Sink):
 
     def __init__(self, hold: float) -> None:
         self.hold = hold
+        self.began = False
 
     async def write(self, records: Any) -> None:
+        self.began = True
         with anyio.CancelScope(shield=True):
             await anyio.sleep(self.hold)
 
@@ -299,7 +306,9 @@ async def test_finish_names_a_sink_that_ignores_cancellation(caplog: pytest.LogC
     sink = _Uncancellable(hold=STOP_GRACE + 1.5)
     async with at.TraceSession("p", sinks=[sink], flush_interval=0.01, finish_timeout=0.2) as s:
         await s.log_samples([sample(0)], step=0)
-        await anyio.sleep(0.1)  # the write has begun
+        with anyio.fail_after(10):
+            while not sink.began:  # finish only once the write has begun
+                await anyio.sleep(0.01)
     assert "'stubborn' still running" in caplog.text
     assert s.stats().check()
 

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import asynctrace as at
-from tests._util import read_traces, sample
+from tests._util import as_logged, read_traces, sample
 
 
 class Opaque:
@@ -284,7 +284,7 @@ async def test_odd_but_valid_values_reach_trackio(project: str) -> None:
     assert by_prompt["nan reward"]["metadata"]["reward"] is None  # JSON has no NaN
     assert len(by_prompt["big"]["messages"][1]["content"]) == 300_000
     assert by_prompt["call a tool"]["messages"][2]["tool_call_id"] == "c1"
-    assert by_prompt["call a tool"]["metadata"] == {"when": "2026-01-01", "np": [0, 1, 2]}
+    assert as_logged(by_prompt["call a tool"]["metadata"]) == {"when": "2026-01-01", "np": [0, 1, 2]}
     await anyio.sleep(0)
 
 

@@ -215,16 +215,20 @@ async def test_spool_files_are_private(tmp_path: Path) -> None:
     spool = tmp_path / "spool"
     spool.mkdir(mode=0o755)
     os.chmod(spool, 0o755)
+    sink = at.testing.MemorySink(hang=True)
     async with at.TraceSession(
         "p",
         run="r",
-        sinks=[at.testing.MemorySink(hang=True)],
+        sinks=[sink],
         spool_dir=spool,
         finish_timeout=0.1,
         flush_interval=0.01,
     ) as s:
         await s.log_samples([sample(0)], step=0)
-        await anyio.sleep(0.1)  # the writer dispatches the batch (and spools it)
+        # The writer spools a batch before it hands it to the sink.
+        with anyio.fail_after(10):
+            while not sink.attempts:
+                await anyio.sleep(0.01)
     assert stat.S_IMODE(spool.stat().st_mode) == 0o700
     files = list(spool.iterdir())
     assert files and all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)

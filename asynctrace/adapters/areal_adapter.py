@@ -40,6 +40,10 @@ _PER_TOKEN = ("input_ids", "attention_mask", "loss_mask", "versions")
 # What decoding needs; a group's other keys (logprobs, ref_logp, values, ...) are never fetched.
 _NEEDED = (*_PER_TOKEN, "rewards", "advantages")
 _RTENSOR_MODULE = "areal.infra.rpc.rtensor"
+# Per-token arrays fetched only when asked for as token fields (`advantages` per token is kept
+# under `token_advantages` once unrolled).
+_TOKEN_KEYS = ("logprobs", "token_advantages")
+_TOKEN_FIELDS = ("advantages", "logprobs", "loss_mask", "token_ids")
 
 
 def _get(obj: Any, name: str) -> Any:
@@ -86,7 +90,7 @@ def _is_tensor(value: Any) -> bool:
     return torch is not None and isinstance(value, torch.Tensor)
 
 
-def _unroll(part: dict[str, Any]) -> None:
+def _unroll(part: dict[str, Any], per_token: bool = False) -> None:
     """Undo `compute_advantages`' roll of the loss mask; each row's mean advantage.
 
     AReaL's `PPOActor._compute_advantages` stores ``loss_mask`` rolled left by one token
@@ -102,6 +106,14 @@ def _unroll(part: dict[str, Any]) -> None:
 
     generated = rolled != 0
     part["loss_mask"] = torch.cat([torch.zeros_like(generated[:, :1]), generated[:, :-1]], dim=1)
+    if per_token and advantages.dim() == 2:
+        # Rolled like the mask: the advantage at t is that of token t+1.
+        shifted = advantages.float()
+        part["token_advantages"] = torch.cat([torch.zeros_like(shifted[:, :1]), shifted[:, :-1]], dim=1)
+    logprobs: Any = part.get("logprobs")
+    if _is_tensor(logprobs) and logprobs.dim() == 2:
+        # compute_advantages rolls the log-probs too (and zeroes them off the rolled mask).
+        part["logprobs"] = torch.cat([torch.zeros_like(logprobs[:, :1]), logprobs[:, :-1]], dim=1)
     weight = generated.to(advantages.dtype if advantages.is_floating_point() else torch.float32)
     count = weight.sum(dim=-1)
     total = (advantages * weight).sum(dim=-1)
@@ -124,7 +136,7 @@ def _concat(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """
     if len(parts) == 1:
         return parts[0]
-    keys = [k for k in (*_NEEDED, "advantage") if all(k in p for p in parts)]
+    keys = [k for k in (*_NEEDED, "advantage", *_TOKEN_KEYS) if all(k in p for p in parts)]
     if all(_is_tensor(p.get("input_ids")) for p in parts) and "attention_mask" not in keys:
         import torch
 
@@ -138,7 +150,7 @@ def _concat(parts: list[dict[str, Any]]) -> dict[str, Any]:
         if all(_is_tensor(v) for v in values):
             import torch
 
-            if key in _PER_TOKEN:
+            if key in _PER_TOKEN or key in _TOKEN_KEYS:
                 width = max(int(v.shape[1]) for v in values)
                 values = [_pad(v, width, -1 if key == "versions" else 0) for v in values]
             out[key] = torch.cat(values, dim=0)
@@ -156,20 +168,30 @@ def _rows(part: Mapping[str, Any]) -> int:
     return int(shape[0]) if shape is not None else len(ids) if ids is not None else 0
 
 
-def rollout_kwargs(batch: Any, *, group_size: int | None = None) -> dict[str, Any]:
+def rollout_kwargs(
+    batch: Any, *, group_size: int | None = None, token_fields: Sequence[str] = ()
+) -> dict[str, Any]:
     """The batch as keyword arguments of `decode_rollouts` / `TraceSession.log_rollouts`.
 
     `batch` is AReaL's list of trajectory dicts (from `prepare_batch`, `rollout_batch` or
     `compute_advantages`), or one dict; values may be tensors or `RTensor`s. Each row of
     group i gets ``group_id`` i. A single dict has no groups: give `group_size` when it is
     a concatenation of equal groups.
+
+    `token_fields` names per-token arrays to keep with each sample: ``token_ids``,
+    ``loss_mask``, ``logprobs`` (AReaL's per-token ``logprobs``, 0 where no token was
+    generated) and ``advantages`` (after `compute_advantages`); what `compute_advantages` rolls
+    left by one token is put back on its token.
     """
+    if isinstance(token_fields, str) or any(name not in _TOKEN_FIELDS for name in token_fields):
+        raise ValueError(f"token_fields: expected names from {list(_TOKEN_FIELDS)}, got {token_fields!r}")
     groups, grouped = _groups(batch)
     if not groups:
         raise ValueError("batch: has no trajectories")
     parts: list[dict[str, Any]] = []
     for i, group in enumerate(groups):
-        part = {k: v for k in _NEEDED if (v := _get(group, k)) is not None}
+        wanted = (*_NEEDED, "logprobs") if "logprobs" in token_fields else _NEEDED
+        part = {k: v for k in wanted if (v := _get(group, k)) is not None}
         if "input_ids" not in part:
             if _get(group, "interactions") is not None:
                 raise ValueError(
@@ -180,7 +202,7 @@ def rollout_kwargs(batch: Any, *, group_size: int | None = None) -> dict[str, An
     parts = _localize(parts)
     for part in parts:
         if "advantages" in part:
-            _unroll(part)
+            _unroll(part, per_token="advantages" in token_fields)
     sizes = [_rows(p) for p in parts]
     columns = _concat(parts)
     kwargs: dict[str, Any] = {k: columns[k] for k in _PER_TOKEN if k in columns}
@@ -200,6 +222,20 @@ def rollout_kwargs(batch: Any, *, group_size: int | None = None) -> dict[str, An
         metadata["advantage"] = [None if v is None or math.isnan(v) else v for v in values]
     if metadata:
         kwargs["metadata"] = metadata
+    if token_fields:
+        sources = {
+            "token_ids": "input_ids",
+            "loss_mask": "loss_mask",
+            "logprobs": "logprobs",
+            "advantages": "token_advantages",
+        }
+        missing = [name for name in token_fields if sources[name] not in columns]
+        if missing:
+            raise ValueError(
+                f"token_fields: the batch has no per-token values for {missing} "
+                "(advantages exist after compute_advantages)"
+            )
+        kwargs["token_fields"] = {name: columns[sources[name]] for name in token_fields}
     return kwargs
 
 
@@ -211,6 +247,7 @@ def to_samples(
     metadata: Mapping[str, Any] | None = None,
     env_role: str = "tool",
     group_size: int | None = None,
+    token_fields: Sequence[str] = (),
 ) -> list[Sample]:
     """Decode an AReaL batch (list of group dicts or one dict): one transfer per tensor, one tokenizer call.
 
@@ -218,8 +255,9 @@ def to_samples(
     `compute_advantages`), prompt_len, response_len, seq_len, num_turns,
     policy_version_min / policy_version_max (from `versions`, ignoring -1), sample_index
     (the row in the concatenated batch), plus `metadata={name: per-sample values}`.
+    `token_fields`: as in `rollout_kwargs`.
     """
-    kwargs = rollout_kwargs(batch, group_size=group_size)
+    kwargs = rollout_kwargs(batch, group_size=group_size, token_fields=token_fields)
     merged = {**kwargs.pop("metadata", {}), **(metadata or {})}
     return decode_rollouts(
         **kwargs, tokenizer=tokenizer, rows=rows, metadata=merged or None, env_role=env_role
@@ -254,6 +292,7 @@ def log_batch(
     split: str = "train",
     env_role: str = "tool",
     group_size: int | None = None,
+    token_fields: Sequence[str] = (),
 ) -> int:
     """Log one step's AReaL batch; never raises into training. Returns the samples accepted.
 
@@ -262,7 +301,10 @@ def log_batch(
     """
 
     def convert() -> tuple[list[Sample], int]:
-        return to_samples(batch, tokenizer=tokenizer, env_role=env_role, group_size=group_size), 0
+        samples = to_samples(
+            batch, tokenizer=tokenizer, env_role=env_role, group_size=group_size, token_fields=token_fields
+        )
+        return samples, 0
 
     return deliver(
         session, convert, rows=_row_count(batch), step=step, split=split, where="areal_adapter.log_batch"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import atexit
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._record import Sample
@@ -82,6 +82,7 @@ def to_samples(
     tokenizer: Any,
     token_level_scores: Any = None,
     env_role: str = "tool",
+    token_fields: Sequence[str] = (),
 ) -> list[Sample]:
     """One sample per row of a verl `DataProto`, in the batch's row order.
 
@@ -97,6 +98,11 @@ def to_samples(
     the order in which its uid first appears in the batch, `policy_version_min/max` from
     ``min/max_global_steps``, and ``data_source``, ``request_id``, ``stop_reason`` and verl's
     ``__num_turns__`` (as `verl_num_turns`) where the batch has them.
+
+    `token_fields` names per-token arrays to keep with each sample (`Sample.tokens`, over its
+    real tokens, prompt first): ``token_ids``, ``loss_mask`` (the response mask, 0 on the
+    prompt), ``logprobs`` (``old_log_probs``, else ``rollout_log_probs``) and ``advantages``;
+    the last two are NaN over the prompt, where verl has none.
     """
     torch = _torch()
     batch = data.batch
@@ -150,6 +156,7 @@ def to_samples(
         prompt_lens=prompt_lens,
         rewards=rewards,
         env_role=env_role,
+        token_fields=_token_fields(token_fields, batch, keys, input_ids, loss_mask, prompt_width) or None,
     )
 
     uids = _column(non_tensor, "uid", n)
@@ -176,6 +183,39 @@ def to_samples(
             if values is not None and values[row] is not None:
                 meta[key] = jsonable(values[row])
     return samples
+
+
+# verl's per-token keys for each token field over the response, in order of preference.
+_RESPONSE_KEYS = {"logprobs": ("old_log_probs", "rollout_log_probs"), "advantages": ("advantages",)}
+
+
+def _token_fields(
+    names: Sequence[str], batch: Any, keys: set[str], input_ids: Any, loss_mask: Any, prompt_width: int
+) -> dict[str, Any]:
+    """The per-token arrays named in `names`, each shaped like `input_ids` (prompt, then response)."""
+    torch = _torch()
+    if isinstance(names, str):
+        raise ValueError(f"token_fields: expected a list of names, got the string {names!r}")
+    fields: dict[str, Any] = {}
+    for name in names:
+        if name == "token_ids":
+            fields[name] = input_ids
+        elif name == "loss_mask":
+            fields[name] = loss_mask
+        elif name in _RESPONSE_KEYS:
+            key = next((k for k in _RESPONSE_KEYS[name] if k in keys), None)
+            if key is None:
+                raise ValueError(
+                    f"token_fields: {name!r} needs one of {list(_RESPONSE_KEYS[name])} in the batch"
+                )
+            values = batch[key].float()
+            prompt = torch.full((values.shape[0], prompt_width), math.nan, device=values.device)
+            fields[name] = torch.cat([prompt, values], dim=1)
+        else:
+            raise ValueError(
+                f"token_fields: {name!r} is not one of ['advantages', 'logprobs', 'loss_mask', 'token_ids']"
+            )
+    return fields
 
 
 def open_session(trainer: Any, **kwargs: Any) -> SyncTraceSession:
@@ -230,13 +270,15 @@ def log_batch(
     token_level_scores: Any = None,
     step: int | None = None,
     session: Any = None,
+    token_fields: Sequence[str] = (),
 ) -> int:
     """Log one verl batch from inside `RayPPOTrainer`; never raises. Returns the samples accepted.
 
     `trainer` gives the tokenizer (``trainer.tokenizer``), the step (``trainer.global_steps``,
     unless `step` is given) and the session: `session`, else ``trainer.asynctrace_session``,
     else one `open_session` opens on the first call. Rows that cannot be converted are
-    counted in ``session.stats().dropped["invalid"]``, with one warning.
+    counted in ``session.stats().dropped["invalid"]``, with one warning. `token_fields`: as in
+    `to_samples`.
     """
     try:
         if session is None:
@@ -253,7 +295,15 @@ def log_batch(
         return 0
     return deliver(
         session,
-        lambda: (to_samples(batch, tokenizer=tokenizer, token_level_scores=token_level_scores), 0),
+        lambda: (
+            to_samples(
+                batch,
+                tokenizer=tokenizer,
+                token_level_scores=token_level_scores,
+                token_fields=token_fields,
+            ),
+            0,
+        ),
         rows=rows,
         step=at_step,
         split=split,

@@ -1,8 +1,10 @@
 """TraceClient: fire-and-forget logging from Ray actors and tasks to a `TraceCollector`.
 
-The caller's thread only validates and encodes (once, as `TraceSession` does) and appends to a
-bounded local buffer. A background thread ships batches to the collector with at most
-`max_in_flight` calls outstanding; completions arrive as future callbacks, so nothing polls.
+The caller's thread only validates and encodes (once, as `TraceSession` does), offers the
+samples to the client's own selection of their step when the collector has a cap that composes
+across clients (see `_local.py`), and appends what is to be shipped to a bounded local buffer.
+A background thread ships batches to the collector with at most `max_in_flight` calls
+outstanding; completions arrive as future callbacks, so nothing polls.
 When the collector is slow the buffer fills and new samples are dropped as ``"queue_full"``;
 when it is gone they are dropped as ``"collector_gone"``. Every sample is counted.
 """
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, ClassVar, Literal
 
+import ray
 from ray.actor import ActorHandle
 from ray.exceptions import RayActorError
 
@@ -33,10 +36,12 @@ except ImportError:  # older Ray: a restarting actor fails calls with RayActorEr
         """Never raised: stands in for the class on Ray versions without it."""
 
 
-from .._checks import check_int, check_seconds, check_step, check_timeout, wait_arg
+from .._checks import MAX_STEP, check_int, check_seconds, check_step, check_timeout, wait_arg
 from .._record import Sample, SampleLike, as_list, encode_samples
+from .._sampling import Sampler
 from .._security import describe, shown
 from .._stats import Counts, DropReason
+from ._local import LocalSelection, Released
 
 __all__ = ["ClientStats", "TraceClient"]
 
@@ -52,6 +57,7 @@ SHIP_ERROR: DropReason = "ship_error"  # the call could not even be submitted (R
 CLOSED: DropReason = "closed"  # logged after close()
 CLOSE_TIMEOUT: DropReason = "close_timeout"  # still buffered when close()'s deadline passed
 INVALID: DropReason = "invalid"  # failed validation with on_invalid="skip"
+CAPPED: DropReason = "capped"  # refused by the local selection: it could not be kept over the whole step
 NOT_CLOSED: DropReason = "not_closed"  # still buffered at exit in a process that cannot ship any more
 
 
@@ -59,15 +65,18 @@ NOT_CLOSED: DropReason = "not_closed"  # still buffered at exit in a process tha
 class ClientStats(Counts):
     """A consistent snapshot of one client's accounting.
 
-    Invariant at every moment: ``submitted == delivered + in_flight + buffered + sum(dropped.values())``.
-    `delivered` samples were handed to the collector, whose own `stats()` counts them from there
-    on (as its `submitted`), so the accounting of a job adds up across every process.
+    Invariant at every moment:
+    ``submitted == delivered + in_flight + buffered + held + sum(dropped.values())``.
+    `held` samples are candidates of steps the client still selects in; `delivered` samples
+    were handed to the collector, whose own `stats()` counts them from there on (as its
+    `submitted`), so the accounting of a job adds up across every process.
     """
 
     submitted: int = 0
     delivered: int = 0
     in_flight: int = 0
     buffered: int = 0
+    held: int = 0
     dropped: Mapping[str, int] = field(default_factory=dict)
     held_bytes: int = 0
     calls: int = 0
@@ -76,7 +85,7 @@ class ClientStats(Counts):
     closed: bool = False
     last_error: str | None = None
 
-    PARTS: ClassVar[tuple[str, ...]] = ("delivered", "in_flight", "buffered")
+    PARTS: ClassVar[tuple[str, ...]] = ("delivered", "in_flight", "buffered", "held")
 
 
 class _Group:
@@ -109,6 +118,9 @@ class _Call:
 # (split, step, encoded samples): the wire format of `TraceCollector.ingest_encoded`.
 WireGroup = tuple[str, int, list[bytes]]
 
+# How long a new client waits for the collector to say which cap and sampler it applies.
+SELECTION_TIMEOUT = 30.0
+
 
 def _describe(exc: BaseException) -> str:
     # First line only (remote tracebacks are long), scrubbed of credentials like every message.
@@ -124,6 +136,12 @@ class TraceClient:
     outstanding. Buffered plus in-flight samples are bounded by `max_buffered` and
     `max_buffered_bytes`; past that, new samples are dropped and counted. Use it as a context
     manager in tasks so the tail is shipped before the task returns.
+
+    With `select_locally` and a collector whose cap and sampler compose across clients
+    (``first``, ``top_bottom``), the client keeps only its `O(k)` candidates of each step and
+    ships them when the step closes here: when a step more than `max_open_steps` newer is
+    logged, after `step_timeout` seconds without samples for it, on `end_step`, `flush` or
+    `close`. What it refuses is counted as dropped ``"capped"``.
     """
 
     def __init__(
@@ -139,6 +157,9 @@ class TraceClient:
         close_timeout: float = 10.0,
         on_invalid: Literal["raise", "skip"] = "raise",
         redact: Callable[[Sample], Sample] | None = None,
+        select_locally: bool = True,
+        max_open_steps: int = 0,
+        step_timeout: float | None = 5.0,
     ) -> None:
         if not isinstance(collector, ActorHandle):
             raise ValueError(
@@ -154,6 +175,10 @@ class TraceClient:
             check_int(name, value)
         check_seconds("flush_interval", flush_interval)
         check_seconds("close_timeout", close_timeout)
+        check_int("max_open_steps", max_open_steps, minimum=0)
+        check_seconds("step_timeout", step_timeout, allow_none=True)
+        if not isinstance(select_locally, bool):
+            raise ValueError(f"select_locally must be a bool, got {shown(select_locally)}")
         if on_invalid not in ("raise", "skip"):
             raise ValueError(f"on_invalid must be 'raise' or 'skip', got {shown(on_invalid)}")
         if max_buffered < batch_size:
@@ -201,6 +226,12 @@ class TraceClient:
         self._close_lock = threading.Lock()
         self._closed = False  # a close() ran to its end: its deadline is spent, not to be repeated
         self._closer: int | None = None  # the thread running the close() under way
+        self._local: LocalSelection | None = None
+        self._score_needed_by: str | None = None
+        if select_locally:
+            self._local = _ask_selection(collector, max_open_steps, step_timeout)
+            if self._local is not None and self._local.sampler.needs_score:
+                self._score_needed_by = type(self._local.sampler).__name__
         _open_clients.add(self)
 
     def __repr__(self) -> str:
@@ -216,17 +247,18 @@ class TraceClient:
 
     # -- caller side (any thread) -----------------------------------------------------------
 
-    def _encode(self, items: Sequence[Any]) -> tuple[list[bytes], int, int]:
-        """Validate and encode in the caller, as the session does; returns payloads, bytes, invalid."""
+    def _encode(self, items: Sequence[Any]) -> tuple[list[tuple[bytes, float | None]], int, int]:
+        """Validate and encode in the caller, as the session does; returns (payload, score) pairs,
+        their bytes, and how many were invalid."""
         encoded, invalid = encode_samples(
             items,
             redact=self.redact,
             skip_invalid=self.on_invalid == "skip",
             max_bytes=self.max_batch_bytes,
             bound="max_batch_bytes",
+            score_needed_by=self._score_needed_by,
         )
-        payloads = [payload for payload, _ in encoded]
-        return payloads, sum(len(p) for p in payloads), invalid
+        return encoded, sum(len(p) for p, _ in encoded), invalid
 
     def log_samples_nowait(
         self,
@@ -239,7 +271,9 @@ class TraceClient:
 
         Raises `RecordError` for an invalid sample (nothing of the call is kept) unless
         ``on_invalid="skip"``. Samples that do not fit the local bound, or arrive after `close()`
-        or after the collector died, are dropped and counted in `stats().dropped`.
+        or after the collector died, are dropped and counted in `stats().dropped`; with local
+        selection, the count is of the call's samples kept for now (a held candidate can still
+        be displaced by a better one before its step closes).
         """
         check_step(step, split)
         items = as_list(samples)
@@ -249,42 +283,77 @@ class TraceClient:
                 self._submitted += len(items)
                 self._drop(CLOSED if self._closing else COLLECTOR_GONE, len(items))
             return 0
-        payloads, nbytes, invalid = self._encode(items)
+        encoded, nbytes, invalid = self._encode(items)
         now = time.monotonic()
         with self._lock:
             self._submitted += len(items)
             self._drop(INVALID, invalid)
             if self._closing or self._gone:
-                self._drop(CLOSED if self._closing else COLLECTOR_GONE, len(payloads))
+                self._drop(CLOSED if self._closing else COLLECTOR_GONE, len(encoded))
                 return 0
-            # The bound covers what is buffered and what is in flight: both are this
+            # The bound covers what is buffered, held and in flight: all of it is this
             # process's memory until the collector has answered.
-            room = self.max_buffered - self._buffered - self._in_flight
-            room_bytes = self.max_buffered_bytes - self._buffered_bytes - self._in_flight_bytes
-            if len(payloads) > room or nbytes > room_bytes:
+            held, held_bytes = self._held()
+            room = self.max_buffered - self._buffered - self._in_flight - held
+            room_bytes = self.max_buffered_bytes - self._buffered_bytes - self._in_flight_bytes - held_bytes
+            if len(encoded) > room or nbytes > room_bytes:
                 keep = 0
                 kept_bytes = 0
-                for p in payloads[: max(room, 0)]:
+                for p, _ in encoded[: max(room, 0)]:
                     if kept_bytes + len(p) > room_bytes:
                         break
                     keep += 1
                     kept_bytes += len(p)
-                self._drop(QUEUE_FULL, len(payloads) - keep)
-                payloads, nbytes = payloads[:keep], kept_bytes
-            if not payloads:
+                self._drop(QUEUE_FULL, len(encoded) - keep)
+                encoded, nbytes = encoded[:keep], kept_bytes
+            if not encoded:
                 return 0
-            was_empty = not self._groups
-            self._groups.append(_Group(split, step, payloads, nbytes, self._next_seq, now))
-            self._next_seq += len(payloads)
-            self._buffered += len(payloads)
-            self._buffered_bytes += nbytes
+            if self._local is None:
+                accepted = self._append(split, step, [p for p, _ in encoded], nbytes, now)
+            else:
+                passed, capped, accepted, released = self._local.offer(split, step, encoded, now)
+                self._drop(CAPPED, capped)
+                self._append_released(released, now)
+                if passed:
+                    self._append(split, step, passed, sum(len(p) for p in passed), now)
             if self._thread is None:
                 self._start_thread()
-            elif (
-                was_empty or self._buffered >= self.batch_size or self._buffered_bytes >= self.max_batch_bytes
-            ):
-                self._work.notify()
-            return len(payloads)
+            return accepted
+
+    def end_step(self, step: int, split: str | None = None) -> None:
+        """Ship the candidates of every step up to `step` (of `split`, or of every split) now.
+
+        The client's own selection of those steps is final; a sample logged later for one of
+        them starts a new selection, which the collector merges exactly as long as it still
+        has the step open. Never blocks; without local selection it does nothing.
+        """
+        check_int("step", step, minimum=0, maximum=MAX_STEP)
+        if split is not None:
+            check_step(step, split)
+        with self._lock:
+            if self._local is not None:
+                self._append_released(self._local.end_step(step, split), time.monotonic())
+
+    def _held(self) -> tuple[int, int]:
+        """Candidates held by the local selection, as (samples, bytes) (lock held)."""
+        if self._local is None:
+            return 0, 0
+        return self._local.held, self._local.held_bytes
+
+    def _append(self, split: str, step: int, payloads: list[bytes], nbytes: int, now: float) -> int:
+        """Queue payloads of one (split, step) for shipping (lock held); returns how many."""
+        was_empty = not self._groups
+        self._groups.append(_Group(split, step, payloads, nbytes, self._next_seq, now))
+        self._next_seq += len(payloads)
+        self._buffered += len(payloads)
+        self._buffered_bytes += nbytes
+        if was_empty or self._buffered >= self.batch_size or self._buffered_bytes >= self.max_batch_bytes:
+            self._work.notify()
+        return len(payloads)
+
+    def _append_released(self, released: list[Released], now: float) -> None:
+        for split, step, payloads in released:
+            self._append(split, step, payloads, sum(len(p) for p in payloads), now)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Ship everything buffered now and wait until each sample logged before the call was
@@ -296,6 +365,9 @@ class TraceClient:
         timeout = check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
+            if self._local is not None:
+                # Every step held here is complete as far as this flush is concerned.
+                self._append_released(self._local.close_all(), time.monotonic())
             target = self._next_seq
             if target > self._flush_target:
                 self._flush_target = target
@@ -366,7 +438,7 @@ class TraceClient:
         with self._lock:
             self._closing = True
             self._stopping = True
-            n = self._buffered
+            n = self._buffered + (self._local.discard() if self._local is not None else 0)
             self._clear_buffer()
             self._drop(NOT_CLOSED, n)
             self._work.notify()
@@ -375,13 +447,15 @@ class TraceClient:
     def stats(self) -> ClientStats:
         """A consistent snapshot of this client's accounting."""
         with self._lock:
+            held, held_bytes = self._held()
             return ClientStats(
                 submitted=self._submitted,
                 delivered=self._delivered,
                 in_flight=self._in_flight,
                 buffered=self._buffered,
+                held=held,
                 dropped=dict(self._dropped),
-                held_bytes=self._buffered_bytes + self._in_flight_bytes,
+                held_bytes=self._buffered_bytes + self._in_flight_bytes + held_bytes,
                 calls=self._n_calls,
                 bytes_shipped=self._bytes_shipped,
                 collector_gone=self._gone,
@@ -406,7 +480,7 @@ class TraceClient:
         if n <= 0:
             return
         self._dropped[reason] += n
-        if reason not in self._warned and reason != CLOSED:
+        if reason not in self._warned and reason not in (CLOSED, CAPPED):
             self._warned.add(reason)
             logger.warning(
                 "asynctrace: TraceClient dropping samples (%s); counts are in client.stats().dropped",
@@ -430,6 +504,14 @@ class TraceClient:
 
     def _due_in(self, now: float) -> float | None:
         """Seconds until the next batch should go; 0 when one should go now, None when idle."""
+        idle = self._local.next_due(now) if self._local is not None else None
+        ship = self._ship_due(now)
+        if idle is None or (ship is not None and ship <= idle):
+            return ship
+        # Waking for idle steps: the loop closes them, then asks again.
+        return max(idle, 1e-3)
+
+    def _ship_due(self, now: float) -> float | None:
         if not self._groups or self._in_flight_calls() >= self.max_in_flight:
             return None
         if (
@@ -499,13 +581,19 @@ class TraceClient:
             while True:
                 with self._lock:
                     while True:
+                        now = time.monotonic()
+                        if self._local is not None:
+                            if self._gone:
+                                self._drop(COLLECTOR_GONE, self._local.discard())
+                            else:
+                                self._append_released(self._local.close_idle(now), now)
                         if self._gone and self._groups:
                             n = self._buffered
                             self._clear_buffer()
                             self._drop(COLLECTOR_GONE, n)
                         if self._stopping and not self._groups:
                             return
-                        due = self._due_in(time.monotonic())
+                        due = self._due_in(now)
                         if due == 0.0:
                             wire, call = self._take_batch()
                             call_id = next(self._call_ids)
@@ -518,7 +606,7 @@ class TraceClient:
             with self._lock:
                 self._last_error = _describe(exc)
                 self._gone = True
-                n = self._buffered
+                n = self._buffered + (self._local.discard() if self._local is not None else 0)
                 self._clear_buffer()
                 self._drop(SHIP_ERROR, n)
 
@@ -566,6 +654,27 @@ class TraceClient:
                 self._drop(reason, call.n)
             self._progress.notify_all()
             self._work.notify()
+
+
+def _ask_selection(
+    collector: ActorHandle[Any], max_open_steps: int, step_timeout: float | None
+) -> LocalSelection | None:
+    """The local selection matching the collector's cap and sampler; None when it has none that
+    composes across clients, or cannot say (then every sample is shipped and selected there)."""
+    try:
+        ref: Any = collector.selection.remote()
+        answer: tuple[int | None, Sampler | None] = ray.get(ref, timeout=SELECTION_TIMEOUT)
+        k, sampler = answer
+    except Exception as exc:
+        logger.warning(
+            "asynctrace: TraceClient could not ask the collector for its cap (%s); "
+            "every sample will be shipped and selected there",
+            _describe(exc),
+        )
+        return None
+    if k is None or sampler is None:
+        return None
+    return LocalSelection(k, sampler, max_open_steps=max_open_steps, step_timeout=step_timeout)
 
 
 # Clients still open at interpreter exit ship what they hold (within their own deadline) when

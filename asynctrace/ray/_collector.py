@@ -26,12 +26,14 @@ import ray
 from ray.actor import ActorHandle
 
 from .._checks import check_seconds, check_timeout, wait_arg
+from .._sampling import Sampler
 from .._security import generated_run_name
 from .._session import TraceSession, hurry_finish
 from .._shutdown import hook_bound
 from .._stats import SessionStats
 from .._sync import SyncTraceSession, log_within
 from ..exceptions import SessionClosedError
+from ._local import composes_by_union
 
 __all__ = ["RemoteTraceCollector", "TraceCollector", "start_collector"]
 
@@ -160,6 +162,14 @@ class TraceCollector:
             "pid": os.getpid(),
             "node_id": ray.get_runtime_context().get_node_id(),
         }
+
+    @_group("control")
+    def selection(self) -> tuple[int | None, Sampler | None]:
+        """The cap and the sampler clients may select with before they ship: (k, sampler), with
+        None for the sampler when it does not compose across clients (they then ship everything)."""
+        k = self._session.max_traces_per_step
+        sampler = self._session.sampler
+        return k, (sampler if k is not None and composes_by_union(sampler) else None)
 
     @_group("control")
     def flush(self, timeout: float | None = None) -> bool:

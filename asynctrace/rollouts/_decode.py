@@ -12,6 +12,7 @@ from .._record import Sample
 from .._security import shown
 from ._align import MISSING, Shortfall
 from ._text import SpanBatch, TextBatch
+from ._token_fields import token_columns
 from ._turns import Run, Turns, mask_runs, split_span_turns, split_turns
 
 if TYPE_CHECKING:
@@ -497,6 +498,7 @@ def decode_rollouts(
     metadata: Mapping[str, Any] | None = None,
     env_role: str = "tool",
     rows: Sequence[int] | None = None,
+    token_fields: Mapping[str, Any] | None = None,
 ) -> list[Sample]:
     """Turn a batch of token sequences into chat-shaped samples, in the order of `rows`.
 
@@ -513,6 +515,11 @@ def decode_rollouts(
     CPU once, and every turn of every sample is decoded in one tokenizer call; a byte-level BPE
     tokenizer (GPT-2, Llama 3, Qwen style) is decoded from a per-tokenizer byte table instead,
     which gives exactly the tokenizer's text at a fraction of its cost.
+
+    `token_fields` keeps per-token arrays with each sample (`Sample.tokens`): a dict from
+    ``token_ids``, ``loss_mask``, ``logprobs`` or ``advantages`` to an array shaped like
+    `input_ids` (for instance ``{"token_ids": input_ids, "logprobs": old_log_probs}``); each
+    sample keeps the values at its real tokens, compactly encoded (see docs/rollouts.md).
     """
     if not isinstance(env_role, str) or not env_role:
         raise ValueError(f"env_role: expected a non-empty role name, got {shown(env_role)}")
@@ -564,6 +571,11 @@ def decode_rollouts(
             row_runs = layout.runs[j] if layout.runs is not None else None
             turns.append(split_span_turns(offset, length, row_runs, prompt_lens_l[j], env_role, texts))
     decoded = texts.decode(tokenizer)
+    token_rows = (
+        token_columns(token_fields, input_ids, attention_mask, picked, _is_tensor(input_ids))
+        if token_fields
+        else None
+    )
 
     samples: list[Sample] = []
     for j, row in enumerate(picked):
@@ -588,6 +600,8 @@ def decode_rollouts(
         for name, column in extra.items():
             if column is not None and column[j] is not MISSING:
                 meta[name] = column[j]
-        samples.append(Sample(messages=t.messages(decoded), metadata=meta))
+        samples.append(
+            Sample(messages=t.messages(decoded), metadata=meta, tokens=token_rows[j] if token_rows else None)
+        )
     short.warn()
     return samples

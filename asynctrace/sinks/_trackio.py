@@ -24,6 +24,7 @@ from .._record import TraceRecord
 from .._security import check_name, check_text, shown
 from ..exceptions import PermanentSinkError
 from ._base import Sink
+from ._trackio_versions import check_trackio_version
 from ._trackio_writer import HEADER, TrackioWriter
 
 __all__ = ["TrackioSink"]
@@ -67,10 +68,11 @@ def _pipe_fds(proc: anyio.abc.Process) -> tuple[tuple[int, tuple[int, int]], ...
     return tuple(fds)
 
 
-# Trackio 0.43's rules for a project name (`SQLiteStorage.validate_project_name`, and the files
-# named after it), written out here: they are checked when the sink is made, where importing
-# Trackio would cost the caller a second or more, and a name it refuses would otherwise fail
-# the sink's open, every record of the run with it. A test holds this copy to Trackio's own.
+# Trackio's rules for a project name (`SQLiteStorage.validate_project_name`, and the files
+# named after it; the same in every supported release), written out here: they are checked
+# when the sink is made, where importing Trackio would cost the caller a second or more, and a
+# name it refuses would otherwise fail the sink's open, every record of the run with it. A test
+# holds this copy to Trackio's own.
 _REGISTRY_PREFIX = "registry-"
 _RESERVED_SUFFIXES = tuple(
     f"_{table}"
@@ -179,6 +181,8 @@ class TrackioSink(Sink):
         process: bool = True,
         init_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
+        # Read from the installed package's metadata: Trackio itself is imported by the writer.
+        check_trackio_version()
         for what, value in (("project", project), ("run", run)):
             if value is not None:
                 check_name(what, value)

@@ -5,15 +5,24 @@ It runs in a writer process by default (see `_trackio_worker`), or in a worker t
 
 Idempotency. Trackio names a trace row ``{run_id}:{log_id}:{key}:{index}`` and inserts it with
 INSERT OR IGNORE. Records are grouped into log entries of *consecutive* record ids of one step
-and key, and each entry's log id is ``at-{first record id}``, so every stored trace maps back to
-exactly one record id (``{prefix}-{n + index}``). A retry of the same batch rewrites the same
-rows (ignored); a replay after a restart, whose batches may be composed differently, first asks
-the database which of its records are already there and skips them.
+and key, and each entry's log id is ``{tag}-at-{first record id}``, so every stored trace maps
+back to exactly one record id (``{prefix}-{n + index}``). A retry of the same batch rewrites the
+same rows (ignored); a replay after a restart, whose batches may be composed differently, first
+asks the database which of its records are already there and skips them. Log ids written before
+the tag existed (``at-{first record id}``) decode the same way.
+
+The dashboard. Trackio's Traces tab shows, as a trace's id chip, the first seven letters and
+digits of its log id and then ``:{index}``. Record ids all begin with the session's prefix, so
+the tag comes first: seven hex digits that differ for every entry of a session (see `_tag`).
+Each trace's metadata also gets what the tab reads: ``asynctrace_id`` (the record id, the key
+to the same record in any other sink), ``status`` from a stop reason and ``duration_ms`` from a
+generation time, each only where the sample's metadata does not set that key itself.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import sqlite3
 import struct
@@ -22,7 +31,18 @@ from typing import Any
 
 import orjson
 
-__all__ = ["HEADER", "TrackioWriter", "WriteItem", "decode_record_id", "stored_record_ids"]
+from ..exceptions import PermanentSinkError
+from ._trackio_versions import check_trackio_version
+
+__all__ = [
+    "HEADER",
+    "TrackioWriter",
+    "WriteItem",
+    "dashboard_metadata",
+    "decode_record_id",
+    "log_id_for",
+    "stored_record_ids",
+]
 
 # Frame header of the writer-process protocol: the length of the orjson header that follows.
 HEADER = struct.Struct(">I")
@@ -31,7 +51,9 @@ HEADER = struct.Struct(">I")
 WriteItem = tuple[str, int, str, bytes, bool]
 
 _COUNTED_ID = re.compile(r"^(.*)-(\d+)$")
-LOG_ID_PREFIX = "at-"
+# "{tag}-at-{first record id}"; "at-{first record id}" as written before the tag.
+_LOG_ID = re.compile(r"^(?:[0-9a-f]{7}-)?at-(.+)$", re.DOTALL)
+_TAG_SPACE = 16**7
 
 
 def _split_id(record_id: str) -> tuple[str, int] | None:
@@ -39,11 +61,33 @@ def _split_id(record_id: str) -> tuple[str, int] | None:
     return (m.group(1), int(m.group(2))) if m else None
 
 
+def _digest(text: str) -> int:
+    return int(hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:7], 16)
+
+
+def _tag(record_id: str) -> str:
+    """Seven hex digits that lead the log id of the entry starting at `record_id`.
+
+    For `{prefix}-{n}`, the prefix's digest plus n: entries of one session start at distinct n, so
+    their tags differ (for fewer than 16**7 records), and sessions appending to one run start at
+    unrelated offsets. Other ids get their own digest.
+    """
+    parts = _split_id(record_id)
+    value = _digest(record_id) if parts is None else _digest(parts[0]) + parts[1]
+    return f"{value % _TAG_SPACE:07x}"
+
+
+def log_id_for(first_record_id: str) -> str:
+    """The log id of the entry whose first trace is the record `first_record_id`."""
+    return f"{_tag(first_record_id)}-at-{first_record_id}"
+
+
 def decode_record_id(log_id: str | None, index: int | None) -> str | None:
     """The record id of the trace at `index` of the log entry `log_id`; None when not ours."""
-    if not log_id or not log_id.startswith(LOG_ID_PREFIX):
+    m = _LOG_ID.match(log_id) if log_id else None
+    if m is None:
         return None
-    first = log_id[len(LOG_ID_PREFIX) :]
+    first = m.group(1)
     if not index:
         return first
     parts = _split_id(first)
@@ -99,7 +143,7 @@ def _entries(items: Sequence[WriteItem]) -> list[tuple[int, str, str, list[Write
             open_runs[(step, key)] = (run[0], run[1], parts[1])
             continue
         group = [item]
-        out.append((step, key, LOG_ID_PREFIX + record_id, group))
+        out.append((step, key, log_id_for(record_id), group))
         if parts is not None:
             open_runs[(step, key)] = (group, parts[0], parts[1])
         else:
@@ -109,13 +153,64 @@ def _entries(items: Sequence[WriteItem]) -> list[tuple[int, str, str, list[Write
 
 TRACE_TYPE = "trackio.trace"
 
+# Stop reasons as frameworks and inference engines name them (vLLM, SGLang, OpenAI, Anthropic),
+# and the status the Traces tab shows for each; any other reason is shown as it is.
+_STATUS_OF_STOP_REASON = {
+    "stop": "success",
+    "eos": "success",
+    "end_turn": "success",
+    "stop_sequence": "success",
+    "length": "truncated",
+    "max_tokens": "truncated",
+    "truncated": "truncated",
+    "abort": "aborted",
+    "aborted": "aborted",
+    "cancelled": "aborted",
+    "error": "error",
+    "failed": "error",
+}
+_STOP_REASON_KEYS = ("stop_reason", "finish_reason")
+# A generation time in seconds, or in milliseconds, as samples may carry it.
+_SECONDS_KEYS = ("generation_time", "generation_time_s")
+_MILLISECONDS_KEYS = ("generation_ms",)
+_MAX_STATUS_CHARS = 40
 
-def _trace(payload: bytes) -> dict[str, Any]:
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) and number >= 0 else None
+
+
+def dashboard_metadata(record_id: str, metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """`metadata` with what Trackio's Traces tab reads added: the record id, a status from the
+    stop reason, a duration from the generation time. A key the sample sets itself is kept."""
+    out = dict(metadata)
+    out.setdefault("asynctrace_id", record_id)
+    if "status" not in out:
+        for key in _STOP_REASON_KEYS:
+            reason = out.get(key)
+            if isinstance(reason, str) and reason:
+                status = _STATUS_OF_STOP_REASON.get(reason.lower(), reason)
+                out["status"] = status[:_MAX_STATUS_CHARS]
+                break
+    if "duration_ms" not in out and "latency_ms" not in out:
+        for keys, scale in ((_SECONDS_KEYS, 1000.0), (_MILLISECONDS_KEYS, 1.0)):
+            found = next((n for n in (_number(out.get(k)) for k in keys) if n is not None), None)
+            if found is not None:
+                out["duration_ms"] = round(found * scale, 3)
+                break
+    return out
+
+
+def _trace(record_id: str, payload: bytes) -> dict[str, Any]:
     sample = orjson.loads(payload)
+    metadata = sample.get("metadata")
     return {
         "_type": TRACE_TYPE,
         "messages": sample["messages"],
-        "metadata": sample.get("metadata", {}),
+        "metadata": dashboard_metadata(record_id, metadata if isinstance(metadata, dict) else {}),
         "spans": sample.get("spans") or [],
     }
 
@@ -157,6 +252,13 @@ class TrackioWriter:
 
     def open(self) -> None:
         import trackio
+
+        try:
+            # The version this process imported, which a changed environment could make differ
+            # from what the sink saw when it was made.
+            check_trackio_version(getattr(trackio, "__version__", None))
+        except ImportError as exc:
+            raise PermanentSinkError(str(exc)) from None
 
         kwargs: dict[str, Any] = {
             "embed": False,
@@ -213,7 +315,7 @@ class TrackioWriter:
                 project=self.project,
                 run=self.run.name,
                 run_id=self.run.id,
-                metrics_list=[{key: [_trace(i[3]) for i in group]} for _, key, _, group in entries],
+                metrics_list=[{key: [_trace(i[0], i[3]) for i in group]} for _, key, _, group in entries],
                 steps=[step for step, _, _, _ in entries],
                 log_ids=[log_id for _, _, log_id, _ in entries],
                 config=config,
@@ -223,8 +325,8 @@ class TrackioWriter:
         from trackio import Trace
 
         by_step: dict[int, dict[str, list[Any]]] = {}
-        for _, step, key, payload, _ in items:
-            t = _trace(payload)
+        for record_id, step, key, payload, _ in items:
+            t = _trace(record_id, payload)
             by_step.setdefault(step, {}).setdefault(key, []).append(
                 Trace(t["messages"], t["metadata"], t["spans"])
             )

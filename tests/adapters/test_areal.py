@@ -341,3 +341,54 @@ def test_attach_logs_each_compute_advantages_of_the_trainer(
     assert sorted(r.step for r in sink.records) == [0, 0, 0, 0, 1, 1, 1, 1]
     assert [r.sample.messages for r in sink.records if r.step == 1] == expected(hf_tokenizer)
     assert session.stats().check() and session.stats().written == 8
+
+
+def test_token_fields_round_trip_through_the_parquet_archive(
+    hf_tokenizer: PreTrainedTokenizerFast, tmp_path: Any
+) -> None:
+    """log_batch(token_fields=...) after compute_advantages keeps AReaL's per-token log-probs, and the
+    loss mask and advantages put back on their tokens; the Parquet archive returns them bit for bit."""
+    import numpy as np
+    import orjson
+    import pyarrow.parquet as pq
+
+    batch = prepare_batch(hf_tokenizer)
+    original = [{k: v.clone() for k, v in group.items() if isinstance(v, torch.Tensor)} for group in batch]
+    adv_batch = grpo_actor().compute_advantages(batch)
+    fields = ("token_ids", "loss_mask", "logprobs", "advantages")
+    with at.TraceSession("p", run="r", sinks=[at.ParquetSink(tmp_path)]) as session:
+        assert (
+            areal_adapter.log_batch(session, adv_batch, tokenizer=hf_tokenizer, step=0, token_fields=fields)
+            == 4
+        )
+    expected_rows = []
+    for group, adv in zip(original, adv_batch, strict=True):
+        shifted = torch.cat([torch.zeros_like(adv["advantages"][:, :1]), adv["advantages"][:, :-1]], dim=1)
+        for i in range(group["input_ids"].shape[0]):
+            keep = group["attention_mask"][i].bool()
+            expected_rows.append(
+                {
+                    "token_ids": group["input_ids"][i][keep].numpy().astype(np.int32),
+                    "loss_mask": group["loss_mask"][i][keep].numpy().astype(np.int8),
+                    # compute_advantages keeps the log-probs of generated tokens only.
+                    "logprobs": (group["logprobs"][i] * group["loss_mask"][i])[keep]
+                    .numpy()
+                    .astype(np.float32),
+                    "advantages": shifted[i][keep].float().numpy(),
+                }
+            )
+    rows = pq.read_table(tmp_path).to_pylist()
+    assert len(rows) == 4
+    for row in rows:
+        meta = orjson.loads(row["metadata"])
+        want = expected_rows[meta["sample_index"]]
+        for name, values in want.items():
+            # Equal values (AReaL's masking makes -0.0 of some zeros), and the same dtype.
+            assert np.array_equal(np.asarray(row[name], dtype=values.dtype), values), name
+        generated = np.asarray(row["loss_mask"]) == 1
+        # The row's advantage in metadata is the mean over its generated tokens.
+        assert float(np.asarray(row["advantages"])[generated].mean()) == pytest.approx(
+            meta["advantage"], abs=1e-5
+        )
+    with pytest.raises(ValueError, match="token_fields"):
+        areal_adapter.to_samples(batch, tokenizer=hf_tokenizer, token_fields=("advantages",))

@@ -26,7 +26,7 @@ from trl import GRPOTrainer
 import asynctrace as at
 from asynctrace.adapters import trl_adapter
 from asynctrace.adapters.trl_adapter import attach
-from tests._util import read_traces
+from tests._util import as_logged, read_traces
 from tests.adapters._trl_setup import WEIGHTS, Recorder, build_trainer, expected_rows, nanmean
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +44,7 @@ def _as_expected(trace: dict[str, Any]) -> dict[str, Any]:
         "split": trace["key"].split("/")[0],
         "step": trace["step"],
         "messages": trace["messages"],
-        "metadata": trace["metadata"],
+        "metadata": as_logged(trace["metadata"]),
     }
 
 

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 import torch
 from verl import DataProto
@@ -245,6 +246,39 @@ def test_reward_is_the_score_and_the_kl_penalty_is_apart(tokenizer: Any) -> None
         assert sample.metadata["sequence_reward"] == pytest.approx(
             expected[origin]["score"] - float(penalties[row]), abs=1e-5
         )
+
+
+def test_token_fields_round_trip_through_the_parquet_archive(tokenizer: Any, tmp_path: Any) -> None:
+    """log_batch(token_fields=...) keeps each row's token ids, response mask, log-probs and advantages
+    over its real tokens, and the Parquet archive gives them back bit for bit."""
+    batch, _, _ = _train_batch(tokenizer)
+    fields = ("token_ids", "loss_mask", "logprobs", "advantages")
+    sink = at.ParquetSink(tmp_path)
+    with at.TraceSession("verl", run="r", sinks=[sink], max_traces_per_step=None) as session:
+        trainer = _trainer(tokenizer, step=1, session=session)
+        assert verl_adapter.log_batch(trainer, batch, token_fields=fields) == len(batch)
+    prompts, responses = batch.batch["prompts"], batch.batch["responses"]
+    width = prompts.shape[1]
+    attention = batch.batch["attention_mask"].bool()
+    nan_prompt = torch.full(prompts.shape, float("nan"))
+    full = {
+        "token_ids": (torch.cat([prompts, responses], dim=1), np.int32),
+        "loss_mask": (torch.cat([torch.zeros_like(prompts), batch.batch["response_mask"]], dim=1), np.int8),
+        "logprobs": (torch.cat([nan_prompt, batch.batch["rollout_log_probs"].float()], dim=1), np.float32),
+        "advantages": (torch.cat([nan_prompt, batch.batch["advantages"].float()], dim=1), np.float32),
+    }
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(tmp_path).to_pylist()
+    assert len(rows) == len(batch)
+    for row in rows:
+        r = orjson.loads(row["metadata"])["sample_index"]
+        for name, (values, dtype) in full.items():
+            want = values[r][attention[r]].numpy().astype(dtype)
+            assert np.asarray(row[name], dtype=dtype).tobytes() == want.tobytes(), name
+        assert np.isnan(row["logprobs"][: int(attention[r, :width].sum())]).all()
+    with pytest.raises(ValueError, match="logits"):
+        verl_adapter.to_samples(batch, tokenizer=tokenizer, token_fields=("logits",))
 
 
 def _trainer(tokenizer: Any, step: int, session: Any = None) -> RayPPOTrainer:

@@ -7,11 +7,21 @@ import os
 from dataclasses import asdict
 from typing import Any
 
-from tests.distributed._helpers import make_samples
+from asynctrace.testing import MemorySink
+from tests.distributed._helpers import make_samples, pair_of
 
 K = 8
 # Samples per rank for each step: the bytes a rank sends must not grow with these.
 SAMPLES_PER_STEP = (20, 400, 2000, 60)
+# Checked on the two ranks of `run_pair`, into memory (the others go to Trackio in `run`).
+PAIR_SAMPLERS = ("reservoir", "group")
+
+
+def sampler_for(name: str) -> Any:
+    """The sampler a global run uses: groups are pairs of one rank's samples."""
+    import asynctrace as at
+
+    return at.GroupSampler("top_bottom", key=pair_of) if name == "group" else name
 
 
 def _log_steps(logger: Any, tag: str, rank: int, *, end_steps: bool = True) -> list[int]:
@@ -71,7 +81,6 @@ def run_pair(rank: int, world_size: int, port: int, project: str, out_dir: str) 
     import torch.distributed as dist
 
     from asynctrace.distributed import DistributedTraceLogger
-    from asynctrace.testing import MemorySink
 
     dist.init_process_group(
         "gloo",
@@ -81,6 +90,23 @@ def run_pair(rank: int, world_size: int, port: int, project: str, out_dir: str) 
         timeout=datetime.timedelta(seconds=20),
     )
     result: dict[str, Any] = {"rank": rank}
+
+    # The reservoir's and the group sampler's whole-step pick, merged from both ranks.
+    for name in PAIR_SAMPLERS:
+        memory = MemorySink()
+        logger = DistributedTraceLogger(
+            project,
+            f"sel-{name}",
+            mode="global",
+            max_traces_per_step=K,
+            sampler=sampler_for(name),
+            sinks=[memory],
+        )
+        result[f"bytes_{name}"] = _log_steps(logger, "g", rank)
+        logger.finish(60.0)
+        result[f"written_{name}"] = {
+            str(step): sorted(r.sample.metadata["uid"] for r in recs) for step, recs in memory.steps().items()
+        }
 
     # flush() ends step 0 on rank 0 only (rank 1 has nothing of it open); rank 1's later samples
     # for step 0 must not start a second selection of the step on the writing rank.

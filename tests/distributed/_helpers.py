@@ -20,6 +20,12 @@ def make_samples(tag: str, step: int, n: int, seed: int, *, width: int = 40) -> 
     ]
 
 
+def pair_of(metadata: Any) -> str:
+    """The prompt group of a sample made by `make_samples`: samples 2i and 2i+1 of a rank's step."""
+    head, _, index = str(metadata["uid"]).rpartition(":")
+    return f"{head}:{int(index) // 2}"
+
+
 def top_bottom_uids(samples: list[dict[str, Any]], k: int) -> set[str]:
     """The uids `top_bottom` keeps from `samples`: ceil(k/2) highest and floor(k/2) lowest rewards."""
     ranked = sorted(samples, key=lambda s: s["reward"])

@@ -50,12 +50,16 @@ class _Rollout:
             self._log(samples[i : i + chunk], step)
         return [{"uid": s["uid"], "reward": s["reward"]} for s in samples]
 
-    def stream(self, seconds: float, chunk: int = 10) -> dict[str, Any]:
-        """Log as fast as a busy rollout loop would for `seconds`; report call latencies."""
-        end = time.monotonic() + seconds
+    def stream(self, seconds: float, chunk: int = 10, *, until_gone: bool = False) -> dict[str, Any]:
+        """Log as fast as a busy rollout loop would for `seconds` (with `until_gone`, also until the
+        client has seen the collector die, and a little after; 120 s at most); report call latencies."""
+        start = time.monotonic()
+        end = start + seconds
         calls = 0
         step = 0
-        while time.monotonic() < end:
+        while time.monotonic() < end or (until_gone and time.monotonic() < start + 120):
+            if until_gone and time.monotonic() >= end and self.client.stats().collector_gone:
+                until_gone, end = False, time.monotonic() + 0.5
             self._log(make_samples(self.tag, step, chunk, seed=calls), step)
             calls += 1
             if calls % 20 == 0:
@@ -124,11 +128,12 @@ def test_cap_and_top_bottom_hold_across_actors(project: str) -> None:
 
     assert all(s.check() for s in client_stats)
     assert sum(s.submitted for s in client_stats) == 4000
-    assert sum(s.delivered for s in client_stats) == final.submitted == 4000
-    assert all(s.dropped_total == 0 for s in client_stats)
+    # Each client ships only its 16 candidates of each step; the rest is capped where it was logged.
+    assert all(s.delivered == 160 and dict(s.dropped) == {"capped": 840} for s in client_stats)
+    assert sum(s.delivered for s in client_stats) == final.submitted == 640
     assert final.check()
     assert final.written == 160
-    assert dict(final.dropped) == {"capped": 3840}
+    assert dict(final.dropped) == {"capped": 480}
 
 
 def test_straggler_step_is_counted_late(project: str) -> None:
@@ -144,7 +149,9 @@ def test_straggler_step_is_counted_late(project: str) -> None:
         straggler.log_samples_nowait(make_samples("slow", 5, 10, seed=0), step=5)
         assert straggler.flush(30.0)
     final = ray.get(collector.finish.remote())
-    assert final.dropped.get("late") == 10
+    # The straggler ships only its 4 candidates of step 5 (its other 6 are capped locally).
+    assert straggler.stats().dropped == {"capped": 6}
+    assert final.dropped.get("late") == 4
     assert final.written == 8
     assert final.check()
 
@@ -154,8 +161,9 @@ def test_killed_collector_never_blocks_clients(project: str) -> None:
     what the collector had already written stays in Trackio."""
     collector = start_collector(project, "killed", flush_interval=0.05, finish_at_exit=False)
     actors = [Rollout.remote(collector, f"k{i}", flush_interval=0.02) for i in range(2)]
-    runs = [a.stream.remote(4.0) for a in actors]
-    deadline = time.monotonic() + 30
+    # The actors keep logging until they saw the collector die, however long it takes to write.
+    runs = [a.stream.remote(4.0, until_gone=True) for a in actors]
+    deadline = time.monotonic() + 90
     while ray.get(collector.stats.remote()).written < 100 and time.monotonic() < deadline:
         time.sleep(0.05)  # kill it mid-run: once it has written something
     ray.kill(collector, no_restart=True)

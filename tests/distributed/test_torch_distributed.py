@@ -16,10 +16,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import asynctrace as at  # noqa: E402
+from asynctrace._sampling import Entry  # noqa: E402
 from asynctrace.testing import MemorySink  # noqa: E402
 from tests.distributed import _gloo_worker  # noqa: E402
-from tests.distributed._gloo_worker import SAMPLES_PER_STEP, K  # noqa: E402
-from tests.distributed._helpers import make_samples, read_traces  # noqa: E402
+from tests.distributed._gloo_worker import PAIR_SAMPLERS, SAMPLES_PER_STEP, K, sampler_for  # noqa: E402
+from tests.distributed._helpers import make_samples, pair_of, read_traces  # noqa: E402
 
 WORLD = 3
 
@@ -44,14 +45,18 @@ def ranks() -> Iterator[tuple[str, list[dict[str, Any]]]]:
     yield project, results
 
 
-def _single_process_pick(tag: str, sampler: Literal["first", "top_bottom"]) -> dict[int, list[str]]:
+def _single_process_pick(tag: str, sampler: str, world: int = WORLD) -> dict[int, list[str]]:
     """What one process picks when it logs every rank's samples itself, rank by rank."""
     sink = MemorySink()
     with at.TraceSession(
-        "unused", sinks=[sink], max_traces_per_step=K, sampler=sampler, max_open_steps=len(SAMPLES_PER_STEP)
+        "unused",
+        sinks=[sink],
+        max_traces_per_step=K,
+        sampler=sampler_for(sampler),
+        max_open_steps=len(SAMPLES_PER_STEP),
     ) as session:
         for step, n in enumerate(SAMPLES_PER_STEP):
-            for rank in range(WORLD):
+            for rank in range(world):
                 session.log_samples(make_samples(f"{tag}{rank}", step, n, seed=rank), step=step)
     return {step: sorted(r.sample.metadata["uid"] for r in recs) for step, recs in sink.steps().items()}
 
@@ -63,9 +68,27 @@ def _written(project: str, run: str) -> dict[int, list[str]]:
     return {step: sorted(uids) for step, uids in out.items()}
 
 
+def _parts_pick(tag: str, world: int) -> dict[int, list[str]]:
+    """The reservoir's whole-step pick computed here: each rank's samples offered (in the chunks
+    the ranks log) to that rank's part of the step, the parts merged by the sampler."""
+    sampler = at.ReservoirSampler()
+    out = {}
+    for step, n in enumerate(SAMPLES_PER_STEP):
+        parts = []
+        for rank in range(world):
+            selection = sampler.new_part_step("train", step, K, rank)
+            samples = make_samples(f"{tag}{rank}", step, n, seed=rank)
+            entries = [Entry(None, i, group=s["uid"]) for i, s in enumerate(samples)]
+            for i in range(0, n, 50):
+                selection.offer_all(entries[i : i + 50])
+            parts.append([Entry(None, e.seq, key=e.key, group=e.group) for e in selection.held()])
+        out[step] = sorted(str(e.group) for e in sampler.merge("train", step, K, parts))
+    return out
+
+
 @pytest.mark.parametrize("sampler", ["top_bottom", "first"])
 def test_global_mode_picks_what_one_process_would(
-    ranks: tuple[str, list[dict[str, Any]]], sampler: Literal["first", "top_bottom"]
+    ranks: tuple[str, list[dict[str, Any]]], sampler: str
 ) -> None:
     """Global mode writes, for every step, exactly the samples one process would pick from all
     ranks' samples, and the job's accounting adds up across ranks."""
@@ -164,6 +187,26 @@ def pair() -> Iterator[dict[int, dict[str, Any]]]:
             _gloo_worker.run_pair, args=(2, _free_port(), project, out), nprocs=2, join=True
         )
         yield {r: json.loads((Path(out) / f"pair{r}.json").read_text()) for r in range(2)}
+
+
+@pytest.mark.parametrize("sampler", PAIR_SAMPLERS)
+def test_reservoir_and_group_merge_over_two_ranks(pair: dict[int, dict[str, Any]], sampler: str) -> None:
+    """On two gloo ranks the group sampler writes the whole groups one process would pick, and
+    the reservoir the k smallest keys of both ranks (its pick recomputed here from each rank's
+    part, as the ranks draw their own keys); each rank sends O(k) bytes a step."""
+    written = {int(step): uids for step, uids in pair[0][f"written_{sampler}"].items()}
+    expected = _parts_pick("g", 2) if sampler == "reservoir" else _single_process_pick("g", sampler, 2)
+    assert written == expected
+    assert all(len(uids) == K for uids in written.values())
+    if sampler == "group":
+        for uids in written.values():
+            pairs = [pair_of({"uid": u}) for u in uids]
+            assert all(pairs.count(p) == 2 for p in pairs)  # whole groups only
+    largest = max(len(s["prompt"]) + len(s["response"]) + 120 for s in make_samples("g0", 0, 1, 0))
+    for rank in range(2):
+        sent = pair[rank][f"bytes_{sampler}"]
+        # Each candidate also carries its random key (a float, at most 24 bytes of JSON).
+        assert max(sent) <= 1.15 * min(sent) and max(sent) <= K * (largest + 24) + 512
 
 
 def test_flush_ends_a_step_on_every_rank(pair: dict[int, dict[str, Any]]) -> None:

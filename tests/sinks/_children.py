@@ -64,6 +64,14 @@ def _fds_on(link: str) -> list[int]:
     return out
 
 
+def _say(line: str) -> None:
+    """Print one line in a single write. The forked child and the trainer share this stdout pipe,
+    and `print` writes the text and its newline separately (unbuffered, as the tests run it), so
+    their lines could interleave ("HOLDS 0HOLDER 12"); one write of at most PIPE_BUF bytes to a
+    pipe is atomic."""
+    os.write(1, f"{line}\n".encode())
+
+
 def die_holding_pipe(project: str, backend: str, how: str) -> None:
     import asynctrace as at
 
@@ -74,12 +82,12 @@ def die_holding_pipe(project: str, backend: str, how: str) -> None:
             assert await session.flush(timeout=60)
             assert sink._proc is not None
             writer = sink._proc.pid
-            print(f"WRITER {writer}", flush=True)
+            _say(f"WRITER {writer}")
             pipe = os.readlink(f"/proc/{writer}/fd/0")
             if how == "fork":
                 pid = os.fork()
                 if pid == 0:
-                    print(f"HOLDS {len(_fds_on(pipe))}", flush=True)
+                    _say(f"HOLDS {len(_fds_on(pipe))}")
                     devnull = os.open(os.devnull, os.O_WRONLY)
                     os.dup2(devnull, 1)
                     time.sleep(30)
@@ -91,7 +99,7 @@ def die_holding_pipe(project: str, backend: str, how: str) -> None:
                     stdout=subprocess.DEVNULL,
                 )
                 pid = holder.pid
-            print(f"HOLDER {pid}", flush=True)
+            _say(f"HOLDER {pid}")
             time.sleep(0.3)
             os.kill(os.getpid(), signal.SIGKILL)
 

@@ -39,7 +39,8 @@ async def test_jsonl_lines_hold_record_fields_and_sample(tmp_path: Path) -> None
 async def test_jsonl_rotates_every_n_records(tmp_path: Path) -> None:
     """rotate_every=N starts a new numbered file every N records, none lost or repeated."""
     sink = at.JsonlSink(tmp_path / "t.jsonl", rotate_every=4)
-    async with at.TraceSession("p", sinks=[sink], batch_size=3) as s:
+    # health_metrics=False: only trace lines, so the counts below are the records'.
+    async with at.TraceSession("p", sinks=[sink], batch_size=3, health_metrics=False) as s:
         for step in range(5):
             await s.log_samples([sample(i, step=step) for i in range(2)], step=step)
     files = sorted(tmp_path.glob("t.*.jsonl"))
@@ -99,7 +100,7 @@ async def test_jsonl_rotation_goes_on_after_the_files_of_an_earlier_session(tmp_
     """A session reusing a rotated path starts after the files already there; none exceeds N lines."""
     for attempt in range(2):
         sink = at.JsonlSink(tmp_path / "run.jsonl", rotate_every=2)
-        async with at.TraceSession("p", sinks=[sink]) as s:
+        async with at.TraceSession("p", sinks=[sink], health_metrics=False) as s:
             await s.log_samples([sample(i, step=attempt) for i in range(3)], step=attempt)
     files = sorted(tmp_path.glob("run.*.jsonl"))
     assert [f.name for f in files] == [f"run.{i:05d}.jsonl" for i in range(4)]

@@ -32,12 +32,14 @@ def writer(project: str) -> Iterator[TrackioWriter]:
 
 def test_decode_record_id() -> None:
     """A trace's log id and index name exactly one record id; other log ids are not ours."""
+    assert decode_record_id("0123abc-at-abc-10", 1) == "abc-11"
     assert decode_record_id("at-abc-10", 0) == "abc-10"
     assert decode_record_id("at-abc-10", 3) == "abc-13"
     assert decode_record_id("at-a-b-7", 1) == "a-b-8"
     assert decode_record_id("at-odd", 0) == "odd"
     assert decode_record_id("at-odd", 2) is None
     assert decode_record_id("7f3a9c", 0) is None and decode_record_id(None, 0) is None
+    assert decode_record_id("atm-7f3a9c", 0) is None and decode_record_id("0123abc-atm-x", 0) is None
 
 
 def test_replay_with_another_composition_skips_what_is_stored(writer: TrackioWriter, project: str) -> None:

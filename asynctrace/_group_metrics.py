@@ -1,0 +1,148 @@
+"""Per-step prompt-group metrics: how many groups, how many with zero reward spread, the mean spread.
+
+Counted over every sample the caller submits, before the session's cap, at O(groups) memory per
+open step: each group keeps a running count, mean and sum of squared deviations (Welford), which
+give the population spread `summarize_groups` defines. Groups are named by `group_of`, the one
+place that decides them. A step's metrics are logged at that step once it closes, by the
+session's rules: `max_open_steps` behind the newest step of its split, at a flush or finish,
+or after `step_timeout` without a sample. Samples of a step already closed are not counted.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
+
+from ._buffer import MetricsItem
+from ._groups import GroupKey, GroupSummary, group_of
+from ._health import PREFIX
+from ._record import UNKNOWN, Sample, preview_score, sample_from
+
+__all__ = ["GroupMetrics", "group_metrics"]
+
+_RESERVED = frozenset({"messages", "prompt", "response", "spans", "score", "metadata"})
+
+
+def _metadata(obj: Any) -> Mapping[str, Any] | None:
+    """A sample's metadata as encoding will find it, without encoding anything."""
+    if type(obj) is Sample:
+        return obj.metadata
+    if type(obj) is dict:
+        extra = obj.get("metadata")
+        if extra is None:
+            return obj  # group_of reads named keys; the reserved ones are never group keys
+        meta = {k: v for k, v in obj.items() if k not in _RESERVED}
+        if isinstance(extra, Mapping):
+            meta.update(extra)
+        return meta
+    try:
+        return sample_from(obj).metadata
+    except Exception:  # an invalid sample: encoding reports it
+        return None
+
+
+def _score(obj: Any) -> float | None:
+    score = preview_score(obj)
+    if score is UNKNOWN:
+        try:
+            return sample_from(obj).ranking_score()
+        except Exception:
+            return None
+    return score  # type: ignore[no-any-return]
+
+
+def group_metrics(split: str, summary: GroupSummary) -> dict[str, float]:
+    """The metric names and values for one step's groups of `split`."""
+    base = f"{PREFIX}groups/{split}/"
+    return {
+        base + "count": float(summary.groups),
+        base + "zero_spread": float(summary.zero_spread),
+        base + "mean_spread": summary.mean_spread,
+    }
+
+
+class GroupMetrics:
+    """Running group statistics per open (split, step); thread-safe (callers on any thread)."""
+
+    def __init__(self, key: GroupKey, *, max_open_steps: int, step_timeout: float | None) -> None:
+        self.key = key
+        self.max_open_steps = max_open_steps
+        self.step_timeout = step_timeout
+        self._lock = threading.Lock()
+        # (split, step) -> (group -> [count, mean, m2]), and when it last saw a sample.
+        self._open: dict[tuple[str, int], dict[Hashable, list[float]]] = {}
+        self._seen: dict[tuple[str, int], float] = {}
+        self._closed_upto: dict[str, int] = {}
+
+    def observe(self, items: Sequence[Any], step: int, split: str, now: float) -> list[MetricsItem]:
+        """Count a submission's samples; returns the metrics of the steps it closes."""
+        rewards: list[tuple[Hashable, float]] = []
+        key = self.key
+        for obj in items:
+            meta = _metadata(obj)
+            if meta is None:
+                continue
+            try:
+                group = group_of(meta, key)
+            except Exception:  # a caller's key function failing is no reason to lose the sample
+                continue
+            if group is None:
+                continue
+            score = _score(obj)
+            if score is not None and math.isfinite(score):
+                rewards.append((group, score))
+        with self._lock:
+            closed = self._closed_upto.get(split)
+            if closed is not None and step <= closed:
+                return []
+            out = self._close(split, step - self.max_open_steps - 1)
+            groups = self._open.setdefault((split, step), {})
+            self._seen[(split, step)] = now
+            for group, x in rewards:
+                try:
+                    stat = groups.get(group)
+                except TypeError:  # an unhashable group value names no group
+                    continue
+                if stat is None:
+                    groups[group] = [1.0, x, 0.0]
+                    continue
+                stat[0] += 1
+                delta = x - stat[1]
+                stat[1] += delta / stat[0]
+                stat[2] += delta * (x - stat[1])
+            return out
+
+    def close_all(self) -> list[MetricsItem]:
+        with self._lock:
+            out: list[MetricsItem] = []
+            for split in sorted({sp for sp, _ in self._open}):
+                out += self._close(split, max(st for sp, st in self._open if sp == split))
+            return out
+
+    def close_idle(self, now: float) -> list[MetricsItem]:
+        if self.step_timeout is None:
+            return []
+        with self._lock:
+            out: list[MetricsItem] = []
+            for split, step in sorted(k for k, t in self._seen.items() if now - t >= self.step_timeout):
+                if (split, step) in self._open:
+                    out += self._close(split, step)
+            return out
+
+    def _close(self, split: str, upto: int) -> list[MetricsItem]:
+        """Lock held: close the open steps of `split` up to `upto`."""
+        if upto < 0:
+            return []
+        out = []
+        for key in sorted(k for k in self._open if k[0] == split and k[1] <= upto):
+            groups = self._open.pop(key)
+            del self._seen[key]
+            spreads = [math.sqrt(max(m2, 0.0) / n) for n, _, m2 in groups.values()]
+            zero = sum(1 for s in spreads if s == 0.0)
+            summary = GroupSummary(len(spreads), zero, sum(spreads) / len(spreads) if spreads else 0.0)
+            if summary.groups:
+                out.append(MetricsItem(key[1], group_metrics(split, summary)))
+        self._closed_upto[split] = max(self._closed_upto.get(split, upto), upto)
+        return out

@@ -1,0 +1,85 @@
+"""The session's health as run metrics: drops by reason, failures, retries, the queue, each sink.
+
+Logged through every sink's `write_metrics` under an ``asynctrace/`` prefix, so a drop shows on
+the dashboard next to the loss curve: every `interval` seconds while something changed, and once
+at finish. They go at the highest step the writer has handed to the sinks so far (samples and
+metrics): a step the run has reached, never ahead of what the sinks have seen, and never
+decreasing, as trackers that plot by step (and W&B, which refuses a step lower than its last)
+need.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from ._buffer import MetricsItem
+from ._stats import SessionStats
+
+__all__ = ["PREFIX", "Health", "health_metrics"]
+
+PREFIX = "asynctrace/"
+
+# Sink names become part of a metric name: anything a tracker might read as a separator or
+# refuse in a key is replaced.
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
+
+
+def _part(name: str) -> str:
+    return _UNSAFE.sub("_", name) or "_"
+
+
+def health_metrics(stats: SessionStats) -> dict[str, float]:
+    """The run metrics for one stats snapshot (see docs/health.md for the list)."""
+    m: dict[str, float] = {
+        PREFIX + "submitted": stats.submitted,
+        PREFIX + "written": stats.written,
+        PREFIX + "failed": stats.failed,
+        PREFIX + "pending": stats.pending,
+        PREFIX + "retries": stats.retries,
+        PREFIX + "queue/depth": stats.queue_depth,
+        PREFIX + "queue/bytes": stats.queue_bytes,
+        PREFIX + "dropped/total": stats.dropped_total,
+    }
+    for reason, n in sorted(stats.dropped.items()):
+        m[f"{PREFIX}dropped/{_part(reason)}"] = n
+    for name, sink in stats.sinks.items():
+        base = f"{PREFIX}sinks/{_part(name)}/"
+        m[base + "written"] = sink.written
+        m[base + "failed"] = sink.failed
+        m[base + "retries"] = sink.retries
+        if sink.held:
+            m[base + "held"] = sink.held
+        for reason, n in sorted(sink.skipped.items()):
+            m[f"{base}skipped/{_part(reason)}"] = n
+    return {k: float(v) for k, v in m.items()}
+
+
+class Health:
+    """When the writer logs the health metrics, and at which step (event-loop thread only)."""
+
+    def __init__(self, interval: float, clock_now: float) -> None:
+        self.interval = interval
+        self.step: int | None = None
+        self._next = clock_now + interval
+        self._last: dict[str, float] | None = None
+
+    def note_steps(self, steps: Iterable[int]) -> None:
+        """Steps the writer handed to the sinks (a batch's records, a metrics item)."""
+        top = max(steps, default=None)
+        if top is not None and (self.step is None or top > self.step):
+            self.step = top
+
+    def due_in(self, now: float) -> float:
+        return max(0.0, self._next - now)
+
+    def item(self, stats: SessionStats, now: float, *, final: bool = False) -> MetricsItem | None:
+        """The metrics to log now, if it is time and something changed (always when `final`)."""
+        if not final and now < self._next:
+            return None
+        self._next = now + self.interval
+        metrics = health_metrics(stats)
+        if not final and (self.step is None or metrics == self._last):
+            return None
+        self._last = metrics
+        return MetricsItem(self.step if self.step is not None else 0, metrics)

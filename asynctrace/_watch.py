@@ -1,0 +1,90 @@
+"""The watch list: prompts whose samples are logged at every step they occur in, outside the cap."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._checks import check_int
+from ._groups import GroupKey, group_of
+from ._record import Sample, sample_from
+from ._security import shown
+
+__all__ = ["DEFAULT_WATCH_KEYS", "Watch", "WatchCounter"]
+
+DEFAULT_WATCH_KEYS: tuple[str, ...] = ("prompt_id", "group_uid", "prompt_index")
+
+# Steps a watch list keeps counting per split before the oldest is forgotten.
+_WINDOW = 4096
+
+
+@dataclass(frozen=True)
+class Watch:
+    """Prompts to follow across steps: their samples bypass the session's cap and sampler.
+
+    A sample is watched when its prompt id (read from its metadata with `key`: by default
+    ``prompt_id``, else ``group_uid``, else ``prompt_index``) is in `ids`, or when
+    `predicate(sample)` is true. At most `max_per_step` watched samples per (split, step) take
+    this way, the first to arrive; later ones go on to the cap like any other sample.
+    """
+
+    ids: Collection[Hashable] = ()
+    key: GroupKey = DEFAULT_WATCH_KEYS
+    predicate: Callable[[Sample], bool] | None = None
+    max_per_step: int = 16
+    _ids: frozenset[Hashable] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.ids, (str, bytes)) or not isinstance(self.ids, Collection):
+            raise ValueError(f"Watch ids must be a collection of prompt ids, got {shown(self.ids)}")
+        try:
+            ids = frozenset(tuple(i) if isinstance(i, list) else i for i in self.ids)
+        except TypeError:
+            raise ValueError(f"Watch ids must be hashable (str, int, tuple), got {shown(self.ids)}") from None
+        if self.predicate is not None and not callable(self.predicate):
+            raise ValueError(f"Watch predicate must be callable, got {shown(self.predicate)}")
+        if not ids and self.predicate is None:
+            raise ValueError("Watch needs ids, a predicate, or both")
+        check_int("max_per_step", self.max_per_step, minimum=1)
+        object.__setattr__(self, "_ids", ids)
+
+    def matches(self, obj: Any) -> bool:
+        """Whether a sample (a `Sample` or a mapping) is watched."""
+        if self._ids:
+            metadata = obj.metadata if isinstance(obj, Sample) else obj.get("metadata", obj)
+            if isinstance(metadata, Mapping):
+                try:
+                    if group_of(metadata, self.key) in self._ids:
+                        return True
+                except TypeError:  # an unhashable id names no watched prompt
+                    pass
+        return self.predicate is not None and bool(self.predicate(sample_from(obj)))
+
+
+class WatchCounter:
+    """Splits a call's samples into the watched ones that still fit this step's watch cap and
+    the rest; thread-safe."""
+
+    def __init__(self, watch: Watch) -> None:
+        self.watch = watch
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str, int], int] = {}
+
+    def split(self, items: Sequence[Any], split: str, step: int) -> tuple[list[Any], list[Any]]:
+        """(watched within the cap, everything else), each in call order."""
+        match = self.watch.matches
+        hits = [i for i, obj in enumerate(items) if match(obj)]
+        if not hits:
+            return [], list(items)
+        with self._lock:
+            key = (split, step)
+            used = self._counts.get(key, 0)
+            take = hits[: max(0, self.watch.max_per_step - used)]
+            if take:
+                self._counts[key] = used + len(take)
+                if len(self._counts) > _WINDOW:
+                    del self._counts[min(self._counts, key=lambda k: k[1])]
+        chosen = set(take)
+        return [items[i] for i in take], [obj for i, obj in enumerate(items) if i not in chosen]

@@ -1,0 +1,354 @@
+"""MlflowSink: each record as an MLflow trace linked to a run, metrics through `log_batch`."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import re
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import orjson
+
+from .._abandon import Backlog, run_sync_daemon
+from .._checks import check_bool, check_type
+from .._record import TraceRecord
+from ..exceptions import PermanentSinkError
+from ._base import Sink
+
+__all__ = ["MlflowSink"]
+
+_T = TypeVar("_T")
+
+_MISSING = 'MlflowSink needs MLflow: pip install "asynctrace[mlflow]"'
+
+# MLflow's error codes that retrying cannot fix: a deleted run or experiment, a value it refuses,
+# credentials it refuses, an API the server lacks. Others (TEMPORARILY_UNAVAILABLE, which is what
+# a locked or unreachable database gives, INTERNAL_ERROR, REQUEST_LIMIT_EXCEEDED) are retried.
+_PERMANENT_CODES = frozenset(
+    {
+        "RESOURCE_DOES_NOT_EXIST",
+        "INVALID_PARAMETER_VALUE",
+        "INVALID_STATE",
+        "BAD_REQUEST",
+        "PERMISSION_DENIED",
+        "UNAUTHENTICATED",
+        "ENDPOINT_NOT_FOUND",
+        "FEATURE_DISABLED",
+        "NOT_IMPLEMENTED",
+    }
+)
+
+# The record's own fields, stored as trace tags under these names; a metadata key equal to one
+# of them (or MLflow's own `mlflow.` namespace) stays in the span only.
+_RECORD_TAGS = ("record_id", "step", "split", "key")
+# What MLflow accepts as a tag name (`validate_param_and_metric_name`), with its length limit.
+_TAG_NAME = re.compile(r"[\w.\- :/]{1,250}")
+_MAX_TAG_VALUE = 4096
+# MLflow's preview limit for open-source tracking servers.
+_MAX_PREVIEW = 1000
+# MLflow accepts at most this many metrics in one `log_batch`.
+_METRICS_PER_BATCH = 1000
+
+
+def _tag_value(value: Any) -> str | None:
+    """A scalar metadata value as the text a trace tag holds; None for what is not a scalar."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return value[:_MAX_TAG_VALUE]
+    return None
+
+
+def _text(message: Any) -> str:
+    content = message.get("content") if isinstance(message, Mapping) else message
+    text = content if isinstance(content, str) else orjson.dumps(content).decode()
+    return text[:_MAX_PREVIEW]
+
+
+def _is_permanent(exc: BaseException) -> bool:
+    """Whether MLflow refused the call in a way retrying cannot fix."""
+    mlflow_exceptions = sys.modules.get("mlflow.exceptions")
+    kind = getattr(mlflow_exceptions, "MlflowException", None)
+    return kind is not None and isinstance(exc, kind) and exc.error_code in _PERMANENT_CODES
+
+
+class MlflowSink(Sink):
+    """Logs each record as one MLflow trace, linked to a run; metrics go to the run's metrics.
+
+    A trace holds one span: the conversation as its inputs (the messages before the final
+    assistant turn) and outputs (that turn), with the sample's metadata. Its tags hold the
+    record id, step, split, key and the sample's scalar metadata (reward, advantage, ...), so
+    the MLflow UI and `search_traces` filter on them (``tags.step = '3'``); its client request
+    id is the record id. The sink attaches to `run_id`, else to the run active (`mlflow.
+    active_run()`) when it is made, else opens a run of its own and ends it at close.
+    """
+
+    def __init__(
+        self,
+        *,
+        tracking_uri: str | None = None,
+        experiment: str | None = None,
+        run_id: str | None = None,
+        run_name: str | None = None,
+        attach_active: bool = True,
+    ) -> None:
+        check_type("tracking_uri", tracking_uri, str, "a str")
+        check_type("experiment", experiment, str, "a str")
+        check_type("run_id", run_id, str, "a str")
+        check_type("run_name", run_name, str, "a str")
+        check_bool("attach_active", attach_active)
+        if importlib.util.find_spec("mlflow") is None:
+            raise ImportError(_MISSING)
+        self.name = "mlflow"
+        self.tracking_uri = tracking_uri
+        self.experiment = experiment
+        self.run_name = run_name
+        self.run_id = run_id
+        self.experiment_id: str | None = None
+        # Whether the run is this sink's own, which it ends at close.
+        self.owns_run = False
+        mlflow = sys.modules.get("mlflow")
+        # An active run, or a tracking URI set in code, exists only where MLflow is imported
+        # already: importing it here just to ask would cost the caller seconds.
+        if mlflow is not None:
+            current = mlflow.get_tracking_uri()
+            # The active run lives in MLflow's current store: not one to attach to when the
+            # sink is given another.
+            if run_id is None and attach_active and tracking_uri in (None, current):
+                active = mlflow.active_run()
+                if active is not None:
+                    self.run_id = active.info.run_id
+            if tracking_uri is None:
+                self.tracking_uri = current
+        self._project = "asynctrace"
+        self._run = "run"
+        # Tags a run this sink opens, so that an open retried after a call that did create the
+        # run (and was given up on) finds that run instead of opening a second.
+        self._token = uuid.uuid4().hex
+        self._client: Any = None
+        self._tracing: Any = None
+        self._metrics_key: tuple[object, int] | None = None
+        self._metrics_ms = 0
+        # MLflow calls run on daemon threads that a timeout abandons (a locked database, a
+        # server that stopped answering), one at a time; nothing is written after close.
+        self._io = threading.Lock()
+        self._closed = False
+        self._backlog = Backlog("MlflowSink")
+
+    def bind(self, project: str, run: str) -> None:
+        self._project = project
+        self._run = run
+
+    def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
+        with self._io:
+            if self._closed:
+                raise RuntimeError("MlflowSink is closed")
+            try:
+                return fn(*args)
+            except PermanentSinkError:
+                raise
+            except Exception as exc:
+                if _is_permanent(exc):
+                    raise PermanentSinkError(f"MLflow refused the call: {exc}") from exc
+                raise
+
+    # -- opening -----------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        if self._tracing is not None:
+            return  # an earlier attempt, given up on, finished the job
+        try:
+            from mlflow.tracing.client import TracingClient
+            from mlflow.tracking import MlflowClient
+        except ImportError as exc:
+            raise PermanentSinkError(f"{_MISSING} ({exc})") from exc
+        try:
+            client = MlflowClient(self.tracking_uri)
+            tracing = TracingClient(client.tracking_uri)
+        except ImportError as exc:
+            # A `sqlite:` store needs SQLAlchemy and Alembic, which only the full package brings.
+            raise PermanentSinkError(
+                f"MLflow's tracking store needs a package that is missing ({exc}): pip install mlflow"
+            ) from exc
+        if self.run_id is not None:
+            run = client.get_run(self.run_id)
+            if run.info.lifecycle_stage != "active":
+                raise PermanentSinkError(f"MLflow run {self.run_id} is deleted")
+            self.experiment_id = run.info.experiment_id
+        else:
+            self.experiment_id = self._experiment_id(client)
+            self.run_id = self._own_run(client, self.experiment_id)
+            self.owns_run = True
+        # Set last: a sink with `_tracing` set is open.
+        self._client, self._tracing = client, tracing
+
+    def _experiment_id(self, client: Any) -> str:
+        name = self.experiment or self._project
+        found = client.get_experiment_by_name(name)
+        if found is None:
+            try:
+                return str(client.create_experiment(name))
+            except Exception:
+                # Created meanwhile (another process, or an attempt given up on).
+                found = client.get_experiment_by_name(name)
+                if found is None:
+                    raise
+        if found.lifecycle_stage != "active":
+            raise PermanentSinkError(f"MLflow experiment {name!r} is deleted")
+        return str(found.experiment_id)
+
+    def _own_run(self, client: Any, experiment_id: str) -> str:
+        tag = "asynctrace.open"
+        found = client.search_runs([experiment_id], f"tags.`{tag}` = '{self._token}'", max_results=1)
+        if found:
+            return str(found[0].info.run_id)
+        run = client.create_run(
+            experiment_id,
+            run_name=self.run_name or self._run,
+            tags={tag: self._token, "asynctrace.run": self._run},
+        )
+        return str(run.info.run_id)
+
+    async def open(self) -> None:
+        await run_sync_daemon(self._call, self._open, backlog=self._backlog)
+
+    # -- traces ------------------------------------------------------------------------------
+
+    def _trace_id(self, record_id: str) -> tuple[str, int]:
+        # A retried write stores the same traces again under the same ids: MLflow merges them,
+        # so a record is never held twice. The experiment is part of the id, as trace ids are
+        # unique across a whole tracking store.
+        digest = hashlib.blake2b(f"{self.experiment_id}\0{record_id}".encode(), digest_size=16).digest()
+        otel_id = int.from_bytes(digest, "big")
+        return f"tr-{otel_id:032x}", otel_id
+
+    def _write(self, records: Sequence[TraceRecord]) -> None:
+        from mlflow.entities import Span, TraceInfo, TraceLocation, TraceState
+
+        experiment_id = self.experiment_id
+        if self._tracing is None or experiment_id is None:
+            raise RuntimeError("MlflowSink is not open")
+        location = TraceLocation.from_experiment_id(experiment_id)
+        run_id = str(self.run_id)
+        spans = []
+        for r in records:
+            trace_id, otel_id = self._trace_id(r.id)
+            sample = orjson.loads(r.payload)
+            messages = sample.get("messages") or []
+            metadata = sample.get("metadata") or {}
+            last = messages[-1] if messages else None
+            answered = isinstance(last, Mapping) and last.get("role") == "assistant"
+            inputs = messages[:-1] if answered else messages
+            asked = [m for m in inputs if isinstance(m, Mapping) and m.get("role") == "user"]
+            tags = {
+                "record_id": r.id,
+                "step": str(r.step),
+                "split": r.split,
+                "key": r.key,
+                "mlflow.traceName": r.key,
+            }
+            for name, value in metadata.items():
+                text = _tag_value(value)
+                if (
+                    text is not None
+                    and name not in tags
+                    and not name.startswith("mlflow.")
+                    and _TAG_NAME.fullmatch(name)
+                ):
+                    tags[name] = text
+            start_ms = int(r.timestamp * 1000)
+            self._tracing.start_trace(
+                TraceInfo(
+                    trace_id=trace_id,
+                    trace_location=location,
+                    request_time=start_ms,
+                    state=TraceState.OK,
+                    request_preview=_text(asked[-1] if asked else ""),
+                    response_preview=_text(last) if answered else None,
+                    client_request_id=r.id,
+                    execution_duration=0,
+                    # The run's Traces tab, and `search_traces(run_id=...)`, find traces by this.
+                    trace_metadata={"mlflow.sourceRun": run_id, "mlflow.trace_schema.version": "3"},
+                    tags=tags,
+                )
+            )
+            start_ns = start_ms * 1_000_000
+            attributes = {
+                "mlflow.traceRequestId": orjson.dumps(trace_id).decode(),
+                "mlflow.spanType": '"CHAT_MODEL"',
+                "mlflow.spanInputs": orjson.dumps({"messages": inputs}).decode(),
+                "mlflow.spanOutputs": orjson.dumps(last if answered else None).decode(),
+                "asynctrace.metadata": orjson.dumps(metadata).decode(),
+            }
+            for field in ("spans", "score"):
+                if sample.get(field) is not None:
+                    attributes[f"asynctrace.{field}"] = orjson.dumps(sample[field]).decode()
+            spans.append(
+                Span.from_dict(
+                    {
+                        "trace_id": _b64(otel_id.to_bytes(16, "big")),
+                        "span_id": _b64((otel_id & (2**64 - 1) or 1).to_bytes(8, "big")),
+                        "parent_span_id": None,
+                        "name": r.key,
+                        "start_time_unix_nano": start_ns,
+                        "end_time_unix_nano": start_ns,
+                        "status": {"code": "STATUS_CODE_OK", "message": ""},
+                        "attributes": attributes,
+                        "events": [],
+                    }
+                )
+            )
+        self._tracing.log_spans(experiment_id, spans)
+
+    async def write(self, records: Sequence[TraceRecord]) -> None:
+        await run_sync_daemon(self._call, self._write, records, backlog=self._backlog)
+
+    # -- metrics -----------------------------------------------------------------------------
+
+    def _write_metrics(self, step: int, metrics: Mapping[str, float], ms: int) -> None:
+        from mlflow.entities import Metric
+
+        if self._client is None:
+            raise RuntimeError("MlflowSink is not open")
+        rows = [Metric(str(k), float(v), ms, step) for k, v in metrics.items()]
+        for start in range(0, len(rows), _METRICS_PER_BATCH):
+            self._client.log_batch(self.run_id, metrics=rows[start : start + _METRICS_PER_BATCH])
+
+    async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        # A retry of the same metrics keeps their first timestamp: MLflow then stores the rows
+        # of an attempt that did land once, not twice.
+        last = self._metrics_key
+        if last is None or last[0] is not metrics or last[1] != step:
+            self._metrics_key = (metrics, step)
+            self._metrics_ms = int(time.time() * 1000)
+        await run_sync_daemon(
+            self._call, self._write_metrics, step, metrics, self._metrics_ms, backlog=self._backlog
+        )
+
+    # -- closing -----------------------------------------------------------------------------
+
+    def _close(self) -> None:
+        with self._io:
+            if self._closed:
+                return
+            self._closed = True
+            if self.owns_run and self._client is not None:
+                self._client.set_terminated(self.run_id, "FINISHED")
+
+    async def close(self) -> None:
+        # Ending the run is a call like any other, which a stopped server or a locked database
+        # can block: finish's deadline abandons it (the run is ended once the call gets through).
+        await run_sync_daemon(self._close)
+
+
+def _b64(data: bytes) -> str:
+    import base64
+
+    return base64.b64encode(data).decode()

@@ -1,0 +1,344 @@
+"""WandbSink: traces as incremental W&B tables, metrics through `run.log`."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import orjson
+
+from .._abandon import Backlog, run_sync_daemon
+from .._checks import check_bool, check_seconds, check_type
+from .._record import TraceRecord
+from .._security import check_name, check_text, describe
+from ..exceptions import PermanentSinkError
+from ._base import Sink
+
+__all__ = ["WANDB_COLUMNS", "WandbSink"]
+
+_T = TypeVar("_T")
+
+_MISSING = 'WandbSink needs the wandb package: pip install "asynctrace[wandb]"'
+
+#: The columns of every trace table, in order.
+WANDB_COLUMNS = (
+    "id",
+    "step",
+    "split",
+    "key",
+    "timestamp",
+    "conversation",
+    "reward",
+    "advantage",
+    "policy_version",
+    "stop_reason",
+    "metadata",
+    "messages",
+)
+# Metadata fields given a column of their own (and left out of the `metadata` JSON column).
+_NUMBERS = ("reward", "advantage")
+
+
+def _import_wandb() -> Any:
+    try:
+        import wandb
+    except ImportError as exc:
+        raise ImportError(_MISSING) from exc
+    return wandb
+
+
+def _number(value: Any) -> float | None:
+    """A finite float for a numeric column, else None (the value stays in the metadata JSON)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        # Multi-part content (OpenAI style): its text parts, other parts as JSON.
+        return "\n".join(
+            part["text"]
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+            else orjson.dumps(part, default=str).decode()
+            for part in content
+        )
+    return "" if content is None else orjson.dumps(content, default=str).decode()
+
+
+def render_conversation(messages: Sequence[Any]) -> str:
+    """The conversation as plain text: one ``role: content`` paragraph a message."""
+    parts = []
+    for message in messages:
+        if not isinstance(message, dict):
+            parts.append(_text(message))
+            continue
+        text = _text(message.get("content"))
+        calls = message.get("tool_calls")
+        if calls:
+            text = (text + "\n" if text else "") + "tool calls: " + orjson.dumps(calls, default=str).decode()
+        parts.append(f"{message.get('role', '?')}: {text}")
+    return "\n\n".join(parts)
+
+
+def record_row(record: TraceRecord) -> list[Any]:
+    """One table row for a record, in `WANDB_COLUMNS` order."""
+    data = orjson.loads(record.payload)
+    messages = data.get("messages") or []
+    metadata = dict(data.get("metadata") or {})
+    columns: dict[str, Any] = {}
+    for name in _NUMBERS:
+        number = _number(metadata.get(name))
+        columns[name] = number
+        if number is not None:
+            del metadata[name]
+    version = metadata.get("policy_version")
+    if isinstance(version, int) and not isinstance(version, bool) and -(2**63) <= version < 2**63:
+        columns["policy_version"] = metadata.pop("policy_version")
+    else:
+        columns["policy_version"] = None
+    reason = metadata.get("stop_reason")
+    columns["stop_reason"] = metadata.pop("stop_reason") if isinstance(reason, str) else None
+    for extra in ("score", "spans"):
+        if data.get(extra) is not None:
+            metadata[extra] = data[extra]
+    return [
+        record.id,
+        record.step,
+        record.split,
+        record.key,
+        record.timestamp,
+        render_conversation(messages),
+        columns["reward"],
+        columns["advantage"],
+        columns["policy_version"],
+        columns["stop_reason"],
+        orjson.dumps(metadata, default=str).decode(),
+        orjson.dumps(messages, default=str).decode(),
+    ]
+
+
+class WandbSink(Sink):
+    """Logs traces to Weights & Biases as one incremental table per trace key, and metrics with `run.log`.
+
+    Each write adds only its rows to the table ``<key>-incr`` (the session's trace key, such as
+    ``train/traces``, after `table_prefix` if one is given; W&B's ``log_mode="INCREMENTAL"``);
+    at close the whole table is logged once more as ``<key>`` (an immutable table, as W&B
+    recommends for the full data). Every
+    row and metric is logged with the step as ``step_metric`` (an x-axis of its own, set with
+    `define_metric`), never as W&B's own step, so out-of-order steps are never refused.
+
+    By default the sink opens a run of its own (``wandb.init(project=..., name=...,
+    reinit="create_new", **init_kwargs)``) and finishes it at close, with W&B's
+    ``finish_timeout`` set to `finish_timeout`. ``attach=True`` logs to the run the trainer
+    opened (`wandb.run`), and ``attach=<run>`` to the given run; an attached run is never
+    finished by the sink, and its rows are added to the trainer's current step
+    (``commit=False``) so the trainer's own step counter is left alone.
+    """
+
+    def __init__(
+        self,
+        project: str | None = None,
+        run: str | None = None,
+        *,
+        attach: Any = False,
+        table_prefix: str | None = None,
+        step_metric: str = "asynctrace/step",
+        final_table: bool = True,
+        commit: bool | None = None,
+        finish_timeout: float = 5.0,
+        init_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        try:
+            found = importlib.util.find_spec("wandb") is not None
+        except ValueError:  # in sys.modules as None: imports of it are blocked
+            found = False
+        if not found:
+            raise ImportError(_MISSING)
+        for what, value in (("project", project), ("run", run)):
+            if value is not None:
+                check_name(what, value)
+        for what, text in (("table_prefix", table_prefix), ("step_metric", step_metric)):
+            if what == "table_prefix" and text is None:
+                continue
+            if not isinstance(text, str) or not text.strip():
+                raise ValueError(f"{what} must be a non-empty str, got {text!r}")
+            check_text(what, text)
+        check_bool("final_table", final_table)
+        if commit is not None:
+            check_bool("commit", commit)
+        check_seconds("finish_timeout", finish_timeout)
+        check_type("init_kwargs", init_kwargs, Mapping, "a mapping of wandb.init arguments")
+        if attach is not False and init_kwargs:
+            raise ValueError("init_kwargs configure a run the sink opens; an attached run is already open")
+        self.name = "wandb"
+        self.project = project
+        self.run_name = run
+        self.attach = attach
+        self.table_prefix = table_prefix.rstrip("/") + "/" if table_prefix else ""
+        self.step_metric = step_metric
+        self.final_table = final_table
+        self.commit = commit
+        self.finish_timeout = float(finish_timeout)
+        self.init_kwargs = dict(init_kwargs or {})
+        #: The W&B run written to, once open.
+        self.wandb_run: Any = None
+        #: True once the sink has finished the run it opened.
+        self.finished = False
+        self._owns = False
+        self._tables: dict[str, Any] = {}
+        self._defined: set[str] = set()
+        # Ids of the rows logged: a retry after an attempt that was given up on (its timeout)
+        # but did land in the end adds nothing twice.
+        self._logged: set[str] = set()
+        # wandb calls run in daemon threads that a deadline can walk away from (a stalled
+        # service blocks them), one at a time: `_io` keeps them in order on the run.
+        self._io = threading.Lock()
+        self._closed = False
+        self._backlog = Backlog("WandbSink")
+
+    def bind(self, project: str, run: str) -> None:
+        self.project = self.project or project
+        self.run_name = self.run_name or run
+
+    # -- in the worker thread ------------------------------------------------------------------
+
+    def _guarded(self, fn: Callable[..., _T], *args: Any) -> _T:
+        with self._io:
+            if self._closed:
+                raise RuntimeError("WandbSink is closed")
+            try:
+                return fn(*args)
+            except PermanentSinkError:
+                raise
+            except Exception as exc:
+                _classify(exc)
+                raise
+
+    def _open_run(self) -> None:
+        if self.wandb_run is not None:
+            return  # an earlier attempt, given up on, did open it in the end
+        wandb = _import_wandb()
+        if self.attach is not False:
+            run = wandb.run if self.attach is True else self.attach
+            if run is None:
+                raise PermanentSinkError("WandbSink(attach=True): no W&B run is open; call wandb.init first")
+            self.wandb_run = run
+            self._owns = False
+        else:
+            kwargs = dict(self.init_kwargs)
+            kwargs.setdefault("project", self.project)
+            kwargs.setdefault("name", self.run_name)
+            # Another run of this process (the trainer's) stays open and current.
+            kwargs.setdefault("reinit", "create_new")
+            settings = kwargs.get("settings")
+            if settings is None:
+                kwargs["settings"] = wandb.Settings(finish_timeout=self.finish_timeout)
+            elif isinstance(settings, Mapping):
+                kwargs["settings"] = {"finish_timeout": self.finish_timeout, **settings}
+            self.wandb_run = wandb.init(**kwargs)
+            self._owns = True
+        self.wandb_run.define_metric(self.step_metric, hidden=True)
+
+    def _define(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            if key not in self._defined:
+                self.wandb_run.define_metric(key, step_metric=self.step_metric)
+                self._defined.add(key)
+
+    @property
+    def _commit(self) -> bool:
+        return self._owns if self.commit is None else self.commit
+
+    def _log(self, data: dict[str, Any]) -> None:
+        run = self.wandb_run
+        if run is None:
+            raise RuntimeError("WandbSink is not open")
+        self._define([k for k in data if k != self.step_metric])
+        run.log(data, commit=self._commit)
+
+    def _write_rows(self, records: Sequence[TraceRecord]) -> None:
+        wandb = _import_wandb()
+        by_key: dict[str, list[TraceRecord]] = {}
+        for r in records:
+            if r.id not in self._logged:
+                by_key.setdefault(r.key, []).append(r)
+        for key, group in by_key.items():
+            table = self._tables.get(key)
+            if table is None:
+                table = self._tables[key] = wandb.Table(columns=list(WANDB_COLUMNS), log_mode="INCREMENTAL")
+            before = len(table.data)
+            for r in group:
+                table.add_data(*record_row(r))
+            try:
+                self._log({f"{self.table_prefix}{key}-incr": table, self.step_metric: group[-1].step})
+            except BaseException:
+                # Not logged: the retry adds these rows again, so they must not stay behind.
+                del table.data[before:]
+                raise
+            self._logged.update(r.id for r in group)
+
+    def _write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        self._log({**metrics, self.step_metric: step})
+
+    def _close(self) -> None:
+        with self._io:
+            if self._closed:
+                return
+            self._closed = True
+            run = self.wandb_run
+            if run is None:
+                return
+            try:
+                if self.final_table:
+                    wandb = _import_wandb()
+                    for key, incremental in self._tables.items():
+                        if incremental.data:
+                            final = wandb.Table(columns=list(WANDB_COLUMNS), data=list(incremental.data))
+                            self._log({f"{self.table_prefix}{key}": final})
+            finally:
+                if self._owns:
+                    run.finish()
+                    self.finished = True
+
+    # -- on the event loop -----------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self.attach is False and (self.project is None or self.run_name is None):
+            raise PermanentSinkError("WandbSink needs a project and run (given or from the session)")
+        await run_sync_daemon(self._guarded, self._open_run, backlog=self._backlog)
+
+    async def write(self, records: Sequence[TraceRecord]) -> None:
+        await run_sync_daemon(self._guarded, self._write_rows, records, backlog=self._backlog)
+
+    async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        await run_sync_daemon(self._guarded, self._write_metrics, step, dict(metrics), backlog=self._backlog)
+
+    async def close(self) -> None:
+        # A call still stuck on the run (a stalled W&B service) holds `_io`: this waits behind it
+        # in its own thread, which the session's close deadline walks away from.
+        await run_sync_daemon(self._close)
+
+
+def _classify(exc: Exception) -> None:
+    """Raise `PermanentSinkError` for what W&B raises that retrying cannot fix."""
+    if isinstance(exc, ImportError):
+        raise PermanentSinkError(describe(exc)) from exc
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and isinstance(exc, wandb.errors.UsageError):
+        # A finished run, a bad argument: the same call fails the same way again.
+        raise PermanentSinkError(f"W&B refused the call: {describe(exc)}") from exc
+    if isinstance(exc, ConnectionError):
+        # The connection to the W&B service process of this run is gone (it was killed or
+        # crashed): wandb does not reconnect a run to a new one.
+        raise PermanentSinkError(f"the W&B service process is gone: {describe(exc)}") from exc

@@ -1,0 +1,287 @@
+"""TraceClient selects locally before it ships: exact over the whole step, O(k) bytes per step."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import orjson
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from asynctrace import ReservoirSampler, Sampler, StepSelection, TraceSession  # noqa: E402
+from asynctrace._sampling import Entry  # noqa: E402
+from asynctrace.ray import ClientStats, TraceClient, start_collector  # noqa: E402
+from asynctrace.testing import MemorySink  # noqa: E402
+from tests.distributed._helpers import make_samples, read_traces, top_bottom_uids  # noqa: E402
+
+K = 8
+STEPS = 3
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster() -> Iterator[None]:
+    # One cluster for the module: starting Ray takes seconds. Workers inherit TRACKIO_DIR.
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+class _Rollout:
+    """A rollout actor logging through a TraceClient of its own, to whichever collector a test gives."""
+
+    def connect(self, collector: Any, tag: str, **client_kwargs: Any) -> None:
+        self.tag = tag
+        self.client = TraceClient(collector, **client_kwargs)
+
+    def generate(self, step: int, n: int, chunk: int = 10) -> list[dict[str, Any]]:
+        samples = make_samples(self.tag, step, n, seed=0)
+        for i in range(0, n, chunk):
+            self.client.log_samples_nowait(samples[i : i + chunk], step=step)
+        return samples
+
+    def flush(self) -> bool:
+        return self.client.flush(30.0)
+
+    def close(self) -> ClientStats:
+        return self.client.close(30.0)
+
+
+Rollout: Any = ray.remote(_Rollout)
+
+
+@pytest.fixture(scope="module")
+def pool() -> list[Any]:
+    """Four rollout actors for the module: an actor process takes seconds to start."""
+    actors = [Rollout.remote() for _ in range(4)]
+    ray.get([a.__ray_ready__.remote() for a in actors])
+    return actors
+
+
+@pytest.fixture(scope="module")
+def top_bottom_collector() -> Iterator[Any]:
+    """A collector keeping the top/bottom 4 of each step in memory, for tests of the client alone."""
+    collector = start_collector(
+        "local-selection",
+        sinks=[MemorySink()],
+        max_traces_per_step=4,
+        sampler="top_bottom",
+        finish_at_exit=False,
+    )
+    yield collector
+    ray.kill(collector, no_restart=True)
+
+
+def _written(project: str, run: str) -> dict[int, set[str]]:
+    out: dict[int, set[str]] = {}
+    for t in read_traces(project, run):
+        out.setdefault(t["step"], set()).add(t["metadata"]["uid"])
+    return out
+
+
+def _one_process(sampler: str, produced: dict[int, list[dict[str, Any]]]) -> dict[int, set[str]]:
+    """What a single session chooses when it logs every step's samples itself, in actor order."""
+    sink = MemorySink()
+    session = TraceSession(
+        "reference", sinks=[sink], max_traces_per_step=K, sampler=sampler, step_timeout=None
+    )
+    sync = session.start()
+    for step, samples in sorted(produced.items()):
+        sync.log_samples(samples, step=step)
+    sync.finish(30.0)
+    return {step: {r.sample.metadata["uid"] for r in rows} for step, rows in sink.steps().items()}
+
+
+def _wait_for(what: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, "condition not reached within the deadline"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("sampler", ["first", "top_bottom", "reservoir"])
+def test_collector_selects_what_one_process_would(project: str, sampler: str, pool: list[Any]) -> None:
+    """4 actors with a cap: Trackio holds exactly what one process logging every sample would keep;
+    with first and top_bottom each actor ships only its k candidates a step (whatever it logged),
+    and the accounting of the clients and the collector adds up to every sample."""
+    collector = start_collector(
+        project, "sel", max_traces_per_step=K, sampler=sampler, step_timeout=None, finish_at_exit=False
+    )
+    sizes = [5, 20, 60, 200]  # unequal on purpose: a small actor ships all it has
+    actors = pool
+    ray.get([a.connect.remote(collector, f"a{i}", flush_interval=0.02) for i, a in enumerate(actors)])
+    produced: dict[int, list[dict[str, Any]]] = {}
+    for step in range(STEPS):
+        # One actor after another, each flushed: the collector sees actor order, as the reference.
+        for actor, n in zip(actors, sizes, strict=True):
+            produced.setdefault(step, []).extend(ray.get(actor.generate.remote(step, n)))
+            assert ray.get(actor.flush.remote())
+    clients: list[ClientStats] = ray.get([a.close.remote() for a in actors])
+    final = ray.get(collector.finish.remote())
+
+    assert _written(project, "sel") == _one_process(sampler, produced)
+    assert all(len(uids) == K for uids in _written(project, "sel").values())
+    for stats, n in zip(clients, sizes, strict=True):
+        assert stats.check() and stats.held == 0
+        shipped = STEPS * (min(n, K) if sampler != "reservoir" else n)
+        assert stats.delivered == shipped
+        assert stats.dropped == ({"capped": STEPS * n - shipped} if shipped < STEPS * n else {})
+    assert final.check()
+    assert sum(c.submitted for c in clients) == STEPS * sum(sizes)
+    client_dropped = sum(c.dropped_total for c in clients)
+    assert sum(c.submitted for c in clients) == (
+        final.written + final.failed + final.pending + final.dropped_total + client_dropped
+    )
+
+
+def test_bytes_shipped_per_step_do_not_grow_with_samples(project: str, pool: list[Any]) -> None:
+    """An actor logging 20 or 2000 samples a step ships the same k candidates: what crosses to the
+    collector is O(k) per step, the same bytes whatever the actor logged."""
+    collector = start_collector(
+        project, sinks=[MemorySink()], max_traces_per_step=K, sampler="top_bottom", finish_at_exit=False
+    )
+    shipped: dict[int, ClientStats] = {}
+    for n, actor in zip((20, 2000), pool, strict=False):
+        ray.get(actor.connect.remote(collector, f"b{n}", flush_interval=0.02))
+        for step in range(STEPS):
+            ray.get(actor.generate.remote(step, n, 100))
+        shipped[n] = ray.get(actor.close.remote())
+    ray.get(collector.finish.remote())
+    small, large = shipped[20], shipped[2000]
+    assert small.delivered == large.delivered == STEPS * K
+    # Samples differ only in their uid and reward digits: the same k cost the same bytes to within 5%.
+    assert abs(large.bytes_shipped - small.bytes_shipped) < 0.05 * small.bytes_shipped
+    assert large.dropped == {"capped": STEPS * (2000 - K)}
+    assert large.calls <= STEPS  # one call per step at most: candidates of a closed step go together
+
+
+def test_a_step_closes_on_the_next_step_on_end_step_and_when_idle(top_bottom_collector: Any) -> None:
+    """A client ships a step's candidates, without flush, when a newer step is logged, on
+    end_step(step), and after step_timeout seconds without samples for it."""
+    collector = top_bottom_collector
+    client = TraceClient(collector, flush_interval=0.01, step_timeout=None)
+    client.log_samples_nowait(make_samples("n", 0, 20, seed=0), step=0)
+    assert client.stats().held == 4 and client.stats().dropped == {"capped": 16}
+    client.log_samples_nowait(make_samples("n", 1, 20, seed=0), step=1)  # closes step 0 here
+    _wait_for(lambda: client.stats().delivered == 4)
+    assert client.stats().held == 4
+    client.end_step(1)
+    _wait_for(lambda: client.stats().delivered == 8)
+    assert client.stats().held == 0
+    client.close(30.0)
+
+    idle = TraceClient(collector, flush_interval=0.01, step_timeout=0.2)
+    idle.log_samples_nowait(make_samples("i", 5, 20, seed=0), step=5)
+    # Nothing else is logged and nothing flushed (a client without the timeout holds its step,
+    # as `client` did above): the timeout ships the step's candidates.
+    _wait_for(lambda: idle.stats().delivered == 4)
+    assert idle.stats().held == 0
+    assert idle.close(30.0).check()
+
+
+def test_samples_after_a_step_closed_locally_merge_exactly(project: str) -> None:
+    """Samples logged for a step the client already shipped start a new local selection; the
+    collector, which still has the step open, keeps the true top/bottom over both rounds."""
+    collector = start_collector(
+        project,
+        "rounds",
+        max_traces_per_step=6,
+        sampler="top_bottom",
+        step_timeout=None,
+        finish_at_exit=False,
+    )
+    client = TraceClient(collector, flush_interval=0.01)
+    first, second = make_samples("r1", 0, 30, seed=0), make_samples("r2", 0, 30, seed=1)
+    client.log_samples_nowait(first, step=0)
+    client.end_step(0)
+    client.log_samples_nowait(second, step=0)
+    stats = client.close(30.0)
+    final = ray.get(collector.finish.remote())
+    assert stats.delivered == 12 and stats.dropped == {"capped": 48}
+    assert _written(project, "rounds") == {0: top_bottom_uids(first + second, 6)}
+    assert final.check() and final.written == 6
+
+
+def test_client_without_local_selection_ships_everything(top_bottom_collector: Any) -> None:
+    """select_locally=False ships every sample and leaves the whole selection to the collector."""
+    client = TraceClient(top_bottom_collector, select_locally=False, flush_interval=0.01)
+    client.log_samples_nowait(make_samples("all", 0, 40, seed=0), step=0)
+    assert client.stats().held == 0
+    stats = client.close(30.0)
+    assert stats.delivered == 40 and stats.dropped == {}
+
+
+def test_unscored_sample_is_refused_in_the_caller_under_top_bottom(top_bottom_collector: Any) -> None:
+    """With a top_bottom collector, a sample without a score is a RecordError in the actor's own
+    call (or counted "invalid" with on_invalid="skip"), as in a session: the local selection
+    ranks by score."""
+    from asynctrace import RecordError
+
+    strict = TraceClient(top_bottom_collector)
+    with pytest.raises(RecordError, match="score"):
+        strict.log_samples_nowait([{"prompt": "q", "response": "no reward"}], step=0)
+    skipping = TraceClient(top_bottom_collector, on_invalid="skip")
+    assert skipping.log_samples_nowait([{"prompt": "q", "response": "a"}], step=0) == 0
+    assert skipping.close(30.0).dropped == {"invalid": 1}
+    strict.close(1.0)
+
+
+class _ByPriority(Sampler):
+    """Keeps the k samples with the highest metadata "priority": it reads the sample itself."""
+
+    composes_by_union = True
+
+    def new_step(self, split: str, step: int, k: int) -> StepSelection:
+        return _ByPrioritySelection(k)
+
+
+class _ByPrioritySelection(StepSelection):
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.kept: list[tuple[int, Entry]] = []
+
+    def offer(self, entry: Entry) -> tuple[bool, Entry | None]:
+        assert entry.record is not None
+        self.kept.append((entry.record.sample.metadata["priority"], entry))
+        self.kept.sort(key=lambda pe: -pe[0])
+        if len(self.kept) <= self.k:
+            return True, None
+        _, out = self.kept.pop()
+        return (False, None) if out is entry else (True, out)
+
+    def held(self) -> list[Entry]:
+        return [e for _, e in self.kept]
+
+
+def test_local_selection_plugs_in_any_sampler_that_composes() -> None:
+    """A custom Sampler that opts in with composes_by_union gets each sample's record (it can read
+    its metadata, as a group sampler does); steps close on a newer step past max_open_steps and
+    after step_timeout on the clock given, releasing their candidates in arrival order."""
+    from asynctrace import Sample
+    from asynctrace._record import encode_samples
+    from asynctrace.ray._local import LocalSelection, composes_by_union
+
+    assert composes_by_union(_ByPriority()) and not composes_by_union(ReservoirSampler())
+    local = LocalSelection(2, _ByPriority(), max_open_steps=1, step_timeout=10.0)
+
+    def encoded(step: int, priorities: list[int]) -> list[tuple[bytes, float | None]]:
+        samples = [Sample(messages=[], metadata={"priority": p, "step": step}) for p in priorities]
+        return encode_samples(samples)[0]
+
+    passed, capped, kept, released = local.offer("train", 0, encoded(0, [1, 5, 3, 4]), now=0.0)
+    assert (passed, capped, kept, released) == ([], 2, 2, [])
+    assert local.held == 2
+    assert local.offer("train", 1, encoded(1, [7]), now=1.0)[3] == []  # step 0 stays open (window 1)
+    released = local.offer("train", 2, encoded(2, [9]), now=2.0)[3]  # step 0 closes
+    priorities = [[orjson.loads(p)["metadata"]["priority"] for p in ps] for _, _, ps in released]
+    assert [(split, step) for split, step, _ in released] == [("train", 0)]
+    assert priorities == [[5, 4]]  # the step's two best, in arrival order
+    assert local.close_idle(now=10.5) == []
+    assert [step for _, step, _ in local.close_idle(now=11.0)] == [1]
+    assert local.next_due(now=11.0) == pytest.approx(1.0)
+    assert [step for _, step, _ in local.close_all()] == [2]
+    assert local.held == local.held_bytes == 0

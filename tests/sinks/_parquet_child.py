@@ -1,0 +1,82 @@
+"""Programs the Parquet sink tests run as subprocesses (``python -m tests.sinks._parquet_child MODE ...``).
+
+- ``trainer DIR SPOOL``: logs to a ParquetSink until it is killed. It spools each call before
+  it returns (``durability="enqueue"``) and prints ``LOGGED <n>`` once `n` samples are
+  accepted, so the parent knows what the archive must hold after a replay.
+- ``killed-after-write DIR``: writes 30 records (``k-0`` ... ``k-29``) to a sink that holds up
+  to 100 a file, then SIGKILLs itself: they are in its journal only.
+- ``disk-full DIR``: a write the file-size limit refuses (RLIMIT_FSIZE: EFBIG, as a full disk's
+  ENOSPC), then the same write again without the limit; prints ``refused <errno>`` and whether
+  the archive then holds the ten records exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import sys
+import time
+
+import anyio
+import pyarrow.parquet as pq
+
+import asynctrace as at
+from asynctrace._record import TraceRecord
+from tests._util import sample
+
+
+async def trainer(directory: str, spool: str) -> None:
+    sink = at.ParquetSink(directory, max_records=40)
+    async with at.TraceSession(
+        "p", run="killed", sinks=[sink], spool_dir=spool, durability="enqueue", batch_size=20
+    ) as session:
+        logged = 0
+        step = 0
+        while True:
+            await session.log_samples([sample(logged + k, step=step) for k in range(20)], step=step)
+            logged += 20
+            step += 1
+            print(f"LOGGED {logged}", flush=True)
+            await anyio.sleep(0.01)
+
+
+def _record(rid: str, pad: int = 0) -> TraceRecord:
+    payload = b'{"messages":[],"metadata":{"pad":"' + b"y" * pad + b'"}}'
+    return TraceRecord(rid, 0, "train", "k", payload, time.time())
+
+
+async def _open(directory: str, max_records: int) -> at.ParquetSink:
+    sink = at.ParquetSink(directory, max_records=max_records)
+    sink.bind("p", "r")
+    await sink.open()
+    return sink
+
+
+async def killed_after_write(directory: str) -> None:
+    sink = await _open(directory, 100)
+    await sink.write([_record(f"k-{i}") for i in range(30)])
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+async def disk_full(directory: str) -> None:
+    sink = await _open(directory, 10)
+    records = [_record(f"x-{i}", pad=5000) for i in range(10)]
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, hard))
+    try:
+        await sink.write(records)
+    except OSError as exc:
+        print("refused", exc.errno)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    await sink.write(records)  # the retry
+    await sink.close()
+    ids = pq.read_table(directory).column("id").to_pylist()
+    print(sorted(ids) == sorted(r.id for r in records))
+
+
+if __name__ == "__main__":
+    modes = {"trainer": trainer, "killed-after-write": killed_after_write, "disk-full": disk_full}
+    anyio.run(modes[sys.argv[1]], *sys.argv[2:])

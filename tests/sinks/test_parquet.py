@@ -1,0 +1,311 @@
+"""ParquetSink against real pyarrow (and DuckDB reading the archive back): the contract, complete
+files only, roll-over, unique names, recovery after SIGKILL and no duplicates after a spool replay."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import asynctrace as at
+from asynctrace._record import TraceRecord
+from tests._util import sample
+from tests.sinks._contract import CONTRACT, Backend, run_contract
+from tests.sinks.test_files import _stalled_fifo
+
+pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def read_only(directory: Path) -> Iterator[None]:
+    """No file can be created in `directory` while inside (root ignores modes: it gets the immutable flag)."""
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i", str(directory)], check=True)
+        try:
+            yield
+        finally:
+            subprocess.run(["chattr", "-i", str(directory)], check=True)
+    else:
+        mode = directory.stat().st_mode
+        directory.chmod(0o555)
+        try:
+            yield
+        finally:
+            directory.chmod(mode)
+
+
+class ParquetBackend(Backend):
+    """A directory of Parquet files; faults: a read-only directory (transient), a file where the
+    directory was (permanent), a FIFO nobody reads at the journal's path (a hang)."""
+
+    def __init__(self, root: Path) -> None:
+        self.dir = root / "archive"
+        self.dir.mkdir()
+        self._stems = itertools.count()
+        self.stem = ""
+
+    def make_sink(self) -> at.Sink:
+        self.stem = f"contract-{next(self._stems)}"
+        # Eight records a file: every batch of the contract ends in a new file.
+        return at.ParquetSink(self.dir, max_records=8, stem=self.stem)
+
+    def read_ids(self) -> list[str]:
+        ids: list[str] = pq.read_table(self.dir).column("id").to_pylist()
+        return ids
+
+    @contextlib.contextmanager
+    def transient_fault(self) -> Iterator[None]:
+        with read_only(self.dir):
+            yield
+
+    @contextlib.contextmanager
+    def permanent_fault(self) -> Iterator[None]:
+        moved = self.dir.with_name("moved")
+        os.rename(self.dir, moved)
+        self.dir.write_bytes(b"a file where the archive directory was")
+        try:
+            yield
+        finally:
+            self.dir.unlink()
+            os.rename(moved, self.dir)
+
+    @contextlib.contextmanager
+    def hang(self) -> Iterator[None]:
+        # Opening a FIFO for writing blocks, for real, until a reader opens it.
+        with _stalled_fifo(self.dir / f".{self.stem}.journal", open_reader=False):
+            yield
+
+
+@pytest.mark.parametrize("point", CONTRACT)
+async def test_contract(point: str, tmp_path: Path) -> None:
+    """The Parquet sink keeps the sink contract (see tests/sinks/_contract.py)."""
+    await run_contract(point, ParquetBackend(tmp_path))
+
+
+def _files(directory: Path) -> list[Path]:
+    return sorted(directory.glob("*.parquet"))
+
+
+async def test_duckdb_reads_every_record_with_typed_columns(tmp_path: Path) -> None:
+    """DuckDB reads the directory back: one row per record under the id other sinks got, typed columns."""
+    memory = at.testing.MemorySink("memory")
+    sink = at.ParquetSink(tmp_path, max_records=10)
+    async with at.TraceSession("p", run="r", sinks=[sink, memory], batch_size=7) as s:
+        for step in range(3):
+            await s.log_samples(
+                [
+                    sample(i, step=step, advantage=i - 2.5, policy_version=step, stop_reason="length")
+                    for i in range(9)
+                ],
+                step=step,
+            )
+        await s.log_samples([{"prompt": "q", "response": "a", "reward": "n/a"}], step=3, split="eval")
+    rows = duckdb.sql(
+        f"SELECT id, step, split, key, reward, advantage, policy_version, stop_reason, metadata, messages "
+        f"FROM read_parquet('{tmp_path}/*.parquet') ORDER BY step, id"
+    ).fetchall()
+    by_id = {r.id: r for r in memory.records}
+    assert len(rows) == len(by_id) == 28
+    for rid, step, split, key, reward, advantage, version, stop, metadata, messages in rows:
+        record = by_id[rid]
+        assert (step, split, key) == (record.step, record.split, record.key)
+        got = record.sample
+        assert orjson.loads(metadata) == got.metadata and orjson.loads(messages) == got.messages
+        if split == "eval":
+            # A reward that is not a number stays in metadata, and its column is null.
+            assert reward is None and advantage is None and version is None and stop is None
+        else:
+            assert reward == got.metadata["reward"] and advantage == got.metadata["advantage"]
+            assert version == step and stop == "length"
+    assert duckdb.sql(f"SELECT count(DISTINCT id) FROM '{tmp_path}/*.parquet'").fetchall() == [(28,)]
+    assert pq.read_schema(_files(tmp_path)[0]) == pq.read_schema(_files(tmp_path)[-1])
+
+
+async def test_files_roll_over_by_records_and_by_bytes(tmp_path: Path) -> None:
+    """A file ends at the first batch boundary past max_records or max_bytes; names never collide."""
+    by_count = tmp_path / "count"
+    sink = at.ParquetSink(by_count, max_records=10)
+    async with at.TraceSession("p", run="r", sinks=[sink], batch_size=5) as s:
+        for step in range(5):
+            await s.log_samples([sample(i, step=step) for i in range(5)], step=step)
+            assert await s.flush(timeout=30)
+    counts = [pq.ParquetFile(p).metadata.num_rows for p in _files(by_count)]
+    assert counts == [10, 10, 5], counts
+    assert sink.paths == _files(by_count)
+    assert pq.ParquetFile(sink.paths[0]).metadata.row_group(0).column(0).compression == "ZSTD"
+
+    by_bytes = tmp_path / "bytes"
+    big = "x" * 1000
+    sink = at.ParquetSink(by_bytes, max_bytes=3000)
+    async with at.TraceSession("p", run="r", sinks=[sink], batch_size=1) as s:
+        for i in range(7):
+            await s.log_samples([sample(i, note=big)], step=0)
+            assert await s.flush(timeout=30)
+    assert [pq.ParquetFile(p).metadata.num_rows for p in _files(by_bytes)] == [3, 3, 1]
+
+    # Two more sessions of the same run in the same directory: new names, nothing overwritten.
+    for _ in range(2):
+        async with at.TraceSession("p", run="r", sinks=[at.ParquetSink(by_count, max_records=10)]) as s:
+            await s.log_samples([sample(i) for i in range(3)], step=0)
+    assert len(_files(by_count)) == 5
+    assert pq.read_table(by_count).num_rows == 31
+    assert not [p for p in by_count.iterdir() if p.name.startswith(".")], "no journal or temporary left"
+
+
+def _run_child(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tests.sinks._parquet_child", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+
+
+def _record(rid: str, *, replayed: bool = False) -> TraceRecord:
+    payload = orjson.dumps({"messages": [{"role": "user", "content": rid}], "metadata": {"reward": 1.0}})
+    return TraceRecord(rid, 0, "train", "train/traces", payload, time.time(), replayed=replayed)
+
+
+async def test_replayed_records_already_archived_are_skipped(tmp_path: Path) -> None:
+    """A record replayed from a spool is written only if no file (or the journal) holds its id yet."""
+    first = at.ParquetSink(tmp_path, max_records=4)
+    first.bind("p", "r")
+    await first.open()
+    await first.write([_record(f"s1-{i}") for i in range(6)])
+    await first.close()
+
+    again = at.ParquetSink(tmp_path, max_records=4)
+    again.bind("p", "r")
+    await again.open()
+    await again.write([_record(f"s1-{i}", replayed=True) for i in range(3, 9)])
+    await again.write([_record("s1-9"), _record("s1-9", replayed=True)])
+    await again.close()
+    ids = pq.read_table(tmp_path).column("id").to_pylist()
+    assert sorted(ids) == sorted(f"s1-{i}" for i in range(10)), ids
+    assert again.duplicates_skipped == 4
+
+
+async def test_a_full_disk_fails_the_write_without_a_partial_file(tmp_path: Path) -> None:
+    """A write the file-size limit refuses (EFBIG, as a full disk's ENOSPC) leaves no file, and the
+    retried batch lands once."""
+    done = _run_child("disk-full", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["refused", "27", "True"], done.stdout
+
+
+def _child_until_killed(directory: Path, spool: Path, *, files: int, logged: int) -> int:
+    """Run the logging child until the archive has `files` files and it logged `logged` samples;
+    SIGKILL it there and return how many samples it had logged."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.sinks._parquet_child", "trainer", str(directory), str(spool)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen = 0
+    deadline = time.monotonic() + 120
+    try:
+        assert child.stdout is not None
+        for line in child.stdout:
+            seen = int(line.split()[1])
+            if seen >= logged and len(_files(directory)) >= files:
+                break
+            assert time.monotonic() < deadline, "the child did not write its files in time"
+        else:
+            raise AssertionError(f"the child stopped: {child.stderr.read() if child.stderr else ''}")
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+    return seen
+
+
+async def test_sigkill_leaves_only_whole_files_and_a_replay_adds_no_duplicate(tmp_path: Path) -> None:
+    """A trainer killed mid-run leaves only complete Parquet files; the next session recovers its
+    journal and replays its spool, and the archive then holds every logged sample exactly once."""
+    archive, spool = tmp_path / "archive", tmp_path / "spool"
+    logged = _child_until_killed(archive, spool, files=3, logged=200)
+    for path in _files(archive):
+        # Every file present reads back whole: its footer is there and every row decodes.
+        table = pq.read_table(path)
+        assert table.num_rows == pq.ParquetFile(path).metadata.num_rows > 0
+    sink = at.ParquetSink(archive, max_records=1000)
+    async with at.TraceSession("p", run="killed", sinks=[sink], spool_dir=spool) as s:
+        pass
+    assert s.stats().check(), s.stats().summary()
+    ids = pq.read_table(archive).column("id").to_pylist()
+    assert len(ids) == len(set(ids)), "a record appears twice in the archive"
+    assert len(ids) >= logged, f"{len(ids)} archived, {logged} logged"
+    assert {i.rpartition("-")[0] for i in ids} == {ids[0].rpartition("-")[0]}, "only the child's records"
+    assert not [p for p in archive.iterdir() if p.name.startswith(".")], "journal and temporaries are gone"
+
+
+async def test_a_killed_sinks_journal_becomes_a_file(tmp_path: Path) -> None:
+    """Records a killed sink had counted as written (in its journal, no file yet) are in the archive
+    once the next sink opens the directory."""
+    done = _run_child("killed-after-write", str(tmp_path))
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert not _files(tmp_path) and len(list(tmp_path.glob(".*.journal"))) == 1
+    sink = at.ParquetSink(tmp_path)
+    async with at.TraceSession("p", run="next", sinks=[sink]):
+        pass
+    assert sink.recovered == 30
+    assert sorted(pq.read_table(tmp_path).column("id").to_pylist()) == sorted(f"k-{i}" for i in range(30))
+    assert not list(tmp_path.glob(".*"))
+
+
+async def test_a_live_sinks_journal_is_not_taken(tmp_path: Path) -> None:
+    """A second sink in the same directory leaves a running sink's journal alone."""
+    first = at.ParquetSink(tmp_path, max_records=100)
+    first.bind("p", "r")
+    await first.open()
+    await first.write([_record(f"a-{i}") for i in range(5)])
+    second = at.ParquetSink(tmp_path)
+    second.bind("p", "r")
+    await second.open()
+    assert second.recovered == 0 and not _files(tmp_path)
+    await second.close()
+    await first.close()
+    assert pq.read_table(tmp_path).num_rows == 5
+
+
+def test_missing_pyarrow_names_the_extra_and_import_stays_light() -> None:
+    """`import asynctrace` never imports pyarrow; without it, ParquetSink names the extra."""
+    code = (
+        "import sys\n"
+        "import asynctrace\n"
+        "assert 'pyarrow' not in sys.modules, 'import asynctrace imported pyarrow'\n"
+        "sys.modules['pyarrow'] = None\n"
+        "try:\n"
+        "    asynctrace.ParquetSink('x')\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert 'pip install "asynctrace[parquet]"' in done.stdout
+
+
+def test_bad_arguments_are_named() -> None:
+    """Sizes below 1 and a stem that is not a plain name are refused with the argument's name."""
+    with pytest.raises(ValueError, match="max_records"):
+        at.ParquetSink("x", max_records=0)
+    with pytest.raises(ValueError, match="stem"):
+        at.ParquetSink("x", stem="../escape")
+    assert isinstance(at.sinks.ParquetSink("x"), at.Sink)
+    assert pa.__version__

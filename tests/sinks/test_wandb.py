@@ -1,0 +1,285 @@
+"""WandbSink against the real wandb package in offline mode: what the run holds on disk, the sink contract."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import orjson
+import psutil
+import pytest
+
+import asynctrace as at
+from asynctrace._writer import finish_bound
+from asynctrace.sinks._wandb import WANDB_COLUMNS
+from tests._util import sample
+from tests.sinks._contract import CONTRACT, Backend, run_contract
+from tests.sinks._wandb_log import history, table_rows
+
+pytestmark = pytest.mark.anyio
+
+_SETTINGS = {"console": "off", "x_disable_stats": True, "x_disable_meta": True, "silent": True}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def offline_wandb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Offline W&B in a scratch directory; one service process for the whole module."""
+    root = tmp_path_factory.mktemp("wandb")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_MODE", "offline")
+        mp.setenv("WANDB_DIR", str(root))
+        mp.setenv("WANDB_SILENT", "true")
+        mp.setenv("WANDB_API_KEY", "")
+        import wandb
+
+        wandb.setup()
+        yield root
+
+
+def _service() -> psutil.Process:
+    """The wandb-core service process this process's runs talk to."""
+    (core,) = [p for p in psutil.Process().children(recursive=True) if p.name() == "wandb-core"]
+    return core
+
+
+def _sink(root: Path, **kwargs: Any) -> at.WandbSink:
+    return at.WandbSink(init_kwargs={"dir": str(root), "settings": dict(_SETTINGS)}, **kwargs)
+
+
+def _files(sink: at.WandbSink) -> Path:
+    return Path(sink.wandb_run.dir)
+
+
+class WandbBackend(Backend):
+    """Offline W&B runs, made to fail for real: a file where the run's table folder belongs, a run
+    finished under the sink, a stopped service process."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.sink: at.WandbSink | None = None
+
+    def make_sink(self) -> at.Sink:
+        self.sink = _sink(self.root)
+        return self.sink
+
+    def read_ids(self) -> list[str]:
+        assert self.sink is not None and self.sink.finished
+        files = _files(self.sink)
+        ids = [row["id"] for split in ("train", "eval") for row in table_rows(files, f"{split}/traces-incr")]
+        final = [row["id"] for split in ("train", "eval") for row in table_rows(files, f"{split}/traces")]
+        assert sorted(final) == sorted(ids), "the final table holds what the increments hold"
+        return ids
+
+    @contextlib.contextmanager
+    def transient_fault(self) -> Iterator[None]:
+        assert self.sink is not None
+        folder = _files(self.sink) / "media" / "table" / "train"
+        aside = folder.with_name("train.aside")
+        folder.rename(aside)
+        # Where W&B copies the table file: it cannot (root ignores permission bits, so a
+        # read-only folder would not do); copies fail until the folder is back.
+        folder.write_bytes(b"")
+        try:
+            yield
+        finally:
+            folder.unlink()
+            aside.rename(folder)
+
+    @contextlib.contextmanager
+    def permanent_fault(self) -> Iterator[None]:
+        assert self.sink is not None
+        # The run is finished under the sink (as a trainer finishing the run it shares would):
+        # W&B refuses every later call on it with a UsageError.
+        self.sink.wandb_run.finish()
+        yield
+
+    @contextlib.contextmanager
+    def hang(self) -> Iterator[None]:
+        core = _service()
+        os.kill(core.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(core.pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("point", CONTRACT)
+async def test_contract(point: str, offline_wandb: Path) -> None:
+    """The W&B sink keeps the sink contract (see tests/sinks/_contract.py)."""
+    await run_contract(point, WandbBackend(offline_wandb))
+
+
+async def test_rows_carry_readable_columns_and_the_full_messages(offline_wandb: Path) -> None:
+    """Each row holds id, step, split, the rendered conversation, reward, advantage and the messages."""
+    sink = _sink(offline_wandb)
+    memory = at.testing.MemorySink("memory")
+    async with at.TraceSession("p", run="cols", sinks=[sink, memory]) as s:
+        await s.log_samples(
+            [
+                {
+                    "messages": [
+                        {"role": "user", "content": "2+2?"},
+                        {"role": "assistant", "content": [{"type": "text", "text": "4"}]},
+                    ],
+                    "metadata": {
+                        "reward": 1,
+                        "advantage": -0.5,
+                        "policy_version": 3,
+                        "stop_reason": "length",
+                        "uid": "a",
+                    },
+                },
+                sample(1, reward=float("nan")),
+            ],
+            step=4,
+            split="eval",
+        )
+    rows = {row["id"]: row for row in table_rows(_files(sink), "eval/traces-incr")}
+    assert sorted(rows) == sorted(r.id for r in memory.records)
+    first = rows[memory.records[0].id]
+    assert list(first) == list(WANDB_COLUMNS)
+    assert first["step"] == 4 and first["split"] == "eval" and first["key"] == "eval/traces"
+    assert first["conversation"] == "user: 2+2?\n\nassistant: 4"
+    assert (first["reward"], first["advantage"], first["policy_version"]) == (1.0, -0.5, 3)
+    assert first["stop_reason"] == "length"
+    assert orjson.loads(first["metadata"]) == {"uid": "a"}
+    assert orjson.loads(first["messages"])[1]["content"] == [{"type": "text", "text": "4"}]
+    # A reward that is not a finite number gets no column value; the metadata keeps it.
+    second = rows[memory.records[1].id]
+    assert second["reward"] is None and "reward" in orjson.loads(second["metadata"])
+
+
+async def test_a_batch_written_again_adds_no_rows(offline_wandb: Path) -> None:
+    """A write repeated with the same records (a retry after an attempt that did land) adds nothing."""
+    sink = _sink(offline_wandb)
+    memory = at.testing.MemorySink("memory")
+    async with at.TraceSession("p", run="again", sinks=[sink, memory]) as s:
+        await s.log_samples([sample(i) for i in range(3)], step=0)
+        assert await s.flush(timeout=30)
+        await sink.write(memory.records)
+    ids = [row["id"] for row in table_rows(_files(sink), "train/traces-incr")]
+    assert sorted(ids) == sorted(r.id for r in memory.records)
+
+
+async def test_out_of_order_steps_are_kept_on_the_custom_axis(offline_wandb: Path) -> None:
+    """Metrics and tables logged for earlier steps are all in the history, each with its step."""
+    sink = _sink(offline_wandb)
+    async with at.TraceSession("p", run="order", sinks=[sink], batch_size=4) as s:
+        for step in (5, 2, 7, 1):
+            await s.log_metrics({"loss": float(step)}, step=step)
+            await s.log_samples([sample(i, step=step) for i in range(4)], step=step)
+            assert await s.flush(timeout=30)
+    rows = history(Path(sink.wandb_run.dir).parent)
+    losses = [(row["asynctrace/step"], row["loss"]) for row in rows if "loss" in row]
+    assert losses == [(5, 5.0), (2, 2.0), (7, 7.0), (1, 1.0)]
+    steps = sorted(row["step"] for row in table_rows(_files(sink), "train/traces-incr"))
+    assert steps == sorted([5, 2, 7, 1] * 4)
+
+
+async def test_attached_run_keeps_the_trainers_steps_and_stays_open(offline_wandb: Path) -> None:
+    """Attached to the trainer's run, the sink never moves its step counter and never finishes it."""
+    import wandb
+
+    settings = wandb.Settings(**_SETTINGS)  # type: ignore[arg-type]
+    run = await anyio.to_thread.run_sync(
+        lambda: wandb.init(project="p", name="trainer", dir=str(offline_wandb), settings=settings)
+    )
+    try:
+        sink = at.WandbSink(attach=True)
+        async with at.TraceSession("p", run="attached", sinks=[sink], batch_size=4) as s:
+            for step in range(3):
+                # The trainer passes its own step, as verl does: a step W&B had already passed
+                # would be dropped.
+                run.log({"trainer/loss": float(step)}, step=step)
+                await s.log_samples([sample(i, step=step) for i in range(4)], step=step)
+                await s.log_metrics({"asynctrace/queue": float(step)}, step=step)
+                assert await s.flush(timeout=30)
+        assert sink.wandb_run is run and not sink.finished
+        run.log({"trainer/loss": 3.0}, step=3)
+    finally:
+        await anyio.to_thread.run_sync(run.finish)
+    rows = history(Path(run.dir).parent)
+    assert [row["trainer/loss"] for row in rows if "trainer/loss" in row] == [0.0, 1.0, 2.0, 3.0]
+    ids = [row["id"] for row in table_rows(Path(run.dir), "train/traces-incr")]
+    assert len(ids) == len(set(ids)) == 12
+
+
+async def test_a_stopped_service_bounds_finish_and_the_run_is_finished_after(offline_wandb: Path) -> None:
+    """With the service stopped, finish returns within its budget; the close it walked away from
+    finishes the run once the service goes on."""
+    sink = _sink(offline_wandb)
+    core = _service()
+    s = at.TraceSession("p", run="stop", sinks=[sink], batch_size=4, finish_timeout=1.0)
+    async with s:
+        await s.log_samples([sample(i) for i in range(4)], step=0)
+        assert await s.flush(timeout=30)
+        os.kill(core.pid, signal.SIGSTOP)
+        try:
+            await s.log_samples([sample(i) for i in range(4)], step=1)
+            started = time.monotonic()
+            stats = await s.finish(timeout=1.0)
+            elapsed = time.monotonic() - started
+            assert not sink.finished, "finishing the run cannot end while the service is stopped"
+        finally:
+            os.kill(core.pid, signal.SIGCONT)
+    assert elapsed < finish_bound(1.0) + 2.0, f"finish took {elapsed:.1f}s"
+    assert stats.check(), stats.summary()
+    with anyio.fail_after(30):
+        while not sink.finished:
+            await anyio.sleep(0.02)
+    ids = [row["id"] for row in table_rows(_files(sink), "train/traces")]
+    assert len(ids) == len(set(ids)) == stats.sinks["wandb"].written
+
+
+def test_missing_wandb_names_the_extra() -> None:
+    """Without wandb, WandbSink() fails with an ImportError naming the asynctrace[wandb] extra."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys\n"
+            "sys.modules['wandb'] = None\n"
+            "import asynctrace as at\n"
+            "try:\n"
+            "    at.WandbSink()\n"
+            "except ImportError as exc:\n"
+            "    print(exc)\n",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert 'pip install "asynctrace[wandb]"' in done.stdout
+
+
+def test_importing_asynctrace_does_not_import_wandb() -> None:
+    """`import asynctrace` leaves wandb unimported."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys, asynctrace\nprint('wandb' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
+def test_bad_arguments_are_refused_with_their_name() -> None:
+    """Arguments the sink cannot use are refused when it is made, naming the argument."""
+    with pytest.raises(ValueError, match="finish_timeout"):
+        at.WandbSink(finish_timeout=0)
+    with pytest.raises(ValueError, match="table_prefix"):
+        at.WandbSink(table_prefix=" ")
+    with pytest.raises(ValueError, match="init_kwargs"):
+        at.WandbSink(attach=True, init_kwargs={"project": "x"})
+    with pytest.raises(ValueError, match="run"):
+        at.WandbSink(run="a/b")
