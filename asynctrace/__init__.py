@@ -7,8 +7,7 @@ from ._group_sampling import GroupSampler
 from ._record import Sample, TraceRecord
 from ._retry import RetryPolicy
 from ._sampling import FirstSampler, ReservoirSampler, Sampler, StepSelection, TopBottomSampler
-from ._session import TraceSession
-from ._shutdown import install_shutdown_hooks
+from ._session import TraceSession, install_shutdown_hooks
 from ._stats import SessionStats, SinkStats, SpoolStats
 from ._sync import SyncTraceSession
 from ._watch import Watch

@@ -16,16 +16,45 @@ import anyio
 
 from ._record import TraceRecord
 from ._sampling import EVICTED, HELD, RELEASED, Entry, Gate, GateResult
-from ._stats import SessionStats, SinkStats
+from ._stats import DropReason, SessionStats, SinkStats
 from .exceptions import SessionClosedError
 
 if TYPE_CHECKING:
     from ._spool import Spool
     from ._tiers import Picked
 
-__all__ = ["Batch", "Buffer", "Marker", "MetricsItem", "Waiting"]
+__all__ = ["Batch", "Buffer", "Marker", "MetricsItem", "Room", "Waiting"]
 
 OnFull = Literal["block", "drop_newest", "drop_oldest"]
+
+
+class Room:
+    """Wakes whoever waits for the buffer to change (room freed, a submission queued or given
+    up, the buffer closed): the one way every caller, on any thread, waits for it.
+
+    A waiter subscribes first, then tries, then waits for its wake-up: a change between the
+    try and the wait is never missed. Each subscription is woken once.
+    """
+
+    __slots__ = ("_lock", "_waiters")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiters: list[Callable[[], object]] = []
+
+    def subscribe(self, wake: Callable[[], object]) -> None:
+        with self._lock:
+            self._waiters.append(wake)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def notify(self) -> None:
+        with self._lock:
+            waiters, self._waiters = self._waiters, []
+        for wake in waiters:
+            wake()
 
 
 class Batch:
@@ -128,10 +157,6 @@ class Waiting:
     def __len__(self) -> int:
         return len(self.records) - self.start
 
-    @property
-    def head_nbytes(self) -> int:
-        return self.records[self.start].nbytes
-
     def rest(self) -> Sequence[TraceRecord]:
         return self.records[self.start :] if self.start else self.records
 
@@ -162,6 +187,8 @@ class Buffer:
         gate: Gate | None,
         sink_names: Sequence[str],
         clock: Callable[[], float],
+        spool: Spool | None = None,
+        spool_on_admit: bool = False,
     ) -> None:
         self.queue_size = queue_size
         self.max_bytes = max_bytes
@@ -170,14 +197,13 @@ class Buffer:
         self.gate = gate
         self.clock = clock
         self.lock = threading.Lock()
-        self.room = threading.Condition(self.lock)
+        self.room = Room()
         self.sink_names = list(sink_names)
         self.sinks = [_SinkCounters() for _ in sink_names]
         self.submitted = 0
         self.accepted = 0
         self.written = 0
         self.failed = 0
-        self.pending = 0
         self.dropped: Counter[str] = Counter()
         # Unresolved records that hold buffer room: queued or dispatched, not yet resolved.
         self.depth = 0
@@ -200,24 +226,22 @@ class Buffer:
         # itself, so a caller stuck elsewhere (a signal handler running on its thread) cannot
         # leave them pending.
         self.waitings: set[Waiting] = set()
-        self.thread_waiters = 0
         self._entry_seq = 0
-        self.on_drop: Callable[[str, int], None] | None = None
+        self.on_drop: Callable[[DropReason, int], None] | None = None
         # The write-ahead spool, when the session has one. With `spool_on_admit` (durability
         # "enqueue") records are staged as they are admitted; otherwise the writer stages each
         # batch as it dispatches it. Either way every resolution is passed on.
-        self.spool: Spool | None = None
-        self.spool_on_admit = False
+        self.spool = spool
+        self.spool_on_admit = spool is not None and spool_on_admit
         self.replayed = 0
         # Records selecting sinks hold for open steps, by id(record) (see `_tiers`).
         self.holds: dict[int, _Hold] = {}
 
     # -- submission (any thread) -------------------------------------------------------
 
-    def _drop(self, reason: str, n: int, records: Sequence[TraceRecord] = ()) -> None:
+    def _drop(self, reason: DropReason, n: int, records: Sequence[TraceRecord] = ()) -> None:
         if n:
             self.dropped[reason] += n
-            self.pending -= n
             if self.on_drop is not None:
                 self.on_drop(reason, n)
             if records and self.spool is not None:
@@ -225,7 +249,7 @@ class Buffer:
                 # "writer" when its batch was dispatched, which drop_oldest may still evict
                 # from) and was dropped since is done with. A replayed one is not: it stays in
                 # the spool for the next replay.
-                done = [r for r in records if r._spool is not None and not r.replayed]
+                done = [r for r in records if r.spool_slot is not None and not r.replayed]
                 if done:
                     self.spool.resolve(done)
 
@@ -379,13 +403,6 @@ class Buffer:
             return True
         return on_full == "drop_oldest" and self._evict_oldest_for(need[1], need[0])
 
-    def has_room(self, waiting: Waiting) -> bool:
-        """Lock held: whether `waiting` could move on now (its head fits)."""
-        if waiting.gated:
-            need = self._room_needed(waiting.split, waiting.step, waiting.head_nbytes)
-            return need is None or self._fits(need[1], need[0])
-        return self._fits(waiting.head_nbytes)
-
     def _offer(
         self,
         records: Sequence[TraceRecord],
@@ -458,12 +475,10 @@ class Buffer:
                 if not nowait:
                     raise SessionClosedError("the session is finished; it accepts no more samples")
                 self.submitted += len(records) + invalid + refused
-                self.pending += len(records) + invalid + refused
                 self._drop("closed", len(records) + invalid + refused)
                 return out
             n = len(records)
             self.submitted += n + invalid + refused
-            self.pending += n + invalid + refused
             if invalid:
                 self._drop("invalid", invalid)
             if refused:
@@ -495,7 +510,6 @@ class Buffer:
         """`n` samples the caller could not build: counted as submitted and dropped ("invalid")."""
         with self.lock:
             self.submitted += n
-            self.pending += n
             self._drop("invalid", n)
 
     def take_ticket(self) -> int:
@@ -507,6 +521,7 @@ class Buffer:
     def return_ticket(self, ticket: int) -> None:
         with self.lock:
             self.tickets.discard(ticket)
+        self.room.notify()
 
     def last_ticket(self) -> int:
         with self.lock:
@@ -563,7 +578,7 @@ class Buffer:
                 self.waitings.discard(waiting)
         return out
 
-    def _give_up(self, waiting: Waiting, reason: str) -> None:
+    def _give_up(self, waiting: Waiting, reason: DropReason) -> None:
         """Lock held: drop what `waiting` still holds."""
         rest = waiting.rest()
         self.accepted -= len(rest)
@@ -572,7 +587,7 @@ class Buffer:
         waiting.start = len(waiting.records)
         self.waitings.discard(waiting)
 
-    def give_up_waiting(self, waiting: Waiting, reason: str) -> None:
+    def give_up_waiting(self, waiting: Waiting, reason: DropReason) -> None:
         with self.lock:
             self._give_up(waiting, reason)
 
@@ -587,7 +602,7 @@ class Buffer:
                 self._give_up(waiting, "closed")
                 if waiting.ticket is not None:
                     self.tickets.discard(waiting.ticket)
-            self.room.notify_all()
+        self.room.notify()
 
     def admit_replayed(self, records: Sequence[TraceRecord]) -> Admission:
         """Records replayed from a spool: counted as submitted (and replayed), past the gate
@@ -598,7 +613,6 @@ class Buffer:
                 raise SessionClosedError("the session is finished; it accepts no more samples")
             n = len(records)
             self.submitted += n
-            self.pending += n
             self.accepted += n
             self.replayed += n
             stop = self._enqueue(records, out, "block")
@@ -629,7 +643,6 @@ class Buffer:
             if full and self.on_full == "block" and not self._room_for_held(split, step, 0, "block"):
                 return None
             self.submitted += n + invalid
-            self.pending += n + invalid
             if invalid:
                 self._drop("invalid", invalid)
             if full and self.on_full != "block" and not self._room_for_held(split, step, 0, self.on_full):
@@ -680,7 +693,7 @@ class Buffer:
                 self._wait(out, Waiting(ready, stop))
         return out
 
-    def cancel(self, entries: Sequence[Entry], reason: str, *, split: str, step: int) -> None:
+    def cancel(self, entries: Sequence[Entry], reason: DropReason, *, split: str, step: int) -> None:
         """Resolve reserved entries that could not be filled (their decoding failed); they
         give their places in the step's selection back."""
         with self.lock:
@@ -816,7 +829,6 @@ class Buffer:
             if self.holds or batch.failed_ids:
                 self._settle_batch(batch)
             else:
-                self.pending -= n
                 if batch.failed:
                     self.failed += n
                 else:
@@ -826,8 +838,6 @@ class Buffer:
                         self._spool_failed(batch.records, batch.errors)
                     else:
                         self.spool.resolve(batch.records)
-            if self.thread_waiters:
-                self.room.notify_all()
             return True
 
     def _spool_failed(self, records: Sequence[TraceRecord], errors: list[tuple[str, str]]) -> None:
@@ -859,7 +869,6 @@ class Buffer:
         self._finalize(ok, bad, errors)
 
     def _finalize(self, ok: list[TraceRecord], bad: list[TraceRecord], errors: list[tuple[str, str]]) -> None:
-        self.pending -= len(ok) + len(bad)
         self.written += len(ok)
         self.failed += len(bad)
         if self.spool is not None:
@@ -920,7 +929,7 @@ class Buffer:
                 dropped=dict(self.dropped),
                 failed=self.failed,
                 retries=sum(s.retries for s in self.sinks),
-                pending=self.pending,
+                pending=self.submitted - self.written - self.failed - sum(self.dropped.values()),
                 queue_depth=self.depth,
                 queue_bytes=self.nbytes,
                 replayed=self.replayed,

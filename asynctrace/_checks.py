@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from ._security import check_text, shown
@@ -16,6 +17,7 @@ __all__ = [
     "check_step",
     "check_text",
     "check_timeout",
+    "checked_metrics",
     "check_type",
     "wait_arg",
 ]
@@ -106,3 +108,22 @@ def check_split(split: Any) -> None:
 def wait_arg(seconds: float) -> float | None:
     """`seconds` for a blocking wait: None (no limit) where it is more than a wait accepts."""
     return None if seconds >= threading.TIMEOUT_MAX else seconds
+
+
+def checked_metrics(metrics: Any) -> dict[str, float]:
+    """`metrics` as a dict of str to float, or a ValueError naming what is wrong."""
+    if not isinstance(metrics, Mapping):
+        raise ValueError(f"metrics must be a mapping of str to number, got {type(metrics).__name__}")
+    clean: dict[str, float] = {}
+    for k, v in metrics.items():
+        if not isinstance(k, str):
+            raise ValueError(f"metrics: key {shown(k)} is not a str")
+        check_text("metrics: key", k)
+        try:
+            clean[k] = float(v)
+        except Exception:  # OverflowError (10**400) or a caller's __float__ failing
+            # Not chained: float()'s error quotes the value (a string) unscrubbed.
+            raise ValueError(
+                f"metrics[{shown(k)}]: expected a number a float can hold, got {type(v).__name__}"
+            ) from None
+    return clean

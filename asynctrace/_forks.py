@@ -10,32 +10,29 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import Protocol
+from collections.abc import Callable
 
 __all__ = ["hold", "release"]
 
-
-class _Holder(Protocol):
-    def _after_fork_in_child(self) -> None: ...
-
-
-_held: weakref.WeakSet[_Holder] = weakref.WeakSet()
+# Each holder's own method to run in a child (held weakly, as the holder itself).
+_held: weakref.WeakKeyDictionary[object, weakref.WeakMethod[Callable[[], None]]] = weakref.WeakKeyDictionary()
 
 
-def hold(obj: _Holder) -> None:
-    """`obj._after_fork_in_child()` runs in every child forked from now on, until `release`."""
-    _held.add(obj)
+def hold(obj: object, in_child: Callable[[], None]) -> None:
+    """`in_child()`, a method of `obj`, runs in every child forked from now on, until `release`."""
+    _held[obj] = weakref.WeakMethod(in_child)
 
 
-def release(obj: _Holder) -> None:
-    _held.discard(obj)
+def release(obj: object) -> None:
+    _held.pop(obj, None)
 
 
 def _in_child() -> None:
-    holders = list(_held)
+    holders = [ref() for ref in _held.values()]
     _held.clear()  # the child's copies are not held for its own children
-    for obj in holders:
-        obj._after_fork_in_child()
+    for in_child in holders:
+        if in_child is not None:
+            in_child()
 
 
 if hasattr(os, "register_at_fork"):

@@ -54,7 +54,7 @@ class TraceRecord:
     already holds (as `TrackioSink` does) skips those.
     """
 
-    __slots__ = ("_spool", "id", "key", "payload", "replayed", "score", "split", "step", "timestamp")
+    __slots__ = ("id", "key", "payload", "replayed", "score", "split", "spool_slot", "step", "timestamp")
 
     def __init__(
         self,
@@ -75,9 +75,9 @@ class TraceRecord:
         self.timestamp = timestamp
         self.score = score
         self.replayed = replayed
-        # Where the spool holds this record: None when it is not spooled (see _spool.py).
-        # `records_for` sets the same slots without this call; keep the two alike.
-        self._spool: int | None = None
+        # The spool's bookkeeping: where it holds this record, None when it does not (see
+        # _spool.py). `records_for` sets the same slots without this call; keep the two alike.
+        self.spool_slot: int | None = None
 
     @property
     def sample(self) -> Sample:
@@ -143,7 +143,7 @@ def records_for(
         r.timestamp = timestamp
         r.score = score
         r.replayed = False
-        r._spool = None
+        r.spool_slot = None
         out.append(r)
     return out
 

@@ -19,11 +19,10 @@ from typing import TextIO
 import anyio
 
 from . import _segments as seg
-from ._session import TraceSession
+from ._session import recovery_session
 from ._spool import Spool
 from ._stats import SessionStats
 from .exceptions import SpoolError
-from .sinks import TrackioSink
 
 __all__ = ["GroupResult", "RecoverReport", "recover"]
 
@@ -158,18 +157,7 @@ async def _replay_group(
     progress: bool,
     stream: TextIO | None,
 ) -> GroupResult:
-    session = TraceSession(
-        target[0],
-        run=target[1],
-        sinks=[TrackioSink()],
-        spool_dir=path,
-        durability="writer",
-        replay=True,
-        finish_timeout=120.0,
-    )
-    session._replay_from = source
-    session._replay_dead = dead_letters
-    session._replay_quiet = True
+    session = recovery_session(path, target, source, dead_letters=dead_letters)
     bar = None
     if progress:
         from tqdm import tqdm

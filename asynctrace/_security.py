@@ -15,6 +15,8 @@ import contextlib
 import logging
 import os
 import re
+import time
+import uuid
 from typing import Any
 
 import orjson
@@ -25,6 +27,7 @@ __all__ = [
     "check_name",
     "check_text",
     "describe",
+    "generated_run_name",
     "logger",
     "scrub",
     "scrub_bytes",
@@ -180,6 +183,11 @@ def scrub_bytes(data: bytes, secrets: list[bytes]) -> bytes:
                 data = pattern.sub(replacement, data)
                 break
     return data
+
+
+def generated_run_name() -> str:
+    """The run name used when none is given: the local time and a short random suffix."""
+    return time.strftime("run-%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:4]
 
 
 def check_name(what: str, value: object) -> None:

@@ -26,25 +26,21 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import functools
 import logging
 import os
 import signal
 import threading
 import time
 import weakref
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Iterable
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from ._checks import check_seconds, wait_arg
+from ._checks import wait_arg
+from ._lifecycle import Lifecycle
 from ._writer import finish_bound
 
-if TYPE_CHECKING:
-    from ._session import TraceSession
-    from ._sync import SyncTraceSession, _SyncRunner
-
-__all__ = ["install_shutdown_hooks"]
+__all__ = ["EXIT_MARGIN", "hook_bound", "install", "register_runner", "unregister_runner"]
 
 logger = logging.getLogger("asynctrace")
 
@@ -55,19 +51,33 @@ EXIT_MARGIN = 1.0
 
 Handler = Callable[[int, FrameType | None], Any] | int | None
 
+
+class Runner(Protocol):
+    """A synchronous session's loop thread (see `_sync`)."""
+
+    life: Lifecycle
+
+    def close(self, timeout: float, *, bound: float | None = None) -> Any: ...
+
+
 # Sessions to drain at interpreter exit: every synchronous session (its writer thread is a
 # daemon and would otherwise be killed mid-write) and every session with shutdown hooks.
-_runners: weakref.WeakSet[_SyncRunner] = weakref.WeakSet()
-_hooked: weakref.WeakSet[TraceSession] = weakref.WeakSet()
-_exit_timeouts: weakref.WeakKeyDictionary[TraceSession, float] = weakref.WeakKeyDictionary()
+_runners: weakref.WeakSet[Runner] = weakref.WeakSet()  # type: ignore[type-var]
+_hooked: weakref.WeakSet[Lifecycle] = weakref.WeakSet()
+_exit_timeouts: weakref.WeakKeyDictionary[Lifecycle, float] = weakref.WeakKeyDictionary()
 
 
-def register_runner(runner: _SyncRunner) -> None:
+def register_runner(runner: Runner) -> None:
     _runners.add(runner)
 
 
-def unregister_runner(runner: _SyncRunner) -> None:
+def unregister_runner(runner: Runner) -> None:
     _runners.discard(runner)
+
+
+def hook_exit(life: Lifecycle) -> None:
+    """Only the exit hook: a session opened off the main thread cannot have signal handlers."""
+    _hooked.add(life)
 
 
 def _is_default(handler: Handler) -> bool:
@@ -77,8 +87,8 @@ def _is_default(handler: Handler) -> bool:
 class _Hooks:
     """The signal handlers installed for one session."""
 
-    def __init__(self, session: TraceSession, timeout: float, signals: Iterable[int]) -> None:
-        self.session = session
+    def __init__(self, life: Lifecycle, timeout: float, signals: Iterable[int]) -> None:
+        self.life = life
         self.timeout = timeout
         self.previous: dict[int, Handler] = {}
         self.busy = False
@@ -104,19 +114,19 @@ class _Hooks:
     # -- the handler ---------------------------------------------------------------------
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        session = self.session
+        life = self.life
         # Read once, here: the drain's finish() uninstalls the hooks, which forgets them, and
         # handing on must still reach the handler that was there before (Python's SIGINT
         # handler raising KeyboardInterrupt, not the default action that kills the process).
         previous = self.previous.get(signum, signal.SIG_DFL)
-        if not self.busy and session._is_closing():
+        if not self.busy and life.is_closing():
             self._after_finish(signum, frame, previous)
             return
-        if self.busy or not session._is_open():
+        if self.busy or not life.is_open():
             self._hand_on(signum, frame, previous)
             return
-        off_loop = session._loop_thread != threading.main_thread().ident
-        if off_loop and self.deferred < _MAX_DEFERRALS and _held(session):
+        off_loop = life.loop_thread != threading.main_thread().ident
+        if off_loop and self.deferred < _MAX_DEFERRALS and _held(life):
             # This thread was interrupted holding a lock the drain needs (inside a logging
             # call): waiting here would wait for ourselves. Let it go on and release the lock,
             # and take the signal again in a moment.
@@ -136,13 +146,12 @@ class _Hooks:
         )
         if off_loop:
             try:
-                _drain_from_outside(session, final, self.timeout)
+                _drain_from_outside(life, final, self.timeout)
             finally:
                 self.busy = False
             self._hand_on(signum, frame, previous)
             return
-        if not _schedule(
-            session,
+        if not life.schedule(
             self._drain_then_hand_on,
             signum,
             final,
@@ -154,32 +163,32 @@ class _Hooks:
 
     def _after_finish(self, signum: int, frame: FrameType | None, previous: Handler) -> None:
         """The session is finishing already: hand the signal on once that finish is done."""
-        session = self.session
+        life = self.life
         self.busy = True
         # A finish with a longer deadline than the hook's is cut short to the hook's.
-        _schedule(session, session._hurry, self.timeout)
-        if session._loop_thread != threading.main_thread().ident:
+        life.schedule(life.hurry, self.timeout)
+        if life.loop_thread != threading.main_thread().ident:
             try:
                 # Within the hook's own bound, whatever deadline that finish was given: the
                 # signal is handed on in the time a finish(timeout) of the hook's would take.
-                if not session._closed_event.wait(wait_arg(hook_bound(self.timeout, final=True))):
+                if not life.closed.wait(wait_arg(hook_bound(self.timeout, final=True))):
                     logger.error("asynctrace: the session did not finish in time at shutdown")
             finally:
                 self.busy = False
             self._hand_on(signum, frame, previous)
             return
         # This thread runs the finish: it cannot be waited for here.
-        session._after_finish.append(lambda: self._redeliver(signum, previous))
+        life.after_finish.append(lambda: self._redeliver(signum, previous))
 
     async def _drain_then_hand_on(self, signum: int, final: bool, previous: Handler) -> None:
         try:
-            await _drain(self.session, final, self.timeout)
+            await _drain(self.life, final, self.timeout)
         finally:
             # Re-delivered from the loop's own callback machinery, not from this task, so an
             # exception the previous handler raises (KeyboardInterrupt, SystemExit) leaves the
             # event loop as it would have from the handler itself, instead of landing in the
             # session's task group.
-            if not _call_soon(self.session, lambda: self._redeliver(signum, previous)):
+            if not self.life.call_soon(lambda: self._redeliver(signum, previous)):
                 self._redeliver(signum, previous)
 
     def _redeliver(self, signum: int, previous: Handler) -> None:
@@ -204,13 +213,10 @@ _DEFER_S = 0.05
 _MAX_DEFERRALS = 40
 
 
-def _held(session: TraceSession) -> bool:
+def _held(life: Lifecycle) -> bool:
     """True when a lock the drain needs stays held for a while: most likely by the thread the
     signal interrupted (the loop's thread holds these for milliseconds at most)."""
-    locks = [session._buffer.lock]
-    spool = session._spool
-    if spool is not None:
-        locks.append(spool._io)
+    locks = life.locks()
     give_up = time.monotonic() + 0.2
     while any(lock.locked() for lock in locks):
         if time.monotonic() > give_up:
@@ -219,46 +225,14 @@ def _held(session: TraceSession) -> bool:
     return False
 
 
-async def _drain(session: TraceSession, final: bool, timeout: float) -> None:
+async def _drain(life: Lifecycle, final: bool, timeout: float) -> None:
     try:
         if final:
-            await session.finish(timeout=timeout)
+            await life.finish(timeout)
         else:
-            await session.flush(timeout=timeout)
+            await life.flush(timeout)
     except Exception as exc:  # the signal must be handed on whatever happened here
         logger.error("asynctrace: draining the session on shutdown failed: %s", exc)
-
-
-def _call_soon(session: TraceSession, fn: Callable[[], None]) -> bool:
-    """Run `fn` on the session's event loop soon; False when that loop is gone."""
-    call = session._call_soon
-    if call is None:
-        return False
-    try:
-        call(fn)
-    except RuntimeError:  # the loop is closed
-        return False
-    return True
-
-
-def _schedule(
-    session: TraceSession,
-    fn: Callable[..., Coroutine[Any, Any, None]],
-    *args: Any,
-    otherwise: Callable[[], None] | None = None,
-) -> bool:
-    """Start `fn(*args)` as a task of the session, from any thread or a signal handler.
-
-    False when the loop is gone; `otherwise` runs (on the loop) if the session turns out to be
-    finishing by the time the task would start.
-    """
-    job = functools.partial(fn, *args)
-
-    def submit() -> None:
-        if not session._submit_job(job) and otherwise is not None:
-            otherwise()
-
-    return _call_soon(session, submit)
 
 
 def hook_bound(timeout: float, *, final: bool) -> float:
@@ -267,61 +241,47 @@ def hook_bound(timeout: float, *, final: bool) -> float:
     return (finish_bound(timeout) if final else timeout) + EXIT_MARGIN
 
 
-def _drain_from_outside(session: TraceSession, final: bool, timeout: float) -> bool:
+def _drain_from_outside(life: Lifecycle, final: bool, timeout: float) -> bool:
     """Drain a session whose loop runs on another thread, within `hook_bound(timeout)` in all."""
     give_up = time.monotonic() + hook_bound(timeout, final=final)
     done = threading.Event()
 
     async def job() -> None:
         try:
-            await _drain(session, final, timeout)
+            await _drain(life, final, timeout)
         finally:
             done.set()
 
-    if not _schedule(session, job, otherwise=done.set):
+    if not life.schedule(job, otherwise=done.set):
         return False
     if not done.wait(wait_arg(give_up - time.monotonic())):
         logger.error("asynctrace: the session did not drain within %.1fs at shutdown", timeout)
         return False
-    if final and session._sync is not None:
+    if final and life.runner is not None:
         # The session is finished: this only stops its loop thread, in what is left of the bound.
-        session._sync.close(timeout, bound=max(give_up - time.monotonic(), 0.1))
+        life.runner.close(timeout, bound=max(give_up - time.monotonic(), 0.1))
     return True
 
 
-def install_shutdown_hooks(
-    session: TraceSession | SyncTraceSession,
-    *,
-    timeout: float = DEFAULT_TIMEOUT,
-    signals: Iterable[int] = DEFAULT_SIGNALS,
-) -> Callable[[], None]:
-    """Drain `session` within `timeout` seconds on SIGTERM/SIGINT and at interpreter exit.
-
-    Chains to the handlers installed before (see the module docs for what each case does).
-    Must be called from the main thread. Returns a function that removes the hooks (finishing
-    the session removes them too).
-    """
-    from ._sync import SyncTraceSession
-
-    target = session.session if isinstance(session, SyncTraceSession) else session
-    check_seconds("timeout", timeout)
+def install(life: Lifecycle, timeout: float, signals: Iterable[int]) -> Callable[[], None]:
+    """See `asynctrace.install_shutdown_hooks`; `timeout` is checked already."""
     if threading.current_thread() is not threading.main_thread():
         raise ValueError(
             "install_shutdown_hooks must be called from the main thread (Python runs signal "
             "handlers there only)"
         )
-    if target._hooks is not None:
-        target._hooks.uninstall()
-    hooks = _Hooks(target, float(timeout), signals)
-    target._hooks = hooks
-    _hooked.add(target)
-    _exit_timeouts[target] = float(timeout)
+    if life.hooks is not None:
+        life.hooks.uninstall()
+    hooks = _Hooks(life, float(timeout), signals)
+    life.hooks = hooks
+    _hooked.add(life)
+    _exit_timeouts[life] = float(timeout)
 
     def uninstall() -> None:
         hooks.uninstall()
-        if target._hooks is hooks:
-            target._hooks = None
-        _hooked.discard(target)
+        if life.hooks is hooks:
+            life.hooks = None
+        _hooked.discard(life)
 
     return uninstall
 
@@ -332,25 +292,24 @@ def _at_exit() -> None:
     # traces are not lost and the writer thread (a daemon) cannot hang the exit.
     for runner in list(_runners):
         try:
-            session = runner.session
-            runner.close(_exit_timeouts.get(session, session.finish_timeout))
+            life = runner.life
+            runner.close(_exit_timeouts.get(life, life.finish_timeout))
         except Exception as exc:  # pragma: no cover - best effort at exit
             logger.error("asynctrace: finishing a session at exit failed: %s", exc)
-    for session in list(_hooked):
-        if not session._is_open() or session._sync is not None:
+    for life in list(_hooked):
+        if not life.is_open() or life.runner is not None:
             continue
         # An async session still open at exit: its loop is gone unless it ran on another thread.
-        loop_thread = session._loop_thread
+        loop_thread = life.loop_thread
         alive = any(t.ident == loop_thread and t.is_alive() for t in threading.enumerate())
         if alive and loop_thread != threading.main_thread().ident:
-            _drain_from_outside(session, True, _exit_timeouts.get(session, DEFAULT_TIMEOUT))
+            _drain_from_outside(life, True, _exit_timeouts.get(life, DEFAULT_TIMEOUT))
             continue
-        stats = session.stats()
-        held = f"; {session._spool.unresolved()} of its records are in the spool" if session._spool else ""
+        spooled = life.spooled()
+        held = f"; {spooled} of its records are in the spool" if spooled is not None else ""
         logger.warning(
-            "asynctrace: session %s/%s was still open at exit with %d samples pending%s",
-            session.project,
-            session.run,
-            stats.pending,
+            "asynctrace: session %s was still open at exit with %d samples pending%s",
+            life.name,
+            life.stats().pending,
             held,
         )

@@ -47,7 +47,7 @@ logger = logging.getLogger("asynctrace")
 
 Durability = Literal["writer", "enqueue"]
 
-# TraceRecord._spool: None = not spooled, STAGED = waiting for a commit, UNSPOOLED = its write
+# TraceRecord.spool_slot: None = not spooled, STAGED = waiting for a commit, UNSPOOLED = its write
 # failed, an int >= 0 = the index of the file that holds it.
 STAGED = -1
 UNSPOOLED = -2
@@ -174,7 +174,7 @@ class Spool:
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._lock_fd = fd
-        _forks.hold(self)
+        _forks.hold(self, self._after_fork_in_child)
 
     def _unlock(self) -> None:
         fd, self._lock_fd = self._lock_fd, None
@@ -230,7 +230,7 @@ class Spool:
                 logger.error("asynctrace: cannot read spool file %s: %s", fs.path, describe(exc))
                 continue
             for r in records:
-                r._spool = f.index
+                r.spool_slot = f.index
             yield records
 
     # -- staging (any thread; cheap; may run under the buffer lock) --------------------------
@@ -241,11 +241,11 @@ class Spool:
         With `encode`, their lines are built now rather than in the commit, so a caller can
         spread that work over several event-loop turns.
         """
-        fresh = [r for r in records if r._spool is None]
+        fresh = [r for r in records if r.spool_slot is None]
         if not fresh:
             return
         for r in fresh:
-            r._spool = STAGED
+            r.spool_slot = STAGED
         lines: list[bytes] | None = None
         if encode:
             lines = []
@@ -304,7 +304,7 @@ class Spool:
                 # Staged records are still STAGED here: nothing else resolves a record before
                 # the commit that writes it (its acknowledgement is always staged after it).
                 for r in records:
-                    r._spool = target
+                    r.spool_slot = target
                 if active is None:
                     lost += len(records)
                     continue
@@ -330,7 +330,7 @@ class Spool:
             if error is not None:
                 ok = False
                 for r in fresh:
-                    r._spool = UNSPOOLED
+                    r.spool_slot = UNSPOOLED
                 self._note_failure(error, len(fresh))
                 fresh = []
             elif self._failing and fresh:
@@ -348,7 +348,7 @@ class Spool:
             if ok:
                 active.deps.update(deps)
         for r in done:
-            where = r._spool
+            where = r.spool_slot
             if where is not None and where >= 0:
                 f = self._files.get(where)
                 if f is not None:
@@ -361,7 +361,7 @@ class Spool:
         by_dead: dict[int, list[str]] = {}
         deps: set[int] = set()
         for r in done:
-            where = r._spool
+            where = r.spool_slot
             if where is None or where < 0:
                 continue
             f = self._files.get(where)
@@ -516,6 +516,11 @@ class Spool:
                 self.closed = True
         finally:
             self._unlock()
+
+    @property
+    def io_lock(self) -> threading.Lock:
+        """Held while a commit writes; a drain that needs the spool waits for it."""
+        return self._io
 
     def unresolved(self) -> int:
         """Records the spool still holds for a later replay."""

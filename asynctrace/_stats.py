@@ -1,11 +1,60 @@
-"""Statistics snapshots: small frozen dataclasses."""
+"""Statistics snapshots: small frozen dataclasses sharing one accounting check."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Literal
 
-__all__ = ["SessionStats", "SinkStats", "SpoolStats"]
+__all__ = ["Counts", "DropReason", "SessionStats", "SinkStats", "SpoolStats"]
+
+# Why a sample was dropped, in the words every `stats().dropped` uses.
+DropReason = Literal[
+    "queue_full",  # the bound was reached (a drop policy, or a wait for room that gave up)
+    "capped",  # the step's cap did not keep it
+    "late",  # logged for a step already closed
+    "invalid",  # failed validation under on_invalid="skip", or could not be built
+    "closed",  # logged after finish() or close() began
+    "cancelled",  # its caller was cancelled while it waited for room or was decoded
+    "aborted",  # torch.distributed: taken for a reduction that failed, or held at a local finish
+    "collector_gone",  # Ray: the collector actor died
+    "collector_unavailable",  # Ray: a call failed while Ray restarts the collector
+    "collector_error",  # Ray: the collector raised while ingesting a batch
+    "ship_error",  # Ray: the call could not even be submitted
+    "close_timeout",  # Ray: still buffered when close()'s deadline passed
+    "not_closed",  # Ray: still buffered at exit in a process that cannot ship any more
+]
+
+
+class Counts:
+    """What every accounting snapshot shares: ``submitted`` equals the sum of the fields named
+    in `PARTS` and every dropped sample, at every moment."""
+
+    __slots__ = ()
+    PARTS: ClassVar[tuple[str, ...]] = ()
+    if TYPE_CHECKING:
+        submitted: int
+        dropped: Mapping[str, int]
+
+    @property
+    def dropped_total(self) -> int:
+        """All dropped samples, every reason together."""
+        return sum(self.dropped.values())
+
+    def check(self) -> bool:
+        """True when the accounting invariant holds (and no count is negative)."""
+        parts = [getattr(self, name) for name in self.PARTS]
+        counts = (*parts, *self.dropped.values())
+        return self.submitted == sum(parts) + self.dropped_total and min(counts, default=0) >= 0
+
+    def summary(self) -> str:
+        """One human-readable line."""
+        drops = ", ".join(f"{k}={v}" for k, v in sorted(self.dropped.items()) if v) or "none"
+        parts = " ".join(f"{name}={getattr(self, name)}" for name in ("submitted", *self.PARTS))
+        return f"{parts} dropped[{drops}]{self._extra()}"
+
+    def _extra(self) -> str:
+        return ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +97,7 @@ class SpoolStats:
 
 
 @dataclass(frozen=True, slots=True)
-class SessionStats:
+class SessionStats(Counts):
     """A consistent snapshot of a session's accounting.
 
     Invariant at every moment: ``submitted == written + failed + pending + sum(dropped.values())``.
@@ -68,26 +117,10 @@ class SessionStats:
     replayed: int = 0
     spool: SpoolStats | None = None
 
-    @property
-    def dropped_total(self) -> int:
-        """All dropped samples, every reason together."""
-        return sum(self.dropped.values())
+    PARTS: ClassVar[tuple[str, ...]] = ("written", "failed", "pending")
 
-    def check(self) -> bool:
-        """True when the accounting invariant holds (and no count is negative)."""
-        counts = (self.written, self.failed, self.pending, *self.dropped.values())
-        return (
-            self.submitted == self.written + self.failed + self.pending + self.dropped_total
-            and min(counts, default=0) >= 0
-        )
-
-    def summary(self) -> str:
-        """One human-readable line."""
-        drops = ", ".join(f"{k}={v}" for k, v in sorted(self.dropped.items()) if v) or "none"
-        line = (
-            f"submitted={self.submitted} written={self.written} failed={self.failed} "
-            f"pending={self.pending} dropped[{drops}] retries={self.retries}"
-        )
+    def _extra(self) -> str:
+        line = f" retries={self.retries}"
         if self.replayed:
             line += f" replayed={self.replayed}"
         spool = self.spool

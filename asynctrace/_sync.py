@@ -8,20 +8,18 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 from anyio.from_thread import BlockingPortal
 
 from . import _shutdown
 from ._checks import check_timeout, wait_arg
+from ._lifecycle import Lifecycle
 from ._record import SampleLike
 from ._stats import SessionStats
 from ._writer import finish_bound
 from .exceptions import SessionClosedError
-
-if TYPE_CHECKING:
-    from ._session import TraceSession
 
 __all__ = ["SyncTraceSession"]
 
@@ -78,11 +76,45 @@ def log_within(
     return sync.log_samples_nowait(samples, step=step, split=split)
 
 
+class AsyncFront(Protocol):
+    """What the blocking form needs of the async session it runs."""
+
+    project: str
+    run: str
+    finish_timeout: float
+    max_traces_per_step: int | None
+    sampler: Any
+
+    async def __aenter__(self) -> Any: ...
+    async def __aexit__(self, *exc: Any) -> None: ...
+    async def finish(self, timeout: float | None = None) -> SessionStats: ...
+    async def flush(self, timeout: float | None = None) -> bool: ...
+    async def log_rollouts(self, input_ids: Any, *, tokenizer: Any, step: int, **kwargs: Any) -> int: ...
+    def log_samples_nowait(
+        self, samples: SampleLike | Iterable[SampleLike], *, step: int, split: str = "train"
+    ) -> int: ...
+    def record_invalid(self, n: int) -> None: ...
+    def stats(self) -> SessionStats: ...
+
+
+LogBlocking = Callable[[SampleLike | Iterable[SampleLike], int, str, float | None], int]
+
+
 class SyncTraceSession:
     """The blocking face of a `TraceSession`, returned by ``with TraceSession(...) as s``."""
 
-    def __init__(self, session: TraceSession) -> None:
+    def __init__(
+        self,
+        session: AsyncFront,
+        runner: _SyncRunner,
+        *,
+        log_blocking: LogBlocking,
+        push_metrics: Callable[[Mapping[str, float], int], None],
+    ) -> None:
         self.session = session
+        self._runner = runner
+        self._log_blocking = log_blocking
+        self._push_metrics = push_metrics
 
     @property
     def project(self) -> str:
@@ -91,6 +123,11 @@ class SyncTraceSession:
     @property
     def run(self) -> str:
         return self.session.run
+
+    @property
+    def is_open(self) -> bool:
+        """Whether it still accepts samples (not finishing, finished, or a forked child's copy)."""
+        return self._runner.life.is_open()
 
     def log_samples(
         self,
@@ -102,7 +139,7 @@ class SyncTraceSession:
     ) -> int:
         """Blocking: waits for room under ``on_full="block"`` (at most `timeout` seconds)."""
         timeout = check_timeout(timeout)
-        return self.session._log_blocking(samples, step, split, timeout)
+        return self._log_blocking(samples, step, split, timeout)
 
     def log_samples_nowait(
         self, samples: SampleLike | Iterable[SampleLike], *, step: int, split: str = "train"
@@ -116,31 +153,25 @@ class SyncTraceSession:
 
     def log_metrics(self, metrics: Mapping[str, float], *, step: int) -> None:
         """Queue scalar metrics for `step`."""
-        self.session._push_metrics(metrics, step)
+        self._push_metrics(metrics, step)
 
     def log_rollouts(self, input_ids: Any, *, tokenizer: Any, step: int, **kwargs: Any) -> int:
         """Blocking `TraceSession.log_rollouts`."""
-        runner = self.session._sync
-        assert runner is not None
         call = functools.partial(
             self.session.log_rollouts, input_ids, tokenizer=tokenizer, step=step, **kwargs
         )
-        return int(runner.call(call))
+        return int(self._runner.call(call))
 
     def flush(self, timeout: float | None = None) -> bool:
         """Blocking `TraceSession.flush`."""
         timeout = check_timeout(timeout)
-        runner = self.session._sync
-        assert runner is not None
         bound = None if timeout is None else timeout + 1.0
-        return bool(runner.call(self.session.flush, timeout, bound=bound))
+        return bool(self._runner.call(self.session.flush, timeout, bound=bound))
 
     def finish(self, timeout: float | None = None) -> SessionStats:
         """Drain, close every sink and stop the writer thread; idempotent."""
         timeout = check_timeout(timeout)
-        runner = self.session._sync
-        assert runner is not None
-        return runner.close(self.session.finish_timeout if timeout is None else timeout)
+        return self._runner.close(self.session.finish_timeout if timeout is None else timeout)
 
     def stats(self) -> SessionStats:
         return self.session.stats()
@@ -155,8 +186,9 @@ class SyncTraceSession:
 class _SyncRunner:
     """Runs a session's event loop on a daemon thread, reachable through a blocking portal."""
 
-    def __init__(self, session: TraceSession) -> None:
+    def __init__(self, session: AsyncFront, life: Lifecycle) -> None:
         self.session = session
+        self.life = life
         self._lock = threading.Lock()
         self._closed = False
         handoff: queue.Queue[BlockingPortal | BaseException] = queue.Queue()
@@ -192,7 +224,7 @@ class _SyncRunner:
 
     def call(self, fn: Callable[..., Any], *args: Any, bound: float | None = None) -> Any:
         """Run `fn` on the loop thread; with `bound`, give up waiting after that many seconds."""
-        self.session._check_nowait()  # a forked child has no loop thread to call
+        self.life.check_usable()  # a forked child has no loop thread to call
         with self._lock:
             if self._closed:
                 raise SessionClosedError("the session is finished")
@@ -210,8 +242,8 @@ class _SyncRunner:
         """Finish within `timeout` and stop the loop thread, waiting at most `bound` seconds in all
         (default: finish()'s own bound and a margin)."""
         limit = _finish_bound(timeout) if bound is None else bound
-        session = self.session
-        if session._is_forked():
+        session, life = self.session, self.life
+        if life.is_forked():
             # A forked child's copy: the loop thread is the parent's, which finishes the session.
             return session.stats()
         with self._lock:
@@ -219,8 +251,8 @@ class _SyncRunner:
             self._closed = True
         if not first:
             # Another thread is finishing: wait for that finish, as the async finish() does.
-            session._closed_event.wait(wait_arg(limit))
-            return session.stats() if session._final is None else session._final
+            life.closed.wait(wait_arg(limit))
+            return session.stats() if life.final is None else life.final
         _shutdown.unregister_runner(self)
 
         def teardown() -> SessionStats:
@@ -243,7 +275,7 @@ class _SyncRunner:
             stats = session.stats()
         finally:
             # finish() ran on the loop thread, where signal handlers cannot be restored.
-            hooks = session._hooks
+            hooks = life.hooks
             if hooks is not None:
                 hooks.uninstall()
         return stats

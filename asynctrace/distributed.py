@@ -20,12 +20,11 @@ import logging
 import struct
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import orjson
 
@@ -33,9 +32,9 @@ from ._checks import MAX_STEP, check_int, check_step, check_timeout
 from ._parts import PartStep, group_key_of, merge_parts, payload_group
 from ._record import Sample, SampleLike, as_list, encode_samples
 from ._sampling import Entry, Sampler, SamplerName, resolve_sampler
-from ._security import check_name, shown
+from ._security import check_name, generated_run_name, shown
 from ._session import TraceSession
-from ._stats import SessionStats
+from ._stats import Counts, DropReason, SessionStats
 from ._sync import SyncTraceSession, log_within
 from ._writer import close_grace
 from .exceptions import SessionClosedError
@@ -61,7 +60,7 @@ _OPEN_STEPS_WARNING = 64
 
 
 @dataclass(frozen=True, slots=True)
-class RankStats:
+class RankStats(Counts):
     """One rank's accounting.
 
     On every rank, at every moment: ``submitted == handed_on + held + sum(dropped.values())``.
@@ -89,14 +88,7 @@ class RankStats:
     merged_late: int = 0
     session: SessionStats | None = None
 
-    @property
-    def dropped_total(self) -> int:
-        """All samples dropped on this rank before they were handed on, every reason together."""
-        return sum(self.dropped.values())
-
-    def check(self) -> bool:
-        """True when this rank's accounting invariant holds."""
-        return self.submitted == self.handed_on + self.held + self.dropped_total
+    PARTS: ClassVar[tuple[str, ...]] = ("handed_on", "held")
 
 
 class DistributedTraceLogger:
@@ -232,7 +224,7 @@ class DistributedTraceLogger:
         return torch.device("cuda", torch.cuda.current_device())
 
     def _agree_on_run_name(self, run: str | None) -> str:
-        name = run or time.strftime("run-%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:4]
+        name = run or generated_run_name()
         if not self._distributed or self.world_size == 1:
             return name
         # Rank 0's name wins, so every rank writes to (or names its run after) the same run.
@@ -398,7 +390,7 @@ class DistributedTraceLogger:
         self._seq += 1
         return self._seq
 
-    def _dropped_add(self, reason: str, n: int) -> None:
+    def _dropped_add(self, reason: DropReason, n: int) -> None:
         if n:
             self._dropped[reason] += n
 

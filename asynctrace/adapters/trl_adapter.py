@@ -254,7 +254,7 @@ class GRPOTracer:
             if (
                 self._open_session is not None
                 and isinstance(session, SyncTraceSession)
-                and not session.session._is_open()
+                and not session.is_open
             ):
                 session = self._session = self._open_session()
             return session
@@ -363,7 +363,7 @@ class GRPOTracer:
             reward_weights=trainer.reward_weights,
         )
         target = session.session if isinstance(session, SyncTraceSession) else session
-        if target._score_needed_by is None:
+        if target.max_traces_per_step is None or not target.sampler.needs_score:
             return samples, 0
         # A sampler ranking by reward cannot place an unscorable row: it is left out and counted.
         kept = [s for s in samples if s.metadata.get("reward") is not None]

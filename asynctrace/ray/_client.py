@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import ray
 from ray.actor import ActorHandle
@@ -42,6 +42,7 @@ from .._parts import Row
 from .._record import Sample, SampleLike, as_list, encode_samples
 from .._sampling import Sampler
 from .._security import describe, shown
+from .._stats import Counts, DropReason
 from ._local import LocalSelection, Released
 
 __all__ = ["ClientStats", "TraceClient"]
@@ -49,20 +50,21 @@ __all__ = ["ClientStats", "TraceClient"]
 logger = logging.getLogger("asynctrace")
 
 # Drop reasons, in the words `stats().dropped` uses.
-QUEUE_FULL = "queue_full"  # the local bound was reached: the collector is slower than the producers
-COLLECTOR_GONE = "collector_gone"  # the collector actor died; nothing will be shipped again
-COLLECTOR_UNAVAILABLE = "collector_unavailable"  # a call failed while Ray restarts the collector
-COLLECTOR_ERROR = "collector_error"  # the collector raised while ingesting a batch
-SHIP_ERROR = "ship_error"  # the call could not even be submitted (Ray not connected, ...)
-CLOSED = "closed"  # logged after close()
-CLOSE_TIMEOUT = "close_timeout"  # still buffered when close()'s deadline passed
-INVALID = "invalid"  # failed validation with on_invalid="skip"
-CAPPED = "capped"  # refused by the local selection: it could not be kept over the whole step
-NOT_CLOSED = "not_closed"  # still buffered at exit in a process that cannot ship any more
+# The local bound was reached: the collector is slower than the producers.
+QUEUE_FULL: DropReason = "queue_full"
+COLLECTOR_GONE: DropReason = "collector_gone"  # the collector actor died; nothing will be shipped again
+COLLECTOR_UNAVAILABLE: DropReason = "collector_unavailable"  # a call failed while Ray restarts the collector
+COLLECTOR_ERROR: DropReason = "collector_error"  # the collector raised while ingesting a batch
+SHIP_ERROR: DropReason = "ship_error"  # the call could not even be submitted (Ray not connected, ...)
+CLOSED: DropReason = "closed"  # logged after close()
+CLOSE_TIMEOUT: DropReason = "close_timeout"  # still buffered when close()'s deadline passed
+INVALID: DropReason = "invalid"  # failed validation with on_invalid="skip"
+CAPPED: DropReason = "capped"  # refused by the local selection: it could not be kept over the whole step
+NOT_CLOSED: DropReason = "not_closed"  # still buffered at exit in a process that cannot ship any more
 
 
 @dataclass(frozen=True, slots=True)
-class ClientStats:
+class ClientStats(Counts):
     """A consistent snapshot of one client's accounting.
 
     Invariant at every moment:
@@ -85,23 +87,7 @@ class ClientStats:
     closed: bool = False
     last_error: str | None = None
 
-    @property
-    def dropped_total(self) -> int:
-        """All dropped samples, every reason together."""
-        return sum(self.dropped.values())
-
-    def check(self) -> bool:
-        """True when the accounting invariant holds."""
-        owned = self.delivered + self.in_flight + self.buffered + self.held
-        return self.submitted == owned + self.dropped_total
-
-    def summary(self) -> str:
-        """One human-readable line."""
-        drops = ", ".join(f"{k}={v}" for k, v in sorted(self.dropped.items()) if v) or "none"
-        return (
-            f"submitted={self.submitted} delivered={self.delivered} in_flight={self.in_flight} "
-            f"buffered={self.buffered} held={self.held} dropped[{drops}]"
-        )
+    PARTS: ClassVar[tuple[str, ...]] = ("delivered", "in_flight", "buffered", "held")
 
 
 class _Group:
@@ -516,7 +502,7 @@ class TraceClient:
 
     # -- bookkeeping (lock held) ------------------------------------------------------------
 
-    def _drop(self, reason: str, n: int) -> None:
+    def _drop(self, reason: DropReason, n: int) -> None:
         if n <= 0:
             return
         self._dropped[reason] += n
@@ -689,7 +675,7 @@ class TraceClient:
         else:
             self._finish_call(call_id, None, None)
 
-    def _finish_call(self, call_id: int, exc: BaseException | None, reason: str | None) -> None:
+    def _finish_call(self, call_id: int, exc: BaseException | None, reason: DropReason | None) -> None:
         with self._lock:
             call = self._calls.pop(call_id, None)
             if call is None:

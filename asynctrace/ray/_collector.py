@@ -19,7 +19,6 @@ import os
 import signal
 import threading
 import time
-import uuid
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import FrameType
@@ -31,8 +30,9 @@ from ray.actor import ActorHandle
 
 from .._checks import check_seconds, check_timeout, wait_arg
 from .._sampling import Sampler
-from .._session import TraceSession
-from .._shutdown import _schedule, hook_bound
+from .._security import generated_run_name
+from .._session import TraceSession, hurry_finish
+from .._shutdown import hook_bound
 from .._stats import SessionStats
 from .._sync import SyncTraceSession, log_within
 from ..exceptions import SessionClosedError
@@ -62,6 +62,12 @@ INGEST_CONCURRENCY = 4
 CONTROL_CONCURRENCY = 2
 
 
+_SKIP_ONLY = (
+    "TraceCollector validates in the clients; its session counts what it still rejects as "
+    "dropped, so the session's on_invalid must be 'skip'"
+)
+
+
 class TraceCollector:
     """Owns one `TraceSession` (sinks, caps, samplers, buffer) for every client of a job.
 
@@ -69,7 +75,8 @@ class TraceCollector:
     `TraceSession` keyword) or ``session_factory=`` (a picklable callable returning an unopened
     `TraceSession`, for sinks that cannot be pickled). Clients have validated samples already,
     so the session counts anything it still rejects (an unscored sample under ``top_bottom``)
-    as dropped ``"invalid"`` instead of failing the whole batch: its `on_invalid` is ``"skip"``.
+    as dropped ``"invalid"`` instead of failing the whole batch: its `on_invalid` must be
+    ``"skip"`` (the default here; a `session_factory` must build its session so).
 
     With ``on_full="block"`` an ingest call waits up to `ingest_timeout` seconds for room, which
     holds the client's call in flight, so backpressure reaches the clients' bounded buffers;
@@ -94,16 +101,13 @@ class TraceCollector:
             session = session_factory()
             if not isinstance(session, TraceSession):
                 raise ValueError(f"session_factory must return a TraceSession, got {type(session).__name__}")
-            # Public attribute, read on every submission: see the class docstring for why.
-            session.on_invalid = "skip"
+            if session.on_invalid != "skip":
+                raise ValueError(_SKIP_ONLY + " (build it with on_invalid='skip')")
         else:
             if project is None:
                 raise ValueError("TraceCollector needs a project (or a session_factory)")
             if session_kwargs.get("on_invalid", "skip") != "skip":
-                raise ValueError(
-                    "TraceCollector validates in the clients; its session counts what it still "
-                    "rejects as dropped, so on_invalid must be 'skip' (set on_invalid on TraceClient)"
-                )
+                raise ValueError(_SKIP_ONLY + " (set on_invalid on TraceClient)")
             session_kwargs["on_invalid"] = "skip"
             session = TraceSession(project, run, **session_kwargs)
         self.ingest_timeout = float(ingest_timeout)
@@ -307,7 +311,7 @@ class TraceCollector:
         if wait is not None and self._finish_lock.locked():
             # A finish with a longer deadline is under way: cut it short to this one's.
             budget = self._session.finish_timeout if timeout is None else timeout
-            _schedule(self._session, self._session._hurry, budget)
+            hurry_finish(self._session, budget)
         limit = None if wait is None else wait_arg(wait)
         if not self._finish_lock.acquire(timeout=-1.0 if limit is None else limit):
             logger.error(
@@ -457,7 +461,7 @@ def start_collector(
     if run is None and collector_kwargs.get("session_factory") is None:
         # Named here, not in the actor: a collector that Ray restarts (max_restarts) builds its
         # session again with the same arguments, and so resumes the same Trackio run.
-        run = time.strftime("run-%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:4]
+        run = generated_run_name()
     actor_class = RemoteTraceCollector.options(**dict(actor_options or {}))
     handle: ActorHandle[Any] = actor_class.remote(project, run, **collector_kwargs)
     ray.get(handle.ready.remote(), timeout=ready_timeout)

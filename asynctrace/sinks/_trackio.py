@@ -295,7 +295,7 @@ class TrackioSink(Sink):
             stderr=None,
         )
         self._pipe_fds = _pipe_fds(self._proc)
-        _forks.hold(self)
+        _forks.hold(self, self._after_fork_in_child)
         assert self._proc.stdout is not None
         self._reader = BufferedByteReceiveStream(self._proc.stdout)
         self._broken = False

@@ -79,7 +79,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
     trainer.train()
     session = tracer.session
     assert isinstance(session, at.SyncTraceSession)
-    closed = not session.session._is_open()
+    closed = not session.is_open
     after_train = session.stats()
     traces = read_traces(project, run)
     n_train = len(recorder.batches)

@@ -518,3 +518,16 @@ def test_collector_queue_stays_bounded_with_a_holding_sampler(project: str) -> N
     assert result["stats"].check()
     assert result["calls"] > 200  # steps far faster than the sink writes their selections
     assert 0 < peak <= 100 + 8 * 3, peak
+
+
+def test_collector_refuses_a_factory_session_that_raises_on_invalid() -> None:
+    """A session_factory whose session would raise on invalid samples is refused, not rewritten."""
+    from asynctrace import TraceSession
+    from asynctrace.ray._collector import TraceCollector
+
+    with pytest.raises(ValueError, match="on_invalid must be 'skip'"):
+        TraceCollector(session_factory=lambda: TraceSession("p", sinks=[MemorySink()]))
+    collector = TraceCollector(
+        session_factory=lambda: TraceSession("p", sinks=[MemorySink()], on_invalid="skip")
+    )
+    assert collector.finish(5.0).check()

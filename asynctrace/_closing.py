@@ -1,0 +1,119 @@
+"""The steps of finish() after the drain: stop the writer, spill to the spool, close the sinks,
+and report what was not delivered. Each is bounded; none is a reason to skip the next."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+import anyio
+
+from ._abandon import call_abandonable
+from ._buffer import Buffer, Marker
+from ._security import describe
+from ._spool import Spool
+from ._stats import SessionStats
+from ._writer import STOP_GRACE, Writer
+from .sinks._base import Sink
+
+__all__ = ["close_sinks", "close_spool", "flush_until", "report_finish", "stop_writer"]
+
+logger = logging.getLogger("asynctrace")
+
+
+async def flush_until(
+    buffer: Buffer, writer: Writer | None, wake: Callable[[], None], deadline: float | None
+) -> bool:
+    """Close open steps and wait until everything queued is resolved by every sink (or the
+    writer stops, or `deadline` passes: then False)."""
+    buffer.close_steps()
+    marker = Marker(len(buffer.sinks))
+    buffer.push_item(marker)
+    wake()
+    timeout = None if deadline is None else max(0.0, deadline - anyio.current_time())
+    assert writer is not None
+    with anyio.move_on_after(timeout):
+        # A finish() on another task stops the writer, after which the marker never arrives.
+        async with anyio.create_task_group() as tg:
+
+            async def until_stopped() -> None:
+                await writer.stopped.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(until_stopped)
+            await marker.done.wait()
+            tg.cancel_scope.cancel()
+    return marker.done.is_set()
+
+
+async def stop_writer(writer: Writer) -> None:
+    """Cancel the writer; a sink call that ignores its cancel is left running on its own."""
+    assert writer.scope is not None
+    writer.scope.cancel()
+    with anyio.move_on_after(STOP_GRACE):
+        await writer.stopped.wait()
+    if not writer.stopped.is_set():
+        logger.error(
+            "asynctrace: %s still running %.0fs after finish() cancelled it; "
+            "finish() goes on without it and leaves that call running. A sink's write "
+            "must be cancellable: use async I/O, or a thread it may abandon",
+            writer.still_running(),
+            STOP_GRACE,
+        )
+        writer.abandon()
+        await writer.stopped.wait()
+
+
+async def close_spool(spool: Spool | None, buffer: Buffer) -> None:
+    """Whatever is still queued goes to the spool (durability="writer" had not written it yet),
+    so a later session or `asynctrace recover` delivers it; then the spool is closed."""
+    if spool is None:
+        return
+    spool.stage(buffer.undispatched_records())
+    try:
+        await anyio.to_thread.run_sync(spool.close)
+    except Exception as exc:  # never a reason to leave the sinks' runs open
+        logger.error("asynctrace: closing the spool in %s failed: %s", spool.directory, describe(exc))
+
+
+async def close_sinks(sinks: Sequence[Sink], names: Sequence[str], budget: float) -> None:
+    """Close every sink at once, each within `budget` seconds."""
+    async with anyio.create_task_group() as tg:
+        for sink, name in zip(sinks, names, strict=True):
+            tg.start_soon(_close_sink, sink, name, budget)
+
+
+async def _close_sink(sink: Sink, name: str, budget: float) -> None:
+    with anyio.move_on_after(budget) as scope:
+        try:
+            # A close that ignores its cancel is left running on its own at the deadline.
+            await call_abandonable(sink.close, grace=0.0)
+        except Exception as exc:
+            logger.error("asynctrace: closing sink %r failed: %s", name, describe(exc))
+    if scope.cancelled_caught:
+        logger.error("asynctrace: closing sink %r did not finish within %.1fs", name, budget)
+
+
+def report_finish(stats: SessionStats, spool: Spool | None, drained: bool, budget: float) -> None:
+    """Warn about what finish() leaves undelivered or lost (capping is not a loss)."""
+    if spool is not None and stats.pending:
+        logger.warning(
+            "asynctrace: %d undelivered records stay in the spool in %s; the next session "
+            "on it (or `asynctrace recover`) delivers them",
+            spool.unresolved(),
+            spool.directory,
+        )
+    if not drained:
+        logger.warning(
+            "asynctrace: finish() reached its %.1fs deadline with %d samples undelivered (%s)",
+            budget,
+            stats.pending,
+            stats.summary(),
+        )
+    elif stats.pending:
+        # Drained in time, yet something is unresolved: not the deadline's doing.
+        logger.warning(
+            "asynctrace: finish() ended with %d samples undelivered (%s)", stats.pending, stats.summary()
+        )
+    elif stats.failed or stats.dropped_total - stats.dropped.get("capped", 0):
+        logger.warning("asynctrace: session finished with losses: %s", stats.summary())

@@ -1,0 +1,230 @@
+"""Validate and encode samples once, in the caller, into trace records; with a cap, encode only
+what the cap would keep."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any
+
+from ._checks import MAX_STEP, check_split, check_step
+from ._group_metrics import GroupMetrics
+from ._groups import GroupKey, group_of
+from ._record import (
+    UNKNOWN,
+    Sample,
+    SampleLike,
+    TraceRecord,
+    as_list,
+    encode_checked,
+    encode_samples,
+    missing_score,
+    preview_score,
+    records_for,
+)
+from ._security import shown
+from .exceptions import RecordError
+
+__all__ = ["Encoder"]
+
+# Which of a submission's samples (by score) the cap would keep if offered now; None: cannot tell.
+Keeps = Callable[..., list[bool] | None]
+
+
+class Encoder:
+    """Turns samples into records for one session. `score_needed_by` is the capped sampler's
+    name when it ranks by score (every sample then needs one); with `precheck`, only what the
+    cap would keep is encoded (see `encode_kept`)."""
+
+    def __init__(
+        self,
+        *,
+        trace_key: str,
+        redact: Callable[[Sample], Sample] | None,
+        skip_invalid: bool,
+        max_bytes: int,
+        score_needed_by: str | None,
+        precheck: bool,
+        keeps: Keeps,
+        id_prefix: str,
+        groups: GroupMetrics | None = None,
+        group_key: GroupKey | None = None,
+        push: Callable[[list[Any]], None] | None = None,
+    ) -> None:
+        self.trace_key = trace_key
+        self.redact = redact
+        self.skip_invalid = skip_invalid
+        self.max_bytes = max_bytes
+        self.score_needed_by = score_needed_by
+        self.precheck = precheck
+        self._keeps = keeps
+        self._keys: dict[str, str] = {}
+        self._ids = itertools.count()
+        self._id_prefix = id_prefix
+        # Group metrics see every submitted sample; `push` queues the items of groups they close.
+        self._groups = groups
+        self._group_key = group_key  # a group sampler's: its `keeps` ranks by each sample's group
+        self._push = push or (lambda items: None)
+
+    def key_for(self, split: str) -> str:
+        key = self._keys.get(split)
+        if key is None:
+            # Once per split, not on every call: one a sink could not store is refused here.
+            check_split(split)
+            try:
+                key = self.trace_key.format(split=split)
+            except Exception:  # "{split[3]}" with a shorter split
+                raise ValueError(
+                    f"trace_key {shown(self.trace_key)} cannot be formatted with split {shown(split)}"
+                ) from None
+            self._keys[split] = key
+        return key
+
+    def encode(
+        self,
+        samples: SampleLike | Iterable[SampleLike],
+        step: int,
+        split: str,
+        *,
+        precheck: bool = True,
+        skipped: list[int] | None = None,
+    ) -> tuple[list[TraceRecord], int, int, list[int] | None]:
+        """Validate and encode samples once, in the caller; returns records, the invalid count,
+        how many the cap refused before they were encoded (only with `precheck`) and, then, how
+        many of those came right before each record (a positional sampler counts them). Without
+        `precheck`, the indices of samples left out as invalid go to `skipped`."""
+        if type(step) is not int or step < 0 or step > MAX_STEP or type(split) is not str or not split:
+            check_step(step, split)  # raises, or accepts an int subclass
+        items = samples if type(samples) is list else as_list(samples)
+        key = self._keys.get(split) or self.key_for(split)
+        if self._groups is not None and precheck:
+            # Every sample the caller submitted, before the cap, counts for the group metrics
+            # (log_rollouts' decoded rows, which come without `precheck`, are only the kept ones).
+            closed = self._groups.observe(items, step, split, time.monotonic())
+            if closed:
+                self._push(closed)
+        now = time.time()
+        kept = self.encode_kept(items, step, split) if precheck and self.precheck else None
+        gaps: list[int] | None = None
+        if kept is not None:
+            encoded, invalid, refused, gaps = kept
+        else:
+            refused = 0
+            encoded, invalid = encode_samples(
+                items,
+                redact=self.redact,
+                skip_invalid=self.skip_invalid,
+                max_bytes=self.max_bytes,
+                score_needed_by=self.score_needed_by,
+                skipped=skipped,
+            )
+        records = records_for(encoded, self._ids, self._id_prefix, step, split, key, now)
+        return records, invalid, refused, gaps
+
+    def encode_kept(
+        self, items: Sequence[Any], step: int, split: str
+    ) -> tuple[list[tuple[bytes, float | None]], int, int, list[int]] | None:
+        """Encode only the samples the cap would keep if offered now; None when that cannot be
+        told cheaply (the caller then encodes everything). Also returns, per encoded sample, how
+        many refused ones came right before it.
+
+        A sample the cap refuses is counted as capped without being encoded or validated, as
+        `log_rollouts` skips decoding rows it will not keep. The gate still decides at
+        admission; a selection only gets harder to enter, so nothing refused here could have
+        been kept there.
+        """
+        n = len(items)
+        ranked_by = self.score_needed_by  # the sampler's name when it ranks by score
+        skip = self.skip_invalid
+        invalid: set[int] = set()
+        if ranked_by is not None:
+            scores: list[Any] = [
+                # The common case inline: a Sample whose metadata holds a finite float reward.
+                raw
+                if type(obj) is Sample
+                and obj.score is None
+                and type(md := obj.metadata) is dict
+                and type(raw := md.get("reward")) is float
+                and math.isfinite(raw)
+                else preview_score(obj)
+                for obj in items
+            ]
+            if any(sc is UNKNOWN for sc in scores):
+                return None
+            for i, sc in enumerate(scores):
+                if sc is None:
+                    if not skip:
+                        raise missing_score(i, ranked_by)
+                    invalid.add(i)
+        elif all(type(obj) is Sample or type(obj) is dict for obj in items):
+            scores = [None] * n
+        else:
+            return None  # an unusual item gets the full path, and its error if it is wrong
+        candidates = [i for i in range(n) if i not in invalid]
+        encoded: dict[int, tuple[bytes, float | None]] = {}
+        groups = self.groups_of(items) if self._group_key is not None else None
+        while candidates:
+            keeps = self._keeps(
+                [scores[i] for i in candidates],
+                split=split,
+                step=step,
+                groups=None if groups is None else [groups[i] for i in candidates],
+            )
+            if keeps is None:
+                return None
+            failed = False
+            for i, keep in zip(candidates, keeps, strict=True):
+                if not keep or i in encoded:
+                    continue
+                try:
+                    pair = encode_checked(items[i], i, None, self.max_bytes, "max_queue_bytes", None)
+                except RecordError:
+                    if not skip:
+                        raise
+                    invalid.add(i)
+                    failed = True
+                    continue
+                if ranked_by is not None and pair[1] != scores[i]:
+                    return None  # the preview misread this shape; let the full path decide
+                encoded[i] = pair
+            if not failed:
+                break
+            # An invalid sample takes no place, so one refused in its favour may fit now.
+            candidates = [i for i in candidates if i not in invalid]
+        gaps: list[int] = []
+        if len(candidates) == n:  # nothing invalid: candidate positions are the indices
+            last = -1
+            for i in sorted(encoded):
+                gaps.append(i - last - 1)
+                last = i
+        else:
+            gap = 0
+            for i in candidates:
+                if i in encoded:
+                    gaps.append(gap)
+                    gap = 0
+                else:
+                    gap += 1
+        return [encoded[i] for i in sorted(encoded)], len(invalid), n - len(invalid) - len(encoded), gaps
+
+    def groups_of(self, items: Sequence[Any]) -> list[Hashable | None]:
+        """Each sample's prompt group, read from its metadata (a group sampler's `keeps` ranks by it)."""
+        key = self._group_key
+        assert key is not None
+        out: list[Hashable | None] = []
+        for obj in items:
+            metadata = obj.metadata if type(obj) is Sample else obj.get("metadata", obj)
+            if type(metadata) is dict and type(key) is tuple:
+                # The common case inline (a call per sample is a measurable part of this path).
+                for name in key:
+                    value = metadata.get(name)
+                    if value is not None:
+                        out.append(tuple(value) if type(value) is list else value)
+                        break
+                else:
+                    out.append(None)
+            else:
+                out.append(group_of(metadata, key) if isinstance(metadata, Mapping) else None)
+        return out

@@ -1,0 +1,378 @@
+"""The way into a session's buffer: encode in the caller, admit, and wait for room under
+``on_full="block"``, from the session's event loop or any other thread.
+
+Every wait (for room, for a holding sampler's selection, for earlier submissions to be
+queued) is one `Room` subscription: no polling.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+
+from ._buffer import Admission, Buffer, Waiting
+from ._checks import check_step
+from ._encode import Encoder
+from ._lifecycle import Lifecycle, State
+from ._record import SampleLike, TraceRecord, as_list
+from ._sampling import Entry
+from ._stats import DropReason
+from ._watch import WatchCounter
+from .exceptions import RecordError
+
+__all__ = ["Intake"]
+
+_OPEN = State.OPEN
+
+
+class Intake:
+    """Submissions of one session: `log` (its event loop), `log_blocking` (any other thread),
+    `log_nowait` (any thread, never waits), and `reserve`/`fill` for `log_rollouts`."""
+
+    def __init__(
+        self,
+        buffer: Buffer,
+        encoder: Encoder,
+        life: Lifecycle,
+        *,
+        batch_size: int,
+        wake_writer: Callable[[], None],
+        watch: WatchCounter | None = None,
+    ) -> None:
+        self.buffer = buffer
+        self.encoder = encoder
+        self.life = life
+        self.batch_size = batch_size
+        self._wake_writer = wake_writer
+        self.watch = watch
+        # log yields to the writer once this many records wait for it (see there).
+        self._yield_at = 2 * batch_size
+        self._since_turn = 0
+
+    def wake(self) -> None:
+        """Wake the writer, from any thread."""
+        if self.life.on_loop_thread():
+            self._wake_writer()
+        else:
+            self.life.call_soon(self._wake_writer)  # False once the loop is closing: no need then
+
+    def _after_admit(self, adm: Admission, blocking: bool = True) -> None:
+        spool = self.buffer.spool
+        # durability="enqueue": callers write their records to the spool before returning.
+        if self.buffer.spool_on_admit and spool is not None and (blocking or spool.has_staged):
+            # Blocking, even with nothing staged: another thread's commit may have taken this
+            # caller's records and still be writing them; taking the commit lock waits for it.
+            # Not blocking: that commit, or the writer's next one, writes these records first.
+            spool.commit(blocking=blocking)
+        if adm.wake:
+            self.wake()
+
+    # -- waiting (the one way: a Room subscription) ---------------------------------------
+
+    async def until_changed(self, attempt: Callable[[], bool]) -> None:
+        """On the loop thread: call `attempt` until it returns True, waiting for the buffer to
+        change between tries."""
+        life = self.life
+        while True:
+            event = anyio.Event()
+
+            def wake(event: anyio.Event = event) -> None:
+                if life.on_loop_thread():
+                    event.set()
+                else:
+                    life.call_soon(event.set)
+
+            self.buffer.room.subscribe(wake)
+            if attempt():
+                return
+            await event.wait()
+
+    def _admit_waiting(self, waiting: Waiting) -> Waiting:
+        adm = self.buffer.admit_waiting(waiting)
+        if adm.wake:
+            self.wake()
+        # What a sampler passed, waiting for the queue, goes on as plain records.
+        return adm.waiting if adm.waiting is not None and adm.waiting is not waiting else waiting
+
+    async def wait_for_room(self, waiting: Waiting, timeout: float | None) -> int:
+        """Admit `waiting` as room frees up; returns how many will not be queued after all
+        (given up, or refused by the cap when they were offered at last)."""
+        ticket = self.buffer.take_ticket()
+        current = [waiting]
+
+        def attempt() -> bool:
+            current[0] = self._admit_waiting(current[0])
+            return not len(current[0])
+
+        try:
+            with anyio.move_on_after(timeout):
+                await self.until_changed(attempt)
+                return current[0].lost
+            self.buffer.give_up_waiting(current[0], "queue_full")
+            return current[0].lost
+        except BaseException:
+            if len(current[0]):
+                self.buffer.give_up_waiting(current[0], "cancelled")
+            raise
+        finally:
+            self.buffer.return_ticket(ticket)
+
+    def _wait_blocking(
+        self, waiting: Waiting, timeout: float | None, cancelled: threading.Event | None
+    ) -> int:
+        buf = self.buffer
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            event = threading.Event()
+            buf.room.subscribe(event.set)
+            if cancelled is not None and cancelled.is_set():
+                buf.give_up_waiting(waiting, "cancelled")
+                break
+            waiting = self._admit_waiting(waiting)
+            if not len(waiting):
+                break
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                buf.give_up_waiting(waiting, "queue_full")
+                break
+            event.wait(left)
+        return waiting.lost
+
+    async def until_queued(self, ticket: int | None, timeout: float | None) -> bool:
+        """Wait until the submissions numbered `ticket` or earlier (None: every one) are queued or
+        given up; False when `timeout` passed first."""
+        with anyio.move_on_after(timeout):
+            await self.until_changed(lambda: not self.buffer.tickets_upto(ticket))
+            return True
+        return False
+
+    # -- submissions ------------------------------------------------------------------------
+
+    async def log(
+        self, samples: SampleLike | Iterable[SampleLike], step: int, split: str, timeout: float | None
+    ) -> int:
+        if threading.get_ident() != self.life.loop_thread:
+            return await self._log_from_other_loop(samples, step, split, timeout)
+        watched = 0
+        if self.watch is not None:
+            samples, watched = self._log_watched(samples, step, split)
+        records, invalid, refused, gaps = self.encoder.encode(samples, step, split)
+        buf = self.buffer
+        adm = buf.admit(
+            records, split=split, step=step, nowait=False, invalid=invalid, refused=refused, gaps=gaps
+        )
+        self._after_admit(adm)
+        if adm.waiting is None:
+            under_pressure = False
+            if buf.pressed:
+                self._since_turn += len(records) + invalid
+                under_pressure = self._since_turn >= min(self.batch_size, buf.depth // 2 + 1)
+            if under_pressure or buf.undispatched >= self._yield_at:
+                # The writer has fallen behind: two batches wait for it, or half the bound is
+                # taken and a batch's worth (or half of what is held) came in since its last
+                # turn. Give it a turn, so that a caller that never awaits anything else cannot
+                # starve the sinks. Never a wait for room, and not on every call under pressure
+                # (a turn of the loop costs tens of microseconds); a caller that awaits between
+                # calls, as a trainer does, lets the writer run there, outside this call.
+                self._since_turn = 0
+                await anyio.lowlevel.checkpoint()
+            return watched + adm.accepted
+        return watched + adm.accepted - await self.wait_for_room(adm.waiting, timeout)
+
+    async def _log_from_other_loop(
+        self, samples: SampleLike | Iterable[SampleLike], step: int, split: str, timeout: float | None
+    ) -> int:
+        """`await log_samples` on another thread's event loop: the blocking form in a worker
+        thread, which a cancellation of the caller makes give up its wait for room."""
+        cancelled = threading.Event()
+        try:
+            return await anyio.to_thread.run_sync(
+                self.log_blocking, samples, step, split, timeout, cancelled, abandon_on_cancel=True
+            )
+        except BaseException:
+            # What is still waiting for room is counted as "cancelled", as the same call on
+            # the session's own loop does; the notify wakes the worker thread to see it now.
+            cancelled.set()
+            self.buffer.room.notify()
+            raise
+
+    def log_blocking(
+        self,
+        samples: SampleLike | Iterable[SampleLike],
+        step: int,
+        split: str,
+        timeout: float | None,
+        cancelled: threading.Event | None = None,
+    ) -> int:
+        """The blocking form, for threads other than the session's event loop."""
+        self.life.check_open()
+        watched = 0
+        if self.watch is not None:
+            samples, watched = self._log_watched(samples, step, split)
+        records, invalid, refused, gaps = self.encoder.encode(samples, step, split)
+        buf = self.buffer
+        # Under "block" this call may be left waiting for room: its ticket is taken before it
+        # admits anything, so a flush() from another thread cannot slip in between.
+        ticket = buf.take_ticket() if buf.on_full == "block" else None
+        try:
+            adm = buf.admit(
+                records,
+                split=split,
+                step=step,
+                nowait=False,
+                invalid=invalid,
+                refused=refused,
+                ticket=ticket,
+                gaps=gaps,
+            )
+            self._after_admit(adm)
+            if adm.waiting is None:
+                return watched + adm.accepted
+            return watched + adm.accepted - self._wait_blocking(adm.waiting, timeout, cancelled)
+        finally:
+            if ticket is not None:
+                buf.return_ticket(ticket)
+
+    def log_nowait(self, samples: SampleLike | Iterable[SampleLike], step: int, split: str) -> int:
+        state = self.life.state
+        if state is not _OPEN and state is not State.CLOSED:
+            self.life.check_usable()
+        watched = 0
+        if self.watch is not None:
+            samples, watched = self._log_watched(samples, step, split)
+        records, invalid, refused, gaps = self.encoder.encode(samples, step, split)
+        adm = self.buffer.admit(
+            records, split=split, step=step, nowait=True, invalid=invalid, refused=refused, gaps=gaps
+        )
+        self._after_admit(adm, blocking=False)
+        return watched + adm.accepted
+
+    def _log_watched(
+        self, samples: SampleLike | Iterable[SampleLike], step: int, split: str
+    ) -> tuple[list[Any], int]:
+        """Queue the call's watched samples past the cap (never waiting for room: under "block"
+        a full queue drops them as "queue_full"); returns the other samples and how many
+        watched ones were accepted."""
+        assert self.watch is not None
+        check_step(step, split)
+        items = samples if type(samples) is list else list(as_list(samples))
+        watched, rest = self.watch.split(items, split, step)
+        if not watched:
+            return rest, 0
+        records, invalid, _, _ = self.encoder.encode(watched, step, split, precheck=False)
+        adm = self.buffer.admit(records, split=split, step=step, nowait=True, invalid=invalid, gated=False)
+        if adm.wake:
+            self.wake()
+        return rest, adm.accepted
+
+    async def replay(self, records: Sequence[TraceRecord]) -> None:
+        """Records replayed from a spool, ahead of new ones; they wait for room, never dropped."""
+        adm = self.buffer.admit_replayed(records)
+        if adm.wake:
+            self.wake()
+        if adm.waiting is not None:
+            await self.wait_for_room(adm.waiting, None)
+
+    # -- reservations (log_rollouts) --------------------------------------------------------
+
+    async def reserve(
+        self, scores: Sequence[float | None], rows: list[int], *, step: int, split: str
+    ) -> tuple[list[int], list[Entry]]:
+        """Reserve places for `rows` by their scores; returns the rows the cap can keep and
+        their entries. A row without the score a ranking sampler needs raises, or with
+        ``on_invalid="skip"`` is counted as ``"invalid"``."""
+        invalid = 0
+        ranked_by = self.encoder.score_needed_by
+        if ranked_by is not None:
+            missing = [i for i in rows if scores[i] is None]  # row_scores: None unless finite
+            if missing and not self.encoder.skip_invalid:
+                i = missing[0]
+                raise RecordError(
+                    f"sample {i}: rewards: the {ranked_by} ranks by score; every row needs a finite reward",
+                    index=i,
+                    path="rewards",
+                )
+            rows = [i for i in rows if scores[i] is not None]
+            invalid = len(missing)
+        wanted = [scores[i] for i in rows]
+        got: list[tuple[list[Entry | None], bool]] = []
+
+        def attempt() -> bool:
+            # A holding sampler's selection takes rows only while the queue has room (block).
+            reserved = self.buffer.reserve(wanted, split=split, step=step, invalid=invalid)
+            if reserved is not None:
+                got.append(reserved)
+            return reserved is not None
+
+        await self.until_changed(attempt)
+        entries, wake = got[0]
+        if wake:
+            self.wake()
+        kept = [(i, e) for i, e in zip(rows, entries, strict=True) if e is not None]
+        return [i for i, _ in kept], [e for _, e in kept]
+
+    async def fill(self, entries: Sequence[Entry], samples: Sequence[Any], *, step: int, split: str) -> int:
+        buf = self.buffer
+        try:
+            skipped: list[int] = []
+            records, _, _, _ = self.encoder.encode(samples, step, split, precheck=False, skipped=skipped)
+            if skipped:
+                # on_invalid="skip" left these rows out: only their places are given back.
+                gone = set(skipped)
+                buf.cancel([entries[i] for i in skipped], "invalid", split=split, step=step)
+                entries = [e for i, e in enumerate(entries) if i not in gone]
+        except BaseException:
+            buf.cancel(entries, "invalid", split=split, step=step)
+            raise
+        adm = buf.fill(entries, records)
+        self._after_admit(adm)
+        if adm.waiting is not None:
+            return adm.accepted - await self.wait_for_room(adm.waiting, None)
+        return adm.accepted
+
+    async def log_rollouts(
+        self, input_ids: Any, *, tokenizer: Any, step: int, split: str, rewards: Any, **decode_kwargs: Any
+    ) -> int:
+        """See `TraceSession.log_rollouts`: reserve places by reward, decode only the rows kept."""
+        from .rollouts import decode_rollouts
+        from .rollouts._decode import _check_rows, row_scores
+
+        n = len(input_ids)
+        # `rows` picks (and orders) the rows to log, as in decode_rollouts; the cap chooses
+        # among those.
+        candidates = _check_rows(decode_kwargs.pop("rows", None), n)
+        # Taken before reserving, so a flush() from now on waits until these rows are queued.
+        ticket = self.buffer.take_ticket()
+        try:
+            rows, kept = await self.reserve(row_scores(rewards, n), candidates, step=step, split=split)
+            if not rows:
+                return 0
+            try:
+                samples = await anyio.to_thread.run_sync(
+                    functools.partial(
+                        decode_rollouts,
+                        input_ids,
+                        tokenizer=tokenizer,
+                        rewards=rewards,
+                        rows=rows,
+                        **decode_kwargs,
+                    )
+                )
+            except anyio.get_cancelled_exc_class():
+                self.cancel(kept, "cancelled", split=split, step=step)
+                raise
+            except BaseException:
+                self.cancel(kept, "invalid", split=split, step=step)
+                raise
+            return await self.fill(kept, samples, step=step, split=split)
+        finally:
+            self.buffer.return_ticket(ticket)
+
+    def cancel(self, entries: Sequence[Entry], reason: DropReason, *, step: int, split: str) -> None:
+        self.buffer.cancel(entries, reason, split=split, step=step)

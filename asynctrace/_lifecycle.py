@@ -1,0 +1,217 @@
+"""A session's life as its blocking form and its shutdown hooks see it: its state, its event
+loop (reached from any thread or a signal handler), and how a finish under way is cut short.
+
+The session owns one; `_sync` and `_shutdown` use nothing else of it, so neither depends on
+the session itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import functools
+import math
+import os
+import threading
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Protocol
+
+import anyio
+import anyio.abc
+import sniffio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from ._stats import SessionStats
+from .exceptions import SessionClosedError
+
+__all__ = ["Job", "Lifecycle", "State"]
+
+# A coroutine function run as a task of the session (see Lifecycle.schedule).
+Job = Callable[[], Coroutine[Any, Any, None]]
+
+
+class State(enum.Enum):
+    UNOPENED = "unopened"
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+    FORKED = "forked"  # a copy in a process forked from the session's own
+
+
+class Uninstallable(Protocol):
+    def uninstall(self) -> None: ...
+
+
+class Closable(Protocol):
+    def close(self, timeout: float, *, bound: float | None = None) -> SessionStats: ...
+
+
+def _threadsafe_caller() -> Callable[[Callable[[], None]], object]:
+    """A non-blocking way for other threads to run a callback on this event loop."""
+    library = sniffio.current_async_library()
+    if library == "asyncio":
+        return asyncio.get_running_loop().call_soon_threadsafe
+    if library == "trio":
+        import trio
+
+        return trio.lowlevel.current_trio_token().run_sync_soon
+    raise RuntimeError(f"unsupported async library {library!r}")
+
+
+class Lifecycle:
+    """State, loop and finish of one session. `finish`, `flush` and `stats` are the session's;
+    `locks` returns the locks a drain needs (see `_shutdown._held`)."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        finish: Callable[[float | None], Coroutine[Any, Any, SessionStats]],
+        flush: Callable[[float | None], Coroutine[Any, Any, bool]],
+        stats: Callable[[], SessionStats],
+        locks: Callable[[], Sequence[threading.Lock]],
+        finish_timeout: float,
+        spooled: Callable[[], int | None],
+    ) -> None:
+        self.name = name
+        self.finish = finish
+        self.flush = flush
+        self.stats = stats
+        self.locks = locks
+        self.finish_timeout = finish_timeout
+        self.spooled = spooled  # records held in the spool, None without one
+        self.state = State.UNOPENED
+        self.pid = os.getpid()
+        self.loop_thread: int | None = None
+        self._call: Callable[[Callable[[], None]], object] | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        # Jobs other threads and signal handlers start in the session's task group.
+        self._jobs: MemoryObjectSendStream[Job] | None = None
+        self.hooks: Uninstallable | None = None  # the shutdown hooks installed for it
+        self.runner: Closable | None = None  # its loop thread, when used in blocking form
+        # Set once finish() is done, for waiters on other threads (a signal handler).
+        self.closed = threading.Event()
+        self.final: SessionStats | None = None
+        # Run on the loop, through its own callback machinery, once finish() is done.
+        self.after_finish: list[Callable[[], None]] = []
+        # The drain of a finish() under way, and its budget and deadline, which `hurry` may cut.
+        self.drain_scope: anyio.CancelScope | None = None
+        self.budget = 0.0
+        self.deadline = 0.0
+
+    # -- state ---------------------------------------------------------------------------
+
+    def is_open(self) -> bool:
+        return self.state is State.OPEN
+
+    def is_closing(self) -> bool:
+        return self.state is State.CLOSING
+
+    def is_forked(self) -> bool:
+        return self.state is State.FORKED
+
+    def check_usable(self) -> None:
+        """What even log_samples_nowait refuses (it counts samples after finish as "closed")."""
+        if self.state is State.UNOPENED:
+            raise SessionClosedError("the session is not open yet; use `async with` or `with`")
+        if self.state is State.FORKED:
+            raise SessionClosedError(
+                f"this session belongs to process {self.pid}, which this process was forked "
+                "from; a forked child cannot log through it (open a session in the child, or "
+                "see docs/distributed.md to send samples to one session from many processes)"
+            )
+
+    def check_open(self) -> None:
+        self.check_usable()
+        if self.state is not State.OPEN:
+            raise SessionClosedError("the session is finished; it accepts no more samples")
+
+    def on_loop_thread(self) -> bool:
+        return threading.get_ident() == self.loop_thread
+
+    # -- the loop ------------------------------------------------------------------------
+
+    async def opened(self, tg: anyio.abc.TaskGroup) -> None:
+        """The session's writer runs in `tg` on the current event loop: it is open now."""
+        self.loop_thread = threading.get_ident()
+        self._call = _threadsafe_caller()
+        self._tg = tg
+        self._jobs, jobs = anyio.create_memory_object_stream[Job](math.inf)
+        tg.start_soon(self._run_jobs, jobs)
+        self.pid = os.getpid()
+        self.state = State.OPEN
+
+    async def _run_jobs(self, jobs: MemoryObjectReceiveStream[Job]) -> None:
+        # Starting a task needs a task context (anyio detects the event loop from it), which a
+        # loop callback scheduled by another thread or a signal handler does not have; this
+        # task starts such jobs for them. It ends when finish() closes the stream.
+        assert self._tg is not None
+        async with jobs:
+            async for job in jobs:
+                self._tg.start_soon(job)
+
+    def call_soon(self, fn: Callable[[], None]) -> bool:
+        """Run `fn` on the session's event loop soon, from any thread; False when that loop is gone."""
+        call = self._call
+        if call is None:
+            return False
+        try:
+            call(fn)
+        except RuntimeError:  # the loop is closed
+            return False
+        return True
+
+    def schedule(
+        self,
+        fn: Callable[..., Coroutine[Any, Any, None]],
+        *args: Any,
+        otherwise: Callable[[], None] | None = None,
+    ) -> bool:
+        """Start `fn(*args)` as a task of the session, from any thread or a signal handler.
+
+        False when the loop is gone; `otherwise` runs (on the loop) if the session turns out to
+        be finishing by the time the task would start.
+        """
+        job = functools.partial(fn, *args)
+
+        def submit() -> None:
+            jobs = self._jobs
+            try:
+                if jobs is None:
+                    raise anyio.ClosedResourceError
+                jobs.send_nowait(job)
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                if otherwise is not None:
+                    otherwise()
+
+        return self.call_soon(submit)
+
+    # -- finishing -----------------------------------------------------------------------
+
+    def finishing(self, budget: float, deadline: float) -> None:
+        self.state = State.CLOSING
+        self.budget, self.deadline = budget, deadline
+
+    async def hurry(self, timeout: float) -> None:
+        """Cut the drain of a finish() under way to end within `timeout` seconds from now, and its
+        close grace to match (a shutdown hook with a shorter deadline). A job: `schedule` it."""
+        scope = self.drain_scope
+        deadline = anyio.current_time() + timeout
+        if scope is not None and deadline < self.deadline:
+            self.budget = min(self.budget, timeout)
+            self.deadline = deadline
+            scope.deadline = deadline
+
+    def finished(self, stats: SessionStats) -> None:
+        """finish() is done: state CLOSED, waiters told, callbacks run on the loop."""
+        self.final = stats
+        self.state = State.CLOSED
+        if self._jobs is not None:
+            self._jobs.close()
+        self.closed.set()
+        # After the state is CLOSED: a signal handler that saw CLOSING has added its
+        # callback by now, and one that runs later sees CLOSED and hands on by itself.
+        while self.after_finish:
+            callback = self.after_finish.pop(0)
+            if not self.call_soon(callback):
+                callback()
