@@ -309,3 +309,27 @@ def test_bad_arguments_are_named() -> None:
         at.ParquetSink("x", stem="../escape")
     assert isinstance(at.sinks.ParquetSink("x"), at.Sink)
     assert pa.__version__
+
+
+async def test_one_query_follows_a_watched_prompt_across_policy_versions(tmp_path: Path) -> None:
+    """With a cap of 1 and a watch list, the watched prompt is archived at every step, and the
+    DuckDB query docs/choosing.md gives returns it once per step with its policy version."""
+    async with at.TraceSession(
+        "p",
+        run="r",
+        sinks=[at.ParquetSink(tmp_path)],
+        max_traces_per_step=1,
+        watch=at.Watch(ids=["gsm8k-0042"], max_per_step=4),
+        health_metrics=False,
+    ) as s:
+        for step in range(4):
+            batch = [sample(i, step=step, prompt_id=f"gsm8k-{i:04d}", policy_version=step) for i in range(60)]
+            await s.log_samples(batch, step=step)
+    rows = duckdb.sql(
+        f"SELECT step, policy_version, reward, messages FROM '{tmp_path}/*.parquet' "
+        "WHERE json_extract_string(metadata, '$.prompt_id') = 'gsm8k-0042' ORDER BY step"
+    ).fetchall()
+    assert [(step, version, reward) for step, version, reward, _ in rows] == [(k, k, 42.0) for k in range(4)]
+    assert all("question 42 of step" in messages for *_, messages in rows)
+    st = s.stats()
+    assert st.written == 8 and st.dropped == {"capped": 4 * 59 - 4} and st.check(), st.summary()
