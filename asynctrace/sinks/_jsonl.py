@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, TypeVar
 
@@ -16,6 +14,7 @@ from .._abandon import Backlog, run_sync_daemon
 from .._checks import check_bool, check_int
 from .._record import TraceRecord
 from ._base import Sink
+from ._guard import Guard
 
 __all__ = ["JsonlSink"]
 
@@ -44,14 +43,9 @@ class JsonlSink(Sink):
         self._middles: dict[tuple[str, str], bytes] = {}
         self._in_file = 0
         self._next_index: int | None = None
-        # File work runs in daemon threads that a timeout abandons (a blocking file: a FIFO, a
-        # hung mount) and that never keep the interpreter from exiting. `_io` keeps one at a
-        # time on the file; `_busy` counts those started or waiting, so that `close` never
-        # waits for an abandoned one: the last to finish closes.
-        self._io = threading.Lock()
-        self._state = threading.Lock()
-        self._busy = 0
-        self._closed = False
+        # File work runs in daemon threads that a timeout abandons and that never keep the
+        # interpreter from exiting; the guard keeps one at a time on the file.
+        self._guarded = Guard("JsonlSink", self._close_file, OSError)
         self._backlog = Backlog("JsonlSink")
 
     def _next_path(self) -> Path:
@@ -105,28 +99,6 @@ class JsonlSink(Sink):
         if self.fsync:
             os.fsync(f.fileno())
 
-    def _guarded(self, fn: Callable[..., _T], *args: object) -> _T:
-        """Run `fn` on the file, one at a time; after `close`, the last one out closes the file."""
-        with self._state:
-            if self._closed:
-                raise RuntimeError("JsonlSink is closed")
-            self._busy += 1
-        try:
-            with self._io:
-                if self._closed:
-                    # Queued behind a call that was given up on (a blocking file) while the
-                    # sink closed meanwhile: nothing may be written after close.
-                    raise RuntimeError("JsonlSink is closed")
-                return fn(*args)
-        finally:
-            with self._state:
-                self._busy -= 1
-                last = self._closed and not self._busy
-            if last:
-                # This call was given up on (the sink closed meanwhile): nobody awaits an error.
-                with contextlib.suppress(OSError):
-                    self._close_file()
-
     def _open_once(self) -> None:
         # A retry after an abandoned attempt that did open the file in the end has nothing to do.
         if self._file is None:
@@ -138,11 +110,7 @@ class JsonlSink(Sink):
             f.close()
 
     def _close(self) -> None:
-        with self._state:
-            self._closed = True
-            busy = self._busy
-        if not busy:
-            self._close_file()
+        self._guarded.close()
 
     async def open(self) -> None:
         await run_sync_daemon(self._guarded, self._open_once, backlog=self._backlog)

@@ -15,9 +15,8 @@ import errno
 import glob
 import os
 import re
-import threading
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,6 +28,7 @@ from .._record import TraceRecord
 from .._tokens import TOKEN_FIELDS, token_bytes
 from ..exceptions import PermanentSinkError
 from ._base import Sink
+from ._guard import Guard
 
 try:  # POSIX; elsewhere a journal is recovered only once its writer is gone for good
     import fcntl
@@ -261,10 +261,9 @@ class ParquetSink(Sink):
         self._journal: int | None = None  # the journal's descriptor, opened for appending
         self._next_index = 0
         self._known: set[str] | None = None
-        self._io = threading.Lock()
-        self._state = threading.Lock()
-        self._busy = 0
-        self._closed = False
+        # Given up on while the sink closed: the journal keeps any rows a failed last roll could
+        # not write (the next sink recovers them), so any error of that release is dropped.
+        self._guarded = Guard("ParquetSink", self._close_journal, Exception)
         self._backlog = Backlog("ParquetSink")
 
     def bind(self, project: str, run: str) -> None:
@@ -464,34 +463,8 @@ class ParquetSink(Sink):
 
     # -- threads -----------------------------------------------------------------------------
 
-    def _guarded(self, fn: Callable[..., _T], *args: object) -> _T:
-        """Run `fn` on the files, one at a time; after `close`, the last one out closes."""
-        with self._state:
-            if self._closed:
-                raise RuntimeError("ParquetSink is closed")
-            self._busy += 1
-        try:
-            with self._io:
-                if self._closed:
-                    raise RuntimeError("ParquetSink is closed")
-                return fn(*args)
-        finally:
-            with self._state:
-                self._busy -= 1
-                last = self._closed and not self._busy
-            if last:
-                # Given up on while the sink closed: nobody awaits an error, and the journal
-                # keeps any rows a failed last roll could not write (the next sink recovers them).
-                with contextlib.suppress(Exception):
-                    self._close_journal()
-
     def _close(self) -> None:
-        with self._state:
-            self._closed = True
-            busy = self._busy
-        if not busy:
-            with self._io:
-                self._close_journal()
+        self._guarded.close()
 
     async def open(self) -> None:
         await run_sync_daemon(self._guarded, self._open_once, backlog=self._backlog)
