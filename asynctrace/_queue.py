@@ -75,6 +75,7 @@ class MetricsItem:
 QueueItem = TraceRecord | Marker | MetricsItem
 
 
+@dataclass(slots=True, eq=False)
 class Waiting:
     """The records of one submission still waiting for room (block policy).
 
@@ -84,26 +85,14 @@ class Waiting:
     (refused by the cap when offered, or given up): the caller's count leaves them out.
     """
 
-    __slots__ = ("gaps", "gated", "lost", "records", "split", "start", "step", "ticket")
-
-    def __init__(
-        self,
-        records: Sequence[TraceRecord],
-        start: int,
-        *,
-        gated: bool = False,
-        split: str = "",
-        step: int = 0,
-        gaps: Sequence[int] | None = None,
-    ) -> None:
-        self.records = records
-        self.gaps = gaps
-        self.start = start
-        self.gated = gated
-        self.split = split
-        self.step = step
-        self.lost = 0
-        self.ticket: int | None = None
+    records: Sequence[TraceRecord]
+    start: int
+    gated: bool = False
+    split: str = ""
+    step: int = 0
+    gaps: Sequence[int] | None = None
+    lost: int = 0
+    ticket: int | None = None
 
     def __len__(self) -> int:
         return len(self.records) - self.start
