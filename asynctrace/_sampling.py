@@ -257,7 +257,10 @@ class _TopBottomSelection(StepSelection):
             if len(bottom) > n_bottom:
                 pop(bottom)
         held = {t[1] for t in top} | {t[1] for t in bottom}
-        return [-(first_seq + i) in held for i in range(n)]
+        out = [False] * n
+        for i in maybe:
+            out[i] = -(first_seq + i) in held
+        return out
 
 
 class TopBottomSampler(Sampler):
