@@ -139,5 +139,4 @@ def test_no_module_imports_another_modules_private_names() -> None:
                 and not alias.name.startswith("__")
                 and f"{base}.{alias.name}" not in modules
             ]
-    # The intake still imports the old name of `rollouts._rows.check_rows`, kept as an alias.
-    assert offences == ["asynctrace/_intake.py: _check_rows"]
+    assert offences == []

@@ -41,10 +41,6 @@ def _row_count(input_ids: Any) -> int:
     return len(input_ids)
 
 
-# Still imported under this name by the session's intake.
-_check_rows = check_rows
-
-
 class _Layout:
     """The selected rows as Python data: their tokens, loss-mask runs and version ranges.
 
