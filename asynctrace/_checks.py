@@ -6,11 +6,15 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from ._security import check_text, shown
+from ._security import check_name, check_text, shown
 
 __all__ = [
     "MAX_STEP",
     "check_bool",
+    "check_encoding",
+    "check_flags",
+    "check_ints",
+    "check_project_run",
     "check_int",
     "check_seconds",
     "check_split",
@@ -42,6 +46,39 @@ def check_int(
         if maximum is not None:
             what += f" and <= {maximum}"
         raise ValueError(f"{name} must be {what}{' or None' if allow_none else ''}, got {shown(value)}")
+
+
+def check_ints(**values: Any) -> None:
+    """Every value is a positive int."""
+    for name, value in values.items():
+        check_int(name, value)
+
+
+def check_flags(**flags: Any) -> None:
+    """Every flag is a bool."""
+    for name, flag in flags.items():
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name} must be a bool, got {shown(flag)}")
+
+
+def check_project_run(project: Any, run: Any) -> None:
+    """`project`, and `run` unless None, are non-empty names every sink can store."""
+    for name, value in (("project", project), ("run", run)):
+        if value is None and name == "run":
+            continue
+        if not isinstance(value, str) or not value:
+            raise ValueError(
+                f"{name} must be a non-empty str{' or None' * (name == 'run')}, got {shown(value)}"
+            )
+        check_name(name, value)
+
+
+def check_encoding(on_invalid: Any, redact: Any) -> None:
+    """The options of every front that validates and encodes samples."""
+    if on_invalid not in ("raise", "skip"):
+        raise ValueError(f"on_invalid must be one of ('raise', 'skip'), got {shown(on_invalid)}")
+    if redact is not None and not callable(redact):
+        raise ValueError("redact must be a callable taking and returning a Sample")
 
 
 def check_bool(name: str, value: Any) -> None:

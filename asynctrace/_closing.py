@@ -4,19 +4,20 @@ and report what was not delivered. Each is bounded; none is a reason to skip the
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 
 from ._abandon import call_abandonable
 from ._buffer import Buffer, Marker
+from ._lifecycle import Lifecycle
 from ._security import describe
 from ._spool import Spool
 from ._stats import SessionStats
-from ._writer import STOP_GRACE, Writer
+from ._writer import STOP_GRACE, Writer, close_grace
 from .sinks._base import Sink
 
-__all__ = ["close_sinks", "close_spool", "flush_until", "report_finish", "stop_writer"]
+__all__ = ["after_drain", "close_sinks", "close_spool", "flush_until", "report_finish", "stop_writer"]
 
 logger = logging.getLogger("asynctrace")
 
@@ -74,6 +75,28 @@ async def close_spool(spool: Spool | None, buffer: Buffer) -> None:
         await anyio.to_thread.run_sync(spool.close)
     except Exception as exc:  # never a reason to leave the sinks' runs open
         logger.error("asynctrace: closing the spool in %s failed: %s", spool.directory, describe(exc))
+
+
+async def after_drain(
+    life: Lifecycle,
+    writer: Writer,
+    until_queued: Callable[[int | None, float | None], Awaitable[bool]],
+    spool: Spool | None,
+    buffer: Buffer,
+) -> float:
+    """Stop the writer, remove the hooks, spill to the spool; returns the time to close the sinks."""
+    await stop_writer(writer)
+    if life.hooks is not None:
+        life.hooks.uninstall()
+    # Callers waiting for room were woken when the buffer closed, and rows log_rollouts
+    # is still decoding cannot be queued any more: each holds a ticket until it has
+    # counted its samples as "closed" (and acknowledged them in the spool). Wait for
+    # that before the spool is closed and the final count is taken; bounded all the same.
+    await until_queued(None, 1.0)
+    await close_spool(spool, buffer)
+    # Closing gets what is left of the deadline, and at least a short grace, so a
+    # slow drain can never skip finishing the runs the sinks opened.
+    return max(life.deadline - anyio.current_time(), close_grace(life.budget))
 
 
 async def close_sinks(sinks: Sequence[Sink], names: Sequence[str], budget: float) -> None:

@@ -151,29 +151,31 @@ class Encoder:
                 else preview_score(obj)
                 for obj in items
             ]
-            if any(sc is UNKNOWN for sc in scores):
+            # `in` compares by identity first: one C-level pass each, no per-item Python call.
+            if UNKNOWN in scores:
                 return None
-            for i, sc in enumerate(scores):
-                if sc is None:
-                    if not skip:
-                        raise missing_score(i, ranked_by)
-                    invalid.add(i)
+            if None in scores:
+                invalid = {i for i, sc in enumerate(scores) if sc is None}
+                if not skip:
+                    raise missing_score(min(invalid), ranked_by)
         elif all(type(obj) is Sample or type(obj) is dict for obj in items):
             scores = [None] * n
         else:
             return None  # an unusual item gets the full path, and its error if it is wrong
-        candidates = [i for i in range(n) if i not in invalid]
+        candidates = [i for i in range(n) if i not in invalid] if invalid else range(n)
         encoded: dict[int, tuple[bytes, float | None]] = {}
         groups = self.groups_of(items) if self._group_key is not None else None
         while candidates:
             keeps = self._keeps(
-                [scores[i] for i in candidates],
+                scores if not invalid else [scores[i] for i in candidates],
                 split=split,
                 step=step,
                 groups=None if groups is None else [groups[i] for i in candidates],
             )
             if keeps is None:
                 return None
+            if True not in keeps and not encoded:  # the usual capped call once a step is under way
+                return [], len(invalid), len(candidates), []
             failed = False
             for i, keep in zip(candidates, keeps, strict=True):
                 if not keep or i in encoded:

@@ -341,12 +341,13 @@ class Intake:
     ) -> int:
         """See `TraceSession.log_rollouts`: reserve places by reward, decode only the rows kept."""
         from .rollouts import decode_rollouts
-        from .rollouts._decode import _check_rows, row_scores
+        from .rollouts._decode import row_scores
+        from .rollouts._rows import check_rows
 
         n = len(input_ids)
         # `rows` picks (and orders) the rows to log, as in decode_rollouts; the cap chooses
         # among those.
-        candidates = _check_rows(decode_kwargs.pop("rows", None), n)
+        candidates = check_rows(decode_kwargs.pop("rows", None), n)
         # Taken before reserving, so a flush() from now on waits until these rows are queued.
         ticket = self.buffer.take_ticket()
         try:

@@ -22,7 +22,7 @@ import sniffio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ._stats import SessionStats
-from .exceptions import SessionClosedError
+from .exceptions import AsyncTraceError, SessionClosedError
 
 __all__ = ["Job", "Lifecycle", "State"]
 
@@ -121,6 +121,10 @@ class Lifecycle:
                 "see docs/distributed.md to send samples to one session from many processes)"
             )
 
+    def check_unopened(self) -> None:
+        if self.state is not State.UNOPENED:
+            raise SessionClosedError(f"a TraceSession can be opened once; this one is {self.state.value}")
+
     def check_open(self) -> None:
         self.check_usable()
         if self.state is not State.OPEN:
@@ -129,7 +133,30 @@ class Lifecycle:
     def on_loop_thread(self) -> bool:
         return threading.get_ident() == self.loop_thread
 
+    def check_loop_thread(self, what: str) -> None:
+        # Its waits are on the session's own event loop: awaited from another thread's loop
+        # they would break that loop's primitives (and the writer with them) instead of waiting.
+        if self.loop_thread is not None and not self.on_loop_thread():
+            raise AsyncTraceError(
+                f"{what}() must be awaited on the event loop that opened the session; from another "
+                "thread or event loop, use the session's blocking form (`with TraceSession(...)`), "
+                "whose methods may be called from any thread"
+            )
+
     # -- the loop ------------------------------------------------------------------------
+
+    async def open(self, writer: Callable[..., Coroutine[Any, Any, None]]) -> anyio.abc.TaskGroup:
+        """Start `writer` (a task that reports when it started) in a new task group, and open."""
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        try:
+            await tg.start(writer)
+        except BaseException:
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)
+            raise
+        await self.opened(tg)
+        return tg
 
     async def opened(self, tg: anyio.abc.TaskGroup) -> None:
         """The session's writer runs in `tg` on the current event loop: it is open now."""

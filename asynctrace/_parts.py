@@ -15,7 +15,7 @@ import orjson
 from ._groups import GroupKey, group_of
 from ._sampling import Entry, Sampler, StepSelection
 
-__all__ = ["PartStep", "Row", "group_key_of", "merge_parts", "payload_group"]
+__all__ = ["PartStep", "PartSteps", "Row", "group_key_of", "merge_parts", "payload_group"]
 
 # What travels for one kept entry: (sequence number, score, key).
 Row = tuple[int, float | None, float | None]
@@ -87,3 +87,58 @@ def merge_parts(
     payload_of = {id(e): p for part in parts for e, p in part}
     chosen = sampler.merge(split, step, k, [[e for e, _ in part] for part in parts])
     return [payload_of[id(e)] for e in chosen]
+
+
+class PartSteps:
+    """One part's open selections of every (split, step), and the steps it has ended.
+
+    Each part of a step selects with its own stream (`new_part_step` with `part`). A step ended
+    here takes no more samples: a later one is ``late``, as a second selection of the same step
+    would break the cap. Not thread-safe: the owner holds its lock.
+    """
+
+    def __init__(self, sampler: Sampler, k: int, part: int) -> None:
+        self.sampler, self.k, self.part = sampler, k, part
+        self.group_key = group_key_of(sampler)
+        self.open: dict[tuple[str, int], PartStep] = {}
+        self.held = 0
+        self._ended_all = -1
+        self._ended: dict[str, int] = {}
+        self._seq = 0
+
+    def offer(
+        self, split: str, step: int, encoded: Sequence[tuple[bytes, float | None]]
+    ) -> tuple[int, int, int]:
+        """Offer one call's (payload, score) pairs; returns how many are kept for now, cut, and late."""
+        if step <= max(self._ended_all, self._ended.get(split, -1)):
+            return 0, 0, len(encoded)
+        opened = self.open.get((split, step))
+        if opened is None:
+            selection = self.sampler.new_part_step(split, step, self.k, self.part)
+            opened = self.open[(split, step)] = PartStep(selection)
+        before = len(opened.kept)
+        cands = []
+        for payload, score in encoded:
+            self._seq += 1
+            cands.append((Entry(score, self._seq, group=payload_group(payload, self.group_key)), payload))
+        cut = opened.offer(cands)
+        self.held += len(opened.kept) - before
+        return sum(1 for e, _ in cands if e.seq in opened.kept), cut, 0
+
+    def end(self, step: int | None, split: str | None) -> list[tuple[tuple[str, int], PartStep]]:
+        """Remove and return the open steps up to `step` (every one when None) of `split` (or all)."""
+        keys = sorted(
+            k for k in self.open if (step is None or k[1] <= step) and (split is None or k[0] == split)
+        )
+        out = [(key, self.open.pop(key)) for key in keys]
+        if step is not None:
+            if split is None:
+                self._ended_all = max(self._ended_all, step)
+            else:
+                self._ended[split] = max(self._ended.get(split, -1), step)
+        else:
+            # Ending every open step (flush, finish) makes each final too.
+            for (key_split, key_step), _ in out:
+                self._ended[key_split] = max(self._ended.get(key_split, -1), key_step)
+        self.held -= sum(len(opened.kept) for _, opened in out)
+        return out

@@ -10,10 +10,8 @@ import random
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from ._record import TraceRecord
-from ._security import shown
 
 __all__ = [
     "FirstSampler",
@@ -21,7 +19,6 @@ __all__ = [
     "Sampler",
     "StepSelection",
     "TopBottomSampler",
-    "resolve_sampler",
 ]
 
 logger = logging.getLogger("asynctrace")
@@ -260,7 +257,10 @@ class _TopBottomSelection(StepSelection):
             if len(bottom) > n_bottom:
                 pop(bottom)
         held = {t[1] for t in top} | {t[1] for t in bottom}
-        return [-(first_seq + i) in held for i in range(n)]
+        out = [False] * n
+        for i in maybe:
+            out[i] = -(first_seq + i) in held
+        return out
 
 
 class TopBottomSampler(Sampler):
@@ -475,28 +475,6 @@ class ReservoirSampler(Sampler):
             raise ValueError("a reservoir merge needs each entry's key, as its part's selection set it")
         chosen = heapq.nsmallest(k, merged, key=lambda e: (e.key, e.seq))
         return sorted(chosen, key=lambda e: e.seq)
-
-
-SamplerName = Literal["first", "top_bottom", "reservoir", "group"]
-
-
-def resolve_sampler(sampler: SamplerName | Sampler) -> Sampler:
-    if isinstance(sampler, Sampler):
-        return sampler
-    if sampler == "first":
-        return FirstSampler()
-    if sampler == "top_bottom":
-        return TopBottomSampler()
-    if sampler == "reservoir":
-        return ReservoirSampler()
-    if sampler == "group":
-        from ._group_sampling import GroupSampler  # it builds on this module
-
-        return GroupSampler()
-    raise ValueError(
-        "sampler must be 'first', 'top_bottom', 'reservoir', 'group' or a Sampler instance, "
-        f"got {shown(sampler)}"
-    )
 
 
 @dataclass(slots=True)

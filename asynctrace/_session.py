@@ -6,21 +6,29 @@ import dataclasses
 import logging
 import os
 import threading
-import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import anyio
 import anyio.abc
 
 from . import _forks, _segments, _shutdown
-from ._buffer import Buffer, MetricsItem, OnFull, Room
-from ._checks import check_int, check_seconds, check_step, check_text, check_timeout, checked_metrics
-from ._closing import close_sinks, close_spool, flush_until, report_finish, stop_writer
-from ._encode import Encoder
-from ._group_metrics import GroupMetrics
+from ._buffer import MetricsItem, OnFull, Room
+from ._checks import (
+    check_encoding,
+    check_flags,
+    check_int,
+    check_ints,
+    check_project_run,
+    check_seconds,
+    check_step,
+    check_text,
+    check_timeout,
+    checked_metrics,
+)
+from ._closing import after_drain, close_sinks, flush_until, report_finish
+from ._engine import build_engine
 from ._groups import GroupKey
 from ._intake import Intake
 from ._lifecycle import Lifecycle, State
@@ -30,18 +38,16 @@ from ._record import (
 )
 from ._replay import ReplayPlan, replay_backlog
 from ._retry import NO_RETRY, RetryPolicy
-from ._sampling import Gate, Sampler, SamplerName, resolve_sampler
-from ._security import check_name, generated_run_name, shown
-from ._spool import Durability, Spool
+from ._sampler_names import SamplerName, resolve_sampler
+from ._sampling import Sampler
+from ._security import generated_run_name, shown
+from ._spool import Durability
 from ._stats import SessionStats
-from ._sync import SyncTraceSession, _SyncRunner
+from ._sync import SyncRunner, SyncTraceSession
 from ._watch import Watch, WatchCounter
-from ._writer import Writer, close_grace, finish_bound
-from .exceptions import AsyncTraceError, SessionClosedError
+from ._writer import Writer, finish_bound
+from .exceptions import SessionClosedError
 from .sinks._base import Sink
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["TraceSession", "hurry_finish", "install_shutdown_hooks", "recovery_session"]
 
@@ -51,7 +57,6 @@ logger = logging.getLogger("asynctrace")
 _OPEN = State.OPEN
 
 _ON_FULL = ("block", "drop_newest", "drop_oldest")
-_ON_INVALID = ("raise", "skip")
 _DURABILITY = ("writer", "enqueue")
 _DEFAULT_RETRY = RetryPolicy()
 
@@ -101,7 +106,8 @@ class TraceSession:
         health_interval: float = 5.0,
         group_key: GroupKey | None = None,
     ) -> None:
-        _check_arguments(**locals())  # every argument, before anything is built from them
+        settings = dict(locals())
+        _check_arguments(**settings)  # every argument, before anything is built from them
         sinks = _checked_sinks(sinks)
 
         self.project = project
@@ -109,9 +115,6 @@ class TraceSession:
         self.sinks = sinks
         self.max_traces_per_step = max_traces_per_step
         self.sampler = resolve_sampler(sampler)
-        group_of_sampler: GroupKey | None = getattr(self.sampler, "group_key", None)
-        if watch is not None and not isinstance(watch, Watch):
-            raise ValueError(f"watch must be an asynctrace.Watch, got {type(watch).__name__}")
         self.watch = watch
         self.queue_size = queue_size
         self.max_queue_bytes = max_queue_bytes
@@ -127,61 +130,14 @@ class TraceSession:
         self.replay = replay
         self.shutdown_hooks = shutdown_hooks
 
-        self.sink_names = names = _bind_sinks(sinks, project, self.run)
+        self.sink_names = _bind_sinks(sinks, project, self.run)
         # The step-closing rules, which a `Selected` sink's own selection follows too.
         self._step_rules = (max_open_steps, step_timeout)
         self._health_interval = float(health_interval) if health_metrics else None
-        self._groups = (
-            GroupMetrics(group_key, max_open_steps=max_open_steps, step_timeout=step_timeout)
-            if group_key is not None
-            else None
-        )
-
-        gate = (
-            Gate(
-                max_traces_per_step,
-                self.sampler,
-                max_open_steps=max_open_steps,
-                step_timeout=step_timeout,
-            )
-            if max_traces_per_step is not None
-            else None
-        )
-        id_prefix = uuid.uuid4().hex[:12]
-        self._spool = (
-            Spool(spool_dir, project=project, run=self.run, session=id_prefix, durability=durability)
-            if spool_dir is not None
-            else None
-        )
-        self._buffer = Buffer(
-            queue_size=queue_size,
-            max_bytes=max_queue_bytes,
-            on_full=on_full,
-            batch_size=batch_size,
-            gate=gate,
-            sink_names=names,
-            clock=time.monotonic,
-            spool=self._spool,
-            spool_on_admit=durability == "enqueue",
-        )
-        self._buffer.on_drop = self._note_drop
         self._warned: set[str] = set()
-        needs_score = gate is not None and self.sampler.needs_score
-        self._encoder = Encoder(
-            trace_key=trace_key,
-            redact=redact,
-            skip_invalid=on_invalid == "skip",
-            max_bytes=max_queue_bytes,
-            score_needed_by=type(self.sampler).__name__ if needs_score else None,
-            # With a cap, encode only what it would keep; a redact callable may change a
-            # score, so then everything is encoded first.
-            precheck=gate is not None and redact is None,
-            keeps=self._buffer.keeps,
-            id_prefix=id_prefix,
-            groups=self._groups,
-            group_key=group_of_sampler,
-            push=self._push_items,
-        )
+        settings.update(run=self.run, sampler=self.sampler, sink_names=self.sink_names)
+        engine = build_engine(settings, self._note_drop, self._push_items)
+        self._buffer, self._encoder, self._spool, self._groups = engine
         # Set by `recovery_session`: replay another (project, run)'s records, dead letters too.
         self._replay_plan: ReplayPlan | None = None
         self._life = Lifecycle(
@@ -189,7 +145,7 @@ class TraceSession:
             finish=self.finish,
             flush=self.flush,
             stats=self.stats,
-            locks=self._drain_locks,
+            locks=lambda: [self._buffer.lock] + ([self._spool.io_lock] if self._spool else []),
             finish_timeout=self.finish_timeout,
             spooled=lambda: None if self._spool is None else self._spool.unresolved(),
         )
@@ -204,7 +160,7 @@ class TraceSession:
         self._tg: anyio.abc.TaskGroup | None = None
         self._writer: Writer | None = None
         self._finishing: anyio.Event | None = None
-        self._sync: _SyncRunner | None = None
+        self._sync: SyncRunner | None = None
         self._opening_sync = False
 
     @property
@@ -218,10 +174,7 @@ class TraceSession:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def __aenter__(self) -> TraceSession:
-        if self._life.state is not State.UNOPENED:
-            raise SessionClosedError(
-                f"a TraceSession can be opened once; this one is {self._life.state.value}"
-            )
+        self._life.check_unopened()
         spool = self._spool
         scan: _segments.DirScan | None = None
         if spool is not None:
@@ -241,7 +194,7 @@ class TraceSession:
                     await self.__aexit__(None, None, None)
                 raise
         if self.shutdown_hooks and not self._opening_sync:
-            self._install_hooks()
+            _shutdown.install_for_session(self._life)
         return self
 
     async def _start(self) -> None:
@@ -257,32 +210,8 @@ class TraceSession:
             health_interval=self._health_interval,
             groups=self._groups,
         )
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
-        try:
-            await self._tg.start(self._writer.run)
-        except BaseException:
-            self._tg.cancel_scope.cancel()
-            await self._tg.__aexit__(None, None, None)
-            raise
-        await self._life.opened(self._tg)
+        self._tg = await self._life.open(self._writer.run)
         _forks.hold(self, self._after_fork_in_child)
-
-    def _drain_locks(self) -> list[threading.Lock]:
-        locks = [self._buffer.lock]
-        if self._spool is not None:
-            locks.append(self._spool.io_lock)
-        return locks
-
-    def _install_hooks(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            install_shutdown_hooks(self)
-        else:
-            logger.warning(
-                "asynctrace: shutdown_hooks=True but the session was opened off the main thread; "
-                "only the exit hook is installed (Python runs signal handlers on the main thread)"
-            )
-            _shutdown.hook_exit(self._life)
 
     def _after_fork_in_child(self) -> None:
         # A forked child has the session's state but not its writer thread or task: what it
@@ -315,18 +244,15 @@ class TraceSession:
             await self._tg.__aexit__(None, None, None)
 
     def __enter__(self) -> SyncTraceSession:
-        if self._life.state is not State.UNOPENED:
-            raise SessionClosedError(
-                f"a TraceSession can be opened once; this one is {self._life.state.value}"
-            )
+        self._life.check_unopened()
         self._opening_sync = True
         try:
-            self._sync = _SyncRunner(self, self._life)
+            self._sync = SyncRunner(self, self._life)
         finally:
             self._opening_sync = False
         self._life.runner = self._sync
         if self.shutdown_hooks:
-            self._install_hooks()
+            _shutdown.install_for_session(self._life)
         return SyncTraceSession(
             self, self._sync, log_blocking=self._intake.log_blocking, push_metrics=self._push_metrics
         )
@@ -358,7 +284,7 @@ class TraceSession:
             raise SessionClosedError("the session was never opened; use `async with` or `with`")
         if life.state is State.FORKED:
             return self.stats()  # the parent process finishes it
-        self._check_loop_thread("finish")
+        self._life.check_loop_thread("finish")
         if self._finishing is not None:
             # Another finish() is under way: wait for its outcome, within this call's own bound.
             bound = finish_bound(self.finish_timeout if timeout is None else timeout)
@@ -379,40 +305,17 @@ class TraceSession:
                     # The health once more, counting everything the drain delivered.
                     await self._flush_until(deadline)
             life.drain_scope = None
-            budget, deadline = life.budget, life.deadline
             assert self._writer is not None
-            await stop_writer(self._writer)
-            if life.hooks is not None:
-                life.hooks.uninstall()
-            # Callers waiting for room were woken when the buffer closed, and rows log_rollouts
-            # is still decoding cannot be queued any more: each holds a ticket until it has
-            # counted its samples as "closed" (and acknowledged them in the spool). Wait for
-            # that before the spool is closed and the final count is taken; bounded all the same.
-            await self._intake.until_queued(None, 1.0)
-            await close_spool(self._spool, self._buffer)
-            # Closing gets what is left of the deadline, and at least a short grace, so a
-            # slow drain can never skip finishing the runs the sinks opened.
-            close_budget = max(deadline - anyio.current_time(), close_grace(budget))
-            await close_sinks(self.sinks, self.sink_names, close_budget)
+            left = await after_drain(life, self._writer, self._intake.until_queued, self._spool, self._buffer)
+            await close_sinks(self.sinks, self.sink_names, left)
             stats = self.stats()
-            report_finish(stats, self._spool, drained, budget)
+            report_finish(stats, self._spool, drained, life.budget)
             _forks.release(self)
             self._finishing.set()
             life.finished(stats)
         return stats
 
     # -- submission ------------------------------------------------------------------------
-
-    def _check_loop_thread(self, what: str) -> None:
-        # Its waits are on the session's own event loop: awaited from another thread's loop
-        # they would break that loop's primitives (and the writer with them) instead of waiting.
-        loop_thread = self._life.loop_thread
-        if loop_thread is not None and threading.get_ident() != loop_thread:
-            raise AsyncTraceError(
-                f"{what}() must be awaited on the event loop that opened the session; from another "
-                "thread or event loop, use the session's blocking form (`with TraceSession(...)`), "
-                "whose methods may be called from any thread"
-            )
 
     async def _flush_until(self, deadline: float | None) -> bool:
         if self._groups is not None:
@@ -429,15 +332,6 @@ class TraceSession:
     def _wake_writer(self) -> None:
         if self._writer is not None:
             self._writer.wake()
-
-    @property
-    def _precheck_cap(self) -> bool:
-        # Benchmarks and tests compare the capped path with and without encoding only what is kept.
-        return self._encoder.precheck
-
-    @_precheck_cap.setter
-    def _precheck_cap(self, value: bool) -> None:
-        self._encoder.precheck = value
 
     def _note_drop(self, reason: str, n: int) -> None:
         # Called under the buffer lock: only bookkeeping and a first-time warning here.
@@ -503,7 +397,7 @@ class TraceSession:
         delivered or finally failed. Returns False when `timeout` passed first."""
         timeout = check_timeout(timeout)
         self._life.check_open()
-        self._check_loop_thread("flush")
+        self._life.check_loop_thread("flush")
         deadline = None if timeout is None else anyio.current_time() + timeout
         # Samples submitted before this call but not queued yet (a caller waiting for room, rows
         # log_rollouts is decoding) must be queued before the marker that flush waits for.
@@ -568,28 +462,20 @@ def _check_arguments(
     health_metrics: Any,
     health_interval: Any,
     group_key: Any,
+    watch: Any,
     **_: Any,
 ) -> None:
     """Check `TraceSession`'s arguments, each with a clear error naming it."""
-    if not isinstance(project, str) or not project:
-        raise ValueError(f"project must be a non-empty str, got {shown(project)}")
-    check_name("project", project)
-    if run is not None and (not isinstance(run, str) or not run):
-        raise ValueError(f"run must be a non-empty str or None, got {shown(run)}")
-    if run is not None:
-        check_name("run", run)
+    check_project_run(project, run)
     check_int("max_traces_per_step", max_traces_per_step, allow_none=True)
-    check_int("queue_size", queue_size)
-    check_int("max_queue_bytes", max_queue_bytes)
-    check_int("batch_size", batch_size)
+    check_ints(queue_size=queue_size, max_queue_bytes=max_queue_bytes, batch_size=batch_size)
     check_int("max_open_steps", max_open_steps, minimum=0)
     check_seconds("flush_interval", flush_interval)
     check_seconds("finish_timeout", finish_timeout)
     check_seconds("step_timeout", step_timeout, allow_none=True)
     if on_full not in _ON_FULL:
         raise ValueError(f"on_full must be one of {_ON_FULL}, got {shown(on_full)}")
-    if on_invalid not in _ON_INVALID:
-        raise ValueError(f"on_invalid must be one of {_ON_INVALID}, got {shown(on_invalid)}")
+    check_encoding(on_invalid, redact)
     if retry is not None and not isinstance(retry, RetryPolicy):
         raise ValueError(f"retry must be a RetryPolicy or None, got {type(retry).__name__}")
     if not isinstance(trace_key, str) or not trace_key:
@@ -600,8 +486,6 @@ def _check_arguments(
     except Exception:  # KeyError, IndexError, ValueError, AttributeError ("{split.x}")
         # Not chained: the KeyError would quote a part of trace_key unscrubbed.
         raise ValueError(f"trace_key may only use the {{split}} field, got {shown(trace_key)}") from None
-    if redact is not None and not callable(redact):
-        raise ValueError("redact must be a callable taking and returning a Sample")
     if durability not in _DURABILITY:
         raise ValueError(f"durability must be one of {_DURABILITY}, got {shown(durability)}")
     if spool_dir is not None and not isinstance(spool_dir, (str, os.PathLike)):
@@ -609,6 +493,8 @@ def _check_arguments(
     if spool_dir is not None and not os.fspath(spool_dir):
         raise ValueError("spool_dir must not be empty")
     check_seconds("health_interval", health_interval)
+    if watch is not None and not isinstance(watch, Watch):
+        raise ValueError(f"watch must be an asynctrace.Watch, got {type(watch).__name__}")
     if group_key is not None and not (
         callable(group_key)
         or isinstance(group_key, str)
@@ -618,13 +504,7 @@ def _check_arguments(
             "group_key must be a metadata key, a list of keys tried in order, or a function of "
             f"the metadata, got {shown(group_key)}"
         )
-    for name, flag in (
-        ("replay", replay),
-        ("shutdown_hooks", shutdown_hooks),
-        ("health_metrics", health_metrics),
-    ):
-        if not isinstance(flag, bool):
-            raise ValueError(f"{name} must be a bool, got {shown(flag)}")
+    check_flags(replay=replay, shutdown_hooks=shutdown_hooks, health_metrics=health_metrics)
 
 
 def _bind_sinks(sinks: Sequence[Sink], project: str, run: str) -> list[str]:

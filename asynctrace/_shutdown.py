@@ -286,6 +286,18 @@ def install(life: Lifecycle, timeout: float, signals: Iterable[int]) -> Callable
     return uninstall
 
 
+def install_for_session(life: Lifecycle) -> None:
+    """``shutdown_hooks=True``: every hook on the main thread; elsewhere only the exit hook."""
+    if threading.current_thread() is threading.main_thread():
+        install(life, DEFAULT_TIMEOUT, DEFAULT_SIGNALS)
+        return
+    logger.warning(
+        "asynctrace: shutdown_hooks=True but the session was opened off the main thread; "
+        "only the exit hook is installed (Python runs signal handlers on the main thread)"
+    )
+    hook_exit(life)
+
+
 @atexit.register
 def _at_exit() -> None:
     # A synchronous session left open at interpreter exit is drained with its own deadline, so

@@ -29,17 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from . import _forks
 from . import _segments as seg
 from ._record import TraceRecord
 from ._security import describe, secret_bytes
+from ._spool_dir import SpoolDir, WriteErrors
 from ._stats import SpoolStats
 from .exceptions import SpoolError
-
-try:  # POSIX; elsewhere the directory is simply not locked
-    import fcntl
-except ImportError:  # pragma: no cover
-    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["STAGED", "UNSPOOLED", "Durability", "Spool"]
 
@@ -53,8 +48,6 @@ STAGED = -1
 UNSPOOLED = -2
 
 SEGMENT_BYTES = 16 * 2**20
-ERROR_LOG_INTERVAL = 60.0
-LOCK_NAME = ".lock"
 
 _STAGE = 0
 _ACK = 1
@@ -106,16 +99,9 @@ class Spool:
         self._ops: list[_Op] = []
         self._plock = threading.Lock()  # guards _ops; taken under the buffer lock
         self._io = threading.Lock()  # one commit at a time, in order
-        self._lock_fd: int | None = None
-        self.appended = 0
-        self.acknowledged = 0
-        self.unspooled = 0
-        self.dead_letters = 0
-        self.last_error: str | None = None
-        self._failing = False
-        self._failed_since = 0
-        self._error_logged_at = -math.inf
-        self._error_logged = False
+        self._dir = SpoolDir(self.directory)
+        self._errors = WriteErrors(self.directory)
+        self.appended = self.acknowledged = self.dead_letters = 0
         self._secrets_at = -math.inf
         self._secret_bytes: list[bytes] = []
         self.closed = False
@@ -124,75 +110,19 @@ class Spool:
 
     def open(self) -> seg.DirScan:
         """Create or check the directory (0700), lock it, read what a previous session left."""
-        directory = self.directory
+        self._dir.lock()
         try:
-            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise SpoolError(f"cannot create the spool directory {directory}: {describe(exc)}") from exc
-        if not directory.is_dir():
-            raise SpoolError(f"the spool path {directory} is not a directory")
-        mode = directory.stat().st_mode & 0o777
-        if mode & 0o077:
-            # Samples can hold private data: the spool is for this user only.
-            try:
-                directory.chmod(0o700)
-            except OSError as exc:
-                raise SpoolError(
-                    f"the spool directory {directory} is accessible to other users "
-                    f"(mode {mode:o}) and cannot be made private: {describe(exc)}"
-                ) from exc
-        try:
-            self._lock()
-        except OSError as exc:  # a read-only or vanished directory, no permission
-            raise SpoolError(f"cannot lock the spool directory {directory}: {describe(exc)}") from exc
-        try:
-            scan = seg.scan_dir(directory)
+            scan = seg.scan_dir(self.directory)
             for f in scan.files:
                 self._register(f)
             self._collect()
         except OSError as exc:
-            self._unlock()
-            raise SpoolError(f"cannot read the spool directory {directory}: {describe(exc)}") from exc
+            self._dir.unlock()
+            raise SpoolError(f"cannot read the spool directory {self.directory}: {describe(exc)}") from exc
         except BaseException:
-            self._unlock()
+            self._dir.unlock()
             raise
         return scan
-
-    def _lock(self) -> None:
-        path = self.directory / LOCK_NAME
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        if fcntl is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                owner = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
-                os.close(fd)
-                raise SpoolError(
-                    f"the spool directory {self.directory} is in use by another session "
-                    f"(process {owner}); give each session its own spool_dir"
-                ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        self._lock_fd = fd
-        _forks.hold(self, self._after_fork_in_child)
-
-    def _unlock(self) -> None:
-        fd, self._lock_fd = self._lock_fd, None
-        _forks.release(self)
-        if fd is not None:
-            if fcntl is not None:
-                # Explicitly: closing releases it only if no forked process still has the file open.
-                with contextlib.suppress(OSError):
-                    fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
-
-    def _after_fork_in_child(self) -> None:
-        # A flock belongs to the open file, which fork shares: a child (a DataLoader worker, say)
-        # that outlived a killed session would otherwise keep its spool locked against the next one.
-        fd, self._lock_fd = self._lock_fd, None
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
 
     def _register(self, scan: seg.FileScan) -> _File:
         f = _File(self._next, scan.name, scan.path, scan.kind, size=scan.size)
@@ -292,7 +222,7 @@ class Spool:
 
     def _write(self, ops: list[_Op]) -> None:
         secrets = self._secrets()
-        active = self._ensure_active()
+        active = self._ensure_file(seg.SEGMENT)
         target = active.index if active is not None else UNSPOOLED
         lines: list[bytes] = []
         fresh: list[TraceRecord] = []
@@ -320,7 +250,7 @@ class Spool:
                 assert error is not None
                 dead.extend((r, error, sinks) for r in records)
         if active is None and lost:
-            self._note_failure(self.last_error or "no segment could be created", lost)
+            self._errors.failed(self._errors.last_error or "no segment could be created", lost)
         if dead:
             done.extend(self._write_dead(dead, secrets))
         acks, deps = self._ack_lines(done, active)
@@ -331,17 +261,10 @@ class Spool:
                 ok = False
                 for r in fresh:
                     r.spool_slot = UNSPOOLED
-                self._note_failure(error, len(fresh))
+                self._errors.failed(error, len(fresh))
                 fresh = []
-            elif self._failing and fresh:
-                if self._error_logged:
-                    logger.warning(
-                        "asynctrace: spool writes to %s succeed again (%d records were not spooled)",
-                        self.directory,
-                        self._failed_since,
-                    )
-                    self._error_logged = False
-                self._failing = False
+            elif fresh:
+                self._errors.succeeded()
         if active is not None:
             active.live += len(fresh)
             self.appended += len(fresh)
@@ -388,14 +311,11 @@ class Spool:
         error = self._append(f, data)
         if error is not None:
             # Left unacknowledged, these records are replayed by the next session instead.
-            self._note_failure(error, 0)
+            self._errors.failed(error, 0)
             return []
         f.live += len(dead)
         self.dead_letters += len(dead)
         return [r for r, _, _ in dead]
-
-    def _ensure_active(self) -> _File | None:
-        return self._ensure_file(seg.SEGMENT)
 
     def _ensure_file(self, kind: seg.FileKind) -> _File | None:
         current = self._active if kind == seg.SEGMENT else self._dead
@@ -409,7 +329,7 @@ class Spool:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
         except OSError as exc:
-            self._note_failure(describe(exc), 0)
+            self._errors.failed(describe(exc), 0)
             return None
         f = _File(self._next, name, path, kind, fd=fd)
         self._next += 1
@@ -417,7 +337,7 @@ class Spool:
         self._by_name[name] = f
         error = self._append(f, seg.header_line(self.project, self.run, self.session, kind))
         if error is not None:
-            self._note_failure(error, 0)
+            self._errors.failed(error, 0)
             self._close_file(f)
             self._unlink(f)
             return None
@@ -444,26 +364,6 @@ class Spool:
             return describe(exc)
         f.size += len(data)
         return None
-
-    def _note_failure(self, error: str, records: int) -> None:
-        self.unspooled += records
-        self.last_error = error
-        if not self._failing:
-            self._failing = True
-            self._failed_since = 0
-        # A nearly full disk flaps (small writes fit, large ones do not): say it once a minute.
-        now = time.monotonic()
-        if now - self._error_logged_at >= ERROR_LOG_INTERVAL:
-            self._error_logged_at = now
-            self._error_logged = True
-            logger.error(
-                "asynctrace: cannot write to the spool in %s (%s); records are still delivered to "
-                "the sinks, but are not crash-safe until spool writes succeed again; the loss is "
-                "counted in stats().spool.unspooled",
-                self.directory,
-                error,
-            )
-        self._failed_since += records
 
     def _close_file(self, f: _File) -> None:
         fd, f.fd = f.fd, None
@@ -515,7 +415,7 @@ class Spool:
                 self._collect()
                 self.closed = True
         finally:
-            self._unlock()
+            self._dir.unlock()
 
     @property
     def io_lock(self) -> threading.Lock:
@@ -534,10 +434,10 @@ class Spool:
             durability=self.durability,
             appended=self.appended,
             acknowledged=self.acknowledged,
-            unspooled=self.unspooled,
+            unspooled=self._errors.unspooled,
             dead_letters=self.dead_letters,
             duplicates_skipped=duplicates,
             segments=len(files),
             bytes=sum(f.size for f in files),
-            last_error=self.last_error,
+            last_error=self._errors.last_error,
         )

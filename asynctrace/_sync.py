@@ -106,7 +106,7 @@ class SyncTraceSession:
     def __init__(
         self,
         session: AsyncFront,
-        runner: _SyncRunner,
+        runner: SyncRunner,
         *,
         log_blocking: LogBlocking,
         push_metrics: Callable[[Mapping[str, float], int], None],
@@ -183,7 +183,7 @@ class SyncTraceSession:
         self.finish()
 
 
-class _SyncRunner:
+class SyncRunner:
     """Runs a session's event loop on a daemon thread, reachable through a blocking portal."""
 
     def __init__(self, session: AsyncFront, life: Lifecycle) -> None:

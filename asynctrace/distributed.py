@@ -17,24 +17,25 @@ torch is imported when a logger is created, never when this module is imported.
 from __future__ import annotations
 
 import logging
-import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import orjson
 
-from ._checks import MAX_STEP, check_int, check_step, check_timeout
-from ._parts import PartStep, group_key_of, merge_parts, payload_group
+from ._checks import MAX_STEP, check_encoding, check_int, check_project_run, check_step, check_timeout
+from ._collective import Collective, Ended, frame, unframe
+from ._parts import PartSteps, merge_parts, payload_group
 from ._record import Sample, SampleLike, as_list, encode_samples
-from ._sampling import Entry, Sampler, SamplerName, resolve_sampler
-from ._security import check_name, generated_run_name, shown
+from ._sampler_names import SamplerName, resolve_sampler
+from ._sampling import Sampler
+from ._security import generated_run_name, shown
 from ._session import TraceSession
-from ._stats import Counts, DropReason, SessionStats
+from ._stats import Counts, DropReason, SessionStats, SinkStats
 from ._sync import SyncTraceSession, log_within
 from ._writer import close_grace
 from .exceptions import SessionClosedError
@@ -50,12 +51,6 @@ logger = logging.getLogger("asynctrace")
 Mode = Literal["global", "per_rank", "per_rank_stream"]
 _MODES: tuple[str, ...] = ("global", "per_rank", "per_rank_stream")
 
-# A rank's message in a reduction: header length, orjson header, then the payloads back to back.
-_FRAME = struct.Struct(">I")
-# Every gathered buffer starts with the real length of the rank's frame (buffers are padded
-# to the longest frame of the reduction, as gather needs equal sizes).
-_LENGTH = struct.Struct(">Q")
-_RUN_NAME_BYTES = 256
 _OPEN_STEPS_WARNING = 64
 
 
@@ -130,66 +125,39 @@ class DistributedTraceLogger:
                 f"mode {mode!r} selects max_traces_per_step samples per step; give one "
                 "(or use mode='per_rank_stream' to write every sample)"
             )
-        if on_invalid not in ("raise", "skip"):
-            raise ValueError(f"on_invalid must be 'raise' or 'skip', got {shown(on_invalid)}")
+        check_encoding(on_invalid, redact)
         if session_factory is not None and session_kwargs:
             raise ValueError("give either session_factory or session keywords, not both")
         # Checked on every rank, not only where a session is made: a name no sink could store
         # fails here, before any collective call.
-        if not isinstance(project, str) or not project:
-            raise ValueError(f"project must be a non-empty str, got {shown(project)}")
-        check_name("project", project)
-        if run is not None:
-            if not isinstance(run, str) or not run:
-                raise ValueError(f"run must be a non-empty str or None, got {shown(run)}")
-            check_name("run", run)
+        check_project_run(project, run)
 
-        import torch
-        import torch.distributed as dist
-
-        self._torch = torch
-        self._dist = dist
         self.mode: Mode = mode
         self.project = project
         self.max_traces_per_step = max_traces_per_step
         self.sampler = resolve_sampler(sampler)
-        self._group_key = group_key_of(self.sampler)
         self.on_invalid = on_invalid
         self.redact = redact
-        self._distributed = dist.is_available() and dist.is_initialized()
         self.group = group
-        if self._distributed:
-            self.rank = dist.get_rank(group)
-            self.world_size = dist.get_world_size(group)
-            self.dst = dist.get_global_rank(group, 0) if dst is None and group is not None else (dst or 0)
-            self._dst_group_rank = dist.get_group_rank(group, self.dst) if group is not None else self.dst
-        else:
-            self.rank, self.world_size, self.dst, self._dst_group_rank = 0, 1, 0, 0
-        self.device = self._pick_device(device)
+        self._ranks = ranks = Collective(group, dst, device)
+        self.rank, self.world_size = ranks.rank, ranks.world_size
+        self.dst, self.device = ranks.dst, ranks.device
 
-        self.run = self._agree_on_run_name(run)
+        # Rank 0's name wins, so every rank writes to (or names its run after) the same run.
+        self.run = ranks.agree(run or generated_run_name())
         self.run_name = f"{self.run}-rank{self.rank}" if mode != "global" else self.run
         self.trackio_group = (
             trackio_group if trackio_group is not None else (self.run if mode != "global" else None)
         )
-        self.writes = mode != "global" or self.rank == self._dst_group_rank
+        self.writes = mode != "global" or self.rank == ranks.dst_group_rank
 
         self._lock = threading.Lock()
-        self._open: dict[tuple[str, int], PartStep] = {}
-        self._ended_all = -1
-        self._ended: dict[str, int] = {}
-        self._seq = 0
-        self._submitted = 0
-        self._handed_on = 0
-        self._held = 0
+        # This rank's part of each step ("per_rank_stream" offers it nothing).
+        self._steps = PartSteps(self.sampler, max_traces_per_step or 1, self.rank)
         self._dropped: Counter[str] = Counter()
-        self._reductions = 0
-        self._bytes_sent = 0
-        self._last_bytes = 0
-        self._payload_bytes = 0
-        self._merged_received = 0
-        self._merged_capped = 0
-        self._merged_late = 0
+        self._submitted = self._handed_on = self._reductions = 0
+        self._bytes_sent = self._last_bytes = self._payload_bytes = 0
+        self._merged_received = self._merged_capped = self._merged_late = 0
         # On the writing rank: the newest step of each split already merged and written.
         self._merged_upto: dict[str, int] = {}
         self._warned_open = False
@@ -202,76 +170,12 @@ class DistributedTraceLogger:
         self._blocking = False
         self._finish_timeout: float | None = None
         if self.writes:
-            session = self._make_session(session_factory, session_kwargs)
+            session = _make_session(self, session_factory, session_kwargs)
             self._blocking = session.on_full == "block"
             self._finish_timeout = session.finish_timeout
             self._sync = session.start()
 
     # -- set-up ---------------------------------------------------------------------------------
-
-    def _pick_device(self, device: torch.device | str | None) -> torch.device:
-        import torch
-
-        if device is not None:
-            return torch.device(device)
-        if not self._distributed:
-            return torch.device("cpu")
-        backend = str(self._dist.get_backend(self.group)).lower()
-        # Gloo (alone or in a "cpu:gloo,cuda:nccl" pair) moves CPU tensors; NCCL alone needs
-        # tensors on this rank's current GPU.
-        if "gloo" in backend or "nccl" not in backend:
-            return torch.device("cpu")
-        return torch.device("cuda", torch.cuda.current_device())
-
-    def _agree_on_run_name(self, run: str | None) -> str:
-        name = run or generated_run_name()
-        if not self._distributed or self.world_size == 1:
-            return name
-        # Rank 0's name wins, so every rank writes to (or names its run after) the same run.
-        raw = name.encode()
-        if len(raw) > _RUN_NAME_BYTES - 2:
-            raise ValueError(f"run name is longer than {_RUN_NAME_BYTES - 2} bytes: {shown(name)}")
-        buf = bytearray(_RUN_NAME_BYTES)
-        buf[:2] = len(raw).to_bytes(2, "big")
-        buf[2 : 2 + len(raw)] = raw
-        tensor = self._torch.frombuffer(buf, dtype=self._torch.uint8).to(self.device)
-        src = self._dist.get_global_rank(self.group, 0) if self.group is not None else 0
-        self._dist.broadcast(tensor, src=src, group=self.group)
-        got = _tensor_bytes(tensor)
-        return got[2 : 2 + int.from_bytes(got[:2], "big")].decode()
-
-    def _make_session(
-        self, factory: Callable[[int, str], TraceSession] | None, kwargs: dict[str, Any]
-    ) -> TraceSession:
-        if factory is not None:
-            session = factory(self.rank, self.run_name)
-            if not isinstance(session, TraceSession):
-                raise ValueError(f"session_factory must return a TraceSession, got {type(session).__name__}")
-            if self.mode != "per_rank_stream" and session.max_traces_per_step is not None:
-                raise ValueError(
-                    f"in mode {self.mode!r} the logger selects per step; the session from "
-                    "session_factory must have max_traces_per_step=None"
-                )
-            return session
-        sinks: list[Sink] | None = kwargs.pop("sinks", None)
-        if sinks is None:
-            init_kwargs = {"group": self.trackio_group} if self.trackio_group else None
-            sinks = [TrackioSink(init_kwargs=init_kwargs)]
-        if self.mode == "per_rank_stream":
-            return TraceSession(
-                self.project,
-                self.run_name,
-                sinks=sinks,
-                max_traces_per_step=self.max_traces_per_step,
-                sampler=self.sampler,
-                on_invalid=self.on_invalid,
-                redact=self.redact,
-                **kwargs,
-            )
-        # Selection is done by the logger; the session only writes what was selected (it
-        # validated once already, so whatever it still rejects is counted, not raised).
-        kwargs.pop("max_open_steps", None)
-        return TraceSession(self.project, self.run_name, sinks=sinks, on_invalid="skip", **kwargs)
 
     def __repr__(self) -> str:
         return (
@@ -285,19 +189,6 @@ class DistributedTraceLogger:
         return self._sync
 
     # -- logging (local, any thread) ----------------------------------------------------------
-
-    def _check(self, step: Any, split: Any) -> None:
-        check_step(step, split)
-        if self._final is not None:
-            raise SessionClosedError("the logger is finished")
-
-    def _encode(self, items: Sequence[Any]) -> tuple[list[tuple[bytes, float | None]], int]:
-        return encode_samples(
-            items,
-            redact=self.redact,
-            skip_invalid=self.on_invalid == "skip",
-            score_needed_by=type(self.sampler).__name__ if self.sampler.needs_score else None,
-        )
 
     def log_samples(
         self,
@@ -313,17 +204,7 @@ class DistributedTraceLogger:
         ones before the step ends). A step that already ended takes no more samples: they are
         dropped as ``"late"``.
         """
-        self._check(step, split)
-        if self.mode == "per_rank_stream":
-            assert self._sync is not None
-            items = as_list(samples)  # once: `samples` may be a generator
-            accepted = self._sync.log_samples(items, step=step, split=split)
-            n = len(items)
-            with self._lock:
-                self._submitted += n
-                self._handed_on += n
-            return accepted
-        return self._offer(samples, step, split)
+        return self._log(samples, step, split, wait=True)
 
     def log_samples_nowait(
         self,
@@ -333,62 +214,44 @@ class DistributedTraceLogger:
         split: str = "train",
     ) -> int:
         """As `log_samples`, but in ``"per_rank_stream"`` mode never waits for buffer room."""
-        self._check(step, split)
+        return self._log(samples, step, split, wait=False)
+
+    def _log(self, samples: SampleLike | Iterable[SampleLike], step: int, split: str, wait: bool) -> int:
+        check_step(step, split)
+        if self._final is not None:
+            raise SessionClosedError("the logger is finished")
+        items = as_list(samples)  # once: `samples` may be a generator
         if self.mode == "per_rank_stream":
             assert self._sync is not None
-            items = as_list(samples)  # once: `samples` may be a generator
-            accepted = self._sync.log_samples_nowait(items, step=step, split=split)
-            n = len(items)
+            log = self._sync.log_samples if wait else self._sync.log_samples_nowait
+            accepted = log(items, step=step, split=split)
             with self._lock:
-                self._submitted += n
-                self._handed_on += n
+                self._submitted += len(items)
+                self._handed_on += len(items)
             return accepted
-        return self._offer(samples, step, split)
-
-    def _offer(self, samples: SampleLike | Iterable[SampleLike], step: int, split: str) -> int:
-        items = as_list(samples)
-        encoded, invalid = self._encode(items)
-        k = self.max_traces_per_step
-        assert k is not None
+        encoded, invalid = encode_samples(
+            items,
+            redact=self.redact,
+            skip_invalid=self.on_invalid == "skip",
+            score_needed_by=type(self.sampler).__name__ if self.sampler.needs_score else None,
+        )
         with self._lock:
             self._submitted += len(items)
             self._dropped_add("invalid", invalid)
             if self._closing:
                 self._dropped_add("closed", len(encoded))
                 return 0
-            if step <= max(self._ended_all, self._ended.get(split, -1)):
-                self._dropped_add("late", len(encoded))
-                return 0
-            key = (split, step)
-            opened = self._open.get(key)
-            if opened is None:
-                # Each rank is a part of the step: a sampler that draws gives it its own stream.
-                selection = self.sampler.new_part_step(split, step, k, self.rank)
-                opened = self._open[key] = PartStep(selection)
-                if len(self._open) > _OPEN_STEPS_WARNING and not self._warned_open:
-                    self._warned_open = True
-                    logger.warning(
-                        "asynctrace: %d steps are open on rank %d; call end_step(step) when a step is done",
-                        len(self._open),
-                        self.rank,
-                    )
-            before = len(opened.kept)
-            cands = [
-                (Entry(score, self._next_seq(), group=self._group(payload)), payload)
-                for payload, score in encoded
-            ]
-            cut = opened.offer(cands)
-            self._held += len(opened.kept) - before
+            accepted, cut, late = self._steps.offer(split, step, encoded)
             self._dropped_add("capped", cut)
-            return sum(1 for e, _ in cands if e.seq in opened.kept)
-
-    def _group(self, payload: bytes) -> Hashable | None:
-        """The prompt group of an encoded sample, for a group sampler (None for the others)."""
-        return payload_group(payload, self._group_key)
-
-    def _next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
+            self._dropped_add("late", late)
+            if len(self._steps.open) > _OPEN_STEPS_WARNING and not self._warned_open:
+                self._warned_open = True
+                logger.warning(
+                    "asynctrace: %d steps are open on rank %d; call end_step(step) when a step is done",
+                    len(self._steps.open),
+                    self.rank,
+                )
+            return accepted
 
     def _dropped_add(self, reason: DropReason, n: int) -> None:
         if n:
@@ -396,27 +259,10 @@ class DistributedTraceLogger:
 
     # -- ending steps ---------------------------------------------------------------------------
 
-    def _take_ended(self, step: int | None, split: str | None) -> list[tuple[tuple[str, int], PartStep]]:
+    def _take_ended(self, step: int | None, split: str | None) -> Ended:
         """Remove and return the open steps that end now (lock held)."""
-        keys = sorted(
-            key
-            for key in self._open
-            if (step is None or key[1] <= step) and (split is None or key[0] == split)
-        )
-        out = [(key, self._open.pop(key)) for key in keys]
-        if step is not None:
-            if split is None:
-                self._ended_all = max(self._ended_all, step)
-            else:
-                self._ended[split] = max(self._ended.get(split, -1), step)
-        else:
-            # flush()/finish(): every step ended here is final too, or a later sample for it
-            # would start a second selection of the same step and break the cap.
-            for (key_split, key_step), _ in out:
-                self._ended[key_split] = max(self._ended.get(key_split, -1), key_step)
-        for _, opened in out:
-            self._held -= len(opened.kept)
-            self._handed_on += len(opened.kept)
+        out = self._steps.end(step, split)
+        self._handed_on += sum(len(opened.kept) for _, opened in out)
         return out
 
     def end_step(self, step: int, split: str | None = None, *, timeout: float | None = None) -> None:
@@ -439,7 +285,7 @@ class DistributedTraceLogger:
             ended = self._take_ended(step, split)
         self._hand_on(ended, timeout)
 
-    def _hand_on(self, ended: list[tuple[tuple[str, int], PartStep]], timeout: float | None) -> float | None:
+    def _hand_on(self, ended: Ended, timeout: float | None) -> float | None:
         """Hand ended steps on; `timeout` bounds waiting for room in the session. Returns the
         deadline that applied (None without `timeout`)."""
         if self.mode == "per_rank":
@@ -449,7 +295,7 @@ class DistributedTraceLogger:
             return deadline
         return self._reduce(ended, timeout)
 
-    def _abort(self, ended: list[tuple[tuple[str, int], PartStep]]) -> None:
+    def _abort(self, ended: Ended) -> None:
         """Count samples taken out of their selections but never handed on as ``"aborted"``."""
         with self._lock:
             n = sum(len(opened.kept) for _, opened in ended)
@@ -468,59 +314,10 @@ class DistributedTraceLogger:
 
     # -- the reduction (global mode) ------------------------------------------------------------
 
-    def _frame(self, ended: list[tuple[tuple[str, int], PartStep]]) -> tuple[bytes, int]:
-        steps = []
-        payloads: list[bytes] = []
-        for (split, step), opened in ended:
-            entries = []
-            for seq, (entry, payload) in sorted(opened.kept.items()):
-                # The key a sampler drew travels with the entry, so the merge can rank by it.
-                row = [seq, entry.score, len(payload)]
-                entries.append(row if entry.key is None else [*row, entry.key])
-                payloads.append(payload)
-            steps.append([split, step, opened.offered, entries])
-        if not steps:
-            return b"", 0
-        head = orjson.dumps({"rank": self.rank, "steps": steps})
-        blob = b"".join(payloads)
-        return _FRAME.pack(len(head)) + head + blob, len(blob)
-
-    def _gather(self, frame: bytes) -> list[bytes] | None:
-        """Gather every rank's frame to the writing rank; returns them there (None elsewhere)."""
-        if not self._distributed or self.world_size == 1:
-            return [frame]
-        torch, dist = self._torch, self._dist
-        size = torch.tensor([len(frame)], dtype=torch.int64, device=self.device)
-        dist.all_reduce(size, op=dist.ReduceOp.MAX, group=self.group)
-        longest = int(size.item())
-        sent = size.element_size()
-        if longest == 0:  # no rank has candidates: skip the gather altogether
-            self._last_bytes = sent
-            self._bytes_sent += sent
-            return [b""] * self.world_size if self.rank == self._dst_group_rank else None
-        buf = bytearray(_LENGTH.size + longest)
-        buf[: _LENGTH.size] = _LENGTH.pack(len(frame))
-        buf[_LENGTH.size : _LENGTH.size + len(frame)] = frame
-        tensor = torch.frombuffer(buf, dtype=torch.uint8).to(self.device)
-        sent += tensor.numel()
-        self._last_bytes = sent
-        self._bytes_sent += sent
-        if self.rank == self._dst_group_rank:
-            parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
-            dist.gather(tensor, gather_list=parts, dst=self.dst, group=self.group)
-            out = []
-            for part in parts:
-                raw = _tensor_bytes(part)
-                (n,) = _LENGTH.unpack_from(raw)
-                out.append(raw[_LENGTH.size : _LENGTH.size + n])
-            return out
-        dist.gather(tensor, gather_list=None, dst=self.dst, group=self.group)
-        return None
-
-    def _reduce(self, ended: list[tuple[tuple[str, int], PartStep]], timeout: float | None) -> float | None:
-        frame, payload_bytes = self._frame(ended)
+    def _reduce(self, ended: Ended, timeout: float | None) -> float | None:
+        data, payload_bytes = frame(self.rank, ended)
         try:
-            frames = self._gather(frame)
+            frames, sent = self._ranks.gather(data)
         except BaseException:
             # The collective failed (a peer died, a timeout): this rank's candidates never
             # reached the writing rank, or cannot be known to have; count them, then re-raise.
@@ -530,25 +327,12 @@ class DistributedTraceLogger:
         deadline = None if timeout is None else time.monotonic() + timeout
         self._reductions += 1
         self._payload_bytes += payload_bytes
+        if not self._ranks.alone:
+            self._last_bytes = sent
+            self._bytes_sent += sent
         if frames is None:
             return deadline
-        # (split, step) -> [(rank, samples offered there, candidates with their payloads)]
-        by_step: dict[tuple[str, int], list[tuple[int, int, list[tuple[Entry, bytes]]]]] = {}
-        for raw in frames:
-            if not raw:
-                continue
-            (head_len,) = _FRAME.unpack_from(raw)
-            head = orjson.loads(raw[_FRAME.size : _FRAME.size + head_len])
-            offset = _FRAME.size + head_len
-            rank = int(head["rank"])
-            for split, step, offered, entries in head["steps"]:
-                cands = []
-                for seq, score, size, *key_if_any in entries:
-                    key = key_if_any[0] if key_if_any else None
-                    payload = raw[offset : offset + size]
-                    cands.append((Entry(score, int(seq), key=key, group=self._group(payload)), payload))
-                    offset += size
-                by_step.setdefault((split, int(step)), []).append((rank, int(offered), cands))
+        by_step = unframe(frames, lambda payload: payload_group(payload, self._steps.group_key))
         written_upto = dict(self._merged_upto)
         for (split, step), parts in sorted(by_step.items()):
             parts.sort(key=lambda p: p[0])  # rank order: the order one process would log in
@@ -631,7 +415,7 @@ class DistributedTraceLogger:
                 mode=self.mode,
                 submitted=self._submitted,
                 handed_on=self._handed_on,
-                held=self._held,
+                held=self._steps.held,
                 dropped=dict(self._dropped),
                 reductions=self._reductions,
                 bytes_sent=self._bytes_sent,
@@ -646,31 +430,20 @@ class DistributedTraceLogger:
     def gather_stats(self) -> list[RankStats] | None:
         """Every rank's `stats()`, gathered to the writing rank (a collective in every mode);
         None on the other ranks. For checking a job's accounting in one place."""
-        raw = orjson.dumps(asdict(self.stats()))
-        frames = self._gather_plain(raw)
+        frames, _ = self._ranks.gather(orjson.dumps(asdict(self.stats())))  # not trace traffic
         if frames is None:
             return None
         out = []
-        for frame in frames:
-            data = orjson.loads(frame)
+        for raw in frames:
+            data = orjson.loads(raw)
             session = data.pop("session")
             if session is not None:
-                from ._stats import SinkStats
-
                 session["sinks"] = {k: SinkStats(**v) for k, v in session["sinks"].items()}
                 data["session"] = SessionStats(**session)
             else:
                 data["session"] = None
             out.append(RankStats(**data))
         return out
-
-    def _gather_plain(self, payload: bytes) -> list[bytes] | None:
-        # Reuses the reduction's framing without counting the bytes as trace traffic.
-        sent, last = self._bytes_sent, self._last_bytes
-        try:
-            return self._gather(payload)
-        finally:
-            self._bytes_sent, self._last_bytes = sent, last
 
     def __enter__(self) -> DistributedTraceLogger:
         return self
@@ -684,7 +457,36 @@ class DistributedTraceLogger:
         self.finish(collective=exc_type is None)
 
 
-def _tensor_bytes(tensor: torch.Tensor) -> bytes:
-    """A uint8 tensor's bytes, without numpy (torch does not require it)."""
-    # clone(): a storage of its own, exactly the tensor's size.
-    return bytes(tensor.detach().cpu().clone().untyped_storage())
+def _make_session(
+    owner: DistributedTraceLogger, factory: Callable[[int, str], TraceSession] | None, kwargs: dict[str, Any]
+) -> TraceSession:
+    """The rank's writing session, from `factory` or from the logger's own settings."""
+    if factory is not None:
+        session = factory(owner.rank, owner.run_name)
+        if not isinstance(session, TraceSession):
+            raise ValueError(f"session_factory must return a TraceSession, got {type(session).__name__}")
+        if owner.mode != "per_rank_stream" and session.max_traces_per_step is not None:
+            raise ValueError(
+                f"in mode {owner.mode!r} the logger selects per step; the session from "
+                "session_factory must have max_traces_per_step=None"
+            )
+        return session
+    sinks: list[Sink] | None = kwargs.pop("sinks", None)
+    if sinks is None:
+        init_kwargs = {"group": owner.trackio_group} if owner.trackio_group else None
+        sinks = [TrackioSink(init_kwargs=init_kwargs)]
+    if owner.mode == "per_rank_stream":
+        return TraceSession(
+            owner.project,
+            owner.run_name,
+            sinks=sinks,
+            max_traces_per_step=owner.max_traces_per_step,
+            sampler=owner.sampler,
+            on_invalid=owner.on_invalid,
+            redact=owner.redact,
+            **kwargs,
+        )
+    # Selection is done by the logger; the session only writes what was selected (it
+    # validated once already, so whatever it still rejects is counted, not raised).
+    kwargs.pop("max_open_steps", None)
+    return TraceSession(owner.project, owner.run_name, sinks=sinks, on_invalid="skip", **kwargs)

@@ -67,9 +67,18 @@ async def floor_round(samples: list[Any], *, per_step: int, cap: int, gap: float
 
 
 async def session_round(
-    samples: list[Any], *, sampler: str | None, per_step: int, cap: int, gap: float
+    samples: list[Any],
+    *,
+    sampler: str | None,
+    per_step: int,
+    cap: int,
+    gap: float,
+    calls: tuple[list[float], list[float], list[float]],
 ) -> float:
-    """Seconds spent inside ``log_samples`` over every call, after checking what was stored."""
+    """Seconds spent inside ``log_samples`` over every call, after checking what was stored.
+    Appends to `calls` each call's on-CPU seconds (to [0] when the call accepted nothing, to
+    [1] otherwise) and to [2] how many samples it accepted (encoded and taken into the step's
+    selection, whether or not they are kept to the end)."""
     import asynctrace as at
 
     project = common.project_name("capped")
@@ -80,9 +89,12 @@ async def session_round(
     async with at.TraceSession(project, finish_timeout=300.0, **kwargs) as session:
         await session.flush()  # the writer process is up before timing starts
         for c in range(0, len(samples), BATCH):
+            c0 = time.thread_time()
             t0 = time.perf_counter()
-            await session.log_samples(samples[c : c + BATCH], step=c // per_step)
+            took = await session.log_samples(samples[c : c + BATCH], step=c // per_step)
             spent += time.perf_counter() - t0
+            calls[took > 0].append(time.thread_time() - c0)
+            calls[2].append(took)
             await anyio.sleep(gap)
         run = session.run
     steps = len(samples) // per_step
@@ -115,6 +127,7 @@ async def main_async(args: argparse.Namespace) -> int:
     n = len(samples)
     variants: list[str] = ["floor", *args.samplers] + (["no cap"] if args.no_cap else [])
     per_sample: dict[str, list[float]] = {v: [] for v in variants}
+    calls: dict[str, tuple[list[float], list[float], list[float]]] = {v: ([], [], []) for v in variants}
     for r in range(args.rounds):
         order = variants if r % 2 == 0 else variants[::-1]
         for variant in order:
@@ -127,6 +140,7 @@ async def main_async(args: argparse.Namespace) -> int:
                     per_step=args.per_step,
                     cap=args.cap,
                     gap=args.gap,
+                    calls=calls[variant],
                 )
             per_sample[variant].append(spent / n * 1e6)
     rows: list[list[str]] = []
@@ -149,6 +163,28 @@ async def main_async(args: argparse.Namespace) -> int:
         f"{args.rounds} alternating rounds (median); goal: every sampler at most 2x the floor"
     )
     common.print_table(["variant", "us/sample", "vs floor", "<= 2x", "rounds (us/sample)"], rows)
+    print()
+    print(
+        "where it goes: samples a step each variant encoded (accepted into the selection, kept or "
+        "later pushed out), and the median on-CPU time of a call that accepted none or some"
+    )
+    parts: list[list[str]] = []
+    steps_run = args.steps * args.rounds
+    for variant in variants:
+        if variant == "floor":
+            continue
+        none, some, took = calls[variant]
+        parts.append(
+            [
+                variant,
+                f"{sum(took) / steps_run:.1f}",
+                f"{len(none)} / {statistics.median(none) * 1e6:.0f}" if none else "0 / -",
+                f"{len(some)} / {statistics.median(some) * 1e6:.0f}" if some else "0 / -",
+            ]
+        )
+    common.print_table(
+        ["variant", "encoded/step", "calls accepting none / us", "calls accepting some / us"], parts
+    )
     common.print_machine("end")
     return 0
 

@@ -20,23 +20,23 @@ def _modules() -> dict[str, tuple[Path, ast.Module]]:
     return out
 
 
-def _module_level(tree: ast.Module) -> list[ast.AST]:
-    """The nodes outside function bodies (a lazy import inside a function is left out)."""
+def _module_level(tree: ast.Module, lazy: bool = False) -> list[ast.AST]:
+    """The nodes outside function bodies (with `lazy`, inside them too)."""
     out: list[ast.AST] = []
     todo: list[ast.AST] = [tree]
     while todo:
         node = todo.pop()
         out.append(node)
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if lazy or not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             todo.extend(ast.iter_child_nodes(node))
     return out
 
 
-def _imports(name: str, path: Path, tree: ast.Module, known: set[str]) -> set[str]:
+def _imports(name: str, path: Path, tree: ast.Module, known: set[str], lazy: bool = False) -> set[str]:
     """Every asynctrace module `name` imports when it is imported (TYPE_CHECKING blocks too)."""
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     deps: set[str] = set()
-    for node in _module_level(tree):
+    for node in _module_level(tree, lazy):
         if isinstance(node, ast.ImportFrom):
             base = package[: len(package) - node.level + 1] if node.level else []
             module = ".".join(base + ([node.module] if node.module else []))
@@ -53,6 +53,11 @@ def test_no_import_cycles() -> None:
     (imports inside functions, made lazily to break such a loop, are left out)."""
     modules = _modules()
     graph = {name: _imports(name, path, tree, set(modules)) for name, (path, tree) in modules.items()}
+    assert _cycles(graph) == []
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[str]:
+    """The modules that reach themselves again through `graph`."""
     cycles = []
     for start in graph:
         seen: set[str] = set()
@@ -65,7 +70,7 @@ def test_no_import_cycles() -> None:
             if mod not in seen:
                 seen.add(mod)
                 todo.extend(graph[mod])
-    assert cycles == []
+    return cycles
 
 
 def _private_names(tree: ast.Module) -> set[str]:
@@ -101,4 +106,37 @@ def test_no_module_uses_another_modules_private_attributes() -> None:
                 continue
             if node.attr in everyone and node.attr not in own[name]:
                 offences.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}: {ast.unparse(node)}")
+    assert offences == []
+
+
+def _all_imports(name: str, path: Path, tree: ast.Module, known: set[str]) -> set[str]:
+    """Every asynctrace module `name` imports, at module level or inside a function."""
+    return _imports(name, path, tree, known, lazy=True)
+
+
+def test_no_lazy_import_cycles() -> None:
+    """No loop closes through an import made inside a function either: a lazy import only hides
+    a cycle, it does not remove the two modules' need of each other."""
+    modules = _modules()
+    graph = {name: _all_imports(name, path, tree, set(modules)) for name, (path, tree) in modules.items()}
+    assert _cycles(graph) == []
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """`from .x import _name` only of a module (or a module's public helpers), never of its private names."""
+    modules = _modules()
+    offences = []
+    for name, (path, tree) in modules.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom) or not node.level:
+                continue
+            base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
+            offences += [
+                f"{path.relative_to(ROOT.parent)}: {alias.name}"
+                for alias in node.names
+                if alias.name.startswith("_")
+                and not alias.name.startswith("__")
+                and f"{base}.{alias.name}" not in modules
+            ]
     assert offences == []

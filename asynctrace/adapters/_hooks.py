@@ -30,7 +30,7 @@ _warned: set[str] = set()
 _warned_lock = threading.Lock()
 
 
-def _warn_once(where: str, message: str) -> None:
+def warn_once(where: str, message: str) -> None:
     with _warned_lock:
         if where in _warned:
             return
@@ -55,11 +55,11 @@ def deliver(
     try:
         samples, skipped = convert()
     except Exception as exc:  # telemetry must never stop training
-        _warn_once(where, f"a batch of {rows} rows could not be converted ({type(exc).__name__}: {exc})")
+        warn_once(where, f"a batch of {rows} rows could not be converted ({type(exc).__name__}: {exc})")
         _count(session, rows)
         return 0
     if skipped:
-        _warn_once(where, f"{skipped} of {rows} rows could not be converted and were left out")
+        warn_once(where, f"{skipped} of {rows} rows could not be converted and were left out")
         _count(session, skipped)
     try:
         if isinstance(session, SyncTraceSession):
@@ -69,7 +69,7 @@ def deliver(
         # Finished under us (training outlived the session): counted as "closed", never raised.
         return _nowait(session, samples, step, split)
     except (RecordError, ValueError, TypeError) as exc:
-        _warn_once(where, f"the session refused a batch of {len(samples)} samples ({exc})")
+        warn_once(where, f"the session refused a batch of {len(samples)} samples ({exc})")
         _count(session, len(samples))
         return 0
 

@@ -42,7 +42,7 @@ from .._sync import SyncTraceSession
 from ..rollouts._align import MISSING, Shortfall
 from ..rollouts._mapping import prompt_indices
 from ._common import as_sequence, jsonable, role_name
-from ._hooks import _warn_once, deliver
+from ._hooks import deliver, warn_once
 
 __all__ = ["GRPOTracer", "attach", "to_samples"]
 
@@ -326,7 +326,7 @@ class GRPOTracer:
                 where=_HOOK,
             )
         except Exception as exc:  # telemetry must never stop training
-            _warn_once(_HOOK, f"a batch could not be logged ({type(exc).__name__}: {exc})")
+            warn_once(_HOOK, f"a batch could not be logged ({type(exc).__name__}: {exc})")
 
     def _convert(
         self,

@@ -13,13 +13,12 @@ when it is gone they are dropped as ``"collector_gone"``. Every sample is counte
 from __future__ import annotations
 
 import atexit
-import itertools
 import logging
 import threading
 import time
 import weakref
-from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -37,30 +36,27 @@ except ImportError:  # older Ray: a restarting actor fails calls with RayActorEr
         """Never raised: stands in for the class on Ray versions without it."""
 
 
-from .._checks import MAX_STEP, check_int, check_seconds, check_step, check_timeout, wait_arg
-from .._parts import Row
+from .._checks import (
+    MAX_STEP,
+    check_encoding,
+    check_flags,
+    check_int,
+    check_ints,
+    check_seconds,
+    check_step,
+    check_timeout,
+    wait_arg,
+)
 from .._record import Sample, SampleLike, as_list, encode_samples
 from .._sampling import Sampler
-from .._security import describe, shown
+from .._security import describe
 from .._stats import Counts, DropReason
-from ._local import LocalSelection, Released
+from ._local import LocalSelection
+from ._outbox import Call, Outbox, PartGroup, WireGroup
 
 __all__ = ["ClientStats", "TraceClient"]
 
 logger = logging.getLogger("asynctrace")
-
-# Drop reasons, in the words `stats().dropped` uses.
-# The local bound was reached: the collector is slower than the producers.
-QUEUE_FULL: DropReason = "queue_full"
-COLLECTOR_GONE: DropReason = "collector_gone"  # the collector actor died; nothing will be shipped again
-COLLECTOR_UNAVAILABLE: DropReason = "collector_unavailable"  # a call failed while Ray restarts the collector
-COLLECTOR_ERROR: DropReason = "collector_error"  # the collector raised while ingesting a batch
-SHIP_ERROR: DropReason = "ship_error"  # the call could not even be submitted (Ray not connected, ...)
-CLOSED: DropReason = "closed"  # logged after close()
-CLOSE_TIMEOUT: DropReason = "close_timeout"  # still buffered when close()'s deadline passed
-INVALID: DropReason = "invalid"  # failed validation with on_invalid="skip"
-CAPPED: DropReason = "capped"  # refused by the local selection: it could not be kept over the whole step
-NOT_CLOSED: DropReason = "not_closed"  # still buffered at exit in a process that cannot ship any more
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,49 +85,6 @@ class ClientStats(Counts):
 
     PARTS: ClassVar[tuple[str, ...]] = ("delivered", "in_flight", "buffered", "held")
 
-
-class _Group:
-    """Consecutive samples of one (split, step) from one call, waiting to be shipped; with local
-    selection, of one part, with each sample's row (sequence number, score, key) for the merge."""
-
-    __slots__ = ("first_seq", "nbytes", "part", "payloads", "rows", "since", "split", "step")
-
-    def __init__(
-        self,
-        split: str,
-        step: int,
-        payloads: list[bytes],
-        nbytes: int,
-        first_seq: int,
-        since: float,
-        part: int | None = None,
-        rows: list[Row] | None = None,
-    ) -> None:
-        self.split = split
-        self.step = step
-        self.payloads = payloads
-        self.nbytes = nbytes
-        self.first_seq = first_seq
-        self.since = since
-        self.part = part
-        self.rows = rows
-
-
-class _Call:
-    """One `ingest_encoded` call in flight."""
-
-    __slots__ = ("first_seq", "n", "nbytes")
-
-    def __init__(self, first_seq: int, n: int, nbytes: int) -> None:
-        self.first_seq = first_seq
-        self.n = n
-        self.nbytes = nbytes
-
-
-# (split, step, encoded samples): the wire format of `TraceCollector.ingest_encoded`.
-WireGroup = tuple[str, int, list[bytes]]
-# (split, step, part, encoded candidates, their rows): the wire format of `TraceCollector.ingest_parts`.
-PartGroup = tuple[str, int, int, list[bytes], list[Row]]
 
 # How long a new client waits for the collector to say which cap and sampler it applies.
 SELECTION_TIMEOUT = 30.0
@@ -178,30 +131,7 @@ class TraceClient:
         max_open_steps: int = 0,
         step_timeout: float | None = 5.0,
     ) -> None:
-        if not isinstance(collector, ActorHandle):
-            raise ValueError(
-                f"collector must be a TraceCollector actor handle, got {type(collector).__name__}"
-            )
-        for name, value in (
-            ("batch_size", batch_size),
-            ("max_batch_bytes", max_batch_bytes),
-            ("max_in_flight", max_in_flight),
-            ("max_buffered", max_buffered),
-            ("max_buffered_bytes", max_buffered_bytes),
-        ):
-            check_int(name, value)
-        check_seconds("flush_interval", flush_interval)
-        check_seconds("close_timeout", close_timeout)
-        check_int("max_open_steps", max_open_steps, minimum=0)
-        check_seconds("step_timeout", step_timeout, allow_none=True)
-        if not isinstance(select_locally, bool):
-            raise ValueError(f"select_locally must be a bool, got {shown(select_locally)}")
-        if on_invalid not in ("raise", "skip"):
-            raise ValueError(f"on_invalid must be 'raise' or 'skip', got {shown(on_invalid)}")
-        if max_buffered < batch_size:
-            raise ValueError(f"max_buffered ({max_buffered}) must be at least batch_size ({batch_size})")
-        if redact is not None and not callable(redact):
-            raise ValueError("redact must be a callable taking and returning a Sample")
+        _check_arguments(locals())
 
         self.collector = collector
         self.batch_size = batch_size
@@ -219,23 +149,10 @@ class TraceClient:
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
         self._progress = threading.Condition(self._lock)
-        self._groups: deque[_Group] = deque()
-        self._buffered = 0
-        self._buffered_bytes = 0
-        self._calls: dict[int, _Call] = {}
-        self._call_ids = itertools.count()
-        self._in_flight = 0
-        self._in_flight_bytes = 0
-        self._next_seq = 0  # sequence number of the next accepted sample
-        self._flush_target = 0  # ship everything with a sequence number below this now
-        self._submitted = 0
-        self._delivered = 0
+        self._out = Outbox(batch_size, max_batch_bytes, self.flush_interval, max_in_flight)
+        self._submitted = self._delivered = self._n_calls = self._bytes_shipped = 0
         self._dropped: Counter[str] = Counter()
-        self._n_calls = 0
-        self._bytes_shipped = 0
-        self._gone = False
-        self._closing = False
-        self._stopping = False
+        self._gone = self._closing = self._stopping = False
         self._last_error: str | None = None
         self._warned: set[str] = set()
         self._thread: threading.Thread | None = None
@@ -243,12 +160,9 @@ class TraceClient:
         self._close_lock = threading.Lock()
         self._closed = False  # a close() ran to its end: its deadline is spent, not to be repeated
         self._closer: int | None = None  # the thread running the close() under way
-        self._local: LocalSelection | None = None
-        self._score_needed_by: str | None = None
-        if select_locally:
-            self._local = _ask_selection(collector, max_open_steps, step_timeout)
-            if self._local is not None and self._local.sampler.needs_score:
-                self._score_needed_by = type(self._local.sampler).__name__
+        self._local = _ask_selection(collector, max_open_steps, step_timeout) if select_locally else None
+        sampler = self._local.sampler if self._local is not None else None
+        self._score_needed_by = type(sampler).__name__ if sampler and sampler.needs_score else None
         _open_clients.add(self)
 
     def __repr__(self) -> str:
@@ -263,19 +177,6 @@ class TraceClient:
         )
 
     # -- caller side (any thread) -----------------------------------------------------------
-
-    def _encode(self, items: Sequence[Any]) -> tuple[list[tuple[bytes, float | None]], int, int]:
-        """Validate and encode in the caller, as the session does; returns (payload, score) pairs,
-        their bytes, and how many were invalid."""
-        encoded, invalid = encode_samples(
-            items,
-            redact=self.redact,
-            skip_invalid=self.on_invalid == "skip",
-            max_bytes=self.max_batch_bytes,
-            bound="max_batch_bytes",
-            score_needed_by=self._score_needed_by,
-        )
-        return encoded, sum(len(p) for p, _ in encoded), invalid
 
     def log_samples_nowait(
         self,
@@ -298,41 +199,41 @@ class TraceClient:
             # Nothing will be shipped: skip the encoding, only count.
             with self._lock:
                 self._submitted += len(items)
-                self._drop(CLOSED if self._closing else COLLECTOR_GONE, len(items))
+                self._drop("closed" if self._closing else "collector_gone", len(items))
             return 0
-        encoded, nbytes, invalid = self._encode(items)
+        # Validated and encoded in the caller, as the session does.
+        encoded, invalid = encode_samples(
+            items,
+            redact=self.redact,
+            skip_invalid=self.on_invalid == "skip",
+            max_bytes=self.max_batch_bytes,
+            bound="max_batch_bytes",
+            score_needed_by=self._score_needed_by,
+        )
+        nbytes = sum(len(p) for p, _ in encoded)
         now = time.monotonic()
         with self._lock:
             self._submitted += len(items)
-            self._drop(INVALID, invalid)
+            self._drop("invalid", invalid)
             if self._closing or self._gone:
-                self._drop(CLOSED if self._closing else COLLECTOR_GONE, len(encoded))
+                self._drop("closed" if self._closing else "collector_gone", len(encoded))
                 return 0
-            # The bound covers what is buffered, held and in flight: all of it is this
-            # process's memory until the collector has answered.
+            out = self._out
             held, held_bytes = self._held()
-            room = self.max_buffered - self._buffered - self._in_flight - held
-            room_bytes = self.max_buffered_bytes - self._buffered_bytes - self._in_flight_bytes - held_bytes
-            if len(encoded) > room or nbytes > room_bytes:
-                keep = 0
-                kept_bytes = 0
-                for p, _ in encoded[: max(room, 0)]:
-                    if kept_bytes + len(p) > room_bytes:
-                        break
-                    keep += 1
-                    kept_bytes += len(p)
-                self._drop(QUEUE_FULL, len(encoded) - keep)
-                encoded, nbytes = encoded[:keep], kept_bytes
+            keep, nbytes = out.fit(
+                encoded, nbytes, self.max_buffered - held, self.max_buffered_bytes - held_bytes
+            )
+            self._drop("queue_full", len(encoded) - keep)
+            encoded = encoded[:keep]
             if not encoded:
                 return 0
             if self._local is None:
-                accepted = self._append(split, step, [p for p, _ in encoded], nbytes, now)
+                accepted = len(encoded)
+                self._wake(out.append(split, step, [p for p, _ in encoded], nbytes, now))
             else:
                 passed, capped, accepted, released = self._local.offer(split, step, encoded, now)
-                self._drop(CAPPED, capped)
-                self._append_released(released, now)
-                if passed is not None:
-                    self._append_released([passed], now)
+                self._drop("capped", capped)
+                self._wake(out.append_released(released + ([passed] if passed else []), now))
             if self._thread is None:
                 self._start_thread()
             return accepted
@@ -349,37 +250,11 @@ class TraceClient:
             check_step(step, split)
         with self._lock:
             if self._local is not None:
-                self._append_released(self._local.end_step(step, split), time.monotonic())
+                self._wake(self._out.append_released(self._local.end_step(step, split), time.monotonic()))
 
     def _held(self) -> tuple[int, int]:
         """Candidates held by the local selection, as (samples, bytes) (lock held)."""
-        if self._local is None:
-            return 0, 0
-        return self._local.held, self._local.held_bytes
-
-    def _append(
-        self,
-        split: str,
-        step: int,
-        payloads: list[bytes],
-        nbytes: int,
-        now: float,
-        part: int | None = None,
-        rows: list[Row] | None = None,
-    ) -> int:
-        """Queue payloads of one (split, step) for shipping (lock held); returns how many."""
-        was_empty = not self._groups
-        self._groups.append(_Group(split, step, payloads, nbytes, self._next_seq, now, part, rows))
-        self._next_seq += len(payloads)
-        self._buffered += len(payloads)
-        self._buffered_bytes += nbytes
-        if was_empty or self._buffered >= self.batch_size or self._buffered_bytes >= self.max_batch_bytes:
-            self._work.notify()
-        return len(payloads)
-
-    def _append_released(self, released: list[Released], now: float) -> None:
-        for split, step, part, payloads, rows in released:
-            self._append(split, step, payloads, sum(len(p) for p in payloads), now, part, rows)
+        return (0, 0) if self._local is None else (self._local.held, self._local.held_bytes)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Ship everything buffered now and wait until each sample logged before the call was
@@ -393,12 +268,12 @@ class TraceClient:
         with self._lock:
             if self._local is not None:
                 # Every step held here is complete as far as this flush is concerned.
-                self._append_released(self._local.close_all(), time.monotonic())
-            target = self._next_seq
-            if target > self._flush_target:
-                self._flush_target = target
+                self._wake(self._out.append_released(self._local.close_all(), time.monotonic()))
+            target = self._out.next_seq
+            if target > self._out.flush_target:
+                self._out.flush_target = target
                 self._work.notify()
-            while self._watermark() < target:
+            while self._out.watermark() < target:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
@@ -443,10 +318,9 @@ class TraceClient:
         """Ship what is buffered within `budget`, drop the rest, and tell the thread to stop."""
         flushed = self.flush(budget)
         with self._lock:
-            if not flushed and self._groups:
-                n = self._buffered
-                self._clear_buffer()
-                self._drop(CLOSE_TIMEOUT, n)
+            if not flushed and self._out:
+                n = self._clear_buffer()
+                self._drop("close_timeout", n)
                 logger.warning(
                     "asynctrace: TraceClient.close() reached its %.1fs deadline; "
                     "%d buffered samples were dropped",
@@ -464,11 +338,10 @@ class TraceClient:
         with self._lock:
             self._closing = True
             self._stopping = True
-            n = self._buffered + (self._local.discard() if self._local is not None else 0)
-            self._clear_buffer()
-            self._drop(NOT_CLOSED, n)
+            n = self._clear_buffer(discard=True)
+            self._drop("not_closed", n)
             self._work.notify()
-            return n, self._in_flight
+            return n, self._out.in_flight
 
     def stats(self) -> ClientStats:
         """A consistent snapshot of this client's accounting."""
@@ -477,11 +350,11 @@ class TraceClient:
             return ClientStats(
                 submitted=self._submitted,
                 delivered=self._delivered,
-                in_flight=self._in_flight,
-                buffered=self._buffered,
+                in_flight=self._out.in_flight,
+                buffered=self._out.buffered,
                 held=held,
                 dropped=dict(self._dropped),
-                held_bytes=self._buffered_bytes + self._in_flight_bytes + held_bytes,
+                held_bytes=self._out.buffered_bytes + self._out.in_flight_bytes + held_bytes,
                 calls=self._n_calls,
                 bytes_shipped=self._bytes_shipped,
                 collector_gone=self._gone,
@@ -506,102 +379,31 @@ class TraceClient:
         if n <= 0:
             return
         self._dropped[reason] += n
-        if reason not in self._warned and reason not in (CLOSED, CAPPED):
+        if reason not in self._warned and reason not in ("closed", "capped"):
             self._warned.add(reason)
             logger.warning(
                 "asynctrace: TraceClient dropping samples (%s); counts are in client.stats().dropped",
                 reason,
             )
 
-    def _clear_buffer(self) -> None:
-        self._groups.clear()
-        self._buffered = 0
-        self._buffered_bytes = 0
-        self._progress.notify_all()
+    def _wake(self, wake: bool) -> None:
+        if wake:
+            self._work.notify()
 
-    def _watermark(self) -> int:
-        """Every sample with a lower sequence number is delivered or dropped."""
-        low = self._next_seq
-        if self._groups:
-            low = self._groups[0].first_seq
-        for call in self._calls.values():
-            low = min(low, call.first_seq)
-        return low
+    def _clear_buffer(self, discard: bool = False) -> int:
+        """Forget what is buffered (and with `discard` what the local selection holds); returns how many."""
+        n = self._out.clear() + (self._local.discard() if discard and self._local is not None else 0)
+        self._progress.notify_all()
+        return n
 
     def _due_in(self, now: float) -> float | None:
         """Seconds until the next batch should go; 0 when one should go now, None when idle."""
         idle = self._local.next_due(now) if self._local is not None else None
-        ship = self._ship_due(now)
+        ship = self._out.ship_due(now, self._stopping)
         if idle is None or (ship is not None and ship <= idle):
             return ship
         # Waking for idle steps: the loop closes them, then asks again.
         return max(idle, 1e-3)
-
-    def _ship_due(self, now: float) -> float | None:
-        if not self._groups or self._in_flight_calls() >= self.max_in_flight:
-            return None
-        if (
-            self._stopping
-            or self._groups[0].first_seq < self._flush_target
-            or self._buffered >= self.batch_size
-            or self._buffered_bytes >= self.max_batch_bytes
-        ):
-            return 0.0
-        return max(0.0, self._groups[0].since + self.flush_interval - now)
-
-    def _in_flight_calls(self) -> int:
-        return len(self._calls)
-
-    def _take_batch(self) -> tuple[list[PartGroup], _Call]:
-        """Pop up to `batch_size` samples / `max_batch_bytes`, keeping (split, step) groups together.
-
-        Groups without a part (no local selection) go with part -1 and no rows."""
-        wire: list[PartGroup] = []
-        n = 0
-        nbytes = 0
-        first_seq = self._groups[0].first_seq
-        while self._groups and n < self.batch_size:
-            group = self._groups[0]
-            take = 0
-            took_bytes = 0
-            for p in group.payloads[: self.batch_size - n]:
-                # Always take at least one sample, so an oversized one still goes alone.
-                if n + take and nbytes + took_bytes + len(p) > self.max_batch_bytes:
-                    break
-                take += 1
-                took_bytes += len(p)
-            if take == 0:
-                break
-            rows = group.rows if group.rows is not None else []
-            if take == len(group.payloads):
-                self._groups.popleft()
-                payloads = group.payloads
-            else:
-                payloads = group.payloads[:take]
-                rows = rows[:take]
-                group.payloads = group.payloads[take:]
-                group.rows = group.rows[take:] if group.rows is not None else None
-                group.nbytes -= took_bytes
-                group.first_seq += take
-            part = -1 if group.part is None else group.part
-            if wire and wire[-1][:3] == (group.split, group.step, part):
-                # Consecutive calls for the same step travel as one group: the collector
-                # handles (and may wait for room for) each group once.
-                wire[-1][3].extend(payloads)
-                wire[-1][4].extend(rows)
-            else:
-                # `payloads` and `rows` belong to this batch alone (a popped group's lists, or
-                # slices), so extending them above is safe.
-                wire.append((group.split, group.step, part, payloads, list(rows)))
-            n += take
-            nbytes += took_bytes
-            if nbytes >= self.max_batch_bytes:
-                break
-        self._buffered -= n
-        self._buffered_bytes -= nbytes
-        self._in_flight += n
-        self._in_flight_bytes += nbytes
-        return wire, _Call(first_seq, n, nbytes)
 
     # -- shipping thread ---------------------------------------------------------------------
 
@@ -617,20 +419,16 @@ class TraceClient:
                         now = time.monotonic()
                         if self._local is not None:
                             if self._gone:
-                                self._drop(COLLECTOR_GONE, self._local.discard())
+                                self._drop("collector_gone", self._local.discard())
                             else:
-                                self._append_released(self._local.close_idle(now), now)
-                        if self._gone and self._groups:
-                            n = self._buffered
-                            self._clear_buffer()
-                            self._drop(COLLECTOR_GONE, n)
-                        if self._stopping and not self._groups:
+                                self._out.append_released(self._local.close_idle(now), now)
+                        if self._gone and self._out:
+                            self._drop("collector_gone", self._clear_buffer())
+                        if self._stopping and not self._out:
                             return
                         due = self._due_in(now)
                         if due == 0.0:
-                            wire, call = self._take_batch()
-                            call_id = next(self._call_ids)
-                            self._calls[call_id] = call
+                            call_id, call, wire = self._out.take_batch()
                             break
                         self._work.wait(due)
                 self._ship(call_id, call, wire)
@@ -639,11 +437,9 @@ class TraceClient:
             with self._lock:
                 self._last_error = _describe(exc)
                 self._gone = True
-                n = self._buffered + (self._local.discard() if self._local is not None else 0)
-                self._clear_buffer()
-                self._drop(SHIP_ERROR, n)
+                self._drop("ship_error", self._clear_buffer(discard=True))
 
-    def _ship(self, call_id: int, call: _Call, wire: list[PartGroup]) -> None:
+    def _ship(self, call_id: int, call: Call, wire: list[PartGroup]) -> None:
         try:
             if self._local is None:
                 plain: list[WireGroup] = [(split, step, payloads) for split, step, _, payloads, _ in wire]
@@ -652,45 +448,64 @@ class TraceClient:
                 ref = self.collector.ingest_parts.remote(wire)
             future: Future[Any] = ref.future()
         except Exception as exc:  # Ray not connected in this process, or shutting down
-            self._finish_call(call_id, exc, SHIP_ERROR)
+            self._finish_call(call_id, exc, "ship_error")
             return
         with self._lock:
             self._n_calls += 1
             self._bytes_shipped += call.nbytes
         # The callback runs on a Ray thread (or right here when already done).
-        future.add_done_callback(lambda f: self._on_done(call_id, f))
-
-    def _on_done(self, call_id: int, future: Future[Any]) -> None:
-        try:
-            future.result()
-        except ActorUnavailableError as exc:
-            # Ray is restarting the collector (max_restarts): later calls may succeed.
-            self._finish_call(call_id, exc, COLLECTOR_UNAVAILABLE)
-        except RayActorError as exc:
-            # The collector is dead for good. Whether it ingested this batch before it died is
-            # unknowable, and its own counts died with it: the batch is counted here.
-            self._finish_call(call_id, exc, COLLECTOR_GONE)
-        except BaseException as exc:
-            self._finish_call(call_id, exc, COLLECTOR_ERROR)
-        else:
-            self._finish_call(call_id, None, None)
+        future.add_done_callback(lambda f: self._finish_call(call_id, *_outcome(f)))
 
     def _finish_call(self, call_id: int, exc: BaseException | None, reason: DropReason | None) -> None:
         with self._lock:
-            call = self._calls.pop(call_id, None)
+            call = self._out.finish(call_id)
             if call is None:
                 return
-            self._in_flight -= call.n
-            self._in_flight_bytes -= call.nbytes
             if reason is None:
                 self._delivered += call.n
             else:
                 self._last_error = _describe(exc) if exc is not None else reason
-                if reason == COLLECTOR_GONE:
+                if reason == "collector_gone":
                     self._gone = True
                 self._drop(reason, call.n)
             self._progress.notify_all()
             self._work.notify()
+
+
+def _check_arguments(a: dict[str, Any]) -> None:
+    """Check `TraceClient`'s arguments (its `locals()`), each with a clear error naming it."""
+    if not isinstance(a["collector"], ActorHandle):
+        raise ValueError(
+            f"collector must be a TraceCollector actor handle, got {type(a['collector']).__name__}"
+        )
+    check_ints(**{n: a[n] for n in ("batch_size", "max_batch_bytes", "max_in_flight", "max_buffered")})
+    check_ints(max_buffered_bytes=a["max_buffered_bytes"])
+    check_seconds("flush_interval", a["flush_interval"])
+    check_seconds("close_timeout", a["close_timeout"])
+    check_int("max_open_steps", a["max_open_steps"], minimum=0)
+    check_seconds("step_timeout", a["step_timeout"], allow_none=True)
+    check_flags(select_locally=a["select_locally"])
+    check_encoding(a["on_invalid"], a["redact"])
+    if a["max_buffered"] < a["batch_size"]:
+        raise ValueError(
+            f"max_buffered ({a['max_buffered']}) must be at least batch_size ({a['batch_size']})"
+        )
+
+
+def _outcome(future: Future[Any]) -> tuple[BaseException | None, DropReason | None]:
+    """How a call ended: (None, None) when the collector ingested it, else the error and its reason."""
+    try:
+        future.result()
+    except ActorUnavailableError as exc:
+        # Ray is restarting the collector (max_restarts): later calls may succeed.
+        return exc, "collector_unavailable"
+    except RayActorError as exc:
+        # The collector is dead for good. Whether it ingested this batch before it died is
+        # unknowable, and its own counts died with it: the batch is counted here.
+        return exc, "collector_gone"
+    except BaseException as exc:
+        return exc, "collector_error"
+    return None, None
 
 
 def _ask_selection(

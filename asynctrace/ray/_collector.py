@@ -36,8 +36,8 @@ from .._shutdown import hook_bound
 from .._stats import SessionStats
 from .._sync import SyncTraceSession, log_within
 from ..exceptions import SessionClosedError
-from ._client import PartGroup
 from ._merge import Merged, StepMerge
+from ._outbox import PartGroup
 
 __all__ = ["RemoteTraceCollector", "TraceCollector", "start_collector"]
 
@@ -176,7 +176,7 @@ class TraceCollector:
             if merge.step_timeout is not None:
                 self._start_merge_thread()
                 self._merge_lock.notify()
-            return self._hand_on(merged, deadline)
+            return self._plain(merged, deadline)
 
     def _plain(self, groups: Iterable[tuple[str, int, list[bytes]]], deadline: float) -> int:
         accepted = 0
@@ -185,10 +185,6 @@ class TraceCollector:
             # the session; the cost is a few microseconds per sample, paid on the collector.
             accepted += self._admit([orjson.loads(p) for p in payloads], step, split, deadline)
         return accepted
-
-    def _hand_on(self, merged: list[Merged], deadline: float) -> int:
-        """Give merged steps to the session (merge lock held)."""
-        return self._plain(merged, deadline)
 
     def _start_merge_thread(self) -> None:
         if self._merge_thread is None and self._merge is not None:
@@ -211,7 +207,7 @@ class TraceCollector:
             if final:
                 self._merge.closed = True
                 self._merge_lock.notify()
-            self._hand_on(merged, time.monotonic() + self.ingest_timeout)
+            self._plain(merged, time.monotonic() + self.ingest_timeout)
 
     def _with_merge(self, stats: SessionStats) -> SessionStats:
         """The session's stats with the merge's own counts (merge lock held): samples waiting for

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import operator
 import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -11,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from .._record import Sample
 from .._security import shown
 from ._align import MISSING, Shortfall
+from ._rows import as_python, check_rows, is_tensor, python_rows, real_tokens
 from ._text import SpanBatch, TextBatch
 from ._token_fields import token_columns
 from ._turns import Run, Turns, mask_runs, split_span_turns, split_turns
@@ -21,27 +21,14 @@ if TYPE_CHECKING:
 __all__ = ["decode_rollouts", "row_scores"]
 
 
-def _is_tensor(value: Any) -> bool:
-    # A tensor can only exist once torch is imported, so looking it up never imports it.
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(value, torch.Tensor)
-
-
 def _is_ndarray(value: Any) -> bool:
-    # Like `_is_tensor`: an array can only exist once numpy is imported.
+    # Like `is_tensor`: an array can only exist once numpy is imported.
     numpy = sys.modules.get("numpy")
     return numpy is not None and isinstance(value, numpy.ndarray)
 
 
-def _as_python(value: Any) -> Any:
-    """numpy arrays (anything with `tolist` that is not a tensor) become lists; the rest is kept."""
-    if not _is_tensor(value) and hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
-        return value.tolist()
-    return value
-
-
 def _row_count(input_ids: Any) -> int:
-    if _is_tensor(input_ids):
+    if is_tensor(input_ids):
         if input_ids.dim() != 2:
             raise ValueError(
                 f"input_ids: expected a 2-D tensor (samples x tokens), got shape {tuple(input_ids.shape)}"
@@ -52,23 +39,6 @@ def _row_count(input_ids: Any) -> int:
             f"input_ids: expected a 2-D tensor or a list of token lists, got {type(input_ids).__name__}"
         )
     return len(input_ids)
-
-
-def _check_rows(rows: Sequence[int] | None, n: int) -> list[int]:
-    if rows is None:
-        return list(range(n))
-    if hasattr(rows, "tolist"):
-        rows = rows.tolist()
-    picked: list[int] = []
-    for item in rows:
-        # An int, or an integer scalar such as numpy's; a bool is not a row number.
-        if isinstance(item, bool) or not hasattr(item, "__index__"):
-            raise ValueError(f"rows: expected ints, got {type(item).__name__}")
-        row = operator.index(item)
-        if not 0 <= row < n:
-            raise ValueError(f"rows: {row} is out of range for {n} samples")
-        picked.append(row)
-    return picked
 
 
 class _Layout:
@@ -139,7 +109,7 @@ def _tensor_layout(
                 value = per_token[name] = torch.as_tensor(value)
             except TypeError as exc:
                 raise ValueError(f"{name}: cannot be read as a tensor ({exc})") from None
-        if not _is_tensor(value):
+        if not is_tensor(value):
             raise ValueError(f"{name}: input_ids is a tensor, so {name} must be one too (or a numpy array)")
         _check_shape(value, name, shape)
     attention_mask, loss_mask, versions = (
@@ -355,24 +325,6 @@ def _cut_runs(
         row.append((position, length, flag))
 
 
-def _python_rows(value: Any, picked: list[int], name: str, n: int) -> list[list[Any]]:
-    value = _as_python(value)
-    if _is_tensor(value):
-        raise ValueError(
-            f"{name}: input_ids is a list, so {name} must be a list too (or use tensors for all)"
-        )
-    if len(value) != n:
-        raise ValueError(f"{name}: has {len(value)} rows but input_ids has {n}")
-    return [list(_as_python(value[r])) for r in picked]
-
-
-def _real_tokens(rows: list[list[Any]], attention: list[list[Any]]) -> list[list[Any]]:
-    """The values of each row where the attention mask is set."""
-    return [
-        [x for x, m in zip(row, mask, strict=True) if m] for row, mask in zip(rows, attention, strict=True)
-    ]
-
-
 def _list_layout(
     input_ids: Sequence[Sequence[int]],
     attention_mask: Any,
@@ -381,12 +333,12 @@ def _list_layout(
     picked: list[int],
 ) -> _Layout:
     n = len(input_ids)
-    ids = _python_rows(input_ids, picked, "input_ids", n)
+    ids = python_rows(input_ids, picked, "input_ids", n)
     per_token: dict[str, list[list[Any]]] = {}
     for name, value in (("attention_mask", attention_mask), ("loss_mask", loss_mask), ("versions", versions)):
         if value is None:
             continue
-        rows = _python_rows(value, picked, name, n)
+        rows = python_rows(value, picked, name, n)
         for j, (row, tokens) in enumerate(zip(rows, ids, strict=True)):
             if len(row) != len(tokens):
                 raise ValueError(
@@ -395,8 +347,8 @@ def _list_layout(
         per_token[name] = rows
     if "attention_mask" in per_token:
         keep = per_token.pop("attention_mask")
-        ids = _real_tokens(ids, keep)
-        per_token = {name: _real_tokens(rows, keep) for name, rows in per_token.items()}
+        ids = real_tokens(ids, keep)
+        per_token = {name: real_tokens(rows, keep) for name, rows in per_token.items()}
     runs = [mask_runs(row) for row in per_token["loss_mask"]] if "loss_mask" in per_token else None
     vmin: list[int | None] | None = None
     vmax: list[int | None] | None = None
@@ -413,7 +365,7 @@ def _column(
     """One value per selected row from an optional per-sample column (MISSING where it falls short)."""
     if values is None:
         return None
-    if _is_tensor(values):
+    if is_tensor(values):
         if values.dim() == 0:
             if broadcast:
                 return [values.item()] * len(picked)
@@ -427,7 +379,7 @@ def _column(
         index = torch.as_tensor(present, dtype=torch.long, device=values.device)
         chosen = iter(values.index_select(0, index).cpu().tolist())
         return [next(chosen) if r < have else MISSING for r in picked]
-    values = _as_python(values)
+    values = as_python(values)
     if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Sequence):
         if broadcast:
             return [values] * len(picked)
@@ -441,9 +393,9 @@ def _column(
 
 def _plain(value: Any) -> Any:
     """numpy arrays and scalars, and tensors, as Python numbers or lists; the rest is kept."""
-    if _is_tensor(value):
+    if is_tensor(value):
         return value.tolist()
-    return _as_python(value)
+    return as_python(value)
 
 
 def _scalar(value: Any, name: str, allow_bool: bool = False) -> Any:
@@ -523,7 +475,7 @@ def decode_rollouts(
     """
     if not isinstance(env_role, str) or not env_role:
         raise ValueError(f"env_role: expected a non-empty role name, got {shown(env_role)}")
-    if _is_ndarray(input_ids) and any(_is_tensor(v) for v in (attention_mask, loss_mask, versions)):
+    if _is_ndarray(input_ids) and any(is_tensor(v) for v in (attention_mask, loss_mask, versions)):
         # Mixed with tensors, numpy token ids take the tensor path (a CPU tensor on their memory).
         import torch
 
@@ -531,10 +483,10 @@ def decode_rollouts(
             input_ids = torch.as_tensor(input_ids)
         except TypeError as exc:
             raise ValueError(f"input_ids: cannot be read as a tensor ({exc})") from None
-    input_ids = _as_python(input_ids)
+    input_ids = as_python(input_ids)
     n = _row_count(input_ids)
-    picked = _check_rows(rows, n)
-    if _is_tensor(input_ids):
+    picked = check_rows(rows, n)
+    if is_tensor(input_ids):
         layout = _tensor_layout(
             input_ids, attention_mask, loss_mask, versions, None if rows is None else picked
         )
@@ -572,7 +524,7 @@ def decode_rollouts(
             turns.append(split_span_turns(offset, length, row_runs, prompt_lens_l[j], env_role, texts))
     decoded = texts.decode(tokenizer)
     token_rows = (
-        token_columns(token_fields, input_ids, attention_mask, picked, _is_tensor(input_ids))
+        token_columns(token_fields, input_ids, attention_mask, picked, is_tensor(input_ids))
         if token_fields
         else None
     )

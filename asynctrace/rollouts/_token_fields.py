@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._tokens import TOKEN_FIELDS, encoded, raw_bytes
+from ._rows import python_rows, real_tokens
 
 __all__ = ["token_columns"]
 
@@ -63,22 +64,20 @@ def _tensor_columns(
 def _list_columns(
     token_fields: Mapping[str, Any], input_ids: Any, attention_mask: Any, picked: list[int]
 ) -> list[dict[str, dict[str, str]]]:
-    from ._decode import _python_rows, _real_tokens
-
     n = len(input_ids)
-    ids = _python_rows(input_ids, picked, "input_ids", n)
-    keep = _python_rows(attention_mask, picked, "attention_mask", n) if attention_mask is not None else None
+    ids = python_rows(input_ids, picked, "input_ids", n)
+    keep = python_rows(attention_mask, picked, "attention_mask", n) if attention_mask is not None else None
     rows: list[dict[str, dict[str, str]]] = [{} for _ in picked]
     for name, value in token_fields.items():
         label = f"token_fields[{name!r}]"
-        values = _python_rows(value, picked, label, n)
+        values = python_rows(value, picked, label, n)
         for j, (row, tokens) in enumerate(zip(values, ids, strict=True)):
             if len(row) != len(tokens):
                 raise ValueError(
                     f"{label}: row {picked[j]} has {len(row)} values but input_ids has {len(tokens)} tokens"
                 )
         if keep is not None:
-            values = _real_tokens(values, keep)
+            values = real_tokens(values, keep)
         for j, row in enumerate(values):
             rows[j][name] = encoded(TOKEN_FIELDS[name], raw_bytes(label, name, row))
     return rows

@@ -59,3 +59,11 @@ def read_traces(project: str, run: str) -> list[dict[str, Any]]:
     from trackio.sqlite_storage import SQLiteStorage
 
     return list(SQLiteStorage.get_traces(project, run=run, sort="step_asc"))
+
+
+def uids_by_step(project: str, run: str) -> dict[int, set[str]]:
+    """The uids of a run's traces by step, read back from Trackio's own storage."""
+    out: dict[int, set[str]] = {}
+    for t in read_traces(project, run):
+        out.setdefault(t["step"], set()).add(t["metadata"]["uid"])
+    return out

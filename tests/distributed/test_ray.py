@@ -8,7 +8,6 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -18,17 +17,9 @@ ray = pytest.importorskip("ray")
 
 from asynctrace.ray import ClientStats, TraceClient, start_collector  # noqa: E402
 from asynctrace.testing import MemorySink  # noqa: E402
-from tests.distributed._helpers import make_samples, read_traces, top_bottom_uids  # noqa: E402
+from tests.distributed._helpers import make_samples, read_traces, top_bottom_uids, uids_by_step  # noqa: E402
 
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster() -> Iterator[None]:
-    # One cluster for the module: starting Ray takes seconds. Workers inherit TRACKIO_DIR.
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
+pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
 class _Rollout:
@@ -93,13 +84,6 @@ def _wait_for_exit(pid: int, timeout: float = 60.0) -> None:
     raise AssertionError(f"process {pid} did not exit within {timeout}s")
 
 
-def _by_step(traces: list[dict[str, Any]]) -> dict[int, set[str]]:
-    out: dict[int, set[str]] = {}
-    for t in traces:
-        out.setdefault(t["step"], set()).add(t["metadata"]["uid"])
-    return out
-
-
 def test_cap_and_top_bottom_hold_across_actors(project: str) -> None:
     """4 actors x 1000 samples over 10 steps: Trackio holds exactly the 16 true top/bottom samples
     of each step across all actors, and the accounting of every process adds up."""
@@ -120,7 +104,7 @@ def test_cap_and_top_bottom_hold_across_actors(project: str) -> None:
     client_stats = [s for s, _ in ray.get([a.close.remote(30.0) for a in actors])]
     final = ray.get(collector.finish.remote())
 
-    written = _by_step(read_traces(project, "rollouts"))
+    written = uids_by_step(project, "rollouts")
     assert sorted(written) == list(range(10))
     for step, uids in written.items():
         assert len(uids) == 16
@@ -296,9 +280,7 @@ def test_client_merges_consecutive_calls_for_a_step(project: str) -> None:
     for step in (0, 0, 0, 1, 1, 0):
         client.log_samples_nowait(make_samples("m", step, 2, seed=0), step=step)
     with client._lock:  # take the batch the shipping thread would send
-        wire, call = client._take_batch()
-        call_id = next(client._call_ids)
-        client._calls[call_id] = call
+        call_id, call, wire = client._out.take_batch()
     # No cap: nothing is selected locally, so the groups go without a part (-1) or rows.
     assert [(split, step, part, len(p), rows) for split, step, part, p, rows in wire] == [
         ("train", 0, -1, 6, []),

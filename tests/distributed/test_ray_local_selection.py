@@ -15,21 +15,14 @@ from asynctrace import GroupSampler, Sampler, StepSelection, TraceSession  # noq
 from asynctrace._sampling import Entry  # noqa: E402
 from asynctrace.ray import ClientStats, TraceClient, start_collector  # noqa: E402
 from asynctrace.testing import MemorySink  # noqa: E402
-from tests.distributed._helpers import make_groups, make_samples, read_traces, top_bottom_uids  # noqa: E402
+from tests.distributed._helpers import make_groups, make_samples, top_bottom_uids, uids_by_step  # noqa: E402
 
 K = 8
 STEPS = 3
 GROUP_SIZE = 4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster() -> Iterator[None]:
-    # One cluster for the module: starting Ray takes seconds. Workers inherit TRACKIO_DIR.
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
+pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
 class _Rollout:
@@ -63,7 +56,7 @@ Rollout: Any = ray.remote(_Rollout)
 
 
 @pytest.fixture(scope="module")
-def pool() -> list[Any]:
+def pool(ray_cluster: None) -> list[Any]:
     """Four rollout actors for the module: an actor process takes seconds to start."""
     actors = [Rollout.remote() for _ in range(4)]
     ray.get([a.__ray_ready__.remote() for a in actors])
@@ -71,7 +64,7 @@ def pool() -> list[Any]:
 
 
 @pytest.fixture(scope="module")
-def top_bottom_collector() -> Iterator[Any]:
+def top_bottom_collector(ray_cluster: None) -> Iterator[Any]:
     """A collector keeping the top/bottom 4 of each step in memory, for tests of the client alone."""
     collector = start_collector(
         "local-selection",
@@ -82,13 +75,6 @@ def top_bottom_collector() -> Iterator[Any]:
     )
     yield collector
     ray.kill(collector, no_restart=True)
-
-
-def _written(project: str, run: str) -> dict[int, set[str]]:
-    out: dict[int, set[str]] = {}
-    for t in read_traces(project, run):
-        out.setdefault(t["step"], set()).add(t["metadata"]["uid"])
-    return out
 
 
 def _one_process(
@@ -148,7 +134,7 @@ def test_collector_selects_what_one_process_would(project: str, sampler: str, po
     clients: list[ClientStats] = ray.get([a.close.remote() for a in actors])
     final = ray.get(collector.finish.remote())
 
-    written = _written(project, "sel")
+    written = uids_by_step(project, "sel")
     if sampler == "reservoir":
         assert written.keys() == produced.keys()
         for step, uids in written.items():
@@ -247,7 +233,7 @@ def test_samples_after_a_step_closed_locally_merge_exactly(project: str) -> None
     stats = client.close(30.0)
     final = ray.get(collector.finish.remote())
     assert stats.delivered == 12 and stats.dropped == {"capped": 48}
-    assert _written(project, "rounds") == {0: top_bottom_uids(first + second, 6)}
+    assert uids_by_step(project, "rounds") == {0: top_bottom_uids(first + second, 6)}
     assert final.check() and final.written == 6
 
 

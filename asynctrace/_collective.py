@@ -1,0 +1,161 @@
+"""The bytes a `DistributedTraceLogger` moves between ranks: the run name, and frames of candidates.
+
+A rank's frame is a header length, an orjson header, then the payloads back to back. torch is
+imported by whoever builds a `Collective`, never when this module is imported.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from ._parts import PartStep
+from ._sampling import Entry
+from ._security import shown
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Collective", "Ended", "Parts", "frame", "unframe"]
+
+_FRAME = struct.Struct(">I")
+# Every gathered buffer starts with the real length of the rank's frame (buffers are padded
+# to the longest frame of the reduction, as gather needs equal sizes).
+_LENGTH = struct.Struct(">Q")
+_RUN_NAME_BYTES = 256
+
+# Steps a rank ended, each with its selection: ((split, step), its part of the step).
+Ended = list[tuple[tuple[str, int], PartStep]]
+# (split, step) -> [(rank, samples offered there, candidates with their payloads)]
+Parts = dict[tuple[str, int], list[tuple[int, int, list[tuple[Entry, bytes]]]]]
+
+
+class Collective:
+    """One rank's place in `group` (a world of one without an initialised process group)."""
+
+    def __init__(self, group: Any, dst: int | None, device: torch.device | str | None) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self._torch, self._dist, self.group = torch, dist, group
+        self.distributed = dist.is_available() and dist.is_initialized()
+        if self.distributed:
+            self.rank = dist.get_rank(group)
+            self.world_size = dist.get_world_size(group)
+            self.dst = dist.get_global_rank(group, 0) if dst is None and group is not None else (dst or 0)
+            self.dst_group_rank = dist.get_group_rank(group, self.dst) if group is not None else self.dst
+        else:
+            self.rank, self.world_size, self.dst, self.dst_group_rank = 0, 1, 0, 0
+        self.device = self._pick_device(device)
+
+    @property
+    def alone(self) -> bool:
+        return not self.distributed or self.world_size == 1
+
+    def _pick_device(self, device: torch.device | str | None) -> torch.device:
+        import torch
+
+        if device is not None:
+            return torch.device(device)
+        if not self.distributed:
+            return torch.device("cpu")
+        backend = str(self._dist.get_backend(self.group)).lower()
+        # Gloo (alone or in a "cpu:gloo,cuda:nccl" pair) moves CPU tensors; NCCL alone needs
+        # tensors on this rank's current GPU.
+        if "gloo" in backend or "nccl" not in backend:
+            return torch.device("cpu")
+        return torch.device("cuda", torch.cuda.current_device())
+
+    def agree(self, name: str) -> str:
+        """Rank 0's `name`, on every rank, so each writes to (or names its run after) the same run."""
+        if self.alone:
+            return name
+        raw = name.encode()
+        if len(raw) > _RUN_NAME_BYTES - 2:
+            raise ValueError(f"run name is longer than {_RUN_NAME_BYTES - 2} bytes: {shown(name)}")
+        buf = bytearray(_RUN_NAME_BYTES)
+        buf[:2] = len(raw).to_bytes(2, "big")
+        buf[2 : 2 + len(raw)] = raw
+        tensor = self._torch.frombuffer(buf, dtype=self._torch.uint8).to(self.device)
+        src = self._dist.get_global_rank(self.group, 0) if self.group is not None else 0
+        self._dist.broadcast(tensor, src=src, group=self.group)
+        got = _tensor_bytes(tensor)
+        return got[2 : 2 + int.from_bytes(got[:2], "big")].decode()
+
+    def gather(self, frame: bytes) -> tuple[list[bytes] | None, int]:
+        """Every rank's frame, on the writing rank (None elsewhere), and the bytes this rank sent."""
+        if self.alone:
+            return [frame], 0
+        torch, dist = self._torch, self._dist
+        size = torch.tensor([len(frame)], dtype=torch.int64, device=self.device)
+        dist.all_reduce(size, op=dist.ReduceOp.MAX, group=self.group)
+        longest = int(size.item())
+        sent = size.element_size()
+        writes = self.rank == self.dst_group_rank
+        if longest == 0:  # no rank has candidates: skip the gather altogether
+            return ([b""] * self.world_size if writes else None), sent
+        buf = bytearray(_LENGTH.size + longest)
+        buf[: _LENGTH.size] = _LENGTH.pack(len(frame))
+        buf[_LENGTH.size : _LENGTH.size + len(frame)] = frame
+        tensor = torch.frombuffer(buf, dtype=torch.uint8).to(self.device)
+        sent += tensor.numel()
+        if not writes:
+            dist.gather(tensor, gather_list=None, dst=self.dst, group=self.group)
+            return None, sent
+        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.gather(tensor, gather_list=parts, dst=self.dst, group=self.group)
+        out = []
+        for part in parts:
+            raw = _tensor_bytes(part)
+            (n,) = _LENGTH.unpack_from(raw)
+            out.append(raw[_LENGTH.size : _LENGTH.size + n])
+        return out, sent
+
+
+def frame(rank: int, ended: Ended) -> tuple[bytes, int]:
+    """This rank's candidates of the `ended` steps as one frame, and the bytes of their payloads."""
+    steps = []
+    payloads: list[bytes] = []
+    for (split, step), opened in ended:
+        entries = []
+        for seq, (entry, payload) in sorted(opened.kept.items()):
+            # The key a sampler drew travels with the entry, so the merge can rank by it.
+            row = [seq, entry.score, len(payload)]
+            entries.append(row if entry.key is None else [*row, entry.key])
+            payloads.append(payload)
+        steps.append([split, step, opened.offered, entries])
+    if not steps:
+        return b"", 0
+    head = orjson.dumps({"rank": rank, "steps": steps})
+    blob = b"".join(payloads)
+    return _FRAME.pack(len(head)) + head + blob, len(blob)
+
+
+def unframe(frames: Sequence[bytes], group_of: Callable[[bytes], Hashable | None]) -> Parts:
+    """Every rank's candidates by (split, step), from the gathered frames."""
+    by_step: Parts = {}
+    for raw in frames:
+        if not raw:
+            continue
+        (head_len,) = _FRAME.unpack_from(raw)
+        head = orjson.loads(raw[_FRAME.size : _FRAME.size + head_len])
+        offset = _FRAME.size + head_len
+        rank = int(head["rank"])
+        for split, step, offered, entries in head["steps"]:
+            cands = []
+            for seq, score, size, *key_if_any in entries:
+                key = key_if_any[0] if key_if_any else None
+                payload = raw[offset : offset + size]
+                cands.append((Entry(score, int(seq), key=key, group=group_of(payload)), payload))
+                offset += size
+            by_step.setdefault((split, int(step)), []).append((rank, int(offered), cands))
+    return by_step
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> bytes:
+    """A uint8 tensor's bytes, without numpy (torch does not require it)."""
+    # clone(): a storage of its own, exactly the tensor's size.
+    return bytes(tensor.detach().cpu().clone().untyped_storage())

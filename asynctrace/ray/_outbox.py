@@ -1,0 +1,191 @@
+"""What a `TraceClient` has to ship: samples waiting in (split, step) groups, and calls in flight.
+
+Each accepted sample gets a sequence number, so `watermark` tells a flush when everything logged
+before it was delivered or dropped. Not thread-safe: the client holds its lock.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass
+
+from .._parts import Row
+from ._local import Released
+
+__all__ = ["Call", "Outbox", "PartGroup", "WireGroup"]
+
+# (split, step, encoded samples): the wire format of `TraceCollector.ingest_encoded`.
+WireGroup = tuple[str, int, list[bytes]]
+# (split, step, part, encoded candidates, their rows): the wire format of `TraceCollector.ingest_parts`.
+PartGroup = tuple[str, int, int, list[bytes], list[Row]]
+
+
+@dataclass(slots=True)
+class _Group:
+    """Consecutive samples of one (split, step) from one call, waiting to be shipped; with local
+    selection, of one part, with each sample's row (sequence number, score, key) for the merge."""
+
+    split: str
+    step: int
+    payloads: list[bytes]
+    nbytes: int
+    first_seq: int
+    since: float
+    part: int | None
+    rows: list[Row] | None
+
+
+@dataclass(slots=True)
+class Call:
+    """One ingest call in flight."""
+
+    first_seq: int
+    n: int
+    nbytes: int
+
+
+class Outbox:
+    """Batches of up to `batch_size` samples / `max_batch_bytes`, at most `max_in_flight` calls."""
+
+    def __init__(
+        self, batch_size: int, max_batch_bytes: int, flush_interval: float, max_in_flight: int
+    ) -> None:
+        self.batch_size = batch_size
+        self.max_batch_bytes = max_batch_bytes
+        self.flush_interval = flush_interval
+        self.max_in_flight = max_in_flight
+        self._groups: deque[_Group] = deque()
+        self.buffered = 0
+        self.buffered_bytes = 0
+        self.calls: dict[int, Call] = {}
+        self._call_ids = itertools.count()
+        self.in_flight = 0
+        self.in_flight_bytes = 0
+        self.next_seq = 0  # sequence number of the next accepted sample
+        self.flush_target = 0  # ship everything with a sequence number below this now
+
+    def append(
+        self,
+        split: str,
+        step: int,
+        payloads: list[bytes],
+        nbytes: int,
+        now: float,
+        part: int | None = None,
+        rows: list[Row] | None = None,
+    ) -> bool:
+        """Queue payloads of one (split, step); True when the shipping thread should look now."""
+        was_empty = not self._groups
+        self._groups.append(_Group(split, step, payloads, nbytes, self.next_seq, now, part, rows))
+        self.next_seq += len(payloads)
+        self.buffered += len(payloads)
+        self.buffered_bytes += nbytes
+        return was_empty or self.buffered >= self.batch_size or self.buffered_bytes >= self.max_batch_bytes
+
+    def append_released(self, released: list[Released], now: float) -> bool:
+        wake = False
+        for split, step, part, payloads, rows in released:
+            wake |= self.append(split, step, payloads, sum(len(p) for p in payloads), now, part, rows)
+        return wake
+
+    def fit(
+        self, encoded: list[tuple[bytes, float | None]], nbytes: int, limit: int, limit_bytes: int
+    ) -> tuple[int, int]:
+        """How many of `encoded` (and their bytes) fit the bound on what this process holds: the
+        samples buffered and in flight count, as they are its memory until the collector answered."""
+        room = limit - self.buffered - self.in_flight
+        room_bytes = limit_bytes - self.buffered_bytes - self.in_flight_bytes
+        if len(encoded) <= room and nbytes <= room_bytes:
+            return len(encoded), nbytes
+        keep = kept_bytes = 0
+        for p, _ in encoded[: max(room, 0)]:
+            if kept_bytes + len(p) > room_bytes:
+                break
+            keep += 1
+            kept_bytes += len(p)
+        return keep, kept_bytes
+
+    def clear(self) -> int:
+        """Forget what waits to be shipped; returns how many samples that was."""
+        n = self.buffered
+        self._groups.clear()
+        self.buffered = self.buffered_bytes = 0
+        return n
+
+    def __bool__(self) -> bool:
+        return bool(self._groups)
+
+    def watermark(self) -> int:
+        """Every sample with a lower sequence number is delivered or dropped."""
+        low = self._groups[0].first_seq if self._groups else self.next_seq
+        return min([low, *(call.first_seq for call in self.calls.values())])
+
+    def ship_due(self, now: float, stopping: bool) -> float | None:
+        """Seconds until the next batch should go; 0 when one should go now, None when idle."""
+        if not self._groups or len(self.calls) >= self.max_in_flight:
+            return None
+        if (
+            stopping
+            or self._groups[0].first_seq < self.flush_target
+            or self.buffered >= self.batch_size
+            or self.buffered_bytes >= self.max_batch_bytes
+        ):
+            return 0.0
+        return max(0.0, self._groups[0].since + self.flush_interval - now)
+
+    def take_batch(self) -> tuple[int, Call, list[PartGroup]]:
+        """Pop up to `batch_size` samples / `max_batch_bytes` as one call in flight, keeping (split,
+        step) groups together. Groups without a part (no local selection) go with part -1, no rows."""
+        wire: list[PartGroup] = []
+        n = nbytes = 0
+        first_seq = self._groups[0].first_seq
+        while self._groups and n < self.batch_size:
+            group = self._groups[0]
+            take = took_bytes = 0
+            for p in group.payloads[: self.batch_size - n]:
+                # Always take at least one sample, so an oversized one still goes alone.
+                if n + take and nbytes + took_bytes + len(p) > self.max_batch_bytes:
+                    break
+                take += 1
+                took_bytes += len(p)
+            if take == 0:
+                break
+            rows = group.rows if group.rows is not None else []
+            if take == len(group.payloads):
+                self._groups.popleft()
+                payloads = group.payloads
+            else:
+                payloads, rows = group.payloads[:take], rows[:take]
+                group.payloads = group.payloads[take:]
+                group.rows = group.rows[take:] if group.rows is not None else None
+                group.nbytes -= took_bytes
+                group.first_seq += take
+            part = -1 if group.part is None else group.part
+            if wire and wire[-1][:3] == (group.split, group.step, part):
+                # Consecutive calls for the same step travel as one group: the collector
+                # handles (and may wait for room for) each group once. The lists belong to this
+                # batch alone (a popped group's, or slices), so extending them is safe.
+                wire[-1][3].extend(payloads)
+                wire[-1][4].extend(rows)
+            else:
+                wire.append((group.split, group.step, part, payloads, list(rows)))
+            n += take
+            nbytes += took_bytes
+            if nbytes >= self.max_batch_bytes:
+                break
+        self.buffered -= n
+        self.buffered_bytes -= nbytes
+        self.in_flight += n
+        self.in_flight_bytes += nbytes
+        call_id = next(self._call_ids)
+        call = self.calls[call_id] = Call(first_seq, n, nbytes)
+        return call_id, call, wire
+
+    def finish(self, call_id: int) -> Call | None:
+        """The call that ended (None when it was already counted)."""
+        call = self.calls.pop(call_id, None)
+        if call is not None:
+            self.in_flight -= call.n
+            self.in_flight_bytes -= call.nbytes
+        return call
