@@ -159,19 +159,12 @@ class Intake:
     ) -> int:
         if threading.get_ident() != self.life.loop_thread:
             return await self._log_from_other_loop(samples, step, split, timeout)
-        watched = 0
-        if self.watch is not None:
-            samples, watched = self._log_watched(samples, step, split)
-        records, invalid, refused, gaps = self.encoder.encode(samples, step, split)
+        watched, adm, came = self._submit(samples, step, split, nowait=False)
         buf = self.buffer
-        adm = buf.admit(
-            records, split=split, step=step, nowait=False, invalid=invalid, refused=refused, gaps=gaps
-        )
-        self._after_admit(adm)
         if adm.waiting is None:
             under_pressure = False
             if buf.pressed:
-                self._since_turn += len(records) + invalid
+                self._since_turn += came
                 under_pressure = self._since_turn >= min(self.batch_size, buf.depth // 2 + 1)
             if under_pressure or buf.undispatched >= self._yield_at:
                 # The writer has fallen behind: two batches wait for it, or half the bound is
@@ -212,26 +205,12 @@ class Intake:
     ) -> int:
         """The blocking form, for threads other than the session's event loop."""
         self.life.check_open()
-        watched = 0
-        if self.watch is not None:
-            samples, watched = self._log_watched(samples, step, split)
-        records, invalid, refused, gaps = self.encoder.encode(samples, step, split)
         buf = self.buffer
         # Under "block" this call may be left waiting for room: its ticket is taken before it
         # admits anything, so a flush() from another thread cannot slip in between.
         ticket = buf.take_ticket() if buf.on_full == "block" else None
         try:
-            adm = buf.admit(
-                records,
-                split=split,
-                step=step,
-                nowait=False,
-                invalid=invalid,
-                refused=refused,
-                ticket=ticket,
-                gaps=gaps,
-            )
-            self._after_admit(adm)
+            watched, adm, _ = self._submit(samples, step, split, nowait=False, ticket=ticket)
             if adm.waiting is None:
                 return watched + adm.accepted
             return watched + adm.accepted - self._wait_blocking(adm.waiting, timeout, cancelled)
@@ -243,15 +222,36 @@ class Intake:
         state = self.life.state
         if state is not _OPEN and state is not State.CLOSED:
             self.life.check_usable()
+        watched, adm, _ = self._submit(samples, step, split, nowait=True)
+        return watched + adm.accepted
+
+    def _submit(
+        self,
+        samples: SampleLike | Iterable[SampleLike],
+        step: int,
+        split: str,
+        *,
+        nowait: bool,
+        ticket: int | None = None,
+    ) -> tuple[int, Admission, int]:
+        """Watch, encode and admit one call's samples; returns how many watched ones were
+        accepted, the admission, and how many samples were encoded or found invalid."""
         watched = 0
         if self.watch is not None:
             samples, watched = self._log_watched(samples, step, split)
         records, invalid, refused, gaps = self.encoder.encode(samples, step, split)
         adm = self.buffer.admit(
-            records, split=split, step=step, nowait=True, invalid=invalid, refused=refused, gaps=gaps
+            records,
+            split=split,
+            step=step,
+            nowait=nowait,
+            invalid=invalid,
+            refused=refused,
+            ticket=ticket,
+            gaps=gaps,
         )
-        self._after_admit(adm, blocking=False)
-        return watched + adm.accepted
+        self._after_admit(adm, blocking=not nowait)
+        return watched, adm, len(records) + invalid
 
     def _log_watched(
         self, samples: SampleLike | Iterable[SampleLike], step: int, split: str
