@@ -43,9 +43,6 @@ _PERMANENT_CODES = frozenset(
     }
 )
 
-# The record's own fields, stored as trace tags under these names; a metadata key equal to one
-# of them (or MLflow's own `mlflow.` namespace) stays in the span only.
-_RECORD_TAGS = ("record_id", "step", "split", "key")
 # What MLflow accepts as a tag name (`validate_param_and_metric_name`), with its length limit.
 _TAG_NAME = re.compile(r"[\w.\- :/]{1,250}")
 _MAX_TAG_VALUE = 4096
@@ -254,6 +251,7 @@ class MlflowSink(Sink):
                 "key": r.key,
                 "mlflow.traceName": r.key,
             }
+            # A metadata key equal to a record tag, or in MLflow's own namespace, stays in the span.
             for name, value in metadata.items():
                 text = _tag_value(value)
                 if (
