@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import importlib.util
 import re
@@ -291,8 +292,8 @@ class MlflowSink(Sink):
             spans.append(
                 Span.from_dict(
                     {
-                        "trace_id": _b64(otel_id.to_bytes(16, "big")),
-                        "span_id": _b64((otel_id & (2**64 - 1) or 1).to_bytes(8, "big")),
+                        "trace_id": base64.b64encode(otel_id.to_bytes(16, "big")).decode(),
+                        "span_id": base64.b64encode((otel_id & (2**64 - 1) or 1).to_bytes(8, "big")).decode(),
                         "parent_span_id": None,
                         "name": r.key,
                         "start_time_unix_nano": start_ns,
@@ -344,9 +345,3 @@ class MlflowSink(Sink):
         # Ending the run is a call like any other, which a stopped server or a locked database
         # can block: finish's deadline abandons it (the run is ended once the call gets through).
         await run_sync_daemon(self._close)
-
-
-def _b64(data: bytes) -> str:
-    import base64
-
-    return base64.b64encode(data).decode()

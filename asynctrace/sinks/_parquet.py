@@ -247,9 +247,6 @@ class ParquetSink(Sink):
 
     # -- files -------------------------------------------------------------------------------
 
-    def _path(self, stem: str, index: int) -> Path:
-        return self.directory / f"{stem}-{index:05d}{_SUFFIX}"
-
     def _existing(self, stem: str) -> list[Path]:
         pattern = re.compile(rf"{re.escape(stem)}-(\d{{5,}}){re.escape(_SUFFIX)}")
         return sorted(p for p in self.directory.iterdir() if pattern.fullmatch(p.name))
@@ -257,7 +254,7 @@ class ParquetSink(Sink):
     def _write_file(self, stem: str, index: int, rows: Sequence[_Row]) -> Path:
         """One complete file: written under a temporary name, synced, renamed, the directory synced."""
         pq = _pyarrow().parquet
-        final = self._path(stem, index)
+        final = self.directory / f"{stem}-{index:05d}{_SUFFIX}"
         temporary = self.directory / f".{final.name}.tmp"
         try:
             with open(temporary, "wb") as f:
