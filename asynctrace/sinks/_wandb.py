@@ -285,9 +285,6 @@ class WandbSink(Sink):
                 raise
             self._logged.update(r.id for r in group)
 
-    def _write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
-        self._log({**metrics, self.step_metric: step})
-
     def _close(self) -> None:
         with self._io:
             if self._closed:
@@ -319,7 +316,8 @@ class WandbSink(Sink):
         await run_sync_daemon(self._guarded, self._write_rows, records, backlog=self._backlog)
 
     async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
-        await run_sync_daemon(self._guarded, self._write_metrics, step, dict(metrics), backlog=self._backlog)
+        data = {**metrics, self.step_metric: step}
+        await run_sync_daemon(self._guarded, self._log, data, backlog=self._backlog)
 
     async def close(self) -> None:
         # A call still stuck on the run (a stalled W&B service) holds `_io`: this waits behind it
