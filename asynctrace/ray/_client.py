@@ -51,8 +51,9 @@ from .._record import Sample, SampleLike, as_list, encode_samples
 from .._sampling import Sampler
 from .._security import describe
 from .._stats import Counts, DropReason
-from ._local import LocalSelection
-from ._outbox import Call, Outbox, PartGroup, WireGroup
+from ._local import LocalSelection, Released
+from ._merge import Merged
+from ._outbox import Call, Outbox
 
 __all__ = ["ClientStats", "TraceClient"]
 
@@ -235,7 +236,8 @@ class TraceClient:
                 self._drop("capped", capped)
                 self._wake(out.append_released(released + ([passed] if passed else []), now))
             if self._thread is None:
-                self._start_thread()
+                self._thread = threading.Thread(target=self._run, name="asynctrace-ray-client", daemon=True)
+                self._thread.start()
             return accepted
 
     def end_step(self, step: int, split: str | None = None) -> None:
@@ -407,10 +409,6 @@ class TraceClient:
 
     # -- shipping thread ---------------------------------------------------------------------
 
-    def _start_thread(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="asynctrace-ray-client", daemon=True)
-        self._thread.start()
-
     def _run(self) -> None:
         try:
             while True:
@@ -439,10 +437,10 @@ class TraceClient:
                 self._gone = True
                 self._drop("ship_error", self._clear_buffer(discard=True))
 
-    def _ship(self, call_id: int, call: Call, wire: list[PartGroup]) -> None:
+    def _ship(self, call_id: int, call: Call, wire: list[Released]) -> None:
         try:
             if self._local is None:
-                plain: list[WireGroup] = [(split, step, payloads) for split, step, _, payloads, _ in wire]
+                plain: list[Merged] = [(split, step, payloads) for split, step, _, payloads, _ in wire]
                 ref: Any = self.collector.ingest_encoded.remote(plain)
             else:
                 ref = self.collector.ingest_parts.remote(wire)

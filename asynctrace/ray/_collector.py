@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from types import FrameType
 from typing import Any, TypeVar, cast
 
@@ -36,8 +36,8 @@ from .._shutdown import hook_bound
 from .._stats import SessionStats
 from .._sync import SyncTraceSession, log_within
 from ..exceptions import SessionClosedError
+from ._local import Released
 from ._merge import Merged, StepMerge
-from ._outbox import PartGroup
 
 __all__ = ["RemoteTraceCollector", "TraceCollector", "start_collector"]
 
@@ -140,14 +140,8 @@ class TraceCollector:
 
     # -- data path ----------------------------------------------------------------------------
 
-    def _admit(self, samples: Sequence[Any], step: int, split: str, deadline: float) -> int:
-        # One deadline per call, shared by its groups: a call waits `ingest_timeout` at most.
-        left = max(0.0, deadline - time.monotonic())
-        blocking = self._blocking and self._finished is None
-        return log_within(self._sync, samples, step=step, split=split, blocking=blocking, timeout=left)
-
     @_group("ingest")
-    def ingest_encoded(self, groups: Iterable[tuple[str, int, list[bytes]]]) -> int:
+    def ingest_encoded(self, groups: Iterable[Merged]) -> int:
         """The wire method `TraceClient` calls: samples its clients encoded, grouped by (split, step).
 
         Returns how many the session accepted (the rest are in its `dropped` counts).
@@ -155,7 +149,7 @@ class TraceCollector:
         return self._plain(groups, time.monotonic() + self.ingest_timeout)
 
     @_group("ingest")
-    def ingest_parts(self, groups: Iterable[PartGroup]) -> int:
+    def ingest_parts(self, groups: Iterable[Released]) -> int:
         """The wire method of `TraceClient` with local selection: each group is one client's part
         of a (split, step), with a row (sequence number, score, key) per sample for the merge.
 
@@ -178,13 +172,9 @@ class TraceCollector:
                 self._merge_lock.notify()
             return self._plain(merged, deadline)
 
-    def _plain(self, groups: Iterable[tuple[str, int, list[bytes]]], deadline: float) -> int:
-        accepted = 0
-        for split, step, payloads in groups:
-            # Decoding here and encoding again in the session keeps one validated path into
-            # the session; the cost is a few microseconds per sample, paid on the collector.
-            accepted += self._admit([orjson.loads(p) for p in payloads], step, split, deadline)
-        return accepted
+    def _plain(self, groups: Iterable[Merged], deadline: float) -> int:
+        # One deadline per call, shared by its groups: a call waits `ingest_timeout` at most.
+        return _log_groups(self._sync, groups, deadline, self._blocking and self._finished is None)
 
     def _start_merge_thread(self) -> None:
         if self._merge_thread is None and self._merge is not None:
@@ -231,7 +221,10 @@ class TraceCollector:
         """Log samples sent as plain objects (one remote call per call). `TraceClient` is cheaper for
         the caller: it batches and ships encoded bytes."""
         items = list(samples) if isinstance(samples, (list, tuple)) else [samples]
-        return self._admit(items, step, split, time.monotonic() + self.ingest_timeout)
+        blocking = self._blocking and self._finished is None
+        return log_within(
+            self._sync, items, step=step, split=split, blocking=blocking, timeout=self.ingest_timeout
+        )
 
     @_group("ingest")
     def log_metrics(self, metrics: Mapping[str, float], *, step: int) -> None:
@@ -292,14 +285,12 @@ class TraceCollector:
     def finish(self, timeout: float | None = None) -> SessionStats:
         """Drain within `timeout` (default: the session's `finish_timeout`), close every sink, and
         return the final stats. Idempotent; later ingests are counted as dropped (``"closed"``)."""
-        timeout = check_timeout(timeout)
-        return self._finish(timeout)
+        return self._finish(check_timeout(timeout))
 
     @_group("control")
     def close(self, timeout: float | None = None) -> SessionStats:
         """Same as `finish`."""
-        timeout = check_timeout(timeout)
-        return self._finish(timeout)
+        return self._finish(check_timeout(timeout))
 
     def _finish(self, timeout: float | None, *, wait: float | None = None) -> SessionStats:
         """Finish within `timeout`; with `wait`, wait at most that long for a finish already under
@@ -389,11 +380,18 @@ def _finish_all(why: str) -> None:
         _sigterm_handled = True
 
 
-def _log_merged(sync: SyncTraceSession, merged: list[Merged], deadline: float) -> None:
-    for split, step, payloads in merged:
-        left = max(0.0, deadline - time.monotonic())
+def _log_groups(
+    sync: SyncTraceSession, groups: Iterable[Merged], deadline: float, blocking: bool = False
+) -> int:
+    """Log each group within one deadline shared by them all; returns how many the session accepted."""
+    accepted = 0
+    for split, step, payloads in groups:
+        # Decoding here and encoding again in the session keeps one validated path into
+        # the session; the cost is a few microseconds per sample, paid on the collector.
         samples = [orjson.loads(p) for p in payloads]
-        log_within(sync, samples, step=step, split=split, blocking=False, timeout=left)
+        left = max(0.0, deadline - time.monotonic())
+        accepted += log_within(sync, samples, step=step, split=split, blocking=blocking, timeout=left)
+    return accepted
 
 
 def _close_idle_steps(
@@ -406,7 +404,7 @@ def _close_idle_steps(
             merged = merge.close_idle(now)
             if merged:
                 try:
-                    _log_merged(sync, merged, now + timeout)
+                    _log_groups(sync, merged, now + timeout)
                 except Exception as exc:  # the session counts what it refused; carry on
                     logger.error("asynctrace: handing merged steps to the session failed: %s", exc)
                 continue
@@ -424,7 +422,7 @@ def _merge_on_exit(
                 return
             merge.closed = True
             lock.notify_all()
-            _log_merged(sync, merge.close_all(), time.monotonic() + timeout)
+            _log_groups(sync, merge.close_all(), time.monotonic() + timeout)
     except Exception as exc:  # pragma: no cover - best effort on the way out; the session counts
         logger.error("asynctrace: handing merged steps to the session at exit failed: %s", exc)
 

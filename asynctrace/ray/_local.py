@@ -20,7 +20,8 @@ from .._sampling import Entry, Sampler
 
 __all__ = ["ROUND_STRIDE", "LocalSelection", "Released"]
 
-# (split, step, part, encoded candidates, their rows) in arrival order: what one part ships.
+# (split, step, part, encoded candidates, their rows) in arrival order: what one part ships, and
+# the wire format of `TraceCollector.ingest_parts`.
 Released = tuple[str, int, int, list[bytes], list[Row]]
 
 # Round r of client part p is part p + r * ROUND_STRIDE: a part number of its own, so a

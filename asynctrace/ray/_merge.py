@@ -17,7 +17,8 @@ from .._sampling import Entry, Sampler
 
 __all__ = ["Merged", "StepMerge"]
 
-# (split, step, the chosen payloads in merged order): one merged step.
+# (split, step, encoded samples): one merged step, and the wire format of
+# `TraceCollector.ingest_encoded`.
 Merged = tuple[str, int, list[bytes]]
 
 

@@ -13,12 +13,7 @@ from dataclasses import dataclass
 from .._parts import Row
 from ._local import Released
 
-__all__ = ["Call", "Outbox", "PartGroup", "WireGroup"]
-
-# (split, step, encoded samples): the wire format of `TraceCollector.ingest_encoded`.
-WireGroup = tuple[str, int, list[bytes]]
-# (split, step, part, encoded candidates, their rows): the wire format of `TraceCollector.ingest_parts`.
-PartGroup = tuple[str, int, int, list[bytes], list[Row]]
+__all__ = ["Call", "Outbox"]
 
 
 @dataclass(slots=True)
@@ -134,10 +129,10 @@ class Outbox:
             return 0.0
         return max(0.0, self._groups[0].since + self.flush_interval - now)
 
-    def take_batch(self) -> tuple[int, Call, list[PartGroup]]:
+    def take_batch(self) -> tuple[int, Call, list[Released]]:
         """Pop up to `batch_size` samples / `max_batch_bytes` as one call in flight, keeping (split,
         step) groups together. Groups without a part (no local selection) go with part -1, no rows."""
-        wire: list[PartGroup] = []
+        wire: list[Released] = []
         n = nbytes = 0
         first_seq = self._groups[0].first_seq
         while self._groups and n < self.batch_size:

@@ -6,7 +6,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import IO
 
 import orjson
 
@@ -17,8 +17,6 @@ from ._base import Sink
 from ._guard import Guard
 
 __all__ = ["JsonlSink"]
-
-_T = TypeVar("_T")
 
 
 class JsonlSink(Sink):
@@ -109,9 +107,6 @@ class JsonlSink(Sink):
         if f is not None:
             f.close()
 
-    def _close(self) -> None:
-        self._guarded.close()
-
     async def open(self) -> None:
         await run_sync_daemon(self._guarded, self._open_once, backlog=self._backlog)
 
@@ -159,4 +154,4 @@ class JsonlSink(Sink):
     async def close(self) -> None:
         # Closing flushes, which can block like a write; a write still stuck in a thread (given
         # up on by its timeout) closes the file itself when it returns.
-        await run_sync_daemon(self._close)
+        await run_sync_daemon(self._guarded.close)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import importlib.util
 import re
@@ -43,9 +44,6 @@ _PERMANENT_CODES = frozenset(
     }
 )
 
-# The record's own fields, stored as trace tags under these names; a metadata key equal to one
-# of them (or MLflow's own `mlflow.` namespace) stays in the span only.
-_RECORD_TAGS = ("record_id", "step", "split", "key")
 # What MLflow accepts as a tag name (`validate_param_and_metric_name`), with its length limit.
 _TAG_NAME = re.compile(r"[\w.\- :/]{1,250}")
 _MAX_TAG_VALUE = 4096
@@ -254,6 +252,7 @@ class MlflowSink(Sink):
                 "key": r.key,
                 "mlflow.traceName": r.key,
             }
+            # A metadata key equal to a record tag, or in MLflow's own namespace, stays in the span.
             for name, value in metadata.items():
                 text = _tag_value(value)
                 if (
@@ -293,8 +292,8 @@ class MlflowSink(Sink):
             spans.append(
                 Span.from_dict(
                     {
-                        "trace_id": _b64(otel_id.to_bytes(16, "big")),
-                        "span_id": _b64((otel_id & (2**64 - 1) or 1).to_bytes(8, "big")),
+                        "trace_id": base64.b64encode(otel_id.to_bytes(16, "big")).decode(),
+                        "span_id": base64.b64encode((otel_id & (2**64 - 1) or 1).to_bytes(8, "big")).decode(),
                         "parent_span_id": None,
                         "name": r.key,
                         "start_time_unix_nano": start_ns,
@@ -346,9 +345,3 @@ class MlflowSink(Sink):
         # Ending the run is a call like any other, which a stopped server or a locked database
         # can block: finish's deadline abandons it (the run is ended once the call gets through).
         await run_sync_daemon(self._close)
-
-
-def _b64(data: bytes) -> str:
-    import base64
-
-    return base64.b64encode(data).decode()

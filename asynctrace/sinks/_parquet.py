@@ -18,7 +18,7 @@ import re
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 
@@ -37,7 +37,6 @@ except ImportError:  # pragma: no cover
 
 __all__ = ["ParquetSink"]
 
-_T = TypeVar("_T")
 _SUFFIX = ".parquet"
 _JOURNAL = ".journal"
 _STEM = re.compile(r"[^A-Za-z0-9._-]+")
@@ -95,57 +94,37 @@ _Row = tuple[str, int, str, str, float, bytes]
 def _table(rows: Sequence[_Row]) -> Any:
     """The rows as one Arrow table of `schema()`; token arrays become list columns, no copy per value."""
     pa = _pyarrow()
-    columns: dict[str, list[Any]] = {
-        name: []
-        for name in (
-            "messages",
-            "metadata",
-            "reward",
-            "advantage",
-            "policy_version",
-            "stop_reason",
-            "score",
-            "spans",
-        )
-    }
-    tokens: dict[str, list[bytes | None]] = {name: [] for name in TOKEN_FIELDS}
+    target = schema()
+    columns: dict[str, list[Any]] = {name: [] for name in target.names}
     dumps = orjson.dumps
     for row in rows:
         sample = orjson.loads(row[5])
         meta = sample.get("metadata") or {}
-        columns["messages"].append(dumps(sample.get("messages", [])).decode())
-        columns["metadata"].append(dumps(meta).decode())
-        columns["reward"].append(_number(meta.get("reward")))
-        columns["advantage"].append(_number(meta.get("advantage")))
-        version = meta.get("policy_version", meta.get("policy_version_max"))
-        columns["policy_version"].append(_integer(version))
         stop = meta.get("stop_reason")
-        columns["stop_reason"].append(stop if isinstance(stop, str) else None)
-        columns["score"].append(_number(sample.get("score")))
         spans = sample.get("spans")
-        columns["spans"].append(dumps(spans).decode() if spans is not None else None)
         held = sample.get("tokens") or {}
-        for name, values in tokens.items():
-            field = held.get(name)
-            values.append(token_bytes(name, field) if field is not None else None)
+        values = (
+            *row[:4],
+            int(row[4] * 1_000_000),
+            dumps(sample.get("messages", [])).decode(),
+            dumps(meta).decode(),
+            _number(meta.get("reward")),
+            _number(meta.get("advantage")),
+            _integer(meta.get("policy_version", meta.get("policy_version_max"))),
+            stop if isinstance(stop, str) else None,
+            _number(sample.get("score")),
+            dumps(spans).decode() if spans is not None else None,
+            *(token_bytes(n, held[n]) if held.get(n) is not None else None for n in TOKEN_FIELDS),
+        )
+        for column, value in zip(columns.values(), values, strict=True):
+            column.append(value)
     arrays = [
-        pa.array([r[0] for r in rows], pa.string()),
-        pa.array([r[1] for r in rows], pa.int64()),
-        pa.array([r[2] for r in rows], pa.string()),
-        pa.array([r[3] for r in rows], pa.string()),
-        pa.array([int(r[4] * 1_000_000) for r in rows], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-        pa.array(columns["messages"], pa.string()),
-        pa.array(columns["metadata"], pa.string()),
-        pa.array(columns["reward"], pa.float64()),
-        pa.array(columns["advantage"], pa.float64()),
-        pa.array(columns["policy_version"], pa.int64()),
-        pa.array(columns["stop_reason"], pa.string()),
-        pa.array(columns["score"], pa.float64()),
-        pa.array(columns["spans"], pa.string()),
+        _list_column(pa, TOKEN_FIELDS[f.name], columns[f.name])
+        if f.name in TOKEN_FIELDS
+        else pa.array(columns[f.name], f.type)
+        for f in target
     ]
-    for name, values in tokens.items():
-        arrays.append(_list_column(pa, TOKEN_FIELDS[name], values))
-    return pa.Table.from_arrays(arrays, schema=schema())
+    return pa.Table.from_arrays(arrays, schema=target)
 
 
 def _list_column(pa: Any, dtype: str, values: list[bytes | None]) -> Any:
@@ -159,10 +138,6 @@ def _list_column(pa: Any, dtype: str, values: list[bytes | None]) -> Any:
     flat = pa.Array.from_buffers(item, offsets[-1], [None, data])
     mask = pa.array([raw is None for raw in values], pa.bool_())
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), flat, mask=mask)
-
-
-def _journal_line(r: TraceRecord) -> bytes:
-    return r.to_json() + b"\n"
 
 
 def _read_journal(path: Path) -> list[_Row]:
@@ -272,9 +247,6 @@ class ParquetSink(Sink):
 
     # -- files -------------------------------------------------------------------------------
 
-    def _path(self, stem: str, index: int) -> Path:
-        return self.directory / f"{stem}-{index:05d}{_SUFFIX}"
-
     def _existing(self, stem: str) -> list[Path]:
         pattern = re.compile(rf"{re.escape(stem)}-(\d{{5,}}){re.escape(_SUFFIX)}")
         return sorted(p for p in self.directory.iterdir() if pattern.fullmatch(p.name))
@@ -282,7 +254,7 @@ class ParquetSink(Sink):
     def _write_file(self, stem: str, index: int, rows: Sequence[_Row]) -> Path:
         """One complete file: written under a temporary name, synced, renamed, the directory synced."""
         pq = _pyarrow().parquet
-        final = self._path(stem, index)
+        final = self.directory / f"{stem}-{index:05d}{_SUFFIX}"
         temporary = self.directory / f".{final.name}.tmp"
         try:
             with open(temporary, "wb") as f:
@@ -413,7 +385,7 @@ class ParquetSink(Sink):
         start = os.lseek(journal, 0, os.SEEK_END)
         count, size = len(self._pending), self._pending_bytes
         try:
-            _write_all(journal, b"".join(_journal_line(r) for r in records))
+            _write_all(journal, b"".join(r.to_json() + b"\n" for r in records))
             if self.fsync:
                 os.fsync(journal)
             self._pending.extend(rows)
@@ -463,9 +435,6 @@ class ParquetSink(Sink):
 
     # -- threads -----------------------------------------------------------------------------
 
-    def _close(self) -> None:
-        self._guarded.close()
-
     async def open(self) -> None:
         await run_sync_daemon(self._guarded, self._open_once, backlog=self._backlog)
 
@@ -473,4 +442,4 @@ class ParquetSink(Sink):
         await run_sync_daemon(self._guarded, self._write, records, backlog=self._backlog)
 
     async def close(self) -> None:
-        await run_sync_daemon(self._close)
+        await run_sync_daemon(self._guarded.close)

@@ -221,9 +221,9 @@ class TrackioSink(Sink):
         self.project = self.project or project
         self.run = self.run or run
 
-    def _open_header(self) -> dict[str, Any]:
+    def _writer_args(self) -> dict[str, Any]:
+        """The `TrackioWriter` arguments, as sent to the writer process too."""
         return {
-            "op": "open",
             "project": self.project,
             "run": self.run,
             "space_id": self.space_id,
@@ -235,13 +235,7 @@ class TrackioSink(Sink):
         if self.project is None or self.run is None:
             raise PermanentSinkError("TrackioSink needs a project and run (given or from the session)")
         if not self.process:
-            self._writer = TrackioWriter(
-                self.project,
-                self.run,
-                space_id=self.space_id,
-                server_url=self.server_url,
-                init_kwargs=self.init_kwargs,
-            )
+            self._writer = TrackioWriter(**self._writer_args())
             await run_sync_daemon(self._writer.open, backlog=self._backlog)
             return
         await self._ensure_open()
@@ -300,7 +294,7 @@ class TrackioSink(Sink):
         self._reader = BufferedByteReceiveStream(self._proc.stdout)
         self._broken = False
         self._inflight = None
-        self._open_seq = await self._send(self._proc, self._open_header())
+        self._open_seq = await self._send(self._proc, {"op": "open", "writer": self._writer_args()})
 
     async def _ensure_open(self) -> None:
         if self._proc is None or self._proc.returncode is not None or self._broken:
@@ -394,13 +388,15 @@ class TrackioSink(Sink):
             _raise(reply)
         return reply
 
+    def _opened(self) -> TrackioWriter:
+        if self._writer is None:
+            raise RuntimeError("TrackioSink is not open")
+        return self._writer
+
     async def write(self, records: Sequence[TraceRecord]) -> None:
         if not self.process:
-            writer = self._writer
-            if writer is None:
-                raise RuntimeError("TrackioSink is not open")
             items = [(r.id, r.step, r.key, r.payload, r.replayed) for r in records]
-            skipped = await run_sync_daemon(writer.write, items, backlog=self._backlog)
+            skipped = await run_sync_daemon(self._opened().write, items, backlog=self._backlog)
             self.duplicates_skipped += skipped
             return
         # One list per field, not one per record: a write's header then adds five objects
@@ -432,10 +428,7 @@ class TrackioSink(Sink):
 
     async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         if not self.process:
-            writer = self._writer
-            if writer is None:
-                raise RuntimeError("TrackioSink is not open")
-            await run_sync_daemon(writer.write_metrics, step, metrics, backlog=self._backlog)
+            await run_sync_daemon(self._opened().write_metrics, step, metrics, backlog=self._backlog)
             return
         await self._call(metrics, {"op": "metrics", "step": step, "metrics": dict(metrics)})
 

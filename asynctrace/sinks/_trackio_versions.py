@@ -24,19 +24,17 @@ _RELEASE = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?(.*)$")
 _PRERELEASE = re.compile(r"^(?:[-_.]?(?:a|b|c|rc|alpha|beta|pre|preview|dev))", re.IGNORECASE)
 
 
-def _installed() -> str:
-    try:
-        return metadata.version("trackio")
-    except metadata.PackageNotFoundError:
-        raise ImportError(
-            f"TrackioSink needs Trackio, which is not installed: pip install 'trackio{SUPPORTED_TRACKIO}'"
-        ) from None
-
-
 def check_trackio_version(version: str | None = None) -> None:
     """Raise ImportError naming the supported range unless `version` (default: the installed
     Trackio's, read without importing it) is within it."""
-    found = _installed() if version is None else version
+    if version is None:
+        try:
+            version = metadata.version("trackio")
+        except metadata.PackageNotFoundError:
+            raise ImportError(
+                f"TrackioSink needs Trackio, which is not installed: pip install 'trackio{SUPPORTED_TRACKIO}'"
+            ) from None
+    found = version
     m = _RELEASE.match(found)
     if m is not None:
         major, minor = int(m.group(1)), int(m.group(2))

@@ -75,13 +75,7 @@ def _handle(
 ) -> TrackioWriter | None:
     op = header["op"]
     if op == "open":
-        writer = TrackioWriter(
-            header["project"],
-            header["run"],
-            space_id=header.get("space_id"),
-            server_url=header.get("server_url"),
-            init_kwargs=header.get("init_kwargs"),
-        )
+        writer = TrackioWriter(**header["writer"])
         writer.open()
         return writer
     if writer is None:

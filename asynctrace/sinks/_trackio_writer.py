@@ -275,20 +275,27 @@ class TrackioWriter:
             **kwargs,
         )
 
-    def _config_once(self) -> dict[str, Any] | None:
-        """The run's config while it is not stored yet; `_config_stored` marks it stored."""
-        run = self.run
-        if getattr(run, "_config_logged", True) or not run.config:
-            return None
+    def _commit(self, metrics_list: list[dict[str, Any]], steps: list[int], log_ids: list[str]) -> None:
+        """Commit log entries to the local store, with the run's config while it is not stored yet."""
         from trackio import utils
+        from trackio.sqlite_storage import SQLiteStorage
 
-        config: dict[str, Any] = utils.to_json_safe(run.config)  # type: ignore[no-untyped-call]
-        return config
-
-    def _config_stored(self, config: dict[str, Any] | None) -> None:
+        run = self.run
+        config = None
+        if not getattr(run, "_config_logged", True) and run.config:
+            config = utils.to_json_safe(run.config)  # type: ignore[no-untyped-call]
+        SQLiteStorage.bulk_log(
+            project=self.project,
+            run=run.name,
+            run_id=run.id,
+            metrics_list=metrics_list,
+            steps=steps,
+            log_ids=log_ids,
+            config=config,
+        )
         # Only once the write carrying it committed: a failed write is retried with the config.
         if config is not None:
-            self.run._config_logged = True
+            run._config_logged = True
 
     def write(self, items: Sequence[WriteItem]) -> int:
         """Log the records as traces; returns how many replayed ones were already stored (skipped).
@@ -307,20 +314,12 @@ class TrackioWriter:
         if not items:
             return skipped
         if self.local:
-            from trackio.sqlite_storage import SQLiteStorage
-
             entries = _entries(items)
-            config = self._config_once()
-            SQLiteStorage.bulk_log(
-                project=self.project,
-                run=self.run.name,
-                run_id=self.run.id,
-                metrics_list=[{key: [_trace(i[0], i[3]) for i in group]} for _, key, _, group in entries],
-                steps=[step for step, _, _, _ in entries],
-                log_ids=[log_id for _, _, log_id, _ in entries],
-                config=config,
+            self._commit(
+                [{key: [_trace(i[0], i[3]) for i in group]} for _, key, _, group in entries],
+                [step for step, _, _, _ in entries],
+                [log_id for _, _, log_id, _ in entries],
             )
-            self._config_stored(config)
             return skipped
         from trackio import Trace
 
@@ -336,26 +335,10 @@ class TrackioWriter:
 
     def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         if self.local:
-            from trackio.sqlite_storage import SQLiteStorage
-
-            config = self._config_once()
-            SQLiteStorage.bulk_log(
-                project=self.project,
-                run=self.run.name,
-                run_id=self.run.id,
-                metrics_list=[dict(metrics)],
-                steps=[step],
-                # Derived from the content, so a retry after a commit that did land (a timeout
-                # after it, a restarted writer) maps onto the same row instead of adding one.
-                log_ids=[
-                    "atm-"
-                    + hashlib.sha1(
-                        orjson.dumps([self.run.id, step, dict(metrics)], option=orjson.OPT_SORT_KEYS)
-                    ).hexdigest()[:32]
-                ],
-                config=config,
-            )
-            self._config_stored(config)
+            # The log id is derived from the content, so a retry after a commit that did land (a
+            # timeout after it, a restarted writer) maps onto the same row instead of adding one.
+            content = orjson.dumps([self.run.id, step, dict(metrics)], option=orjson.OPT_SORT_KEYS)
+            self._commit([dict(metrics)], [step], ["atm-" + hashlib.sha1(content).hexdigest()[:32]])
             return
         self.run.log(dict(metrics), step=step)
 

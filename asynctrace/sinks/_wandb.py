@@ -39,8 +39,6 @@ WANDB_COLUMNS = (
     "metadata",
     "messages",
 )
-# Metadata fields given a column of their own (and left out of the `metadata` JSON column).
-_NUMBERS = ("reward", "advantage")
 
 
 def _import_wandb() -> Any:
@@ -60,6 +58,15 @@ def _number(value: Any) -> float | None:
     except OverflowError:
         return None
     return number if math.isfinite(number) else None
+
+
+def _int64(value: Any) -> int | None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
+    return value if ok else None
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _text(content: Any) -> str:
@@ -96,19 +103,16 @@ def record_row(record: TraceRecord) -> list[Any]:
     data = orjson.loads(record.payload)
     messages = data.get("messages") or []
     metadata = dict(data.get("metadata") or {})
-    columns: dict[str, Any] = {}
-    for name in _NUMBERS:
-        number = _number(metadata.get(name))
-        columns[name] = number
-        if number is not None:
+
+    def column(name: str, convert: Callable[[Any], Any]) -> Any:
+        # A value given a column of its own is left out of the `metadata` JSON column.
+        value = convert(metadata.get(name))
+        if value is not None:
             del metadata[name]
-    version = metadata.get("policy_version")
-    if isinstance(version, int) and not isinstance(version, bool) and -(2**63) <= version < 2**63:
-        columns["policy_version"] = metadata.pop("policy_version")
-    else:
-        columns["policy_version"] = None
-    reason = metadata.get("stop_reason")
-    columns["stop_reason"] = metadata.pop("stop_reason") if isinstance(reason, str) else None
+        return value
+
+    columns = [column(name, _number) for name in ("reward", "advantage")]
+    columns += [column("policy_version", _int64), column("stop_reason", _str)]
     for extra in ("score", "spans"):
         if data.get(extra) is not None:
             metadata[extra] = data[extra]
@@ -119,10 +123,7 @@ def record_row(record: TraceRecord) -> list[Any]:
         record.key,
         record.timestamp,
         render_conversation(messages),
-        columns["reward"],
-        columns["advantage"],
-        columns["policy_version"],
-        columns["stop_reason"],
+        *columns,
         orjson.dumps(metadata, default=str).decode(),
         orjson.dumps(messages, default=str).decode(),
     ]
@@ -256,16 +257,12 @@ class WandbSink(Sink):
                 self.wandb_run.define_metric(key, step_metric=self.step_metric)
                 self._defined.add(key)
 
-    @property
-    def _commit(self) -> bool:
-        return self._owns if self.commit is None else self.commit
-
     def _log(self, data: dict[str, Any]) -> None:
         run = self.wandb_run
         if run is None:
             raise RuntimeError("WandbSink is not open")
         self._define([k for k in data if k != self.step_metric])
-        run.log(data, commit=self._commit)
+        run.log(data, commit=self._owns if self.commit is None else self.commit)
 
     def _write_rows(self, records: Sequence[TraceRecord]) -> None:
         wandb = _import_wandb()
@@ -287,9 +284,6 @@ class WandbSink(Sink):
                 del table.data[before:]
                 raise
             self._logged.update(r.id for r in group)
-
-    def _write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
-        self._log({**metrics, self.step_metric: step})
 
     def _close(self) -> None:
         with self._io:
@@ -322,7 +316,8 @@ class WandbSink(Sink):
         await run_sync_daemon(self._guarded, self._write_rows, records, backlog=self._backlog)
 
     async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
-        await run_sync_daemon(self._guarded, self._write_metrics, step, dict(metrics), backlog=self._backlog)
+        data = {**metrics, self.step_metric: step}
+        await run_sync_daemon(self._guarded, self._log, data, backlog=self._backlog)
 
     async def close(self) -> None:
         # A call still stuck on the run (a stalled W&B service) holds `_io`: this waits behind it
