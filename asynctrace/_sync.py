@@ -18,16 +18,9 @@ from ._lifecycle import Lifecycle
 from ._record import SampleLike
 from ._security import logger
 from ._stats import SessionStats
-from ._writer import finish_bound
 from .exceptions import SessionClosedError
 
 __all__ = ["SyncTraceSession"]
-
-
-def _finish_bound(timeout: float) -> float:
-    # Past finish()'s own bound (and a margin), the loop thread is blocked by something other
-    # than the drain.
-    return finish_bound(timeout) + _shutdown.EXIT_MARGIN
 
 
 def _bounded(fn: Callable[[], Any], bound: float) -> Any:
@@ -239,7 +232,7 @@ class SyncRunner:
     def close(self, timeout: float, *, bound: float | None = None) -> SessionStats:
         """Finish within `timeout` and stop the loop thread, waiting at most `bound` seconds in all
         (default: finish()'s own bound and a margin)."""
-        limit = _finish_bound(timeout) if bound is None else bound
+        limit = _shutdown.hook_bound(timeout, final=True) if bound is None else bound
         session, life = self.session, self.life
         if life.is_forked():
             # A forked child's copy: the loop thread is the parent's, which finishes the session.

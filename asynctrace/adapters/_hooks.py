@@ -67,17 +67,13 @@ def deliver(
         return session.log_samples_nowait(samples, step=step, split=split)
     except SessionClosedError:
         # Finished under us (training outlived the session): counted as "closed", never raised.
-        return _nowait(session, samples, step, split)
+        try:
+            return int(session.log_samples_nowait(samples, step=step, split=split))
+        except Exception:
+            count_invalid(session, len(samples))
+            return 0
     except (RecordError, ValueError, TypeError) as exc:
         warn_once(where, f"the session refused a batch of {len(samples)} samples ({exc})")
-        count_invalid(session, len(samples))
-        return 0
-
-
-def _nowait(session: Any, samples: Sequence[Sample], step: int, split: str) -> int:
-    try:
-        return int(session.log_samples_nowait(samples, step=step, split=split))
-    except Exception:
         count_invalid(session, len(samples))
         return 0
 

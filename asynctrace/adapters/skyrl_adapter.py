@@ -27,7 +27,7 @@ import inspect
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._record import Sample
 from .._security import logger
@@ -55,15 +55,12 @@ def step_and_split(generator_input: Any, *, default_step: int | None = None) -> 
     return (default_step if step is None else int(step)), ("eval" if phase == "eval" else "train")
 
 
-class _Origin:
+class _Origin(NamedTuple):
     """What one prompt instance (a SkyRL uid) was generated from."""
 
-    __slots__ = ("env_class", "prompt", "step")
-
-    def __init__(self, prompt: Any, env_class: Any, step: Any) -> None:
-        self.prompt = prompt
-        self.env_class = env_class
-        self.step = step
+    prompt: Any
+    env_class: Any
+    step: Any
 
 
 def _origins(generator_inputs: Iterable[Any]) -> dict[str, _Origin]:
@@ -117,45 +114,38 @@ def to_samples(
     """
     inputs = _inputs(generator_input)
     if uids is not None:
-        one = inputs[-1] if len(inputs) == 1 else None
-        return _uid_samples(
-            one, generator_output, uids, _origins(inputs), tokenizer, env_role, step_wise, _WHERE
+        return _samples(
+            _WHERE,
+            tokenizer,
+            inputs[-1] if len(inputs) == 1 else None,
+            generator_output,
+            env_role=env_role,
+            step_wise=step_wise,
+            uids=as_sequence(uids, "uids"),
+            origins=_origins(inputs),
         )
     if len(inputs) != 1:
         raise ValueError("generator_input: several inputs need the output's uids to map rows to prompts")
-    builder = SampleBuilder()
-    short = Shortfall(_WHERE, 0)
     prompts = as_sequence(field(inputs[0], "prompts"), "generator_input.prompts")
-    _collect(prompts, inputs[0], generator_output, builder, short, env_role=env_role, step_wise=step_wise)
-    short.warn()
-    return builder.build(tokenizer, _WHERE)
-
-
-def _uid_samples(
-    generator_input: Any,
-    generator_output: Any,
-    uids: Any,
-    origins: Mapping[str, _Origin],
-    tokenizer: Any,
-    env_role: str,
-    step_wise: bool | None,
-    where: str,
-) -> list[Sample]:
-    """The samples of an output whose rows are mapped to prompts by their `uids`."""
-    builder = SampleBuilder()
-    short = Shortfall(where, 0)
-    _collect(
-        None,
-        generator_input,
+    return _samples(
+        _WHERE,
+        tokenizer,
+        inputs[0],
         generator_output,
-        builder,
-        short,
+        prompts=prompts,
         env_role=env_role,
         step_wise=step_wise,
-        uids=as_sequence(uids, "uids"),
-        origins=origins,
     )
-    short.warn()
+
+
+def _samples(
+    where: str, tokenizer: Any, generator_input: Any, generator_output: Any, **options: Any
+) -> list[Sample]:
+    """The samples of one generation batch: `_collect` with `options`, decoded in one call."""
+    builder = SampleBuilder()
+    short = Shortfall(where, 0)
+    _collect(options.pop("prompts", None), generator_input, generator_output, builder, short, **options)
+    short.warn(stacklevel=4)  # the warning points at the code that called the converter
     return builder.build(tokenizer, where)
 
 
@@ -537,8 +527,15 @@ class _Tracer:
         def convert() -> Converted:
             with self._lock:
                 origins = {str(u): self._origins[str(u)] for u in set(uids) if str(u) in self._origins}
-            return _uid_samples(
-                None, generator_output, uids, origins, self.tokenizer, self.env_role, None, _HOOK
+            return _samples(
+                _HOOK,
+                self.tokenizer,
+                None,
+                generator_output,
+                env_role=self.env_role,
+                step_wise=None,
+                uids=as_sequence(uids, "uids"),
+                origins=origins,
             ), 0
 
         deliver(self.session, convert, rows=rows, step=step, split="train", where=_HOOK)
