@@ -89,33 +89,22 @@ def _submit(job: Callable[[], None]) -> None:
     worker.jobs.put(job)
 
 
-def _threadsafe_caller() -> Callable[[Callable[[], None]], None]:
+def _threadsafe_caller() -> Callable[[Callable[[], None]], object]:
     """A non-blocking way for another thread to run a callback on the current event loop."""
     if sniffio.current_async_library() == "trio":
         import trio
 
-        token = trio.lowlevel.current_trio_token()
-
-        def call_trio(fn: Callable[[], None]) -> None:
-            token.run_sync_soon(fn)
-
-        return call_trio
+        return trio.lowlevel.current_trio_token().run_sync_soon
     import asyncio
 
-    loop = asyncio.get_running_loop()
-
-    def call(fn: Callable[[], None]) -> None:
-        loop.call_soon_threadsafe(fn)
-
-    return call
+    return asyncio.get_running_loop().call_soon_threadsafe
 
 
 class _Outcome(Generic[T]):
-    __slots__ = ("done", "error", "ok", "value")
+    __slots__ = ("done", "error", "value")
 
     def __init__(self) -> None:
         self.done = anyio.Event()
-        self.ok = False
         self.value: T | None = None
         self.error: BaseException | None = None
 
@@ -237,7 +226,6 @@ async def call_abandonable(
         try:
             with scope:
                 outcome.value = await fn()
-                outcome.ok = True
         except BaseException as exc:  # handed to the awaiting task (none, once abandoned)
             outcome.error = exc
         finally:

@@ -57,8 +57,7 @@ def check_ints(**values: Any) -> None:
 def check_flags(**flags: Any) -> None:
     """Every flag is a bool."""
     for name, flag in flags.items():
-        if not isinstance(flag, bool):
-            raise ValueError(f"{name} must be a bool, got {shown(flag)}")
+        check_bool(name, flag)
 
 
 def check_project_run(project: Any, run: Any) -> None:
@@ -84,7 +83,7 @@ def check_encoding(on_invalid: Any, redact: Any) -> None:
 def check_bool(name: str, value: Any) -> None:
     """`value` is a bool: a string such as "no" would read as true."""
     if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {shown(value)}")
+        raise ValueError(f"{name} must be a bool, got {shown(value)}")
 
 
 def check_type(name: str, value: Any, kind: type | tuple[type, ...], what: str) -> None:

@@ -33,7 +33,7 @@ from .sinks import TrackioSink
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-__all__ = ["DemoConfig", "DemoResult", "DemoRun", "Problem", "build_tokenizer", "format_summary", "run_demo"]
+__all__ = ["DemoConfig", "DemoResult", "DemoRun", "Problem", "build_tokenizer", "format_summary"]
 
 DATASET = "asynctrace-demo-math"
 SPECIAL_TOKENS = ("<|user|>", "<|assistant|>", "<|end|>")
@@ -491,11 +491,6 @@ class DemoRun:
             trackio_dir=trackio_dir(),
             problems=tuple(problems),
         )
-
-
-async def run_demo(cfg: DemoConfig) -> DemoResult:
-    """Run the simulated asynchronous GRPO loop and return its accounting."""
-    return await DemoRun(cfg).run()
 
 
 def _problems(stats: SessionStats, trackio_finished: bool) -> list[str]:

@@ -14,7 +14,7 @@ from ._security import describe, shown
 from ._tokens import decode_token_fields, encode_token_fields
 from .exceptions import RecordError
 
-__all__ = ["Sample", "SampleLike", "TraceRecord"]
+__all__ = ["Sample", "SampleLike", "TraceRecord", "finite_or_none"]
 
 _DUMPS_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 _NO_LIMIT = float("inf")
@@ -39,7 +39,7 @@ class Sample:
 
     def ranking_score(self) -> float | None:
         """The key samplers rank by: `score`, else `metadata["reward"]`; None when missing or not finite."""
-        return _finite_or_none(self.score if self.score is not None else self.metadata.get("reward"))
+        return finite_or_none(self.score if self.score is not None else self.metadata.get("reward"))
 
 
 SampleLike = Sample | Mapping[str, Any]
@@ -148,7 +148,8 @@ def records_for(
     return out
 
 
-def _finite_or_none(value: Any) -> float | None:
+def finite_or_none(value: Any) -> float | None:
+    """`value` as a finite float; None for None, a bool, or anything no finite float holds."""
     if value is None or isinstance(value, bool):
         return None
     try:
@@ -243,34 +244,28 @@ def _check_messages(messages: Any, index: int) -> None:
         _check_messages_slowly(messages, index)
 
 
+def _invalid(index: int, path: str, problem: str) -> RecordError:
+    """The error for sample `index`, its message naming the field at `path` (if any) and the problem."""
+    return RecordError(
+        f"sample {index}: {path}: {problem}" if path else f"sample {index}: {problem}", index=index, path=path
+    )
+
+
 def _check_messages_slowly(messages: Any, index: int) -> None:
     if not isinstance(messages, list):
-        raise RecordError(
-            f"sample {index}: messages: expected a list of dicts, got {type(messages).__name__}",
-            index=index,
-            path="messages",
-        )
+        raise _invalid(index, "messages", f"expected a list of dicts, got {type(messages).__name__}")
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise RecordError(
-                f"sample {index}: messages[{i}]: expected a dict, got {type(message).__name__}",
-                index=index,
-                path=f"messages[{i}]",
-            )
+            raise _invalid(index, f"messages[{i}]", f"expected a dict, got {type(message).__name__}")
         role = message.get("role")
         if not isinstance(role, str):
-            raise RecordError(
-                f"sample {index}: messages[{i}].role: expected a str, got {type(role).__name__}",
-                index=index,
-                path=f"messages[{i}].role",
-            )
+            raise _invalid(index, f"messages[{i}].role", f"expected a str, got {type(role).__name__}")
         content = message.get("content")
         if content is not None and not isinstance(content, (str, list)):
-            raise RecordError(
-                f"sample {index}: messages[{i}].content: expected a str or a list of parts, "
-                f"got {type(content).__name__}",
-                index=index,
-                path=f"messages[{i}].content",
+            raise _invalid(
+                index,
+                f"messages[{i}].content",
+                f"expected a str or a list of parts, got {type(content).__name__}",
             )
 
 
@@ -280,11 +275,10 @@ def _from_mapping(obj: Mapping[str, Any], index: int) -> dict[str, Any]:
         both = "prompt" if obj.get("prompt") is not None else "response"
         if obj.get(both) is not None:
             # Either would be dropped (both keys are reserved, so neither is metadata).
-            raise RecordError(
-                f"sample {index}: {both}: given with 'messages'; give the conversation one way "
-                "(put other fields in 'metadata')",
-                index=index,
-                path=both,
+            raise _invalid(
+                index,
+                both,
+                "given with 'messages'; give the conversation one way (put other fields in 'metadata')",
             )
         messages = obj["messages"]
     elif "prompt" in obj or "response" in obj:
@@ -296,36 +290,25 @@ def _from_mapping(obj: Mapping[str, Any], index: int) -> dict[str, Any]:
         elif prompt is None:
             messages = []
         else:
-            raise RecordError(
-                f"sample {index}: prompt: expected a str or a list of messages, got {type(prompt).__name__}",
-                index=index,
-                path="prompt",
+            raise _invalid(
+                index, "prompt", f"expected a str or a list of messages, got {type(prompt).__name__}"
             )
         response = obj.get("response")
         if response is not None:
             if not isinstance(response, str):
-                raise RecordError(
-                    f"sample {index}: response: expected a str, got {type(response).__name__}",
-                    index=index,
-                    path="response",
-                )
+                raise _invalid(index, "response", f"expected a str, got {type(response).__name__}")
             messages.append({"role": "assistant", "content": response})
     else:
-        raise RecordError(
-            f"sample {index}: a mapping needs 'messages' or 'prompt'/'response' keys "
-            f"(got keys {sorted(map(str, obj))[:8]})",
-            index=index,
-            path="",
+        raise _invalid(
+            index,
+            "",
+            f"a mapping needs 'messages' or 'prompt'/'response' keys (got keys {sorted(map(str, obj))[:8]})",
         )
     metadata = {k: v for k, v in obj.items() if k not in _RESERVED_MAPPING_KEYS}
     extra = obj.get("metadata")
     if extra is not None:
         if not isinstance(extra, Mapping):
-            raise RecordError(
-                f"sample {index}: metadata: expected a mapping, got {type(extra).__name__}",
-                index=index,
-                path="metadata",
-            )
+            raise _invalid(index, "metadata", f"expected a mapping, got {type(extra).__name__}")
         metadata.update(extra)
     body: dict[str, Any] = {"messages": messages, "metadata": metadata}
     if obj.get("spans") is not None:
@@ -346,21 +329,13 @@ def _body(obj: Any, index: int) -> dict[str, Any]:
             try:
                 body["tokens"] = encode_token_fields(obj.tokens)
             except ValueError as exc:
-                raise RecordError(f"sample {index}: tokens: {exc}", index=index, path="tokens") from None
+                raise _invalid(index, "tokens", str(exc)) from None
         if not isinstance(obj.metadata, dict):
-            raise RecordError(
-                f"sample {index}: metadata: expected a dict, got {type(obj.metadata).__name__}",
-                index=index,
-                path="metadata",
-            )
+            raise _invalid(index, "metadata", f"expected a dict, got {type(obj.metadata).__name__}")
         return body
     if isinstance(obj, Mapping):
         return _from_mapping(obj, index)
-    raise RecordError(
-        f"sample {index}: expected an asynctrace.Sample or a mapping, got {type(obj).__name__}",
-        index=index,
-        path="",
-    )
+    raise _invalid(index, "", f"expected an asynctrace.Sample or a mapping, got {type(obj).__name__}")
 
 
 def _encode_body(body: dict[str, Any], index: int) -> bytes:
@@ -378,7 +353,7 @@ def _encode_body(body: dict[str, Any], index: int) -> bytes:
 def _fast_score(value: Any) -> float | None:
     if type(value) is float:
         return value if math.isfinite(value) else None
-    return _finite_or_none(value)
+    return finite_or_none(value)
 
 
 def encode_sample(
@@ -413,14 +388,14 @@ def encode_sample(
     _check_messages(body["messages"], index)
     spans = body.get("spans")
     if spans is not None and not (isinstance(spans, list) and all(isinstance(s, dict) for s in spans)):
-        raise RecordError(f"sample {index}: spans: expected a list of dicts", index=index, path="spans")
+        raise _invalid(index, "spans", "expected a list of dicts")
     payload = _encode_body(body, index)
     raw_score = body.get("score")
     if raw_score is None:
         raw_score = body["metadata"].get("reward")
     else:
         _check_score(raw_score, index)
-    return payload, _finite_or_none(raw_score)
+    return payload, finite_or_none(raw_score)
 
 
 def _check_score(value: Any, index: int) -> None:
@@ -433,11 +408,7 @@ def _check_score(value: Any, index: int) -> None:
             return
         except Exception:  # OverflowError for 10**400, or a caller's __float__ failing
             pass
-    raise RecordError(
-        f"sample {index}: score: expected a number a float can hold, or None, got {type(value).__name__}",
-        index=index,
-        path="score",
-    )
+    raise _invalid(index, "score", f"expected a number a float can hold, or None, got {type(value).__name__}")
 
 
 def encode_samples(
@@ -494,7 +465,7 @@ def encode_samples(
                     except TypeError:
                         payload = b""
                     score = metadata.get("reward")
-                    score = score if type(score) is float and _isfinite(score) else _finite_or_none(score)
+                    score = score if type(score) is float and _isfinite(score) else finite_or_none(score)
                     if payload and len(payload) <= limit and (score is not None or score_needed_by is None):
                         out.append((payload, score))
                         continue
@@ -523,23 +494,17 @@ def encode_checked(
     except RecordError:
         raise
     except Exception as exc:  # a redact callable or an odd mapping failed
-        raise RecordError(f"sample {index}: {describe(exc)}", index=index, path="") from exc
+        raise _invalid(index, "", describe(exc)) from exc
     if max_bytes is not None and len(payload) > max_bytes:
-        raise RecordError(
-            f"sample {index}: encodes to {len(payload)} bytes, more than {bound}={max_bytes}",
-            index=index,
-            path="",
-        )
+        raise _invalid(index, "", f"encodes to {len(payload)} bytes, more than {bound}={max_bytes}")
     if score is None and score_needed_by is not None:
         raise missing_score(index, score_needed_by)
     return payload, score
 
 
 def missing_score(index: int, sampler: str) -> RecordError:
-    return RecordError(
-        f"sample {index}: score: the {sampler} ranks by score; give a finite `score` or metadata['reward']",
-        index=index,
-        path="score",
+    return _invalid(
+        index, "score", f"the {sampler} ranks by score; give a finite `score` or metadata['reward']"
     )
 
 
@@ -595,19 +560,16 @@ def as_list(samples: SampleLike | Iterable[SampleLike]) -> Sequence[Any]:
         return [samples]
     if isinstance(samples, (list, tuple)):
         return samples
-    if isinstance(samples, (str, bytes)):
-        raise RecordError(
-            f"samples: expected a Sample, a mapping or a list of them, got {type(samples).__name__}",
-            index=None,
-            path="",
-        )
-    try:
-        items = iter(samples)
-    except TypeError:
-        raise RecordError(
-            f"samples: expected a Sample, a mapping or a list of them, got {type(samples).__name__}",
-            index=None,
-            path="",
-        ) from None
-    # Outside the try: an error raised by the caller's own generator is theirs, unchanged.
-    return list(items)
+    if not isinstance(samples, (str, bytes)):
+        try:
+            items = iter(samples)
+        except TypeError:
+            pass
+        else:
+            # Outside the try: an error raised by the caller's own generator is theirs, unchanged.
+            return list(items)
+    raise RecordError(
+        f"samples: expected a Sample, a mapping or a list of them, got {type(samples).__name__}",
+        index=None,
+        path="",
+    )

@@ -203,9 +203,8 @@ def main(
 
     # The summary reports every skipped file and failure, so the session's own warnings
     # would only repeat it; errors still show.
-    log = logging.getLogger("asynctrace")
-    level = log.level
-    log.setLevel(logging.ERROR)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
     try:
         report = anyio.run(
             lambda: recover(directory, project=project, run=run, dead_letters=dead_letters, progress=progress)
@@ -214,7 +213,7 @@ def main(
         click.echo(f"asynctrace recover: {exc}", err=True)
         return 2
     finally:
-        log.setLevel(level)
+        logger.setLevel(level)
     for line in report.lines():
         click.echo(line)
     return 0 if report.ok else 1

@@ -32,7 +32,6 @@ __all__ = [
     "scrub",
     "scrub_bytes",
     "secret_bytes",
-    "secret_values",
     "shown",
 ]
 
@@ -105,16 +104,12 @@ def _secrets() -> tuple[list[str], list[str]]:
     return values, forms
 
 
-def secret_values() -> list[str]:
-    """The credential values currently in the environment, longest first."""
-    return list(_secrets()[0])
-
-
 def secret_bytes() -> list[bytes]:
-    """`secret_values()` as they appear in UTF-8 JSON: as is, and JSON-escaped where that differs
-    (a value holding a quote, a backslash or a control character), longest first."""
+    """The credential values in the environment as they appear in UTF-8 JSON: as is, and
+    JSON-escaped where that differs (a value holding a quote, a backslash or a control
+    character), longest first."""
     out: set[bytes] = set()
-    for value in secret_values():
+    for value in _secrets()[0]:
         try:
             out.add(value.encode())
             out.add(orjson.dumps(value)[1:-1])

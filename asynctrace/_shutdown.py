@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import logging
 import os
 import signal
 import threading
@@ -38,11 +37,10 @@ from typing import Any, Protocol
 
 from ._checks import wait_arg
 from ._lifecycle import Lifecycle
+from ._security import logger
 from ._writer import finish_bound
 
-__all__ = ["EXIT_MARGIN", "hook_bound", "install", "register_runner", "unregister_runner"]
-
-logger = logging.getLogger("asynctrace")
+__all__ = ["EXIT_MARGIN", "hook_bound", "install", "runners"]
 
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -62,22 +60,9 @@ class Runner(Protocol):
 
 # Sessions to drain at interpreter exit: every synchronous session (its writer thread is a
 # daemon and would otherwise be killed mid-write) and every session with shutdown hooks.
-_runners: weakref.WeakSet[Runner] = weakref.WeakSet()  # type: ignore[type-var]
+runners: weakref.WeakSet[Runner] = weakref.WeakSet()  # type: ignore[type-var]
 _hooked: weakref.WeakSet[Lifecycle] = weakref.WeakSet()
 _exit_timeouts: weakref.WeakKeyDictionary[Lifecycle, float] = weakref.WeakKeyDictionary()
-
-
-def register_runner(runner: Runner) -> None:
-    _runners.add(runner)
-
-
-def unregister_runner(runner: Runner) -> None:
-    _runners.discard(runner)
-
-
-def hook_exit(life: Lifecycle) -> None:
-    """Only the exit hook: a session opened off the main thread cannot have signal handlers."""
-    _hooked.add(life)
 
 
 def _is_default(handler: Handler) -> bool:
@@ -104,7 +89,7 @@ class _Hooks:
         for signum, previous in list(self.previous.items()):
             with contextlib.suppress(ValueError, TypeError):
                 if signal.getsignal(signum) == self._on_signal:
-                    signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+                    self._restore(signum, previous)
             self.previous.pop(signum, None)
 
     def _restore(self, signum: int, previous: Handler) -> None:
@@ -295,14 +280,14 @@ def install_for_session(life: Lifecycle) -> None:
         "asynctrace: shutdown_hooks=True but the session was opened off the main thread; "
         "only the exit hook is installed (Python runs signal handlers on the main thread)"
     )
-    hook_exit(life)
+    _hooked.add(life)
 
 
 @atexit.register
 def _at_exit() -> None:
     # A synchronous session left open at interpreter exit is drained with its own deadline, so
     # traces are not lost and the writer thread (a daemon) cannot hang the exit.
-    for runner in list(_runners):
+    for runner in list(runners):
         try:
             life = runner.life
             runner.close(_exit_timeouts.get(life, life.finish_timeout))

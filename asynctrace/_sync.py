@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-import logging
 import queue
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -17,19 +16,11 @@ from . import _shutdown
 from ._checks import check_timeout, wait_arg
 from ._lifecycle import Lifecycle
 from ._record import SampleLike
+from ._security import logger
 from ._stats import SessionStats
-from ._writer import finish_bound
 from .exceptions import SessionClosedError
 
 __all__ = ["SyncTraceSession"]
-
-logger = logging.getLogger("asynctrace")
-
-
-def _finish_bound(timeout: float) -> float:
-    # Past finish()'s own bound (and a margin), the loop thread is blocked by something other
-    # than the drain.
-    return finish_bound(timeout) + _shutdown.EXIT_MARGIN
 
 
 def _bounded(fn: Callable[[], Any], bound: float) -> Any:
@@ -220,7 +211,7 @@ class SyncRunner:
         except BaseException:
             self._shutdown_thread()
             raise
-        _shutdown.register_runner(self)
+        _shutdown.runners.add(self)
 
     def call(self, fn: Callable[..., Any], *args: Any, bound: float | None = None) -> Any:
         """Run `fn` on the loop thread; with `bound`, give up waiting after that many seconds."""
@@ -241,7 +232,7 @@ class SyncRunner:
     def close(self, timeout: float, *, bound: float | None = None) -> SessionStats:
         """Finish within `timeout` and stop the loop thread, waiting at most `bound` seconds in all
         (default: finish()'s own bound and a margin)."""
-        limit = _finish_bound(timeout) if bound is None else bound
+        limit = _shutdown.hook_bound(timeout, final=True) if bound is None else bound
         session, life = self.session, self.life
         if life.is_forked():
             # A forked child's copy: the loop thread is the parent's, which finishes the session.
@@ -253,7 +244,7 @@ class SyncRunner:
             # Another thread is finishing: wait for that finish, as the async finish() does.
             life.closed.wait(wait_arg(limit))
             return session.stats() if life.final is None else life.final
-        _shutdown.unregister_runner(self)
+        _shutdown.runners.discard(self)
 
         def teardown() -> SessionStats:
             try:

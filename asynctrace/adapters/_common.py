@@ -9,7 +9,16 @@ from typing import Any
 from .._record import Sample
 from ..rollouts._text import TextBatch
 
-__all__ = ["Message", "SampleBuilder", "as_sequence", "field", "jsonable", "role_name", "token_list"]
+__all__ = [
+    "Message",
+    "SampleBuilder",
+    "as_sequence",
+    "chat_messages",
+    "field",
+    "jsonable",
+    "role_name",
+    "token_list",
+]
 
 
 def field(obj: Any, name: str, default: Any = None) -> Any:
@@ -57,6 +66,24 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
         return {k: jsonable(v) for k, v in value.items()}
     return str(value)
+
+
+def chat_messages(value: Any, role: str, name: str) -> list[dict[str, Any]]:
+    """A string as one message of `role`, a conversation as fresh copies of its messages."""
+    if isinstance(value, str):
+        return [{"role": role, "content": value}]
+    if isinstance(value, Mapping):
+        value = [value]
+    if not isinstance(value, Sequence):
+        raise ValueError(f"{name}: expected a string or a list of messages, got {type(value).__name__}")
+    out = []
+    for j, message in enumerate(value):
+        if not isinstance(message, Mapping):
+            raise ValueError(f"{name}[{j}]: expected a message (a dict), got {type(message).__name__}")
+        copy = {str(k): jsonable(v) for k, v in dict(message).items()}
+        copy["role"] = role_name(message.get("role", role))
+        out.append(copy)
+    return out
 
 
 Message = dict[str, Any] | tuple[str, int]

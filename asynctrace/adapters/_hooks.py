@@ -20,7 +20,7 @@ from ..exceptions import RecordError, SessionClosedError
 if TYPE_CHECKING:
     from .._session import TraceSession
 
-__all__ = ["Converted", "deliver"]
+__all__ = ["Converted", "count_invalid", "deliver", "warn_once"]
 
 
 Converted = tuple[Sequence[Sample], int]
@@ -56,33 +56,30 @@ def deliver(
         samples, skipped = convert()
     except Exception as exc:  # telemetry must never stop training
         warn_once(where, f"a batch of {rows} rows could not be converted ({type(exc).__name__}: {exc})")
-        _count(session, rows)
+        count_invalid(session, rows)
         return 0
     if skipped:
         warn_once(where, f"{skipped} of {rows} rows could not be converted and were left out")
-        _count(session, skipped)
+        count_invalid(session, skipped)
     try:
         if isinstance(session, SyncTraceSession):
             return session.log_samples(samples, step=step, split=split)
         return session.log_samples_nowait(samples, step=step, split=split)
     except SessionClosedError:
         # Finished under us (training outlived the session): counted as "closed", never raised.
-        return _nowait(session, samples, step, split)
+        try:
+            return int(session.log_samples_nowait(samples, step=step, split=split))
+        except Exception:
+            count_invalid(session, len(samples))
+            return 0
     except (RecordError, ValueError, TypeError) as exc:
         warn_once(where, f"the session refused a batch of {len(samples)} samples ({exc})")
-        _count(session, len(samples))
+        count_invalid(session, len(samples))
         return 0
 
 
-def _nowait(session: Any, samples: Sequence[Sample], step: int, split: str) -> int:
-    try:
-        return int(session.log_samples_nowait(samples, step=step, split=split))
-    except Exception:
-        _count(session, len(samples))
-        return 0
-
-
-def _count(session: Any, n: int) -> None:
+def count_invalid(session: Any, n: int) -> None:
+    """Count `n` rows as dropped ("invalid") in `session`; never raises."""
     try:
         session.record_invalid(n)
     except Exception:  # a session in a state that cannot count: nothing more to do

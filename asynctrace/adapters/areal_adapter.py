@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._record import Sample
 from ..rollouts._decode import decode_rollouts
+from ..rollouts._rows import is_tensor
 from ._hooks import deliver
 
 if TYPE_CHECKING:
@@ -85,11 +86,6 @@ def _localize(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return localized
 
 
-def _is_tensor(value: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(value, torch.Tensor)
-
-
 def _unroll(part: dict[str, Any], per_token: bool = False) -> None:
     """Undo `compute_advantages`' roll of the loss mask; each row's mean advantage.
 
@@ -100,7 +96,7 @@ def _unroll(part: dict[str, Any], per_token: bool = False) -> None:
     """
     advantages = part.pop("advantages")
     rolled: Any = part.get("loss_mask")
-    if not (_is_tensor(advantages) and _is_tensor(rolled)) or rolled.dim() != 2:
+    if not (is_tensor(advantages) and is_tensor(rolled)) or rolled.dim() != 2:
         return
     import torch
 
@@ -111,7 +107,7 @@ def _unroll(part: dict[str, Any], per_token: bool = False) -> None:
         shifted = advantages.float()
         part["token_advantages"] = torch.cat([torch.zeros_like(shifted[:, :1]), shifted[:, :-1]], dim=1)
     logprobs: Any = part.get("logprobs")
-    if _is_tensor(logprobs) and logprobs.dim() == 2:
+    if is_tensor(logprobs) and logprobs.dim() == 2:
         # compute_advantages rolls the log-probs too (and zeroes them off the rolled mask).
         part["logprobs"] = torch.cat([torch.zeros_like(logprobs[:, :1]), logprobs[:, :-1]], dim=1)
     weight = generated.to(advantages.dtype if advantages.is_floating_point() else torch.float32)
@@ -137,7 +133,7 @@ def _concat(parts: list[dict[str, Any]]) -> dict[str, Any]:
     if len(parts) == 1:
         return parts[0]
     keys = [k for k in (*_NEEDED, "advantage", *_TOKEN_KEYS) if all(k in p for p in parts)]
-    if all(_is_tensor(p.get("input_ids")) for p in parts) and "attention_mask" not in keys:
+    if all(is_tensor(p.get("input_ids")) for p in parts) and "attention_mask" not in keys:
         import torch
 
         for p in parts:
@@ -147,7 +143,7 @@ def _concat(parts: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in keys:
         values = [p[key] for p in parts]
-        if all(_is_tensor(v) for v in values):
+        if all(is_tensor(v) for v in values):
             import torch
 
             if key in _PER_TOKEN or key in _TOKEN_KEYS:

@@ -27,7 +27,7 @@ import inspect
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._record import Sample
 from .._security import logger
@@ -35,7 +35,7 @@ from ..rollouts._align import MISSING, Shortfall
 from ..rollouts._mapping import instance_key, prompt_indices, trajectory_label
 from ..rollouts._stepwise import merge_step_wise, trajectory_groups
 from ..rollouts._turns import mask_runs, split_turns
-from ._common import Message, SampleBuilder, as_sequence, field, jsonable, role_name
+from ._common import Message, SampleBuilder, as_sequence, chat_messages, field, jsonable
 from ._hooks import Converted, deliver
 
 if TYPE_CHECKING:
@@ -55,15 +55,12 @@ def step_and_split(generator_input: Any, *, default_step: int | None = None) -> 
     return (default_step if step is None else int(step)), ("eval" if phase == "eval" else "train")
 
 
-class _Origin:
+class _Origin(NamedTuple):
     """What one prompt instance (a SkyRL uid) was generated from."""
 
-    __slots__ = ("env_class", "prompt", "step")
-
-    def __init__(self, prompt: Any, env_class: Any, step: Any) -> None:
-        self.prompt = prompt
-        self.env_class = env_class
-        self.step = step
+    prompt: Any
+    env_class: Any
+    step: Any
 
 
 def _origins(generator_inputs: Iterable[Any]) -> dict[str, _Origin]:
@@ -115,28 +112,41 @@ def to_samples(
     row). Optional per-row lists shorter than the batch are left out of the samples they do
     not reach, with one warning.
     """
-    builder = SampleBuilder()
-    short = Shortfall(_WHERE, 0)
     inputs = _inputs(generator_input)
     if uids is not None:
-        _collect(
-            None,
+        return _samples(
+            _WHERE,
+            tokenizer,
             inputs[-1] if len(inputs) == 1 else None,
             generator_output,
-            builder,
-            short,
             env_role=env_role,
             step_wise=step_wise,
             uids=as_sequence(uids, "uids"),
             origins=_origins(inputs),
         )
-    else:
-        if len(inputs) != 1:
-            raise ValueError("generator_input: several inputs need the output's uids to map rows to prompts")
-        prompts = as_sequence(field(inputs[0], "prompts"), "generator_input.prompts")
-        _collect(prompts, inputs[0], generator_output, builder, short, env_role=env_role, step_wise=step_wise)
-    short.warn()
-    return builder.build(tokenizer, _WHERE)
+    if len(inputs) != 1:
+        raise ValueError("generator_input: several inputs need the output's uids to map rows to prompts")
+    prompts = as_sequence(field(inputs[0], "prompts"), "generator_input.prompts")
+    return _samples(
+        _WHERE,
+        tokenizer,
+        inputs[0],
+        generator_output,
+        prompts=prompts,
+        env_role=env_role,
+        step_wise=step_wise,
+    )
+
+
+def _samples(
+    where: str, tokenizer: Any, generator_input: Any, generator_output: Any, **options: Any
+) -> list[Sample]:
+    """The samples of one generation batch: `_collect` with `options`, decoded in one call."""
+    builder = SampleBuilder()
+    short = Shortfall(where, 0)
+    _collect(options.pop("prompts", None), generator_input, generator_output, builder, short, **options)
+    short.warn(stacklevel=4)  # the warning points at the code that called the converter
+    return builder.build(tokenizer, where)
 
 
 def _inputs(generator_input: Any) -> list[Any]:
@@ -221,18 +231,6 @@ def _row_reward(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return float(sum(value))
     return float(value)
-
-
-def _chat(prompt: Any) -> list[Message]:
-    """A SkyRL prompt (a conversation, or a plain string) as fresh message dicts."""
-    if isinstance(prompt, str):
-        return [{"role": "user", "content": prompt}]
-    messages: list[Message] = []
-    for message in prompt:
-        out = {key: jsonable(value) for key, value in dict(message).items()}
-        out["role"] = role_name(out.get("role", "user"))
-        messages.append(out)
-    return messages
 
 
 def _prompt_of_rows(
@@ -419,7 +417,7 @@ def _collect(
         mask = _turn_mask(mask, leading=True, trailing=not step_wise)
         messages: list[Message]
         if starts and chat_prompt is not None:
-            messages = _chat(chat_prompt)
+            messages = list(chat_messages(chat_prompt, "user", f"prompt of row {first}"))
             turns = split_turns(response, mask_runs(mask), 0, env_role, builder.texts)
         else:
             # Without a chat prompt (none kept, or a prefix mismatch restarted the sequence),
@@ -529,22 +527,16 @@ class _Tracer:
         def convert() -> Converted:
             with self._lock:
                 origins = {str(u): self._origins[str(u)] for u in set(uids) if str(u) in self._origins}
-            builder = SampleBuilder()
-            short = Shortfall(_HOOK, 0)
-            _collect(
-                None,
+            return _samples(
+                _HOOK,
+                self.tokenizer,
                 None,
                 generator_output,
-                builder,
-                short,
                 env_role=self.env_role,
                 step_wise=None,
                 uids=as_sequence(uids, "uids"),
                 origins=origins,
-            )
-            short.warn()
-            samples = builder.build(self.tokenizer, _HOOK)
-            return samples, 0
+            ), 0
 
         deliver(self.session, convert, rows=rows, step=step, split="train", where=_HOOK)
 

@@ -113,19 +113,17 @@ def _newest_version(items: list[Any]) -> int:
     versions = []
     for episode in items:
         try:
-            version = _policy_version(episode, field(episode, "completion"))
+            version = _either(field(episode, "completion"), "generator_version", episode, "policy_version")
             versions.append(int(version))
         except (TypeError, ValueError):
             continue
     return max(versions, default=0)
 
 
-def _policy_version(episode: Any, completion: Any) -> Any:
-    version = field(completion, "generator_version")
-    if version is None:
-        # Older apps kept it on the episode; newer ones derive the property from the completion.
-        version = field(episode, "policy_version")
-    return version
+def _either(completion: Any, name: str, episode: Any, older: str) -> Any:
+    """`completion.<name>`, else `episode.<older>`: where older torchforge apps kept it."""
+    value = field(completion, name)
+    return field(episode, older) if value is None else value
 
 
 def _prompt(episode: Any, completion: Any, builder: SampleBuilder) -> list[Message]:
@@ -138,9 +136,7 @@ def _prompt(episode: Any, completion: Any, builder: SampleBuilder) -> list[Messa
     for text in (field(episode, "request"), prompt):
         if isinstance(text, str):
             return [{"role": "user", "content": text}]
-    ids = field(completion, "prompt_ids")
-    if ids is None:
-        ids = field(episode, "request_tokens")
+    ids = _either(completion, "prompt_ids", episode, "request_tokens")
     if ids is not None:
         return [("user", builder.texts.add(token_list(ids), shared=True))]
     return []
@@ -162,9 +158,7 @@ def _response(episode: Any, completion: Any, builder: SampleBuilder) -> Message:
     for text in (field(completion, "text"), field(episode, "response")):
         if isinstance(text, str):
             return {"role": "assistant", "content": text}
-    ids = field(completion, "token_ids")
-    if ids is None:
-        ids = field(episode, "response_tokens")
+    ids = _either(completion, "token_ids", episode, "response_tokens")
     if ids is None:
         return {"role": "assistant", "content": ""}
     return ("assistant", builder.texts.add(token_list(ids)))
@@ -187,16 +181,14 @@ def _metadata(episode: Any, completion: Any) -> dict[str, Any]:
         ("prompt_ids", "request_tokens", "prompt_len"),
         ("token_ids", "response_tokens", "response_len"),
     ):
-        tokens = field(completion, ids)
-        if tokens is None:
-            tokens = field(episode, fallback)
+        tokens = _either(completion, ids, episode, fallback)
         if tokens is not None:
             metadata[name] = len(tokens)
     for key in ("reward", "advantage"):
         value = field(episode, key)
         if value is not None:
             metadata[key] = float(value)
-    version = _policy_version(episode, completion)
+    version = _either(completion, "generator_version", episode, "policy_version")
     if version is not None:
         metadata["policy_version"] = jsonable(version)
     stop = field(completion, "stop_reason")

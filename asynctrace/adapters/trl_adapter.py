@@ -41,7 +41,7 @@ from .._session import TraceSession
 from .._sync import SyncTraceSession
 from ..rollouts._align import MISSING, Shortfall
 from ..rollouts._mapping import prompt_indices
-from ._common import as_sequence, jsonable, role_name
+from ._common import as_sequence, chat_messages, jsonable
 from ._hooks import deliver, warn_once
 
 __all__ = ["GRPOTracer", "attach", "to_samples"]
@@ -107,7 +107,7 @@ def to_samples(
     short = Shortfall(_WHERE, n)
     samples = []
     for i in range(n):
-        messages = _messages(prompts[i], "user", f"prompt[{i}]") + _messages(
+        messages = chat_messages(prompts[i], "user", f"prompt[{i}]") + chat_messages(
             completions[i], "assistant", f"completion[{i}]"
         )
         metadata: dict[str, Any] = {"sample_index": i}
@@ -153,24 +153,6 @@ def _weights(value: Any) -> list[Any]:
         raise ValueError(
             f"reward_weights: expected a sequence of numbers, got {type(value).__name__}"
         ) from None
-
-
-def _messages(value: Any, role: str, name: str) -> list[dict[str, Any]]:
-    """A string as one message of `role`, a conversation as fresh copies of its messages."""
-    if isinstance(value, str):
-        return [{"role": role, "content": value}]
-    if isinstance(value, Mapping):
-        value = [value]
-    if not isinstance(value, Sequence):
-        raise ValueError(f"{name}: expected a string or a list of messages, got {type(value).__name__}")
-    out = []
-    for j, message in enumerate(value):
-        if not isinstance(message, Mapping):
-            raise ValueError(f"{name}[{j}]: expected a message (a dict), got {type(message).__name__}")
-        copy = {str(k): jsonable(v) for k, v in dict(message).items()}
-        copy["role"] = role_name(message.get("role", role))
-        out.append(copy)
-    return out
 
 
 class _Tap(deque[Any]):

@@ -23,11 +23,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._record import Sample
-from .._security import logger
 from .._sync import SyncTraceSession
 from ..rollouts._decode import decode_rollouts
 from ._common import jsonable
-from ._hooks import deliver
+from ._hooks import count_invalid, deliver, warn_once
 
 __all__ = ["log_batch", "open_session", "to_samples"]
 
@@ -280,6 +279,7 @@ def log_batch(
     counted in ``session.stats().dropped["invalid"]``, with one warning. `token_fields`: as in
     `to_samples`.
     """
+    rows = 0
     try:
         if session is None:
             session = _session_of(trainer)
@@ -289,9 +289,9 @@ def log_batch(
         at_step = int(trainer.global_steps if step is None else step)
         tokenizer = trainer.tokenizer
     except Exception as exc:  # telemetry must never stop training
-        _warn_once(f"could not start logging ({type(exc).__name__}: {exc})")
+        warn_once(_WHERE, f"could not start logging ({type(exc).__name__}: {exc})")
         if session is not None and session is not _FAILED:
-            _count(session, batch)
+            count_invalid(session, rows)
         return 0
     return deliver(
         session,
@@ -309,22 +309,3 @@ def log_batch(
         split=split,
         where=_WHERE,
     )
-
-
-_warned = False
-
-
-def _warn_once(message: str) -> None:
-    global _warned
-    with _lock:
-        if _warned:
-            return
-        _warned = True
-    logger.warning("asynctrace: %s: %s; batches are not logged", _WHERE, message)
-
-
-def _count(session: Any, batch: Any) -> None:
-    try:
-        session.record_invalid(len(batch))
-    except Exception:
-        logger.debug("asynctrace: could not count a verl batch as invalid", exc_info=True)

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._record import Sample
+from .._record import Sample, finite_or_none
 from .._security import shown
 from ._align import MISSING, Shortfall
-from ._rows import as_python, check_rows, is_tensor, python_rows, real_tokens
+from ._rows import as_python, as_tensor, check_rows, is_tensor, python_rows, real_tokens
 from ._text import SpanBatch, TextBatch
 from ._token_fields import token_columns
 from ._turns import Run, Turns, mask_runs, split_span_turns, split_turns
@@ -105,10 +104,7 @@ def _tensor_layout(
             continue
         if _is_ndarray(value):
             # A numpy array becomes a CPU tensor (sharing its memory); `select` moves it.
-            try:
-                value = per_token[name] = torch.as_tensor(value)
-            except TypeError as exc:
-                raise ValueError(f"{name}: cannot be read as a tensor ({exc})") from None
+            value = per_token[name] = as_tensor(value, name)
         if not is_tensor(value):
             raise ValueError(f"{name}: input_ids is a tensor, so {name} must be one too (or a numpy array)")
         _check_shape(value, name, shape)
@@ -338,13 +334,7 @@ def _list_layout(
     for name, value in (("attention_mask", attention_mask), ("loss_mask", loss_mask), ("versions", versions)):
         if value is None:
             continue
-        rows = python_rows(value, picked, name, n)
-        for j, (row, tokens) in enumerate(zip(rows, ids, strict=True)):
-            if len(row) != len(tokens):
-                raise ValueError(
-                    f"{name}: row {picked[j]} has {len(row)} values but input_ids has {len(tokens)} tokens"
-                )
-        per_token[name] = rows
+        per_token[name] = python_rows(value, picked, name, n, ids)
     if "attention_mask" in per_token:
         keep = per_token.pop("attention_mask")
         ids = real_tokens(ids, keep)
@@ -413,14 +403,6 @@ def _scalar(value: Any, name: str, allow_bool: bool = False) -> Any:
     return value
 
 
-def _finite(number: float) -> float | None:
-    try:
-        value = float(number)
-    except OverflowError:  # an int beyond a float's range (10**400): no score to rank by
-        return None
-    return value if math.isfinite(value) else None
-
-
 def row_scores(rewards: Any, n_rows: int) -> list[float | None]:
     """Per-row rewards as floats with a single transfer; None where missing or not finite.
 
@@ -434,7 +416,7 @@ def row_scores(rewards: Any, n_rows: int) -> list[float | None]:
     scores: list[float | None] = []
     for value in column or []:
         number = _scalar(value, "rewards", allow_bool=True)
-        scores.append(_finite(number) if number is not MISSING else None)
+        scores.append(finite_or_none(number) if number is not MISSING else None)
     return scores
 
 
@@ -477,12 +459,7 @@ def decode_rollouts(
         raise ValueError(f"env_role: expected a non-empty role name, got {shown(env_role)}")
     if _is_ndarray(input_ids) and any(is_tensor(v) for v in (attention_mask, loss_mask, versions)):
         # Mixed with tensors, numpy token ids take the tensor path (a CPU tensor on their memory).
-        import torch
-
-        try:
-            input_ids = torch.as_tensor(input_ids)
-        except TypeError as exc:
-            raise ValueError(f"input_ids: cannot be read as a tensor ({exc})") from None
+        input_ids = as_tensor(input_ids, "input_ids")
     input_ids = as_python(input_ids)
     n = _row_count(input_ids)
     picked = check_rows(rows, n)

@@ -7,13 +7,24 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["as_python", "check_rows", "is_tensor", "python_rows", "real_tokens"]
+__all__ = ["as_python", "as_tensor", "check_rows", "is_tensor", "python_rows", "real_tokens"]
 
 
 def is_tensor(value: Any) -> bool:
     # A tensor can only exist once torch is imported, so looking it up never imports it.
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(value, torch.Tensor)
+
+
+def as_tensor(value: Any, name: str) -> Any:
+    """`value` (a numpy array, a list) as a tensor, on its memory where it can; a ValueError naming
+    `name` where it cannot be read as one."""
+    import torch
+
+    try:
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"{name}: cannot be read as a tensor ({exc})") from None
 
 
 def as_python(value: Any) -> Any:
@@ -41,8 +52,11 @@ def check_rows(rows: Sequence[int] | None, n: int) -> list[int]:
     return picked
 
 
-def python_rows(value: Any, picked: list[int], name: str, n: int) -> list[list[Any]]:
-    """The `picked` rows of a list-like `value` as Python lists, checked against `n` rows."""
+def python_rows(
+    value: Any, picked: list[int], name: str, n: int, ids: list[list[Any]] | None = None
+) -> list[list[Any]]:
+    """The `picked` rows of a list-like `value` as Python lists, checked against `n` rows (and,
+    given the picked rows of `ids`, each against its row's number of tokens)."""
     value = as_python(value)
     if is_tensor(value):
         raise ValueError(
@@ -50,7 +64,13 @@ def python_rows(value: Any, picked: list[int], name: str, n: int) -> list[list[A
         )
     if len(value) != n:
         raise ValueError(f"{name}: has {len(value)} rows but input_ids has {n}")
-    return [list(as_python(value[r])) for r in picked]
+    rows = [list(as_python(value[r])) for r in picked]
+    for j, (row, tokens) in enumerate(zip(rows, ids or (), strict=False)):
+        if len(row) != len(tokens):
+            raise ValueError(
+                f"{name}: row {picked[j]} has {len(row)} values but input_ids has {len(tokens)} tokens"
+            )
+    return rows
 
 
 def real_tokens(rows: list[list[Any]], attention: list[list[Any]]) -> list[list[Any]]:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._tokens import TOKEN_FIELDS, encoded, raw_bytes
-from ._rows import python_rows, real_tokens
+from ._rows import as_tensor, python_rows, real_tokens
 
 __all__ = ["token_columns"]
 
@@ -36,10 +36,7 @@ def _tensor_columns(
 
     def select(value: Any, name: str) -> Any:
         if not isinstance(value, torch.Tensor):
-            try:
-                value = torch.as_tensor(value)
-            except (TypeError, ValueError, RuntimeError) as exc:
-                raise ValueError(f"{name}: cannot be read as a tensor ({exc})") from None
+            value = as_tensor(value, name)
         if tuple(value.shape) != shape:
             raise ValueError(f"{name}: shape {tuple(value.shape)} does not match input_ids {shape}")
         return value.index_select(0, index.to(value.device)).to(device)
@@ -70,12 +67,7 @@ def _list_columns(
     rows: list[dict[str, dict[str, str]]] = [{} for _ in picked]
     for name, value in token_fields.items():
         label = f"token_fields[{name!r}]"
-        values = python_rows(value, picked, label, n)
-        for j, (row, tokens) in enumerate(zip(values, ids, strict=True)):
-            if len(row) != len(tokens):
-                raise ValueError(
-                    f"{label}: row {picked[j]} has {len(row)} values but input_ids has {len(tokens)} tokens"
-                )
+        values = python_rows(value, picked, label, n, ids)
         if keep is not None:
             values = real_tokens(values, keep)
         for j, row in enumerate(values):

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._text import SpanBatch, TextBatch
 
-__all__ = ["Run", "Turns", "mask_runs", "split_span_turns", "split_turns", "turn_spans"]
+__all__ = ["Run", "Turns", "mask_runs", "split_span_turns", "split_turns"]
 
 Run = tuple[int, int, bool]
 """`(start, end, generated)`: a maximal stretch of tokens with the same loss-mask value."""
@@ -45,76 +45,60 @@ class Turns:
         return [{"role": role, "content": texts[handle]} for role, handle in self.turns]
 
 
-def turn_spans(
-    n: int, runs: list[Run] | None, prompt_len: int | None, env_role: str
-) -> tuple[list[tuple[str, int, int]], bool, int, int]:
-    """Cut a sample of `n` tokens into turns: `(role, start, end)` spans, in order.
-
-    Returns the spans, whether the first span is the user prompt, the prompt length and the
-    number of assistant turns. Without `prompt_len`, a leading run the policy did not generate
-    is the user prompt; with it, the first `prompt_len` tokens are. After the prompt, generated
-    runs are `assistant` turns and the others `env_role` turns (tool results or user feedback).
-    No runs at all means the tokens were all generated. Nothing after a prompt is one empty
-    `assistant` turn, so a prompt always gets its (possibly empty) answer.
-    """
-    if runs is None:
-        runs = [(0, n, True)] if n else []
-    spans: list[tuple[str, int, int]] = []
-    if prompt_len is not None:
-        cut = min(max(prompt_len, 0), n)
-        if cut:
-            spans.append(("user", 0, cut))
-        runs = [(max(start, cut), end, gen) for start, end, gen in runs if end > cut]
-    elif runs and not runs[0][2]:
-        start, cut, _ = runs[0]
-        spans.append(("user", start, cut))
-        runs = runs[1:]
-    else:
-        cut = 0
-    if spans and not runs:
-        # Nothing after the prompt: the policy's answer was empty (an aborted or zero-length
-        # generation), which is still an answer to log. A row with no tokens at all stays empty.
-        runs = [(cut, cut, True)]
-    has_prompt = bool(spans)
-    num_turns = 0
-    for start, end, gen in runs:
-        if gen:
-            num_turns += 1
-        spans.append(("assistant" if gen else env_role, start, end))
-    return spans, has_prompt, cut, num_turns
-
-
-def split_turns(
-    tokens: list[int],
-    runs: list[Run] | None,
-    prompt_len: int | None,
-    env_role: str,
-    texts: TextBatch,
-) -> Turns:
-    """Cut one sample's tokens into turns and queue each turn's text in `texts` (see `turn_spans`).
-
-    The prompt is queued as shared: the samples of a group decode their common prompt once.
-    """
-    spans, has_prompt, cut, num_turns = turn_spans(len(tokens), runs, prompt_len, env_role)
-    turns = [
-        (role, texts.add(tokens[start:end], shared=has_prompt and k == 0))
-        for k, (role, start, end) in enumerate(spans)
-    ]
-    return Turns(turns, prompt_len=cut, seq_len=len(tokens), num_turns=num_turns)
-
-
-def split_span_turns(
-    offset: int,
+def _split(
     n: int,
     runs: list[Run] | None,
     prompt_len: int | None,
     env_role: str,
-    texts: SpanBatch,
+    add: Callable[[int, int, bool], int],
+) -> Turns:
+    """Cut a sample of `n` tokens into turns, queueing each `[start, end)` span with `add`.
+
+    Without `prompt_len`, a leading run the policy did not generate is the user prompt; with
+    it, the first `prompt_len` tokens are. After the prompt, generated runs are `assistant`
+    turns and the others `env_role` turns (tool results or user feedback). No runs at all
+    means the tokens were all generated. Nothing after a prompt is one empty `assistant` turn,
+    so a prompt always gets its (possibly empty) answer. The prompt is queued as shared: the
+    samples of a group decode their common prompt once.
+    """
+    if runs is None:
+        runs = [(0, n, True)] if n else []
+    turns: list[tuple[str, int]] = []
+    if prompt_len is not None:
+        cut = min(max(prompt_len, 0), n)
+        if cut:
+            turns.append(("user", add(0, cut, True)))
+        runs = [(max(start, cut), end, gen) for start, end, gen in runs if end > cut]
+    elif runs and not runs[0][2]:
+        start, cut, _ = runs[0]
+        turns.append(("user", add(start, cut, True)))
+        runs = runs[1:]
+    else:
+        cut = 0
+    if turns and not runs:
+        # Nothing after the prompt: the policy's answer was empty (an aborted or zero-length
+        # generation), which is still an answer to log. A row with no tokens at all stays empty.
+        runs = [(cut, cut, True)]
+    num_turns = 0
+    for start, end, gen in runs:
+        num_turns += gen
+        turns.append(("assistant" if gen else env_role, add(start, end, False)))
+    return Turns(turns, prompt_len=cut, seq_len=n, num_turns=num_turns)
+
+
+def split_turns(
+    tokens: list[int], runs: list[Run] | None, prompt_len: int | None, env_role: str, texts: TextBatch
+) -> Turns:
+    """Cut one sample's tokens into turns and queue each turn's text in `texts` (see `_split`)."""
+    return _split(
+        len(tokens), runs, prompt_len, env_role, lambda a, b, shared: texts.add(tokens[a:b], shared)
+    )
+
+
+def split_span_turns(
+    offset: int, n: int, runs: list[Run] | None, prompt_len: int | None, env_role: str, texts: SpanBatch
 ) -> Turns:
     """`split_turns` for a sample whose `n` tokens start at `offset` of the flat array of `texts`."""
-    spans, has_prompt, cut, num_turns = turn_spans(n, runs, prompt_len, env_role)
-    turns = [
-        (role, texts.add(offset + start, offset + end, shared=has_prompt and k == 0))
-        for k, (role, start, end) in enumerate(spans)
-    ]
-    return Turns(turns, prompt_len=cut, seq_len=n, num_turns=num_turns)
+    return _split(
+        n, runs, prompt_len, env_role, lambda a, b, shared: texts.add(offset + a, offset + b, shared)
+    )
