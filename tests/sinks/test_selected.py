@@ -67,7 +67,8 @@ async def test_held_records_are_pending_until_their_step_closes() -> None:
         step_timeout=None,
     ) as s:
         await s.log_samples([sample(i, step=0) for i in range(10)], step=0)
-        await _until(lambda: len(archive.records) == 10)
+        # The archive's lane may finish before the tracker's has passed over the capped seven.
+        await _until(lambda: len(archive.records) == 10 and s.stats().written == 7)
         st = s.stats()
         assert st.check() and st.pending == 3 and st.written == 7
         assert st.sinks["tracker"].held == 3 and st.sinks["tracker"].skipped == {"capped": 7}
@@ -135,8 +136,9 @@ async def test_first_sampler_passes_at_once_and_holds_nothing() -> None:
         "p", sinks=[at.testing.MemorySink(), Selected(tracker, max_traces_per_step=3)], flush_interval=0.01
     ) as s:
         await s.log_samples([sample(i) for i in range(10)], step=0)
-        await _until(lambda: len(tracker.records) == 3)
-        assert s.stats().sinks["tracker"].held == 0 and s.stats().pending == 0
+        # The other sink's lane may still be writing when the tracker's three are in.
+        await _until(lambda: len(tracker.records) == 3 and s.stats().pending == 0)
+        assert s.stats().sinks["tracker"].held == 0
     assert [r.sample.metadata["uid"] for r in tracker.records] == ["0:0", "0:1", "0:2"]
 
 
@@ -197,7 +199,7 @@ async def test_spool_acknowledges_held_records_only_once_decided(tmp_path: objec
         step_timeout=None,
     ) as s:
         await s.log_samples([sample(i) for i in range(8)], step=0)
-        await _until(lambda: len(archive.records) == 8)
+        await _until(lambda: len(archive.records) == 8 and getattr(s.stats().spool, "acknowledged", 0) == 6)
         spool = s.stats().spool
         assert spool is not None and spool.appended == 8 and spool.acknowledged == 6
     spool = s.stats().spool
