@@ -218,8 +218,10 @@ def count_trackio_traces(project: str, run: str) -> int:
 
 
 def count_jsonl_lines(path: str | os.PathLike[str]) -> int:
+    """Trace lines in a JSONL file; metrics lines (the session's health metrics at finish,
+    ``{"step": ..., "metrics": ...}``) are not traces and are left out."""
     with open(path, "rb") as f:
-        return sum(1 for _ in f)
+        return sum(1 for line in f if not line.startswith(b'{"step"'))
 
 
 def percentile(values: Sequence[float], q: float) -> float:
