@@ -151,7 +151,8 @@ async def test_byte_bound_counts_token_arrays_and_trackers_leave_them_out(tmp_pa
         assert await s.log_samples([small], step=0) == 1
     assert s.stats().dropped.get("invalid") == 1
     text = stream.getvalue()
-    assert "step 0" in text and "loss_mask" not in text and "b64" not in text
+    # Quoted: an encoded array is {"dtype": ..., "b64": ...}; a bare "b64" can occur in a hex id.
+    assert "step 0" in text and "loss_mask" not in text and '"b64"' not in text
 
 
 async def test_trackio_shows_the_trace_without_its_token_arrays(project: str) -> None:
@@ -162,4 +163,4 @@ async def test_trackio_shows_the_trace_without_its_token_arrays(project: str) ->
         assert await s.log_samples([sample], step=0) == 1
     (trace,) = read_traces(project, "r")
     stored = orjson.dumps(trace).decode()
-    assert '"q"' in stored and "logprobs" not in stored and "b64" not in stored
+    assert '"q"' in stored and "logprobs" not in stored and '"b64"' not in stored
