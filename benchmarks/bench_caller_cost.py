@@ -105,23 +105,28 @@ def batches(
     return lambda c: build([orjson.loads(r) for r in raw[c * BATCH : (c + 1) * BATCH]])
 
 
+def roomy_session(bodies: list[dict[str, Any]], project: str) -> Any:
+    """A session whose queue holds every body, so ``on_full="block"`` never waits."""
+    import asynctrace as at
+
+    size = max(len(orjson.dumps(b)) for b in bodies[:64])
+    return at.TraceSession(
+        project,
+        queue_size=len(bodies) + 1,
+        max_queue_bytes=len(bodies) * (size + 1024) + 2**20,
+        finish_timeout=300.0,
+    )
+
+
 async def session_round(
     bodies: list[dict[str, Any]], calls: int, warmup: int, gap: float, fresh: bool
 ) -> tuple[float, float, int, int]:
     """Wall and on-CPU seconds and minor page faults inside ``log_samples`` over `calls` timed
     calls, and the traces found in SQLite afterwards."""
-    import asynctrace as at
-
     batch_for = batches(bodies, common.to_samples, fresh)
-    size = max(len(orjson.dumps(b)) for b in bodies[:64])
     project = common.project_name("caller")
     meter = Meter()
-    async with at.TraceSession(
-        project,
-        queue_size=len(bodies) + 1,
-        max_queue_bytes=len(bodies) * (size + 1024) + 2**20,
-        finish_timeout=300.0,
-    ) as session:
+    async with roomy_session(bodies, project) as session:
         await session.flush()  # the writer process is up before timing starts
         for c in range(warmup + calls):
             batch = batch_for(c)
@@ -233,16 +238,8 @@ async def admit_floor_round(
     if not beside:
         await run(None)
         return meter.wall, meter.cpu, meter.faults, len(bodies)
-    import asynctrace as at
-
-    size = max(len(orjson.dumps(b)) for b in bodies[:64])
     project = common.project_name("caller-beside")
-    async with at.TraceSession(
-        project,
-        queue_size=len(bodies) + 1,
-        max_queue_bytes=len(bodies) * (size + 1024) + 2**20,
-        finish_timeout=300.0,
-    ) as session:
+    async with roomy_session(bodies, project) as session:
         await session.flush()
         await run(session)
     return meter.wall, meter.cpu, meter.faults, common.count_trackio_traces(project, session.run)
