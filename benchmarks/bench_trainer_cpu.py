@@ -178,6 +178,19 @@ async def main_async(args: argparse.Namespace) -> int:
         f"{args.size} traces = {n}, gap {args.gap * 1000:g} ms, {args.rounds} alternating rounds; "
         f"medians of rounds (counts verified)"
     )
+
+    def row(variant: str, label: str, writer_note: str | None) -> list[str]:
+        writer = med(variant, "writer")
+        return [
+            label,
+            f"{med(variant, 'trainer'):.3f}",
+            _us(med(variant, "trainer"), n),
+            f"{writer:.3f} ({writer_note or _us(writer, n)})",
+            _us(statistics.median(x.trainer + x.writer for x in rounds[variant]), n),
+            f"{med(variant, 'wall'):.2f}",
+            " / ".join(f"{x.trainer:.3f}" for x in rounds[variant]),
+        ]
+
     common.print_table(
         [
             "variant",
@@ -189,24 +202,8 @@ async def main_async(args: argparse.Namespace) -> int:
             "trainer CPU s per round",
         ],
         [
-            [
-                "asynctrace: TraceSession + TrackioSink",
-                f"{med('asynctrace', 'trainer'):.3f}",
-                _us(med("asynctrace", "trainer"), n),
-                f"{med('asynctrace', 'writer'):.3f} ({_us(med('asynctrace', 'writer'), n)})",
-                _us(statistics.median(x.trainer + x.writer for x in rounds["asynctrace"]), n),
-                f"{med('asynctrace', 'wall'):.2f}",
-                " / ".join(f"{x.trainer:.3f}" for x in rounds["asynctrace"]),
-            ],
-            [
-                "trackio direct: trackio.log(list of traces)",
-                f"{med('direct', 'trainer'):.3f}",
-                _us(med("direct", "trainer"), n),
-                f"{med('direct', 'writer'):.3f} (no writer process)",
-                _us(statistics.median(x.trainer + x.writer for x in rounds["direct"]), n),
-                f"{med('direct', 'wall'):.2f}",
-                " / ".join(f"{x.trainer:.3f}" for x in rounds["direct"]),
-            ],
+            row("asynctrace", "asynctrace: TraceSession + TrackioSink", None),
+            row("direct", "trackio direct: trackio.log(list of traces)", "no writer process"),
         ],
     )
     startup = med("asynctrace", "writer_startup")
