@@ -156,14 +156,31 @@ class Buffer(Queue):
         split: str,
         step: int,
         groups: Sequence[Hashable | None] | None = None,
+        refused_with: int | None = None,
     ) -> list[bool] | None:
         """Which of a submission's samples the cap would keep if offered now (None: cannot
-        tell); a sample it would refuse need not be encoded. Counts nothing."""
+        tell); a sample it would refuse need not be encoded. Counts nothing, except with
+        `refused_with` (how many invalid samples the submission left out) when the cap
+        would keep none: the submission is then counted whole, and [] returned."""
         gated = self.gated
         if gated is None:
             return None
         with self.lock:
-            return gated.gate.keeps(split, step, scores, gated.entry_seq + 1, groups)
+            gate = gated.gate
+            keeps = gate.keeps(split, step, scores, gated.entry_seq + 1, groups)
+            if refused_with is None or keeps is None or True in keeps or self.closed:
+                return keeps
+            n = len(scores)
+            ledger = self.ledger
+            ledger.submitted += n + refused_with
+            if refused_with:
+                ledger.drop("invalid", refused_with)
+            if gate.is_closed(split, step):
+                ledger.drop("late", n)
+            else:
+                ledger.drop("capped", n)
+                gate.skip(split, step, n)  # a positional sampler (the reservoir) counts them
+            return []
 
     def admit_waiting(self, waiting: Waiting) -> Admission:
         """Retry records that were waiting for room (block policy); consumes `waiting` in place."""

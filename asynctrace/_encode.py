@@ -31,6 +31,9 @@ __all__ = ["Encoder"]
 
 # Which of a submission's samples (by score) the cap would keep if offered now; None: cannot tell.
 Keeps = Callable[..., list[bool] | None]
+Kept = tuple[list[tuple[bytes, float | None]], int, int, list[int]]
+# What `encode_kept` returns for a submission the buffer counted whole as refused.
+REFUSED_WHOLE: Kept = ([], 0, 0, [])
 
 
 class Encoder:
@@ -82,50 +85,64 @@ class Encoder:
             self._keys[split] = key
         return key
 
+    def _prepare(
+        self, samples: SampleLike | Iterable[SampleLike], step: int, split: str
+    ) -> tuple[Sequence[Any], str]:
+        if type(step) is not int or step < 0 or step > MAX_STEP or type(split) is not str or not split:
+            check_step(step, split)  # raises, or accepts an int subclass
+        items = samples if type(samples) is list else as_list(samples)
+        return items, self._keys.get(split) or self.key_for(split)
+
     def encode(
         self,
         samples: SampleLike | Iterable[SampleLike],
         step: int,
         split: str,
         *,
-        precheck: bool = True,
         skipped: list[int] | None = None,
-    ) -> tuple[list[TraceRecord], int, int, list[int] | None]:
-        """Validate and encode samples once, in the caller; returns records, the invalid count,
-        how many the cap refused before they were encoded (only with `precheck`) and, then, how
-        many of those came right before each record (a positional sampler counts them). Without
-        `precheck`, the indices of samples left out as invalid go to `skipped`."""
-        if type(step) is not int or step < 0 or step > MAX_STEP or type(split) is not str or not split:
-            check_step(step, split)  # raises, or accepts an int subclass
-        items = samples if type(samples) is list else as_list(samples)
-        key = self._keys.get(split) or self.key_for(split)
-        if self._groups is not None and precheck:
+    ) -> tuple[list[TraceRecord], int]:
+        """Validate and encode every sample, in the caller, past the cap; returns the records
+        and how many were invalid (their indices go to `skipped`)."""
+        items, key = self._prepare(samples, step, split)
+        return self._encode_all(items, step, split, key, skipped)
+
+    def _encode_all(
+        self, items: Sequence[Any], step: int, split: str, key: str, skipped: list[int] | None
+    ) -> tuple[list[TraceRecord], int]:
+        encoded, invalid = encode_samples(
+            items,
+            redact=self.redact,
+            skip_invalid=self.skip_invalid,
+            max_bytes=self.max_bytes,
+            score_needed_by=self.score_needed_by,
+            skipped=skipped,
+        )
+        return records_for(encoded, self._ids, self._id_prefix, step, split, key, time.time()), invalid
+
+    def submit(
+        self, samples: SampleLike | Iterable[SampleLike], step: int, split: str
+    ) -> tuple[list[TraceRecord], int, int, list[int] | None] | None:
+        """Validate and encode a submission, in the caller, with a cap only what it would keep;
+        returns records, the invalid count, how many the cap refused before they were encoded
+        and, then, how many of those came right before each record (a positional sampler
+        counts them). None when the cap refused the whole submission: the buffer counted it."""
+        items, key = self._prepare(samples, step, split)
+        if self._groups is not None:
             # Every sample the caller submitted, before the cap, counts for the group metrics
-            # (log_rollouts' decoded rows, which come without `precheck`, are only the kept ones).
+            # (log_rollouts' decoded rows, which come through `encode`, are only the kept ones).
             closed = self._groups.observe(items, step, split, time.monotonic())
             if closed:
                 self._push(closed)
-        now = time.time()
-        kept = self.encode_kept(items, step, split) if precheck and self.precheck else None
-        gaps: list[int] | None = None
-        if kept is not None:
-            encoded, invalid, refused, gaps = kept
-        else:
-            refused = 0
-            encoded, invalid = encode_samples(
-                items,
-                redact=self.redact,
-                skip_invalid=self.skip_invalid,
-                max_bytes=self.max_bytes,
-                score_needed_by=self.score_needed_by,
-                skipped=skipped,
-            )
-        records = records_for(encoded, self._ids, self._id_prefix, step, split, key, now)
+        kept = self.encode_kept(items, step, split) if self.precheck else None
+        if kept is None:
+            return (*self._encode_all(items, step, split, key, None), 0, None)
+        if kept is REFUSED_WHOLE:
+            return None
+        encoded, invalid, refused, gaps = kept
+        records = records_for(encoded, self._ids, self._id_prefix, step, split, key, time.time())
         return records, invalid, refused, gaps
 
-    def encode_kept(
-        self, items: Sequence[Any], step: int, split: str
-    ) -> tuple[list[tuple[bytes, float | None]], int, int, list[int]] | None:
+    def encode_kept(self, items: Sequence[Any], step: int, split: str) -> Kept | None:
         """Encode only the samples the cap would keep if offered now; None when that cannot be
         told cheaply (the caller then encodes everything). Also returns, per encoded sample, how
         many refused ones came right before it.
@@ -171,11 +188,13 @@ class Encoder:
                 split=split,
                 step=step,
                 groups=None if groups is None else [groups[i] for i in candidates],
+                # The usual capped call once a step is under way: the buffer counts it whole.
+                refused_with=None if encoded else len(invalid),
             )
             if keeps is None:
                 return None
-            if True not in keeps and not encoded:  # the usual capped call once a step is under way
-                return [], len(invalid), len(candidates), []
+            if not keeps:
+                return REFUSED_WHOLE
             failed = False
             for i, keep in zip(candidates, keeps, strict=True):
                 if not keep or i in encoded:

@@ -29,6 +29,7 @@ from .exceptions import RecordError
 __all__ = ["Intake"]
 
 _OPEN = State.OPEN
+_REFUSED = Admission()  # never changed: what a submission the cap refused whole gets back
 
 
 class Intake:
@@ -239,7 +240,10 @@ class Intake:
         watched = 0
         if self.watch is not None:
             samples, watched = self._log_watched(samples, step, split)
-        records, invalid, refused, gaps = self.encoder.encode(samples, step, split)
+        submitted = self.encoder.submit(samples, step, split)
+        if submitted is None:  # the cap refused it whole, and the buffer counted it
+            return watched, _REFUSED, 0
+        records, invalid, refused, gaps = submitted
         adm = self.buffer.admit(
             records,
             split=split,
@@ -265,7 +269,7 @@ class Intake:
         watched, rest = self.watch.split(items, split, step)
         if not watched:
             return rest, 0
-        records, invalid, _, _ = self.encoder.encode(watched, step, split, precheck=False)
+        records, invalid = self.encoder.encode(watched, step, split)
         adm = self.buffer.admit(records, split=split, step=step, nowait=True, invalid=invalid, gated=False)
         if adm.wake:
             self.wake()
@@ -321,7 +325,7 @@ class Intake:
         buf = self.buffer
         try:
             skipped: list[int] = []
-            records, _, _, _ = self.encoder.encode(samples, step, split, precheck=False, skipped=skipped)
+            records, _ = self.encoder.encode(samples, step, split, skipped=skipped)
             if skipped:
                 # on_invalid="skip" left these rows out: only their places are given back.
                 gone = set(skipped)

@@ -229,24 +229,22 @@ class _TopBottomSelection(StepSelection):
         n = len(scores)
         if len(self._top) + len(self._bottom) + n <= self._n_top + self._n_bottom:
             return [True] * n
-        maybe: Sequence[int] = range(n)
         if len(self._top) == self._n_top and len(self._bottom) == self._n_bottom:
             # Both full: a score from the weakest kept high one down to the strongest kept low
             # one cannot enter (a tie loses to the earlier arrival), whatever else arrives, and
-            # offering it would change nothing.
+            # offering it would change nothing. The rest are few once a step is under way: they
+            # are offered (and encoded) without asking which of them push each other out again.
             hi = self._top[0][0] if self._top else math.inf
             lo = -self._bottom[0][0] if self._bottom else -math.inf
-            maybe = [i for i, sc in enumerate(scores) if sc is not None and (sc > hi or sc < lo)]
-            if not maybe:
-                return [False] * n
-        # Offer the rest to copies of the two heaps, as `offer` would (ties cannot happen: the
-        # sequence numbers differ), by (score, -seq) alone: nothing is built per refused sample.
+            return [sc is not None and (sc > hi or sc < lo) for sc in scores]
+        # Filling: offer the call to copies of the two heaps, as `offer` would (ties cannot
+        # happen: the sequence numbers differ), by (score, -seq) alone, so that only what
+        # the call leaves held is encoded.
         n_top, n_bottom = self._n_top, self._n_bottom
         top = [t[:2] for t in self._top]
         bottom = [t[:2] for t in self._bottom]
         push, pop = heapq.heappush, heapq.heappop
-        for i in maybe:
-            score = scores[i]
+        for i, score in enumerate(scores):
             if score is None:
                 continue
             push(top, (score, -(first_seq + i)))
@@ -257,10 +255,7 @@ class _TopBottomSelection(StepSelection):
             if len(bottom) > n_bottom:
                 pop(bottom)
         held = {t[1] for t in top} | {t[1] for t in bottom}
-        out = [False] * n
-        for i in maybe:
-            out[i] = -(first_seq + i) in held
-        return out
+        return [-(first_seq + i) in held for i in range(n)]
 
 
 class TopBottomSampler(Sampler):
@@ -365,23 +360,26 @@ class _ReservoirSelection(StepSelection):
             # The fill ends inside this call: the rest would be judged by keys not drawn yet.
             # Simulate on a copy that shares the drawn-ahead numbers (drawing more as needed).
             return self._simulate(n)
-        # Jump from one entering row to the next: the copy draws only for those rows.
-        keys = [-t[0] for t in self._heap]
-        w, nxt, used, room = self._w, self._next, 0, self._k - len(keys)
         last = self._n + n
+        nxt = self._next
+        if nxt > last:  # the usual call once the reservoir is full: no row enters
+            return out
+        # Jump from one entering row to the next, on a copy of the heap of negated keys (root:
+        # the largest key): it draws only for those rows.
+        heap = [t[0] for t in self._heap]
+        w, used, room = self._w, 0, self._k - len(heap)
         while nxt <= last:
             out[nxt - self._n - 1] = True
             u = self._draw(used) * w
             used += 1
             if room > 0:
-                keys.append(u)
+                heapq.heappush(heap, -u)
                 room -= 1
                 if room == 0:
-                    w = max(keys)
+                    w = -heap[0]
             else:
-                keys.remove(max(keys))
-                keys.append(u)
-                w = max(keys)
+                heapq.heapreplace(heap, -u)
+                w = -heap[0]
             nxt = nxt + 1 + self._skip(self._draw(used), w)
             used += 1
         return out
