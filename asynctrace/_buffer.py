@@ -14,7 +14,7 @@ from ._stats import DropReason, SessionStats
 from .exceptions import SessionClosedError
 
 if TYPE_CHECKING:
-    from ._spool import Spool
+    from ._journal import Journal
 
 __all__ = ["Admission", "Batch", "Buffer", "Marker", "MetricsItem", "OnFull", "Room", "Waiting"]
 
@@ -36,10 +36,9 @@ class Buffer(Queue):
         gate: Gate | None,
         sink_names: Sequence[str],
         clock: Callable[[], float],
-        spool: Spool | None = None,
-        spool_on_admit: bool = False,
+        journal: Journal | None = None,
     ) -> None:
-        self.ledger = Ledger(sink_names, spool)
+        self.ledger = Ledger(sink_names, journal)
         super().__init__(queue_size, max_bytes, on_full, batch_size, clock, self.ledger)
         self.gate = gate
         self.room = Room()
@@ -50,12 +49,11 @@ class Buffer(Queue):
         self._ticket = 0
         self.tickets: set[int] = set()
         self.waitings: set[Waiting] = set()  # given up by close() itself (see there)
-        # With `spool_on_admit` (durability "enqueue") records are staged as they are admitted;
-        # otherwise the writer stages each batch as it dispatches it.
-        self.spool = spool
-        self.spool_on_admit = spool is not None and spool_on_admit
-        staging = spool if self.spool_on_admit else None
-        self.gated = GatedAdmission(gate, self, self.ledger, staging) if gate else None
+        self.journal = journal
+        # Records staged as they are admitted (durability "enqueue"); otherwise the writer
+        # stages each batch as it takes it.
+        self.staging = journal if journal is not None and journal.on_admit else None
+        self.gated = GatedAdmission(gate, self, self.ledger, self.staging) if gate else None
 
     @property
     def on_drop(self) -> Callable[[DropReason, int], None] | None:
@@ -104,8 +102,8 @@ class Buffer(Queue):
             on_full: OnFull = "drop_newest" if nowait and self.on_full == "block" else self.on_full
             out.accepted = n
             if self.gated is None or not gated:
-                if self.spool_on_admit and self.spool is not None:
-                    self.spool.stage(records)
+                if self.staging is not None:
+                    self.staging.admitted(records)
                 stop = self.enqueue(records, out, on_full)
                 if stop < n:
                     out.waiting = Waiting(records, stop)
@@ -300,8 +298,8 @@ class Buffer(Queue):
                     ready.append(r)
                     staged.append(r)
                 # EVICTED: already counted as capped.
-            if self.spool_on_admit and self.spool is not None:
-                self.spool.stage(staged)
+            if self.staging is not None:
+                self.staging.admitted(staged)
             # Held rows count as accepted, as they do in log_samples; drops below subtract.
             out.accepted = len(staged)
             stop = self.enqueue(ready, out, self.on_full)

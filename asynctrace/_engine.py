@@ -11,6 +11,7 @@ from typing import Any
 from ._buffer import Buffer
 from ._encode import Encoder
 from ._group_metrics import GroupMetrics
+from ._journal import Journal
 from ._sampling import Gate, Sampler
 from ._spool import Spool
 
@@ -48,8 +49,7 @@ def build_engine(
         gate=gate,
         sink_names=s["sink_names"],
         clock=time.monotonic,
-        spool=spool,
-        spool_on_admit=s["durability"] == "enqueue",
+        journal=Journal(spool, on_admit=s["durability"] == "enqueue") if spool is not None else None,
     )
     buffer.on_drop = on_drop
     encoder = Encoder(

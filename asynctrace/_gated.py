@@ -11,8 +11,8 @@ from ._record import TraceRecord
 from ._sampling import EVICTED, Entry, Gate, GateResult
 
 if TYPE_CHECKING:
+    from ._journal import Journal
     from ._ledger import Ledger
-    from ._spool import Spool
 
 __all__ = ["GatedAdmission"]
 
@@ -20,12 +20,12 @@ __all__ = ["GatedAdmission"]
 class GatedAdmission:
     """The gate in front of the queue. Not thread-safe: the buffer's lock guards it."""
 
-    def __init__(self, gate: Gate, queue: Queue, ledger: Ledger, spool: Spool | None) -> None:
+    def __init__(self, gate: Gate, queue: Queue, ledger: Ledger, staging: Journal | None) -> None:
         self.gate = gate
         self.queue = queue
         self.ledger = ledger
         self.clock = queue.clock
-        self.spool = spool  # set only with durability "enqueue": staged as they are admitted
+        self.staging = staging  # set only with durability "enqueue": staged as they are admitted
         self.entry_seq = 0
 
     def release(self, entries: list[Entry]) -> bool:
@@ -110,9 +110,9 @@ class GatedAdmission:
             for e, gap in zip(entries, gaps[start:], strict=True):
                 e.gap = gap
         result = self.gate.offer(split, step, entries, self.clock())
-        if self.spool is not None:
+        if self.staging is not None:
             # Staged before anything is dropped below, so every drop finds it staged.
-            self.spool.stage([e.record for e in entries if e.state != EVICTED and e.record])
+            self.staging.admitted([e.record for e in entries if e.state != EVICTED and e.record])
         passed, wake = self.apply(result)
         out.wake |= wake
         refused = len(offered) - len(passed) - result.held

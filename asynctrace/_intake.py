@@ -64,13 +64,9 @@ class Intake:
             self.life.call_soon(self._wake_writer)  # False once the loop is closing: no need then
 
     def _after_admit(self, adm: Admission, blocking: bool = True) -> None:
-        spool = self.buffer.spool
-        # durability="enqueue": callers write their records to the spool before returning.
-        if self.buffer.spool_on_admit and spool is not None and (blocking or spool.has_staged):
-            # Blocking, even with nothing staged: another thread's commit may have taken this
-            # caller's records and still be writing them; taking the commit lock waits for it.
-            # Not blocking: that commit, or the writer's next one, writes these records first.
-            spool.commit(blocking=blocking)
+        journal = self.buffer.journal
+        if journal is not None:
+            journal.caller_done(blocking=blocking)
         if adm.wake:
             self.wake()
 

@@ -16,7 +16,7 @@ from ._record import TraceRecord
 from ._stats import DropReason, SessionStats, SinkStats
 
 if TYPE_CHECKING:
-    from ._spool import Spool
+    from ._journal import Journal
     from ._tiers import Picked
 
 __all__ = ["Batch", "Holds", "Ledger"]
@@ -56,10 +56,10 @@ class Ledger:
     """The counts, by outcome, and the spool told of every resolution. Not thread-safe: the
     buffer's lock guards it."""
 
-    def __init__(self, sink_names: Sequence[str], spool: Spool | None) -> None:
+    def __init__(self, sink_names: Sequence[str], journal: Journal | None) -> None:
         self.sink_names = list(sink_names)
         self.sinks = [_SinkCounters() for _ in sink_names]
-        self.spool = spool
+        self.journal = journal
         self.submitted = 0
         self.written = 0
         self.failed = 0
@@ -81,11 +81,8 @@ class Ledger:
             self.displaced += n
         if self.on_drop is not None:
             self.on_drop(reason, n)
-        if records and self.spool is not None:
-            # A spooled record dropped since is done with; a replayed one stays for the next replay.
-            done = [r for r in records if r.spool_slot is not None and not r.replayed]
-            if done:
-                self.spool.resolve(done)
+        if records and self.journal is not None:
+            self.journal.dropped(records)
 
     def resolve(
         self, batch: Batch, lane: int, ok: bool, retries: int, error: str | None, picked: Picked | None
@@ -141,12 +138,8 @@ class Ledger:
     ) -> None:
         self.written += len(ok)
         self.failed += len(bad)
-        if self.spool is not None:
-            if ok:
-                self.spool.resolve(ok)
-            if bad:
-                error_text = "; ".join(f"{name}: {e}" for name, e in errors)
-                self.spool.resolve(bad, error_text, [name for name, _ in errors])
+        if self.journal is not None:
+            self.journal.resolved(ok, bad, errors)
 
     def snapshot(self, queue_depth: int, queue_bytes: int) -> SessionStats:
         dropped = dict(self.dropped)

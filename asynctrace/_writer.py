@@ -35,8 +35,6 @@ logger = logging.getLogger("asynctrace")
 
 __all__ = ["STOP_GRACE", "Signal", "Writer", "close_grace", "finish_bound"]
 
-# Records encoded for the spool per event-loop turn (see Writer._spool_batch).
-SPOOL_SLICE = 32
 # Seconds finish() gives the writer to stop once cancelled before it names what holds it up.
 STOP_GRACE = 2.0
 
@@ -247,7 +245,8 @@ class Writer:
                             elif isinstance(item, MetricsItem):
                                 health.note_steps((item.step,))
                         if isinstance(item, Batch):
-                            await self._spool_batch(item)
+                            if self.buffer.journal is not None:
+                                await self.buffer.journal.dispatching(item.records)
                             # Only a batch that waits behind a busy sink is drop_oldest's to
                             # evict from. One that idle sinks start at their next turn stays
                             # out of reach: a producer that gets the loop first would empty
@@ -265,21 +264,6 @@ class Writer:
                     until = max(0.0, at - now)
                     due = until if due is None else min(due, until)
             await self.signal.wait(due)
-
-    async def _spool_batch(self, batch: Batch) -> None:
-        """durability="writer": the batch is on disk before any sink sees it."""
-        spool = self.buffer.spool
-        if spool is None:
-            return
-        if not self.buffer.spool_on_admit:
-            records = batch.records
-            # Encoding a large batch takes milliseconds of Python: done in slices, so the
-            # callers sharing this event loop get turns in between.
-            for i in range(0, len(records), SPOOL_SLICE):
-                spool.stage(records[i : i + SPOOL_SLICE], encode=True)
-                await anyio.lowlevel.checkpoint()
-        if spool.has_staged:
-            spool.commit()
 
     # -- lanes -----------------------------------------------------------------------------
 
@@ -401,10 +385,8 @@ class Writer:
 
     def _freed(self) -> None:
         self.on_room()
-        spool = self.buffer.spool
-        if spool is not None:
-            # Acknowledgements are not urgent: if a commit is under way, a later one writes them.
-            spool.commit(blocking=False)
+        if self.buffer.journal is not None:
+            self.buffer.journal.acknowledge()
 
     async def _write_picked(
         self,

@@ -1,0 +1,76 @@
+"""The spool's one way into the engine: what the buffer, the ledger, the writer and the callers
+tell it of records as they are admitted, dispatched and resolved. The session opens, replays
+and closes the spool itself; everything on the records' path goes through a `Journal`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import anyio.lowlevel
+
+from ._record import TraceRecord
+
+if TYPE_CHECKING:
+    from ._spool import Spool
+
+__all__ = ["Journal"]
+
+# Records encoded for the spool per event-loop turn (see `Journal.dispatching`).
+SLICE = 32
+
+
+class Journal:
+    """Durability "enqueue" (`on_admit`) stages records as they are admitted and has callers
+    commit them before returning; "writer" stages each batch as the writer takes it. Either
+    way the spool is told of every record resolved or dropped."""
+
+    __slots__ = ("on_admit", "spool")
+
+    def __init__(self, spool: Spool, *, on_admit: bool) -> None:
+        self.spool = spool
+        self.on_admit = on_admit
+
+    def admitted(self, records: Sequence[TraceRecord]) -> None:
+        """Records entered the buffer or a held selection (only called with `on_admit`)."""
+        self.spool.stage(records)
+
+    def caller_done(self, *, blocking: bool) -> None:
+        """A caller is about to return: with `on_admit`, what it staged is written first."""
+        if self.on_admit and (blocking or self.spool.has_staged):
+            # Blocking, even with nothing staged: another thread's commit may have taken this
+            # caller's records and still be writing them; taking the commit lock waits for it.
+            # Not blocking: that commit, or the writer's next one, writes these records first.
+            self.spool.commit(blocking=blocking)
+
+    async def dispatching(self, records: Sequence[TraceRecord]) -> None:
+        """The writer took a batch of `records`: they are on disk before any sink sees them."""
+        spool = self.spool
+        if not self.on_admit:
+            # Encoding a large batch takes milliseconds of Python: done in slices, so the
+            # callers sharing this event loop get turns in between.
+            for i in range(0, len(records), SLICE):
+                spool.stage(records[i : i + SLICE], encode=True)
+                await anyio.lowlevel.checkpoint()
+        if spool.has_staged:
+            spool.commit()
+
+    def acknowledge(self) -> None:
+        """Sinks finished with records: their resolutions are written, unless a commit is under
+        way (a later one writes them; acknowledgements are not urgent)."""
+        self.spool.commit(blocking=False)
+
+    def dropped(self, records: Sequence[TraceRecord]) -> None:
+        # A spooled record dropped since is done with; a replayed one stays for the next replay.
+        done = [r for r in records if r.spool_slot is not None and not r.replayed]
+        if done:
+            self.spool.resolve(done)
+
+    def resolved(
+        self, ok: Sequence[TraceRecord], bad: Sequence[TraceRecord], errors: list[tuple[str, str]]
+    ) -> None:
+        if ok:
+            self.spool.resolve(ok)
+        if bad:
+            error_text = "; ".join(f"{name}: {e}" for name, e in errors)
+            self.spool.resolve(bad, error_text, [name for name, _ in errors])
