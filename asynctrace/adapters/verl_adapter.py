@@ -8,10 +8,8 @@ called right after ``compute_advantage`` in ``fit()``, and in ``_validate()`` af
     verl_adapter.log_batch(self, batch)  # in fit(), after compute_advantage(...)
     verl_adapter.log_batch(self, test_batch, split="eval", token_level_scores=reward_tensor)  # _validate
 
-A batch's rows are prompt-response pairs: ``prompts`` is left-padded, ``responses`` right-padded,
-``attention_mask`` covers both, and ``response_mask`` marks what the policy generated (0 on
-tool output in multi-turn rollouts). ``balance_batch`` reorders the rows before the logging
-point, so the rows of one prompt are found by their ``uid``, never by their position.
+``balance_batch`` reorders the rows before that point, so a prompt's rows are found by their
+``uid``, never by their position. The batch layout and field mapping: docs/frameworks/verl.md.
 """
 
 from __future__ import annotations
