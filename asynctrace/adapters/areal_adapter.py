@@ -327,10 +327,8 @@ def attach(
     global step (recovery included); an actor without `get_version` is counted from 0.
     `tokenizer` defaults to ``trainer.tokenizer``.
 
-    Under torchrun (SPMD mode) every rank runs the trainer and holds its own share of the
-    step's groups (AReaL redistributes them across data-parallel ranks and copies them to
-    the tensor/pipeline-parallel ranks): only global rank 0 logs, so its share is what is
-    logged. In single-controller mode the controller holds every group.
+    Under torchrun (SPMD mode) only global rank 0 logs, so its share of the step's groups is
+    what is logged; in single-controller mode the controller holds every group.
     """
     if not _is_main_process():
         return

@@ -87,20 +87,15 @@ def to_samples(
 ) -> list[Sample]:
     """One sample per trajectory: the chat prompt, then the response split into turns by its loss mask.
 
-    `uids` are the per-row uids SkyRL's trainer carries with the output (one per row, as
-    `handle_dynamic_sampling` and `postprocess_generator_output` return them). Pass them
-    whenever the output went through dynamic sampling: "replace" rewrites rows and "filter"
-    drops and collects them across several generation batches, so row `i` no longer answers
-    input row `i`. Each row then takes the prompt of its uid, looked up in `generator_input`
-    (one `GeneratorInput`, or a sequence of them: every batch "filter" collected from), and
-    `prompt_index` numbers the uids in order of first appearance. A row whose uid is in no
-    input gets its decoded `prompt_token_ids` as the prompt.
+    `uids` are the per-row uids the trainer carries with the output; pass them whenever the
+    output went through dynamic sampling, after which row `i` no longer answers input row `i`.
+    Each row then takes its uid's prompt from `generator_input` (one `GeneratorInput`, or every
+    batch "filter" collected from); a uid in no input gets its decoded `prompt_token_ids`.
 
-    Step-wise outputs (one row per turn, `is_last_step` set) are merged per trajectory with
-    `merge_step_wise` first; `step_wise=None` decides from `is_last_step`. A trajectory's
-    reward is its last step's, as SkyRL's trainer uses it (per-token rewards summed over that
-    row). Optional per-row lists shorter than the batch are left out of the samples they do
-    not reach, with one warning.
+    Step-wise outputs (`is_last_step` set; `step_wise=None` decides from it) are merged per
+    trajectory with `merge_step_wise` first, and a trajectory's reward is its last step's.
+    Optional per-row lists shorter than the batch are left out where they do not reach, with
+    one warning. The field mapping: docs/frameworks/skyrl.md.
     """
     inputs = _inputs(generator_input)
     if uids is not None:
@@ -546,15 +541,12 @@ def attach(
 ) -> Any:
     """Log every training step of a SkyRL trainer (`RayPPOTrainer` or `FullyAsyncRayPPOTrainer`).
 
-    Wraps two methods of this trainer object: `trainer.generator.generate`, to keep the chat
-    prompt of every uid it generates for training, and `trainer.postprocess_generator_output`,
-    which both trainers call once per training step on what they train: after dynamic sampling
-    ("replace" / "filter"), overlong filtering and the zero-variance filter, with the uids they
-    return, just before SkyRL logs its own trajectories. Each call logs that step's rows at
-    `trainer.global_step`, split "train"; each evaluation batch `generate` returns is logged
-    at its `batch_metadata.global_step`, split "eval". All through `_hooks.deliver`: nothing
-    raises into training, unconvertible batches are counted as dropped ("invalid") with one
-    warning.
+    Wraps `trainer.generator.generate`, to keep the chat prompt of every uid it generates, and
+    `trainer.postprocess_generator_output`, which both trainers call once per training step on
+    what they train (after dynamic sampling and the filters): its rows are logged at
+    `trainer.global_step`, split "train"; evaluation batches at their
+    `batch_metadata.global_step`, split "eval". Nothing raises into training: unconvertible
+    batches are counted as dropped ("invalid") with one warning.
 
     Without `session`, one is opened here, named after the trainer's config
     (`trainer.project_name`, `trainer.run_name`), with `on_full="drop_oldest"` (a slow sink

@@ -87,14 +87,9 @@ def to_samples(
     into `assistant` turns (``response_mask`` 1) and `env_role` turns (0: tool output a
     multi-turn agent loop appended). All text is decoded in one tokenizer call.
 
-    Metadata: `reward` is the sum of ``token_level_scores`` over the response (verl's sequence
-    score; pass `token_level_scores=` where the batch does not hold it yet, as in
-    ``_validate``, else ``rm_scores`` is used), `sequence_reward` the sum of
-    ``token_level_rewards`` (after a KL penalty in the reward), `advantage` the mean of
-    ``advantages`` over the response mask, `group_uid` the row's ``uid`` and `prompt_index`
-    the order in which its uid first appears in the batch, `policy_version_min/max` from
-    ``min/max_global_steps``, and ``data_source``, ``request_id``, ``stop_reason`` and verl's
-    ``__num_turns__`` (as `verl_num_turns`) where the batch has them.
+    `reward` sums ``token_level_scores`` over the response: pass `token_level_scores=` where
+    the batch does not hold them yet, as in ``_validate`` (else ``rm_scores`` is used). Every
+    metadata field and the batch key it comes from: docs/frameworks/verl.md.
 
     `token_fields` names per-token arrays to keep with each sample (`Sample.tokens`, over its
     real tokens, prompt first): ``token_ids``, ``loss_mask`` (the response mask, 0 on the
