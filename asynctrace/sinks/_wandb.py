@@ -129,12 +129,10 @@ def record_row(record: TraceRecord) -> list[Any]:
 class WandbSink(Sink):
     """Logs traces to Weights & Biases as one incremental table per trace key, and metrics with `run.log`.
 
-    Each write adds only its rows to the table ``<key>-incr`` (the session's trace key, such as
-    ``train/traces``, after `table_prefix` if one is given; W&B's ``log_mode="INCREMENTAL"``);
-    at close the whole table is logged once more as ``<key>`` (an immutable table, as W&B
-    recommends for the full data). Every
-    row and metric is logged with the step as ``step_metric`` (an x-axis of its own, set with
-    `define_metric`), never as W&B's own step, so out-of-order steps are never refused.
+    Each write adds only its rows to the incremental table ``<key>-incr`` (after `table_prefix`
+    if one is given); at close the whole table is logged once more as ``<key>``. Rows and
+    metrics carry the step as ``step_metric``, never as W&B's own step, so out-of-order steps
+    are never refused.
 
     By default the sink opens a run of its own (``wandb.init(project=..., name=...,
     reinit="create_new", **init_kwargs)``) and finishes it at close, with W&B's
