@@ -1,17 +1,12 @@
 """Calls that a deadline can walk away from: blocking work on daemon threads, and coroutines
 run as tasks of their own.
 
-A deadline is only as good as the least cooperative thing it waits for. Two things can outlive
-a cancel: a blocking call in a thread (a write to a FIFO nobody reads, a hung mount) and a
-coroutine that ignores its cancellation (a shielded wait, a thread it did not let go of). Both
-are run here so that the caller can stop waiting for them:
-
-- `run_sync_daemon` runs a blocking call on a daemon thread. anyio's own worker threads are not
-  daemons when the event loop runs on the main thread, so an abandoned call there keeps the
-  interpreter from exiting (it joins them at exit); a daemon thread does not.
-- `spawn_detached` runs a coroutine as a task outside every task group (an asyncio task of its
-  own, a trio system task), so that no task group waits for it; `call_abandonable` awaits one
-  such call, and can stop waiting for it. The session's writer runs this way as a whole.
+Two things can outlive a cancel: a blocking call in a thread (a write to a FIFO nobody reads, a
+hung mount) and a coroutine that ignores its cancellation. `run_sync_daemon` runs the first on a
+daemon thread (anyio's worker threads are not daemons when the loop runs on the main thread, so
+an abandoned call there would keep the interpreter from exiting). `spawn_detached` runs the
+second as a task outside every task group, and `call_abandonable` awaits one such call and can
+stop waiting for it; the session's writer runs this way as a whole.
 
 A coroutine that never yields (blocking work inside an ``async`` method) cannot be walked away
 from on its own event loop: nothing else on that loop runs until it returns.

@@ -70,9 +70,6 @@ class Health:
         if top is not None and (self.step is None or top > self.step):
             self.step = top
 
-    def due_in(self, now: float) -> float:
-        return max(0.0, self._next - now)
-
     def item(self, stats: SessionStats, now: float, *, final: bool = False) -> MetricsItem | None:
         """The metrics to log now, if it is time and something changed (always when `final`)."""
         if not final and now < self._next:

@@ -1,25 +1,17 @@
 """Shutdown hooks: drain a session on SIGTERM/SIGINT and at interpreter exit, within a deadline.
 
-On a signal the hook drains the session, then hands the signal on to the handler that was
-there before (restored first, so the hook runs once per signal):
+On a signal the hook drains the session, then hands the signal on to the handler that was there
+before (restored first, so the hook runs once per signal): a default handler gets a *finished*
+session, your own handler a *flushed* one, and an ignored signal only flushes. The table of
+cases, and what a second signal does: docs/reliability.md.
 
-- the previous handler is the default (SIG_DFL, or Python's KeyboardInterrupt for SIGINT):
-  the process is about to end, so the session is *finished* (drained, sinks closed, runs
-  finished), then the signal is delivered again and does what it would have done;
-- the previous handler is your own function: the session is *flushed* and stays open, then your
-  handler runs (a trainer that stops gracefully on SIGTERM keeps logging until it exits);
-- the signal was ignored (SIG_IGN): the session is flushed and nothing else happens.
+A synchronous session (or an async one on another thread) is drained from the signal handler
+itself, waiting at most the deadline. An async session on the main thread cannot be waited for
+there (the handler runs on the very thread that must do the work), so the drain is scheduled
+as a task on its loop and the signal is handed on from that loop when it is done.
 
-A signal that arrives while the hook is draining is handed on at once.
-
-Where the drain runs depends on where the session's event loop is. A synchronous session (or
-an async one on another thread) is drained from the signal handler itself, waiting at most the
-deadline. An async session on the main thread cannot be waited for there (the handler runs on
-the very thread that must do the work), so the drain is scheduled as a task on its loop and the
-signal is handed on from that loop when it is done.
-
-Limits: Python runs signal handlers on the main thread only, so hooks are installed from the
-main thread; nothing can run on SIGKILL (or the OOM killer), which is what the spool is for.
+Python runs signal handlers on the main thread only, so hooks are installed from there; nothing
+runs on SIGKILL, which is what the spool is for.
 """
 
 from __future__ import annotations

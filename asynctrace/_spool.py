@@ -1,19 +1,15 @@
-"""The write-ahead spool: encoded records on disk until every sink has them.
+"""The write-ahead spool: encoded records on disk until every sink has them (docs/reliability.md).
 
 Records are *staged* in memory (cheap, safe under the buffer lock) and *committed* to the active
-segment by whoever needs them on disk: the caller in ``durability="enqueue"`` (before
-`log_samples` returns), the writer's dispatcher in ``"writer"`` (before a batch reaches the
-sinks). Resolutions (written, dropped, failed) are staged the same way and committed lazily as
-acknowledgement lines; a failed record also gets a dead-letter line. Staging and committing go
-through one ordered list, so a record's line is always written before its acknowledgement.
+segment by whoever needs them on disk: the caller in ``durability="enqueue"``, the writer's
+dispatcher in ``"writer"``. Resolutions (written, dropped, failed) are staged the same way and
+committed lazily as acknowledgement lines (a failed record also gets a dead-letter line), through
+the same ordered list, so a record's line is always written before its acknowledgement.
 
 A segment is deleted when none of its records is unresolved and every segment it holds
 acknowledgements for is gone (deleting it earlier would bring those records back on replay).
-
-Writes are plain appends to the page cache: they survive the process being killed, not the
-machine losing power. A failed write (a full disk) truncates the partial line away, counts the
-records as ``unspooled``, logs one clear error, and changes nothing else: the records are still
-delivered to the sinks.
+A failed write (a full disk) truncates the partial line away, counts the records as
+``unspooled`` and logs one error: the records are still delivered to the sinks.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from . import __version__
@@ -69,18 +71,7 @@ def main() -> None:
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the simulated rollouts.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
-def demo(
-    project: str,
-    run: str | None,
-    steps: int,
-    workers: int,
-    group_size: int,
-    prompts_per_step: int,
-    max_traces: int,
-    max_staleness: int,
-    seed: int,
-    progress: bool,
-) -> None:
+def demo(**options: Any) -> None:
     """Run a simulated asynchronous GRPO trainer that logs its rollouts to a local Trackio project.
 
     Trackio stores projects under $TRACKIO_DIR when it is set, else in its default directory.
@@ -89,19 +80,8 @@ def demo(
     from ._demo import DemoConfig
     from ._demo import main as run_demo
 
-    config = DemoConfig(
-        project=project,
-        run=run,
-        steps=steps,
-        workers=workers,
-        group_size=group_size,
-        prompts_per_step=prompts_per_step,
-        max_traces=max_traces,
-        max_staleness=max_staleness,
-        seed=seed,
-        progress=progress,
-    )
-    raise SystemExit(run_demo(config))
+    # Each option is named after a DemoConfig field: a missing or unknown one fails here.
+    raise SystemExit(run_demo(DemoConfig(**options)))
 
 
 @main.command()

@@ -1,12 +1,8 @@
 """AReaL 1.0: the trajectory list of `prepare_batch` / `compute_advantages` to samples.
 
-AReaL's trainer holds a step's rollouts as a ``list[dict]``: one dict per trajectory group
-(the `group_size` samples of one prompt, concatenated and right-padded by AReaL's
-`concat_padded_tensors`), each with ``input_ids``, ``attention_mask``, ``loss_mask``,
-``logprobs``, ``versions`` ([n, seq]) and ``rewards`` ([n]). In single-controller mode the
-values are `RTensor`s whose data lives on the rollout workers. The hook, in
-``areal/trainer/rl_trainer.py`` `PPOTrainer.train`, right after
-``adv_batch = self.actor.compute_advantages(rollout_batch)``::
+A step's rollouts are a ``list[dict]``, one right-padded dict per trajectory group (`RTensor`
+values in single-controller mode). The hook, in ``areal/trainer/rl_trainer.py``
+`PPOTrainer.train`, right after ``adv_batch = self.actor.compute_advantages(rollout_batch)``::
 
     areal_adapter.log_batch(session, adv_batch, tokenizer=self.tokenizer, step=global_step)
 
@@ -14,7 +10,8 @@ or, from the training script without editing AReaL, before ``trainer.train(...)`
 
     areal_adapter.attach(trainer, session)
 
-It never raises into training. `to_samples` and `rollout_kwargs` are the raising forms.
+It never raises into training. `to_samples` and `rollout_kwargs` are the raising forms. The
+batch layout and the field mapping: docs/frameworks/areal.md.
 """
 
 from __future__ import annotations
@@ -330,10 +327,8 @@ def attach(
     global step (recovery included); an actor without `get_version` is counted from 0.
     `tokenizer` defaults to ``trainer.tokenizer``.
 
-    Under torchrun (SPMD mode) every rank runs the trainer and holds its own share of the
-    step's groups (AReaL redistributes them across data-parallel ranks and copies them to
-    the tensor/pipeline-parallel ranks): only global rank 0 logs, so its share is what is
-    logged. In single-controller mode the controller holds every group.
+    Under torchrun (SPMD mode) only global rank 0 logs, so its share of the step's groups is
+    what is logged; in single-controller mode the controller holds every group.
     """
     if not _is_main_process():
         return

@@ -10,11 +10,8 @@ advantages. Two lines there, and the import::
                        samples_per_prompt=self.config.num_samples_per_prompt_rollout,
                        finish_reasons=finish_reasons)                      # after the advantages
 
-`maybe_mask_truncated_completions` filters `result.responses`, `masks`, `finish_reasons`,
-`logprobs` and the batch, but not `result.request_info` (nor `result.reward_scores`): the
-finish reasons taken before it say which rows it kept, so the tool fields stay on their rows.
-Without them, a batch whose `request_info` no longer lines up gets no tool fields (one warning),
-rather than another row's.
+The finish reasons taken before the masking say which rows it kept, so `result.request_info`
+(which it does not filter) keeps its tool fields on their rows; see docs/frameworks/open_instruct.md.
 """
 
 from __future__ import annotations

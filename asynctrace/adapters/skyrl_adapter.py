@@ -1,23 +1,13 @@
 """SkyRL: `GeneratorInput` + `GeneratorOutput` to samples, step-wise rows merged per trajectory.
 
-In a SkyRL trainer, one line logs every training step (sync and fully async trainers alike):
-
-    skyrl_adapter.attach(trainer, session)
-
-It logs what the trainer trains on, at the point where SkyRL logs its own trajectories: the
-output of `postprocess_generator_output`, after dynamic sampling and overlong filtering, with
-the `uids` they return. To call the conversion yourself:
+In a SkyRL trainer (sync or fully async), ``skyrl_adapter.attach(trainer, session)`` logs what
+each training step trains on, where SkyRL logs its own trajectories. To convert yourself:
 
     samples = skyrl_adapter.to_samples(generator_input, generator_output, tokenizer=tok, uids=uids)
 
-The fully asynchronous trainer assembles one training step from several generation groups;
-`to_step_samples(groups, ...)` turns all of them into one list, so the session's cap applies to
-the training step and not to each group.
-
-Turns come from the loss mask, with two corrections for what SkyRL masks that no environment
-wrote (see `_turn_mask`): a row masked out entirely (overlong filtering) is one assistant turn,
-and chat-template framing masked 0 at the edges of a response belongs to the assistant turn
-it frames.
+`to_step_samples(groups, ...)` turns the generation groups of one fully async training step into
+one list, so the session's cap applies to the training step. Turns come from the loss mask,
+corrected for what SkyRL masks that no environment wrote (see `_turn_mask`).
 """
 
 from __future__ import annotations
@@ -66,8 +56,8 @@ class _Origin(NamedTuple):
 def _origins(generator_inputs: Iterable[Any]) -> dict[str, _Origin]:
     """Each uid's prompt, env class and generation step, from the inputs' `trajectory_ids`.
 
-    SkyRL's uid is the `instance_id` of a row's trajectory id (`prepare_generator_input`); every
-    repetition of a uid has the same prompt, so the first row named by it is enough.
+    SkyRL's uid is the `instance_id` of a row's trajectory id; every repetition of a uid has the
+    same prompt, so the first row named by it is enough.
     """
     out: dict[str, _Origin] = {}
     for generator_input in generator_inputs:
@@ -97,20 +87,15 @@ def to_samples(
 ) -> list[Sample]:
     """One sample per trajectory: the chat prompt, then the response split into turns by its loss mask.
 
-    `uids` are the per-row uids SkyRL's trainer carries with the output (one per row, as
-    `handle_dynamic_sampling` and `postprocess_generator_output` return them). Pass them
-    whenever the output went through dynamic sampling: "replace" rewrites rows and "filter"
-    drops and collects them across several generation batches, so row `i` no longer answers
-    input row `i`. Each row then takes the prompt of its uid, looked up in `generator_input`
-    (one `GeneratorInput`, or a sequence of them: every batch "filter" collected from), and
-    `prompt_index` numbers the uids in order of first appearance. A row whose uid is in no
-    input gets its decoded `prompt_token_ids` as the prompt.
+    `uids` are the per-row uids the trainer carries with the output; pass them whenever the
+    output went through dynamic sampling, after which row `i` no longer answers input row `i`.
+    Each row then takes its uid's prompt from `generator_input` (one `GeneratorInput`, or every
+    batch "filter" collected from); a uid in no input gets its decoded `prompt_token_ids`.
 
-    Step-wise outputs (one row per turn, `is_last_step` set) are merged per trajectory with
-    `merge_step_wise` first; `step_wise=None` decides from `is_last_step`. A trajectory's
-    reward is its last step's, as SkyRL's trainer uses it (per-token rewards summed over that
-    row). Optional per-row lists shorter than the batch are left out of the samples they do
-    not reach, with one warning.
+    Step-wise outputs (`is_last_step` set; `step_wise=None` decides from it) are merged per
+    trajectory with `merge_step_wise` first, and a trajectory's reward is its last step's.
+    Optional per-row lists shorter than the batch are left out where they do not reach, with
+    one warning. The field mapping: docs/frameworks/skyrl.md.
     """
     inputs = _inputs(generator_input)
     if uids is not None:
@@ -298,9 +283,8 @@ def _collect(
 ) -> tuple[int, int]:
     """Queue the samples of one generation batch; returns its numbers of rows and prompts.
 
-    Without `prompts`, each trajectory's prompt is its decoded `prompt_token_ids`. `uid` names
-    the instance of a fully async group, whose rows are then trajectories `uid:k` unless named.
-    With `uids` (one per row), each row's prompt is its uid's in `origins`.
+    Without `prompts` a trajectory's prompt is its decoded `prompt_token_ids`; `uid` names a fully
+    async group's instance (rows `uid:k` unless named); with `uids` a row's prompt is in `origins`.
     """
     env_classes = field(generator_input, "env_classes")
     prompt_ids = as_sequence(field(generator_output, "prompt_token_ids"), "generator_output.prompt_token_ids")
@@ -487,7 +471,7 @@ class _Tracer:
         self._origins: OrderedDict[str, _Origin] = OrderedDict()
 
     def remember(self, generator_input: Any) -> bool:
-        """Keep the prompts of a training generation batch; True for an evaluation batch."""
+        """Keep a training batch's prompts; True for an evaluation batch."""
         try:
             if step_and_split(generator_input)[1] == "eval":
                 return True
@@ -557,15 +541,12 @@ def attach(
 ) -> Any:
     """Log every training step of a SkyRL trainer (`RayPPOTrainer` or `FullyAsyncRayPPOTrainer`).
 
-    Wraps two methods of this trainer object: `trainer.generator.generate`, to keep the chat
-    prompt of every uid it generates for training, and `trainer.postprocess_generator_output`,
-    which both trainers call once per training step on what they train: after dynamic sampling
-    ("replace" / "filter"), overlong filtering and the zero-variance filter, with the uids they
-    return, just before SkyRL logs its own trajectories. Each call logs that step's rows at
-    `trainer.global_step`, split "train"; each evaluation batch `generate` returns is logged
-    at its `batch_metadata.global_step`, split "eval". All through `_hooks.deliver`: nothing
-    raises into training, unconvertible batches are counted as dropped ("invalid") with one
-    warning.
+    Wraps `trainer.generator.generate`, to keep the chat prompt of every uid it generates, and
+    `trainer.postprocess_generator_output`, which both trainers call once per training step on
+    what they train (after dynamic sampling and the filters): its rows are logged at
+    `trainer.global_step`, split "train"; evaluation batches at their
+    `batch_metadata.global_step`, split "eval". Nothing raises into training: unconvertible
+    batches are counted as dropped ("invalid") with one warning.
 
     Without `session`, one is opened here, named after the trainer's config
     (`trainer.project_name`, `trainer.run_name`), with `on_full="drop_oldest"` (a slow sink
@@ -587,8 +568,7 @@ def attach(
     generate = generator.generate
     postprocess = trainer.postprocess_generator_output
 
-    # functools.wraps keeps the signature visible: the fully async trainer inspects
-    # `generator.generate` for a `disable_tqdm` parameter.
+    # The fully async trainer inspects `generate`'s signature (for `disable_tqdm`).
     @functools.wraps(generate)
     async def traced_generate(input_batch: Any, *args: Any, **kwargs: Any) -> Any:
         evaluation = tracer.remember(input_batch)

@@ -7,23 +7,11 @@ The whole integration (TRL 1.16)::
     trainer = GRPOTrainer(model=..., reward_funcs=[...], args=GRPOConfig(...), train_dataset=...)
     attach(trainer, max_traces_per_step=16)
 
-`attach` logs every batch the trainer generates and scores, exactly once, at the moment
-`GRPOTrainer._generate_and_score_completions` has gathered it from every process: not from
-`log`/`on_log` (which see a window of TRL's `_logs` that repeats batches under
-`num_iterations > 1` or the end-of-training summary, skips them under `logging_steps > 1`, and
-cannot tell training rows from eval rows). Only the main process logs. A `TrainerCallback`
-alone cannot do this: callbacks are given the model, tokenizer, optimizer and dataloaders, never
-the trainer, and `on_init_end` runs before GRPOTrainer has its rewards and logs set up.
-
-Each row becomes a sample: the prompt and completion as messages (conversations keep every
-message, tool turns included), `reward_breakdown` with one entry per reward function (`None`
-where the function returned `None`, which TRL stores as NaN), `reward` as TRL weighs them with
-`reward_weights` (`None` for a row no function scored, which TRL leaves out too), `advantage`,
-`prompt_index` (the row's group of `num_generations`, or `num_generations_eval` in eval),
-`sample_index` and `batch_index` within the batch, and the columns reward functions logged with
-`log_extra`.
-
-`to_samples` is the converter on its own, for TRL columns you already hold.
+`attach` logs every batch the trainer generates and scores, exactly once, when
+`GRPOTrainer._generate_and_score_completions` has gathered it from every process (TRL's `_logs`
+repeat or skip batches, and a `TrainerCallback` never sees the trainer). Only the main process
+logs. `to_samples` is the converter on its own, for TRL columns you already hold. What each
+sample holds: docs/frameworks/trl.md.
 """
 
 from __future__ import annotations

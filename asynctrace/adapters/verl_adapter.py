@@ -8,10 +8,8 @@ called right after ``compute_advantage`` in ``fit()``, and in ``_validate()`` af
     verl_adapter.log_batch(self, batch)  # in fit(), after compute_advantage(...)
     verl_adapter.log_batch(self, test_batch, split="eval", token_level_scores=reward_tensor)  # _validate
 
-A batch's rows are prompt-response pairs: ``prompts`` is left-padded, ``responses`` right-padded,
-``attention_mask`` covers both, and ``response_mask`` marks what the policy generated (0 on
-tool output in multi-turn rollouts). ``balance_batch`` reorders the rows before the logging
-point, so the rows of one prompt are found by their ``uid``, never by their position.
+``balance_batch`` reorders the rows before that point, so a prompt's rows are found by their
+``uid``, never by their position. The batch layout and field mapping: docs/frameworks/verl.md.
 """
 
 from __future__ import annotations
@@ -89,14 +87,9 @@ def to_samples(
     into `assistant` turns (``response_mask`` 1) and `env_role` turns (0: tool output a
     multi-turn agent loop appended). All text is decoded in one tokenizer call.
 
-    Metadata: `reward` is the sum of ``token_level_scores`` over the response (verl's sequence
-    score; pass `token_level_scores=` where the batch does not hold it yet, as in
-    ``_validate``, else ``rm_scores`` is used), `sequence_reward` the sum of
-    ``token_level_rewards`` (after a KL penalty in the reward), `advantage` the mean of
-    ``advantages`` over the response mask, `group_uid` the row's ``uid`` and `prompt_index`
-    the order in which its uid first appears in the batch, `policy_version_min/max` from
-    ``min/max_global_steps``, and ``data_source``, ``request_id``, ``stop_reason`` and verl's
-    ``__num_turns__`` (as `verl_num_turns`) where the batch has them.
+    `reward` sums ``token_level_scores`` over the response: pass `token_level_scores=` where
+    the batch does not hold them yet, as in ``_validate`` (else ``rm_scores`` is used). Every
+    metadata field and the batch key it comes from: docs/frameworks/verl.md.
 
     `token_fields` names per-token arrays to keep with each sample (`Sample.tokens`, over its
     real tokens, prompt first): ``token_ids``, ``loss_mask`` (the response mask, 0 on the

@@ -106,13 +106,11 @@ class TraceClient:
     `max_buffered_bytes`; past that, new samples are dropped and counted. Use it as a context
     manager in tasks so the tail is shipped before the task returns.
 
-    With `select_locally` and a collector with a cap, the client is a part of each step: it
-    keeps only its `O(k)` candidates of each step under the collector's sampler (any sampler:
-    ``first``, ``top_bottom``, ``reservoir``, ``group`` or your own) and ships them, with what
-    the collector's merge needs, when the step closes here: when a step more than
-    `max_open_steps` newer is logged, after `step_timeout` seconds without samples for it, on
-    `end_step`, `flush` or `close` (``first`` ships its picks at once). What it refuses is
-    counted as dropped ``"capped"``.
+    With `select_locally` and a collector with a cap, the client keeps only its `O(k)`
+    candidates of each step under the collector's sampler and ships them when the step closes
+    here (when a step more than `max_open_steps` newer is logged, after `step_timeout` seconds
+    without samples for it, or on `end_step`, `flush` or `close`); what it refuses is dropped
+    ``"capped"``. See docs/distributed.md.
     """
 
     def __init__(

@@ -1,18 +1,15 @@
 """Exact fast decoding for byte-level BPE tokenizers (GPT-2, Llama 3, Qwen style).
 
-A `tokenizers` tokenizer whose decoder is `ByteLevel` decodes ids in three steps: each id
-becomes its token string (added tokens first, then the model's vocabulary; unknown ids are
-dropped), each token becomes bytes (every character of a byte-level token stands for one byte;
-a token with any other character, such as an added `"<think>\\n"`, gives its UTF-8 bytes as they
-are), and the bytes of the whole sequence are decoded as UTF-8, each invalid stretch becoming
-U+FFFD (Rust's `String::from_utf8_lossy`, which Python's `errors="replace"` matches).
+A `ByteLevel` decoder works in three steps: each id becomes its token string (added tokens
+first; unknown ids are dropped), each token becomes bytes (one byte per character of a byte-level
+token, UTF-8 for any other token, such as an added `"<think>\\n"`), and the sequence's bytes
+become text, with every invalid UTF-8 stretch as U+FFFD (Python's `errors="replace"`).
 
 The first two steps depend on the id alone, so a table id -> bytes, built once per tokenizer,
-reproduces the decoder exactly at a fraction of its cost. The table is only used for a
-tokenizer whose decoder is exactly `ByteLevel`, and only after a self-check at build time:
-a few hundred random sequences (added tokens and bytes that split characters included) must
-decode the same both ways, or the tokenizer keeps its own decode for good. Anything the table
-cannot answer exactly (negative, unknown or non-integer ids) goes to the tokenizer too.
+reproduces the decoder exactly at a fraction of its cost. It is used only for a decoder that is
+exactly `ByteLevel`, after a self-check: a few hundred random sequences (added tokens and bytes
+that split characters included) must decode the same both ways, or the tokenizer keeps its own
+decode for good. Ids the table cannot answer exactly go to the tokenizer too.
 """
 
 from __future__ import annotations

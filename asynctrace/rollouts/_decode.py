@@ -446,9 +446,7 @@ def decode_rollouts(
     `versions` (per token) gives `policy_version_min` / `policy_version_max`, ignoring -1.
 
     Only the rows in `rows` are selected (on the tensors' device), each tensor crosses to the
-    CPU once, and every turn of every sample is decoded in one tokenizer call; a byte-level BPE
-    tokenizer (GPT-2, Llama 3, Qwen style) is decoded from a per-tokenizer byte table instead,
-    which gives exactly the tokenizer's text at a fraction of its cost.
+    CPU once, and every turn of every sample is decoded in one pass (see docs/rollouts.md).
 
     `token_fields` keeps per-token arrays with each sample (`Sample.tokens`): a dict from
     ``token_ids``, ``loss_mask``, ``logprobs`` or ``advantages`` to an array shaped like

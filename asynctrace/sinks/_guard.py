@@ -1,5 +1,7 @@
-"""One blocking resource used from abandonable daemon threads: one call at a time, nothing after
-close, and the last call out of a closed sink releases the resource."""
+"""Blocking work used from abandonable daemon threads: one call at a time, nothing after close.
+
+`Guard` is for a sink's files, which the last call out of a closed sink releases; `Serial` for a
+tracker's client, whose calls are also sorted into those worth retrying and those not."""
 
 from __future__ import annotations
 
@@ -8,7 +10,10 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["Guard"]
+from .._abandon import Backlog, run_sync_daemon
+from ..exceptions import PermanentSinkError
+
+__all__ = ["Guard", "Serial"]
 
 _T = TypeVar("_T")
 
@@ -60,3 +65,49 @@ class Guard:
         if not busy:
             with self._io:
                 self._release()
+
+
+class Serial:
+    """A tracker client's blocking calls on abandonable daemon threads: one at a time, none after close.
+
+    A deadline walks away from a call stuck on a stalled server; the calls behind it wait for the
+    lock in their own threads. `permanent(exc)` says why an error is one that retrying cannot fix
+    (None when retrying may help); such an error is raised as `PermanentSinkError`.
+    """
+
+    def __init__(self, name: str, permanent: Callable[[Exception], str | None]) -> None:
+        self._name = name
+        self._permanent = permanent
+        self._lock = threading.Lock()
+        self._closed = False
+        self._backlog = Backlog(name)
+
+    async def run(self, fn: Callable[..., _T], *args: object) -> _T:
+        """`fn(*args)` after the calls before it, unless the sink closed meanwhile."""
+        return await run_sync_daemon(self._call, fn, *args, backlog=self._backlog)
+
+    def _call(self, fn: Callable[..., _T], *args: object) -> _T:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{self._name} is closed")
+            try:
+                return fn(*args)
+            except PermanentSinkError:
+                raise
+            except Exception as exc:
+                why = self._permanent(exc)
+                if why is not None:
+                    raise PermanentSinkError(why) from exc
+                raise
+
+    async def close(self, last: Callable[[], None]) -> None:
+        """Run `last` once, as the final call: behind a call still stuck, in a thread of its own
+        that the session's close deadline can walk away from (it runs once the stuck call returns)."""
+        await run_sync_daemon(self._close, last)
+
+    def _close(self, last: Callable[[], None]) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            last()

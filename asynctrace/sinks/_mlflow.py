@@ -7,23 +7,20 @@ import hashlib
 import importlib.util
 import re
 import sys
-import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import orjson
 
-from .._abandon import Backlog, run_sync_daemon
 from .._checks import check_bool, check_type
 from .._record import TraceRecord
 from ..exceptions import PermanentSinkError
 from ._base import Sink
+from ._guard import Serial
 
 __all__ = ["MlflowSink"]
-
-_T = TypeVar("_T")
 
 _MISSING = 'MlflowSink needs MLflow: pip install "asynctrace[mlflow]"'
 
@@ -70,11 +67,13 @@ def _text(message: Any) -> str:
     return text[:_MAX_PREVIEW]
 
 
-def _is_permanent(exc: BaseException) -> bool:
-    """Whether MLflow refused the call in a way retrying cannot fix."""
+def _permanent(exc: Exception) -> str | None:
+    """Why MLflow's refusal cannot be fixed by retrying; None when retrying may help."""
     mlflow_exceptions = sys.modules.get("mlflow.exceptions")
     kind = getattr(mlflow_exceptions, "MlflowException", None)
-    return kind is not None and isinstance(exc, kind) and exc.error_code in _PERMANENT_CODES
+    if kind is not None and isinstance(exc, kind) and exc.error_code in _PERMANENT_CODES:
+        return f"MLflow refused the call: {exc}"
+    return None
 
 
 class MlflowSink(Sink):
@@ -134,28 +133,12 @@ class MlflowSink(Sink):
         self._tracing: Any = None
         self._metrics_key: tuple[object, int] | None = None
         self._metrics_ms = 0
-        # MLflow calls run on daemon threads that a timeout abandons (a locked database, a
-        # server that stopped answering), one at a time; nothing is written after close.
-        self._io = threading.Lock()
-        self._closed = False
-        self._backlog = Backlog("MlflowSink")
+        # A timeout abandons a call stuck on a locked database or a server that stopped answering.
+        self._io = Serial("MlflowSink", _permanent)
 
     def bind(self, project: str, run: str) -> None:
         self._project = project
         self._run = run
-
-    def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
-        with self._io:
-            if self._closed:
-                raise RuntimeError("MlflowSink is closed")
-            try:
-                return fn(*args)
-            except PermanentSinkError:
-                raise
-            except Exception as exc:
-                if _is_permanent(exc):
-                    raise PermanentSinkError(f"MLflow refused the call: {exc}") from exc
-                raise
 
     # -- opening -----------------------------------------------------------------------------
 
@@ -215,7 +198,7 @@ class MlflowSink(Sink):
         return str(run.info.run_id)
 
     async def open(self) -> None:
-        await run_sync_daemon(self._call, self._open, backlog=self._backlog)
+        await self._io.run(self._open)
 
     # -- traces ------------------------------------------------------------------------------
 
@@ -307,7 +290,7 @@ class MlflowSink(Sink):
         self._tracing.log_spans(experiment_id, spans)
 
     async def write(self, records: Sequence[TraceRecord]) -> None:
-        await run_sync_daemon(self._call, self._write, records, backlog=self._backlog)
+        await self._io.run(self._write, records)
 
     # -- metrics -----------------------------------------------------------------------------
 
@@ -327,21 +310,15 @@ class MlflowSink(Sink):
         if last is None or last[0] is not metrics or last[1] != step:
             self._metrics_key = (metrics, step)
             self._metrics_ms = int(time.time() * 1000)
-        await run_sync_daemon(
-            self._call, self._write_metrics, step, metrics, self._metrics_ms, backlog=self._backlog
-        )
+        await self._io.run(self._write_metrics, step, metrics, self._metrics_ms)
 
     # -- closing -----------------------------------------------------------------------------
 
     def _close(self) -> None:
-        with self._io:
-            if self._closed:
-                return
-            self._closed = True
-            if self.owns_run and self._client is not None:
-                self._client.set_terminated(self.run_id, "FINISHED")
+        if self.owns_run and self._client is not None:
+            self._client.set_terminated(self.run_id, "FINISHED")
 
     async def close(self) -> None:
         # Ending the run is a call like any other, which a stopped server or a locked database
         # can block: finish's deadline abandons it (the run is ended once the call gets through).
-        await run_sync_daemon(self._close)
+        await self._io.close(self._close)

@@ -3,15 +3,13 @@
 Trackio's Python-heavy work (building rows, SQLite, its own threads) would compete with the
 caller's event loop for the GIL; in a process of its own it cannot. The protocol on stdin is
 frames of ``>I`` header length, an orjson header, then the concatenated payloads; each request
-gets one orjson line on the protocol pipe. If the parent dies, stdin closes and the run is
-finished anyway, so a killed trainer never leaves its Trackio run open. A process that
-inherited the parent's end of stdin without the fork hook in `_trackio` (a child started with
-``pass_fds``, a fork from C code) would keep that end open: the writer also stops when its
-parent process changes, that is, when the parent is gone.
+gets one orjson line on the protocol pipe.
 
-SIGINT and SIGTERM are ignored here: a Ctrl-C or a scheduler's SIGTERM reaches the whole process
-group, and the parent's shutdown hooks need this process to finish writing what they flush. It
-exits when its parent closes the pipe, whatever the parent died of.
+When the parent dies, stdin closes and the run is finished anyway, so a killed trainer never
+leaves its Trackio run open. A child that inherited the parent's end of stdin without the fork
+hook in `_trackio` would keep the pipe open, so the writer also stops when its parent changes.
+SIGINT and SIGTERM are ignored: they reach the whole process group, and the parent's shutdown
+hooks need this process to finish writing what they flush.
 """
 
 from __future__ import annotations

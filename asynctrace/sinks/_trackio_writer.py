@@ -3,20 +3,15 @@
 It runs in a writer process by default (see `_trackio_worker`), or in a worker thread with
 ``TrackioSink(process=False)``. Kept free of asynctrace's event-loop code on purpose.
 
-Idempotency. Trackio names a trace row ``{run_id}:{log_id}:{key}:{index}`` and inserts it with
-INSERT OR IGNORE. Records are grouped into log entries of *consecutive* record ids of one step
-and key, and each entry's log id is ``{tag}-at-{first record id}``, so every stored trace maps
-back to exactly one record id (``{prefix}-{n + index}``). A retry of the same batch rewrites the
-same rows (ignored); a replay after a restart, whose batches may be composed differently, first
-asks the database which of its records are already there and skips them. Log ids written before
-the tag existed (``at-{first record id}``) decode the same way.
+Idempotency. Trackio inserts a trace row ``{run_id}:{log_id}:{key}:{index}`` with INSERT OR
+IGNORE. A log entry holds *consecutive* record ids of one step and key, and its log id is
+``{tag}-at-{first record id}``, so every stored trace maps back to one record id: a retried
+batch rewrites the same rows, and a replay first asks which of its records are there already.
+Log ids written before the tag existed (``at-{first record id}``) decode the same way.
 
-The dashboard. Trackio's Traces tab shows, as a trace's id chip, the first seven letters and
-digits of its log id and then ``:{index}``. Record ids all begin with the session's prefix, so
-the tag comes first: seven hex digits that differ for every entry of a session (see `_tag`).
-Each trace's metadata also gets what the tab reads: ``asynctrace_id`` (the record id, the key
-to the same record in any other sink), ``status`` from a stop reason and ``duration_ms`` from a
-generation time, each only where the sample's metadata does not set that key itself.
+The tag comes first because Trackio's Traces tab shows only the first seven letters and digits
+of a log id, and record ids all begin with the session's prefix (see `_tag`). What the tab
+reads from each trace's metadata: docs/sinks.md.
 """
 
 from __future__ import annotations

@@ -5,22 +5,19 @@ from __future__ import annotations
 import importlib.util
 import math
 import sys
-import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 
-from .._abandon import Backlog, run_sync_daemon
 from .._checks import check_bool, check_seconds, check_type
 from .._record import TraceRecord
 from .._security import check_name, check_text, describe
 from ..exceptions import PermanentSinkError
 from ._base import Sink
+from ._guard import Serial
 
 __all__ = ["WANDB_COLUMNS", "WandbSink"]
-
-_T = TypeVar("_T")
 
 _MISSING = 'WandbSink needs the wandb package: pip install "asynctrace[wandb]"'
 
@@ -132,12 +129,10 @@ def record_row(record: TraceRecord) -> list[Any]:
 class WandbSink(Sink):
     """Logs traces to Weights & Biases as one incremental table per trace key, and metrics with `run.log`.
 
-    Each write adds only its rows to the table ``<key>-incr`` (the session's trace key, such as
-    ``train/traces``, after `table_prefix` if one is given; W&B's ``log_mode="INCREMENTAL"``);
-    at close the whole table is logged once more as ``<key>`` (an immutable table, as W&B
-    recommends for the full data). Every
-    row and metric is logged with the step as ``step_metric`` (an x-axis of its own, set with
-    `define_metric`), never as W&B's own step, so out-of-order steps are never refused.
+    Each write adds only its rows to the incremental table ``<key>-incr`` (after `table_prefix`
+    if one is given); at close the whole table is logged once more as ``<key>``. Rows and
+    metrics carry the step as ``step_metric``, never as W&B's own step, so out-of-order steps
+    are never refused.
 
     By default the sink opens a run of its own (``wandb.init(project=..., name=...,
     reinit="create_new", **init_kwargs)``) and finishes it at close, with W&B's
@@ -202,29 +197,15 @@ class WandbSink(Sink):
         # Ids of the rows logged: a retry after an attempt that was given up on (its timeout)
         # but did land in the end adds nothing twice.
         self._logged: set[str] = set()
-        # wandb calls run in daemon threads that a deadline can walk away from (a stalled
-        # service blocks them), one at a time: `_io` keeps them in order on the run.
-        self._io = threading.Lock()
-        self._closed = False
-        self._backlog = Backlog("WandbSink")
+        # A deadline walks away from a call a stalled W&B service blocks; `_io` keeps the calls
+        # in order on the run.
+        self._io = Serial("WandbSink", _permanent)
 
     def bind(self, project: str, run: str) -> None:
         self.project = self.project or project
         self.run_name = self.run_name or run
 
     # -- in the worker thread ------------------------------------------------------------------
-
-    def _guarded(self, fn: Callable[..., _T], *args: Any) -> _T:
-        with self._io:
-            if self._closed:
-                raise RuntimeError("WandbSink is closed")
-            try:
-                return fn(*args)
-            except PermanentSinkError:
-                raise
-            except Exception as exc:
-                _classify(exc)
-                raise
 
     def _open_run(self) -> None:
         if self.wandb_run is not None:
@@ -286,54 +267,49 @@ class WandbSink(Sink):
             self._logged.update(r.id for r in group)
 
     def _close(self) -> None:
-        with self._io:
-            if self._closed:
-                return
-            self._closed = True
-            run = self.wandb_run
-            if run is None:
-                return
-            try:
-                if self.final_table:
-                    wandb = _import_wandb()
-                    for key, incremental in self._tables.items():
-                        if incremental.data:
-                            final = wandb.Table(columns=list(WANDB_COLUMNS), data=list(incremental.data))
-                            self._log({f"{self.table_prefix}{key}": final})
-            finally:
-                if self._owns:
-                    run.finish()
-                    self.finished = True
+        run = self.wandb_run
+        if run is None:
+            return
+        try:
+            if self.final_table:
+                wandb = _import_wandb()
+                for key, incremental in self._tables.items():
+                    if incremental.data:
+                        final = wandb.Table(columns=list(WANDB_COLUMNS), data=list(incremental.data))
+                        self._log({f"{self.table_prefix}{key}": final})
+        finally:
+            if self._owns:
+                run.finish()
+                self.finished = True
 
     # -- on the event loop -----------------------------------------------------------------------
 
     async def open(self) -> None:
         if self.attach is False and (self.project is None or self.run_name is None):
             raise PermanentSinkError("WandbSink needs a project and run (given or from the session)")
-        await run_sync_daemon(self._guarded, self._open_run, backlog=self._backlog)
+        await self._io.run(self._open_run)
 
     async def write(self, records: Sequence[TraceRecord]) -> None:
-        await run_sync_daemon(self._guarded, self._write_rows, records, backlog=self._backlog)
+        await self._io.run(self._write_rows, records)
 
     async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         data = {**metrics, self.step_metric: step}
-        await run_sync_daemon(self._guarded, self._log, data, backlog=self._backlog)
+        await self._io.run(self._log, data)
 
     async def close(self) -> None:
-        # A call still stuck on the run (a stalled W&B service) holds `_io`: this waits behind it
-        # in its own thread, which the session's close deadline walks away from.
-        await run_sync_daemon(self._close)
+        await self._io.close(self._close)
 
 
-def _classify(exc: Exception) -> None:
-    """Raise `PermanentSinkError` for what W&B raises that retrying cannot fix."""
+def _permanent(exc: Exception) -> str | None:
+    """Why what W&B raised cannot be fixed by retrying; None when retrying may help."""
     if isinstance(exc, ImportError):
-        raise PermanentSinkError(describe(exc)) from exc
+        return describe(exc)
     wandb = sys.modules.get("wandb")
     if wandb is not None and isinstance(exc, wandb.errors.UsageError):
         # A finished run, a bad argument: the same call fails the same way again.
-        raise PermanentSinkError(f"W&B refused the call: {describe(exc)}") from exc
+        return f"W&B refused the call: {describe(exc)}"
     if isinstance(exc, ConnectionError):
         # The connection to the W&B service process of this run is gone (it was killed or
         # crashed): wandb does not reconnect a run to a new one.
-        raise PermanentSinkError(f"the W&B service process is gone: {describe(exc)}") from exc
+        return f"the W&B service process is gone: {describe(exc)}"
+    return None
