@@ -10,6 +10,7 @@ import random
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from ._record import TraceRecord
 
@@ -236,6 +237,10 @@ class _TopBottomSelection(StepSelection):
             # are offered (and encoded) without asking which of them push each other out again.
             hi = self._top[0][0] if self._top else math.inf
             lo = -self._bottom[0][0] if self._bottom else -math.inf
+            if None not in scores:
+                ranked = cast("Sequence[float]", scores)
+                if max(ranked) <= hi and min(ranked) >= lo:
+                    return [False] * n  # the usual call: two C-level passes, no per-sample Python
             return [sc is not None and (sc > hi or sc < lo) for sc in scores]
         # Filling: offer the call to copies of the two heaps, as `offer` would (ties cannot
         # happen: the sequence numbers differ), by (score, -seq) alone, so that only what
