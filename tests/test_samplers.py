@@ -278,3 +278,31 @@ async def test_a_non_holding_sampler_that_evicts_does_not_break_the_accounting(
     st = s.stats()
     assert st.written == 3 and st.dropped == {} and st.check()
     assert "holds=True" in caplog.text
+
+
+@pytest.mark.parametrize("sampler", ["first", "top_bottom", "reservoir"])
+async def test_a_call_refused_whole_is_counted_with_its_invalid_samples(sampler: str) -> None:
+    """A call the cap refuses whole returns 0; its unscored samples count invalid, the rest capped or late."""
+    sink = at.testing.MemorySink()
+    async with at.TraceSession(
+        "p", sinks=[sink], max_traces_per_step=2, sampler=sampler, max_open_steps=0, on_invalid="skip"
+    ) as s:
+        # Extremes first, so that top_bottom refuses everything in between.
+        assert await s.log_samples([sample(0, reward=-1.0), sample(1, reward=9.0)], step=0) == 2
+        # The reservoir keeps each later row with a small chance: offer enough that some call
+        # of 4 is refused entirely, whatever the draw.
+        refused_calls = 0
+        for c in range(50):
+            batch = [sample(10 + 4 * c + i, reward=0.5) for i in range(4)]
+            batch[0]["reward"] = float("nan")  # no score: invalid for top_bottom, fine elsewhere
+            if await s.log_samples(batch, step=0) == 0:
+                refused_calls += 1
+        assert refused_calls > 0
+        await s.log_samples([sample(999, reward=0.5)], step=2)  # closes step 0 (holding samplers)
+        assert await s.log_samples([sample(1000, reward=0.5)] * 3, step=0) == 0
+    st = s.stats()
+    invalid = 50 if sampler == "top_bottom" else 0
+    late = 0 if sampler == "first" else 3  # `first` keeps counting step 0: capped, not late
+    assert st.dropped.get("invalid", 0) == invalid and st.dropped.get("late", 0) == late
+    assert st.written == 2 + 1 and st.submitted == 2 + 200 + 1 + 3
+    assert st.dropped["capped"] == 200 - invalid + 3 - late and st.check()
