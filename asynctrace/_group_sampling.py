@@ -22,14 +22,13 @@ _STATS: tuple[str, ...] = ("mean", "spread")
 
 
 class _Group:
-    __slots__ = ("entries", "first", "rkey", "scores", "stat")
+    __slots__ = ("entries", "first", "rkey", "scores")
 
     def __init__(self, first: int, rkey: float) -> None:
         self.entries: list[Entry] = []
         self.scores: list[float] = []
         self.first = first  # sequence number of its first sample: "first" ranks by it
         self.rkey = rkey  # its random key: "random" keeps the smallest
-        self.stat = 0.0  # the statistic of `scores`, kept for calls that bring none of its samples
 
 
 def _stat(scores: Sequence[float], stat: GroupStat) -> float:
@@ -115,11 +114,8 @@ class _GroupSelection(StepSelection):
         cands: dict[Hashable, tuple[int, float, float, int]] = {}
         for g, held in self._held.items():
             more = added.pop(g, None)
-            if more:
-                scores = held.scores + more
-                cands[g] = (len(scores), _stat(scores, stat), held.rkey, held.first)
-            else:
-                cands[g] = (len(held.scores), held.stat, held.rkey, held.first)
+            scores = held.scores + more if more else held.scores
+            cands[g] = (len(scores), _stat(scores, stat), held.rkey, held.first)
         for g, scores in added.items():
             cands[g] = (len(scores), _stat(scores, stat), math.inf, firsts[g])
         return cands, added
@@ -172,7 +168,6 @@ class _GroupSelection(StepSelection):
             e.key = group.rkey
             group.entries.append(e)
             group.scores.append(0.0 if score is None else score)
-            group.stat = cands[g][1]
             kept.append(True)
         return kept, evicted
 
@@ -186,7 +181,6 @@ class _GroupSelection(StepSelection):
             pairs = [(e, s) for e, s in zip(group.entries, group.scores, strict=True) if id(e) not in gone]
             group.entries = [e for e, _ in pairs]
             group.scores = [s for _, s in pairs]
-            group.stat = _stat(group.scores, self._sampler.stat)
             if not group.entries:
                 del self._held[name]
 

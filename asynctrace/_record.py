@@ -381,20 +381,6 @@ def encode_sample(
                 messages.append({"role": "assistant", "content": response})
             body: dict[str, Any] = {"messages": messages, "metadata": metadata}
             return _encode_body(body, index), _fast_score(metadata.get("reward"))
-    elif (
-        redact is None
-        and type(obj) is Sample
-        and obj.score is None
-        and obj.spans is None
-        and obj.tokens is None
-        and type(metadata := obj.metadata) is dict
-        and type(messages := obj.messages) is list
-        and _messages_ok(messages)
-    ):
-        # The common Sample, checked in one expression: no body to normalise.
-        return _encode_body({"messages": messages, "metadata": metadata}, index), _fast_score(
-            metadata.get("reward")
-        )
     if redact is not None:
         sample = obj if isinstance(obj, Sample) else sample_from(obj, index)
         obj = redact(sample)
