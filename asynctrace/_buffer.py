@@ -93,11 +93,7 @@ class Buffer(Queue):
             if self.closed:
                 ledger.drop("closed", n + invalid + refused)
                 return out
-            if invalid:
-                ledger.drop("invalid", invalid)
-            if refused:
-                assert self.gate is not None
-                ledger.drop("late" if self.gate.is_closed(split, step) else "capped", refused)
+            self._count_left_out(split, step, invalid, refused)
             # log_samples_nowait never blocks: "block" behaves as drop_newest there.
             on_full: OnFull = "drop_newest" if nowait and self.on_full == "block" else self.on_full
             out.accepted = n
@@ -119,6 +115,15 @@ class Buffer(Queue):
                 out.waiting.ticket = ticket
                 self.waitings.add(out.waiting)
         return out
+
+    def _count_left_out(self, split: str, step: int, invalid: int, refused: int) -> None:
+        """Lock held: count a submission's samples that never became records, `invalid` ones
+        and `refused` ones the cap turned away before they were encoded."""
+        if invalid:
+            self.ledger.drop("invalid", invalid)
+        if refused:
+            assert self.gate is not None
+            self.ledger.drop("late" if self.gate.is_closed(split, step) else "capped", refused)
 
     def count_invalid(self, n: int) -> None:
         """`n` samples the caller could not build: counted as submitted and dropped ("invalid")."""
@@ -169,15 +174,9 @@ class Buffer(Queue):
             if refused_with is None or keeps is None or True in keeps or self.closed:
                 return keeps
             n = len(scores)
-            ledger = self.ledger
-            ledger.submitted += n + refused_with
-            if refused_with:
-                ledger.drop("invalid", refused_with)
-            if gate.is_closed(split, step):
-                ledger.drop("late", n)
-            else:
-                ledger.drop("capped", n)
-                gate.skip(split, step, n)  # a positional sampler (the reservoir) counts them
+            self.ledger.submitted += n + refused_with
+            self._count_left_out(split, step, refused_with, n)
+            gate.skip(split, step, n)  # a positional sampler (the reservoir) counts them
             return []
 
     def admit_waiting(self, waiting: Waiting) -> Admission:
