@@ -55,14 +55,6 @@ class Buffer(Queue):
         self.staging = journal if journal is not None and journal.on_admit else None
         self.gated = GatedAdmission(gate, self, self.ledger, self.staging) if gate else None
 
-    @property
-    def on_drop(self) -> Callable[[DropReason, int], None] | None:
-        return self.ledger.on_drop
-
-    @on_drop.setter
-    def on_drop(self, on_drop: Callable[[DropReason, int], None] | None) -> None:
-        self.ledger.on_drop = on_drop
-
     # -- submission (any thread) -------------------------------------------------------
 
     def admit(

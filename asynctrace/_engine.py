@@ -19,7 +19,7 @@ __all__ = ["build_engine"]
 
 
 def build_engine(
-    s: dict[str, Any], on_drop: Callable[[str, int], None], push: Callable[[Sequence[Any]], None]
+    s: dict[str, Any], push: Callable[[Sequence[Any]], None]
 ) -> tuple[Buffer, Encoder, Spool | None, GroupMetrics | None]:
     """The session's buffer, encoder, spool (None without a spool_dir) and group metrics, from its
     checked `TraceSession` arguments `s` (`run` and `sampler` resolved, `sink_names` added)."""
@@ -51,7 +51,6 @@ def build_engine(
         clock=time.monotonic,
         journal=Journal(spool, on_admit=s["durability"] == "enqueue") if spool is not None else None,
     )
-    buffer.on_drop = on_drop
     encoder = Encoder(
         trace_key=s["trace_key"],
         redact=s["redact"],

@@ -8,11 +8,12 @@ Only outcomes are counted; `accepted` and `pending` are derived from them, so th
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ._record import TraceRecord
+from ._security import logger
 from ._stats import DropReason, SessionStats, SinkStats
 
 if TYPE_CHECKING:
@@ -53,10 +54,20 @@ class _SinkCounters:
 
 
 class Ledger:
-    """The counts, by outcome, and the spool told of every resolution. Not thread-safe: the
-    buffer's lock guards it."""
+    """The counts, by outcome, and the spool told of every resolution. Not thread-safe: its
+    owner's lock (the buffer's, or a `TraceClient`'s) guards it.
 
-    def __init__(self, sink_names: Sequence[str], journal: Journal | None) -> None:
+    The first drop for each reason is logged once, pointing at `owner`'s stats; reasons in
+    `quiet` are only counted (capping is the point of a cap, not a loss)."""
+
+    def __init__(
+        self,
+        sink_names: Sequence[str],
+        journal: Journal | None,
+        *,
+        owner: str = "session",
+        quiet: Collection[str] = ("capped",),
+    ) -> None:
         self.sink_names = list(sink_names)
         self.sinks = [_SinkCounters() for _ in sink_names]
         self.journal = journal
@@ -68,7 +79,8 @@ class Ledger:
         # Dropped after they were accepted (drop_oldest evicting, a cap displacing a held
         # sample): `accepted` counts what entered the pipeline, whatever became of it.
         self.displaced = 0
-        self.on_drop: Callable[[DropReason, int], None] | None = None
+        self.owner = owner
+        self._warned = set(quiet)
         self.holds = Holds()
 
     def drop(
@@ -79,8 +91,12 @@ class Ledger:
         self.dropped[reason] += n
         if displaced:
             self.displaced += n
-        if self.on_drop is not None:
-            self.on_drop(reason, n)
+        if reason not in self._warned:
+            # Under the owner's lock: only bookkeeping and this one line per reason.
+            self._warned.add(reason)
+            logger.warning(
+                "asynctrace: dropping samples (%s); counts are in %s.stats().dropped", reason, self.owner
+            )
         if records and self.journal is not None:
             self.journal.dropped(records)
 

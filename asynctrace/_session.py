@@ -134,9 +134,8 @@ class TraceSession:
         # The step-closing rules, which a `Selected` sink's own selection follows too.
         self._step_rules = (max_open_steps, step_timeout)
         self._health_interval = float(health_interval) if health_metrics else None
-        self._warned: set[str] = set()
         settings.update(run=self.run, sampler=self.sampler, sink_names=self.sink_names)
-        engine = build_engine(settings, self._note_drop, self._push_items)
+        engine = build_engine(settings, self._push_items)
         self._buffer, self._encoder, self._spool, self._groups = engine
         # Set by `recovery_session`: replay another (project, run)'s records, dead letters too.
         self._replay_plan: ReplayPlan | None = None
@@ -332,13 +331,6 @@ class TraceSession:
     def _wake_writer(self) -> None:
         if self._writer is not None:
             self._writer.wake()
-
-    def _note_drop(self, reason: str, n: int) -> None:
-        # Called under the buffer lock: only bookkeeping and a first-time warning here.
-        # Capping is the point of a cap, not a loss, so it is counted but not warned about.
-        if reason != "capped" and reason not in self._warned:
-            self._warned.add(reason)
-            logger.warning("asynctrace: dropping samples (%s); counts are in session.stats().dropped", reason)
 
     async def log_samples(
         self,
