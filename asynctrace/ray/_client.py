@@ -17,7 +17,6 @@ import logging
 import threading
 import time
 import weakref
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ from .._checks import (
     check_timeout,
     wait_arg,
 )
+from .._ledger import Ledger
 from .._record import Sample, SampleLike, as_list, encode_samples
 from .._sampling import Sampler
 from .._security import describe
@@ -149,11 +149,12 @@ class TraceClient:
         self._work = threading.Condition(self._lock)
         self._progress = threading.Condition(self._lock)
         self._out = Outbox(batch_size, max_batch_bytes, self.flush_interval, max_in_flight)
-        self._submitted = self._delivered = self._n_calls = self._bytes_shipped = 0
-        self._dropped: Counter[str] = Counter()
+        # The engine's ledger counts submitted and dropped samples, and warns once per reason;
+        # what the collector took is `written` there, as this client's one sink.
+        self._ledger = Ledger((), None, owner="client", quiet=("closed", "capped"))
+        self._n_calls = self._bytes_shipped = 0
         self._gone = self._closing = self._stopping = False
         self._last_error: str | None = None
-        self._warned: set[str] = set()
         self._thread: threading.Thread | None = None
         # Held by the close() that drains; a second close() waits on it for that one's outcome.
         self._close_lock = threading.Lock()
@@ -197,8 +198,8 @@ class TraceClient:
         if self._closing or self._gone:
             # Nothing will be shipped: skip the encoding, only count.
             with self._lock:
-                self._submitted += len(items)
-                self._drop("closed" if self._closing else "collector_gone", len(items))
+                self._ledger.submitted += len(items)
+                self._ledger.drop("closed" if self._closing else "collector_gone", len(items))
             return 0
         # Validated and encoded in the caller, as the session does.
         encoded, invalid = encode_samples(
@@ -212,27 +213,28 @@ class TraceClient:
         nbytes = sum(len(p) for p, _ in encoded)
         now = time.monotonic()
         with self._lock:
-            self._submitted += len(items)
-            self._drop("invalid", invalid)
+            ledger = self._ledger
+            ledger.submitted += len(items)
+            ledger.drop("invalid", invalid)
             if self._closing or self._gone:
-                self._drop("closed" if self._closing else "collector_gone", len(encoded))
+                ledger.drop("closed" if self._closing else "collector_gone", len(encoded))
                 return 0
             out = self._out
             held, held_bytes = self._held()
             keep, nbytes = out.fit(
                 encoded, nbytes, self.max_buffered - held, self.max_buffered_bytes - held_bytes
             )
-            self._drop("queue_full", len(encoded) - keep)
+            ledger.drop("queue_full", len(encoded) - keep)
             encoded = encoded[:keep]
             if not encoded:
                 return 0
             if self._local is None:
                 accepted = len(encoded)
-                self._wake(out.append(split, step, [p for p, _ in encoded], nbytes, now))
+                self._wake(out.append([(split, step, -1, [p for p, _ in encoded], [])], now))
             else:
                 passed, capped, accepted, released = self._local.offer(split, step, encoded, now)
-                self._drop("capped", capped)
-                self._wake(out.append_released(released + ([passed] if passed else []), now))
+                ledger.drop("capped", capped)
+                self._wake(out.append(released + ([passed] if passed else []), now))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="asynctrace-ray-client", daemon=True)
                 self._thread.start()
@@ -250,7 +252,7 @@ class TraceClient:
             check_step(step, split)
         with self._lock:
             if self._local is not None:
-                self._wake(self._out.append_released(self._local.end_step(step, split), time.monotonic()))
+                self._wake(self._out.append(self._local.end_step(step, split), time.monotonic()))
 
     def _held(self) -> tuple[int, int]:
         """Candidates held by the local selection, as (samples, bytes) (lock held)."""
@@ -268,7 +270,7 @@ class TraceClient:
         with self._lock:
             if self._local is not None:
                 # Every step held here is complete as far as this flush is concerned.
-                self._wake(self._out.append_released(self._local.close_all(), time.monotonic()))
+                self._wake(self._out.append(self._local.close_all(), time.monotonic()))
             target = self._out.next_seq
             if target > self._out.flush_target:
                 self._out.flush_target = target
@@ -320,7 +322,7 @@ class TraceClient:
         with self._lock:
             if not flushed and self._out:
                 n = self._clear_buffer()
-                self._drop("close_timeout", n)
+                self._ledger.drop("close_timeout", n)
                 logger.warning(
                     "asynctrace: TraceClient.close() reached its %.1fs deadline; "
                     "%d buffered samples were dropped",
@@ -339,7 +341,7 @@ class TraceClient:
             self._closing = True
             self._stopping = True
             n = self._clear_buffer(discard=True)
-            self._drop("not_closed", n)
+            self._ledger.drop("not_closed", n)
             self._work.notify()
             return n, self._out.in_flight
 
@@ -348,12 +350,12 @@ class TraceClient:
         with self._lock:
             held, held_bytes = self._held()
             return ClientStats(
-                submitted=self._submitted,
-                delivered=self._delivered,
+                submitted=self._ledger.submitted,
+                delivered=self._ledger.written,
                 in_flight=self._out.in_flight,
                 buffered=self._out.buffered,
                 held=held,
-                dropped=dict(self._dropped),
+                dropped=dict(self._ledger.dropped),
                 held_bytes=self._out.buffered_bytes + self._out.in_flight_bytes + held_bytes,
                 calls=self._n_calls,
                 bytes_shipped=self._bytes_shipped,
@@ -374,17 +376,6 @@ class TraceClient:
         self.close()
 
     # -- bookkeeping (lock held) ------------------------------------------------------------
-
-    def _drop(self, reason: DropReason, n: int) -> None:
-        if n <= 0:
-            return
-        self._dropped[reason] += n
-        if reason not in self._warned and reason not in ("closed", "capped"):
-            self._warned.add(reason)
-            logger.warning(
-                "asynctrace: TraceClient dropping samples (%s); counts are in client.stats().dropped",
-                reason,
-            )
 
     def _wake(self, wake: bool) -> None:
         if wake:
@@ -415,11 +406,11 @@ class TraceClient:
                         now = time.monotonic()
                         if self._local is not None:
                             if self._gone:
-                                self._drop("collector_gone", self._local.discard())
+                                self._ledger.drop("collector_gone", self._local.discard())
                             else:
-                                self._out.append_released(self._local.close_idle(now), now)
+                                self._out.append(self._local.close_idle(now), now)
                         if self._gone and self._out:
-                            self._drop("collector_gone", self._clear_buffer())
+                            self._ledger.drop("collector_gone", self._clear_buffer())
                         if self._stopping and not self._out:
                             return
                         due = self._due_in(now)
@@ -433,7 +424,7 @@ class TraceClient:
             with self._lock:
                 self._last_error = _describe(exc)
                 self._gone = True
-                self._drop("ship_error", self._clear_buffer(discard=True))
+                self._ledger.drop("ship_error", self._clear_buffer(discard=True))
 
     def _ship(self, call_id: int, call: Call, wire: list[Released]) -> None:
         try:
@@ -458,12 +449,12 @@ class TraceClient:
             if call is None:
                 return
             if reason is None:
-                self._delivered += call.n
+                self._ledger.written += call.n
             else:
                 self._last_error = _describe(exc) if exc is not None else reason
                 if reason == "collector_gone":
                     self._gone = True
-                self._drop(reason, call.n)
+                self._ledger.drop(reason, call.n)
             self._progress.notify_all()
             self._work.notify()
 

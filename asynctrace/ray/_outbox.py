@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .._parts import Row
@@ -19,16 +20,17 @@ __all__ = ["Call", "Outbox"]
 @dataclass(slots=True)
 class _Group:
     """Consecutive samples of one (split, step) from one call, waiting to be shipped; with local
-    selection, of one part, with each sample's row (sequence number, score, key) for the merge."""
+    selection, of one part, with each sample's row (sequence number, score, key) for the merge.
+    Without it, the part is -1 and there are no rows."""
 
     split: str
     step: int
+    part: int
     payloads: list[bytes]
+    rows: list[Row]
     nbytes: int
     first_seq: int
     since: float
-    part: int | None
-    rows: list[Row] | None
 
 
 @dataclass(slots=True)
@@ -60,29 +62,16 @@ class Outbox:
         self.next_seq = 0  # sequence number of the next accepted sample
         self.flush_target = 0  # ship everything with a sequence number below this now
 
-    def append(
-        self,
-        split: str,
-        step: int,
-        payloads: list[bytes],
-        nbytes: int,
-        now: float,
-        part: int | None = None,
-        rows: list[Row] | None = None,
-    ) -> bool:
-        """Queue payloads of one (split, step); True when the shipping thread should look now."""
+    def append(self, released: Iterable[Released], now: float) -> bool:
+        """Queue groups of one (split, step, part) each; True when the shipping thread should look now."""
         was_empty = not self._groups
-        self._groups.append(_Group(split, step, payloads, nbytes, self.next_seq, now, part, rows))
-        self.next_seq += len(payloads)
-        self.buffered += len(payloads)
-        self.buffered_bytes += nbytes
-        return was_empty or self.buffered >= self.batch_size or self.buffered_bytes >= self.max_batch_bytes
-
-    def append_released(self, released: list[Released], now: float) -> bool:
-        wake = False
         for split, step, part, payloads, rows in released:
-            wake |= self.append(split, step, payloads, sum(len(p) for p in payloads), now, part, rows)
-        return wake
+            nbytes = sum([len(p) for p in payloads])
+            self._groups.append(_Group(split, step, part, payloads, rows, nbytes, self.next_seq, now))
+            self.next_seq += len(payloads)
+            self.buffered += len(payloads)
+            self.buffered_bytes += nbytes
+        return was_empty or self.buffered >= self.batch_size or self.buffered_bytes >= self.max_batch_bytes
 
     def fit(
         self, encoded: list[tuple[bytes, float | None]], nbytes: int, limit: int, limit_bytes: int
@@ -131,7 +120,7 @@ class Outbox:
 
     def take_batch(self) -> tuple[int, Call, list[Released]]:
         """Pop up to `batch_size` samples / `max_batch_bytes` as one call in flight, keeping (split,
-        step) groups together. Groups without a part (no local selection) go with part -1, no rows."""
+        step, part) groups together."""
         wire: list[Released] = []
         n = nbytes = 0
         first_seq = self._groups[0].first_seq
@@ -146,25 +135,22 @@ class Outbox:
                 took_bytes += len(p)
             if take == 0:
                 break
-            rows = group.rows if group.rows is not None else []
             if take == len(group.payloads):
                 self._groups.popleft()
-                payloads = group.payloads
+                payloads, rows = group.payloads, group.rows
             else:
-                payloads, rows = group.payloads[:take], rows[:take]
-                group.payloads = group.payloads[take:]
-                group.rows = group.rows[take:] if group.rows is not None else None
+                payloads, rows = group.payloads[:take], group.rows[:take]
+                group.payloads, group.rows = group.payloads[take:], group.rows[take:]
                 group.nbytes -= took_bytes
                 group.first_seq += take
-            part = -1 if group.part is None else group.part
-            if wire and wire[-1][:3] == (group.split, group.step, part):
+            if wire and wire[-1][:3] == (group.split, group.step, group.part):
                 # Consecutive calls for the same step travel as one group: the collector
                 # handles (and may wait for room for) each group once. The lists belong to this
                 # batch alone (a popped group's, or slices), so extending them is safe.
                 wire[-1][3].extend(payloads)
                 wire[-1][4].extend(rows)
             else:
-                wire.append((group.split, group.step, part, payloads, list(rows)))
+                wire.append((group.split, group.step, group.part, payloads, list(rows)))
             n += take
             nbytes += took_bytes
             if nbytes >= self.max_batch_bytes:
