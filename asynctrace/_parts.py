@@ -8,17 +8,26 @@ chooses exactly what one selection offered every part's samples would keep.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable, Sequence
 
 import orjson
 
 from ._groups import GroupKey, group_of
+from ._record import TraceRecord
 from ._sampling import Entry, Sampler, StepSelection
 
-__all__ = ["PartStep", "PartSteps", "Row", "group_key_of", "merge_parts", "payload_group"]
+__all__ = ["ROUND_STRIDE", "PartStep", "PartSteps", "Row", "group_key_of", "merge_parts", "payload_group"]
 
 # What travels for one kept entry: (sequence number, score, key).
 Row = tuple[int, float | None, float | None]
+
+# Round r of part p is part p + r * ROUND_STRIDE (see `PartSteps` with `reopen`): a part number
+# of its own, so a sampler that draws gives it its own stream, and the merge orders it after
+# the earlier rounds.
+ROUND_STRIDE = 1 << 32
+# How many ended steps remember their rounds (a step seen again after that starts at round 0).
+_ROUNDS_KEPT = 4096
 
 
 def group_key_of(sampler: Sampler) -> GroupKey | None:
@@ -37,12 +46,15 @@ def payload_group(payload: bytes, key: GroupKey | None) -> Hashable | None:
 
 
 class PartStep:
-    """One part's selection of one (split, step): O(k) entries at most, with their payloads."""
+    """One part's selection of one (split, step): O(k) entries at most, with their payloads;
+    `part` is the part number it selects as, `last_seen` when it was last offered samples."""
 
-    __slots__ = ("kept", "nbytes", "offered", "selection")
+    __slots__ = ("kept", "last_seen", "nbytes", "offered", "part", "selection")
 
-    def __init__(self, selection: StepSelection) -> None:
+    def __init__(self, selection: StepSelection, part: int = 0, now: float = 0.0) -> None:
         self.selection = selection
+        self.part = part
+        self.last_seen = now
         self.kept: dict[int, tuple[Entry, bytes]] = {}  # by sequence number, in arrival order
         self.offered = 0
         self.nbytes = 0
@@ -90,47 +102,84 @@ def merge_parts(
 
 
 class PartSteps:
-    """One part's open selections of every (split, step), and the steps it has ended.
+    """One part's open selections of every (split, step), and the steps it has ended, with the
+    entries (`held`) and payload bytes (`held_bytes`) they keep.
 
     Each part of a step selects with its own stream (`new_part_step` with `part`). A step ended
     here takes no more samples: a later one is ``late``, as a second selection of the same step
-    would break the cap. Not thread-safe: the owner holds its lock.
+    would break the cap. With `reopen`, a later one starts a new round of the step instead, a
+    part of its own (see `ROUND_STRIDE`), so ending a step early costs bytes, never exactness.
+    Not thread-safe: the owner holds its lock.
     """
 
-    def __init__(self, sampler: Sampler, k: int, part: int) -> None:
+    def __init__(self, sampler: Sampler, k: int, part: int, *, reopen: bool = False) -> None:
         self.sampler, self.k, self.part = sampler, k, part
         self.group_key = group_key_of(sampler)
         self.open: dict[tuple[str, int], PartStep] = {}
         self.held = 0
+        self.held_bytes = 0
         self._ended_all = -1
         self._ended: dict[str, int] = {}
+        self._reopen = reopen
+        self._rounds: OrderedDict[tuple[str, int], int] = OrderedDict()
         self._seq = 0
 
     def offer(
-        self, split: str, step: int, encoded: Sequence[tuple[bytes, float | None]]
+        self, split: str, step: int, encoded: Sequence[tuple[bytes, float | None]], now: float = 0.0
     ) -> tuple[int, int, int]:
         """Offer one call's (payload, score) pairs; returns how many are kept for now, cut, and late."""
         if step <= max(self._ended_all, self._ended.get(split, -1)):
             return 0, 0, len(encoded)
-        opened = self.open.get((split, step))
+        key = (split, step)
+        opened = self.open.get(key)
         if opened is None:
-            selection = self.sampler.new_part_step(split, step, self.k, self.part)
-            opened = self.open[(split, step)] = PartStep(selection)
-        before = len(opened.kept)
+            part = self.part + self._rounds.get(key, 0) * ROUND_STRIDE
+            selection = self.sampler.new_part_step(split, step, self.k, part)
+            opened = self.open[key] = PartStep(selection, part, now)
+        opened.last_seen = now
+        before, before_bytes = len(opened.kept), opened.nbytes
         cands = []
         for payload, score in encoded:
             self._seq += 1
-            cands.append((Entry(score, self._seq, group=payload_group(payload, self.group_key)), payload))
+            # The record lets a custom selection read the sample itself, as inside a session.
+            record = TraceRecord("", step, split, "", payload, now, score)
+            group = payload_group(payload, self.group_key)
+            cands.append((Entry(score, self._seq, record, group=group), payload))
         cut = opened.offer(cands)
         self.held += len(opened.kept) - before
+        self.held_bytes += opened.nbytes - before_bytes
         return sum(1 for e, _ in cands if e.seq in opened.kept), cut, 0
+
+    def take(self, key: tuple[str, int]) -> list[tuple[Entry, bytes]]:
+        """Remove and return what the open step `key` kept so far; the step stays open (a sampler
+        that holds nothing passes its picks on at once)."""
+        opened = self.open[key]
+        out = opened.take(list(opened.kept))
+        self.held -= len(out)
+        self.held_bytes -= sum(len(p) for _, p in out)
+        return out
+
+    def end_keys(self, keys: Iterable[tuple[str, int]]) -> list[tuple[tuple[str, int], PartStep]]:
+        """Remove and return these open steps, in order (with `reopen`, each starts a new round
+        when it is seen again)."""
+        out = [(key, self.open.pop(key)) for key in sorted(keys)]
+        self.held -= sum(len(opened.kept) for _, opened in out)
+        self.held_bytes -= sum(opened.nbytes for _, opened in out)
+        if self._reopen:
+            for key, _ in out:
+                self._rounds[key] = self._rounds.get(key, 0) + 1
+                self._rounds.move_to_end(key)
+                if len(self._rounds) > _ROUNDS_KEPT:
+                    self._rounds.popitem(last=False)
+        return out
 
     def end(self, step: int | None, split: str | None) -> list[tuple[tuple[str, int], PartStep]]:
         """Remove and return the open steps up to `step` (every one when None) of `split` (or all)."""
-        keys = sorted(
+        out = self.end_keys(
             k for k in self.open if (step is None or k[1] <= step) and (split is None or k[0] == split)
         )
-        out = [(key, self.open.pop(key)) for key in keys]
+        if self._reopen:
+            return out
         if step is not None:
             if split is None:
                 self._ended_all = max(self._ended_all, step)
@@ -140,5 +189,4 @@ class PartSteps:
             # Ending every open step (flush, finish) makes each final too.
             for (key_split, key_step), _ in out:
                 self._ended[key_split] = max(self._ended.get(key_split, -1), key_step)
-        self.held -= sum(len(opened.kept) for _, opened in out)
         return out
