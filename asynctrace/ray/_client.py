@@ -266,7 +266,6 @@ class TraceClient:
         waits until they are written.
         """
         timeout = check_timeout(timeout)
-        deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             if self._local is not None:
                 # Every step held here is complete as far as this flush is concerned.
@@ -275,12 +274,8 @@ class TraceClient:
             if target > self._out.flush_target:
                 self._out.flush_target = target
                 self._work.notify()
-            while self._out.watermark() < target:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._progress.wait(None if left is None else wait_arg(left))
-            return True
+            limit = None if timeout is None else wait_arg(timeout)
+            return self._progress.wait_for(lambda: self._out.watermark() >= target, limit)
 
     def close(self, timeout: float | None = None) -> ClientStats:
         """Stop accepting samples, ship what is buffered within `timeout` (default `close_timeout`),
@@ -293,10 +288,8 @@ class TraceClient:
         timeout = check_timeout(timeout)
         budget = self.close_timeout if timeout is None else timeout
         with self._lock:
-            already = self._closing
             self._closing = True
-        if not already:
-            _open_clients.discard(self)
+        _open_clients.discard(self)
         # Waiting for a close() under way keeps its drain whole (a shorter deadline here would
         # drop what it is still shipping); after one that ended, the calls still in flight are
         # waiting on an unresponsive collector, and waiting for them again would only repeat
@@ -465,8 +458,8 @@ def _check_arguments(a: dict[str, Any]) -> None:
         raise ValueError(
             f"collector must be a TraceCollector actor handle, got {type(a['collector']).__name__}"
         )
-    check_ints(**{n: a[n] for n in ("batch_size", "max_batch_bytes", "max_in_flight", "max_buffered")})
-    check_ints(max_buffered_bytes=a["max_buffered_bytes"])
+    ints = ("batch_size", "max_batch_bytes", "max_in_flight", "max_buffered", "max_buffered_bytes")
+    check_ints(**{n: a[n] for n in ints})
     check_seconds("flush_interval", a["flush_interval"])
     check_seconds("close_timeout", a["close_timeout"])
     check_int("max_open_steps", a["max_open_steps"], minimum=0)
