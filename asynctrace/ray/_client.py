@@ -517,7 +517,6 @@ _open_clients: weakref.WeakSet[TraceClient] = weakref.WeakSet()
 def _can_ship_at_exit() -> bool:
     """False in a process Ray started (an actor or a task) and wherever Ray is not connected."""
     try:
-        import ray
         from ray._private.worker import global_worker
 
         return bool(ray.is_initialized()) and global_worker.mode != ray.WORKER_MODE
