@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from .._abandon import Backlog, run_sync_daemon
-from .._checks import check_bool, check_int
+from .._checks import check_bool, check_int, int64_or_none
 from .._record import TraceRecord
 from .._tokens import TOKEN_FIELDS, token_bytes
 from ..exceptions import PermanentSinkError
@@ -81,12 +81,6 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _integer(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**63:
-        return None
-    return value
-
-
 # A row as the journal holds it: id, step, split, key, timestamp and the sample's JSON.
 _Row = tuple[str, int, str, str, float, bytes]
 
@@ -110,7 +104,7 @@ def _table(rows: Sequence[_Row]) -> Any:
             dumps(meta).decode(),
             _number(meta.get("reward")),
             _number(meta.get("advantage")),
-            _integer(meta.get("policy_version", meta.get("policy_version_max"))),
+            int64_or_none(meta.get("policy_version", meta.get("policy_version_max"))),
             stop if isinstance(stop, str) else None,
             _number(sample.get("score")),
             dumps(spans).decode() if spans is not None else None,

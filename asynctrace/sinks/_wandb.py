@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from .._checks import check_bool, check_seconds, check_type
+from .._checks import check_bool, check_seconds, check_type, int64_or_none
 from .._record import TraceRecord
 from .._security import check_name, check_text, describe
 from ..exceptions import PermanentSinkError
@@ -55,11 +55,6 @@ def _number(value: Any) -> float | None:
     except OverflowError:
         return None
     return number if math.isfinite(number) else None
-
-
-def _int64(value: Any) -> int | None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
-    return value if ok else None
 
 
 def _str(value: Any) -> str | None:
@@ -109,7 +104,7 @@ def record_row(record: TraceRecord) -> list[Any]:
         return value
 
     columns = [column(name, _number) for name in ("reward", "advantage")]
-    columns += [column("policy_version", _int64), column("stop_reason", _str)]
+    columns += [column("policy_version", int64_or_none), column("stop_reason", _str)]
     for extra in ("score", "spans"):
         if data.get(extra) is not None:
             metadata[extra] = data[extra]
