@@ -7,7 +7,6 @@ the session itself.
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import functools
 import math
@@ -18,9 +17,9 @@ from typing import Any, Protocol
 
 import anyio
 import anyio.abc
-import sniffio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from ._abandon import threadsafe_caller
 from ._stats import SessionStats
 from .exceptions import AsyncTraceError, SessionClosedError
 
@@ -44,18 +43,6 @@ class Uninstallable(Protocol):
 
 class Closable(Protocol):
     def close(self, timeout: float, *, bound: float | None = None) -> SessionStats: ...
-
-
-def _threadsafe_caller() -> Callable[[Callable[[], None]], object]:
-    """A non-blocking way for other threads to run a callback on this event loop."""
-    library = sniffio.current_async_library()
-    if library == "asyncio":
-        return asyncio.get_running_loop().call_soon_threadsafe
-    if library == "trio":
-        import trio
-
-        return trio.lowlevel.current_trio_token().run_sync_soon
-    raise RuntimeError(f"unsupported async library {library!r}")
 
 
 class Lifecycle:
@@ -161,7 +148,7 @@ class Lifecycle:
     async def opened(self, tg: anyio.abc.TaskGroup) -> None:
         """The session's writer runs in `tg` on the current event loop: it is open now."""
         self.loop_thread = threading.get_ident()
-        self._call = _threadsafe_caller()
+        self._call = threadsafe_caller()
         self._tg = tg
         self._jobs, jobs = anyio.create_memory_object_stream[Job](math.inf)
         tg.start_soon(self._run_jobs, jobs)
