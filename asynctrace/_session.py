@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -37,7 +36,7 @@ from ._replay import ReplayPlan, replay_backlog
 from ._retry import NO_RETRY, RetryPolicy
 from ._sampler_names import SamplerName, resolve_sampler
 from ._sampling import Sampler
-from ._security import generated_run_name, shown
+from ._security import generated_run_name, logger, shown
 from ._spool import Durability
 from ._stats import SessionStats
 from ._sync import SyncRunner, SyncTraceSession
@@ -47,9 +46,6 @@ from .exceptions import SessionClosedError
 from .sinks._base import Sink
 
 __all__ = ["TraceSession", "hurry_finish", "install_shutdown_hooks", "recovery_session"]
-
-logger = logging.getLogger("asynctrace")
-
 
 _OPEN = State.OPEN
 

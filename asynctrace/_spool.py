@@ -15,7 +15,6 @@ A failed write (a full disk) truncates the partial line away, counts the records
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import os
 import threading
@@ -27,14 +26,12 @@ from typing import Literal
 
 from . import _segments as seg
 from ._record import TraceRecord
-from ._security import describe, secret_bytes
+from ._security import describe, logger, secret_bytes
 from ._spool_dir import SpoolDir, WriteErrors
 from ._stats import SpoolStats
 from .exceptions import SpoolError
 
 __all__ = ["STAGED", "UNSPOOLED", "Durability", "Spool"]
-
-logger = logging.getLogger("asynctrace")
 
 Durability = Literal["writer", "enqueue"]
 

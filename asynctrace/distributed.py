@@ -16,7 +16,6 @@ torch is imported when a logger is created, never when this module is imported.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import Counter
@@ -33,7 +32,7 @@ from ._parts import PartSteps, merge_parts, payload_group
 from ._record import Sample, SampleLike, as_list, encode_samples
 from ._sampler_names import SamplerName, resolve_sampler
 from ._sampling import Sampler
-from ._security import generated_run_name, shown
+from ._security import generated_run_name, logger, shown
 from ._session import TraceSession
 from ._stats import Counts, DropReason, SessionStats, SinkStats
 from ._sync import SyncTraceSession, log_within
@@ -45,8 +44,6 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["DistributedTraceLogger", "Mode", "RankStats"]
-
-logger = logging.getLogger("asynctrace")
 
 Mode = Literal["global", "per_rank", "per_rank_stream"]
 _MODES: tuple[str, ...] = ("global", "per_rank", "per_rank_stream")
