@@ -1,17 +1,8 @@
 """Cross-rank trace sampling for SPMD trainers on torch.distributed (any backend).
 
-Three modes, matching the logging modes torchforge users know:
-
-- ``"global"``: every rank selects its own candidates for a step with the session's sampler
-  (``O(k)`` per step, never all samples); `end_step` gathers them to one rank, which applies the
-  sampler over the whole step and writes one run. ``max_traces_per_step`` is a cap on the step
-  of the whole job, and ``top_bottom`` picks the true top and bottom across ranks.
-- ``"per_rank"``: each rank selects its own ``k`` per step and writes its own run; the runs of
-  a job share one Trackio group. No communication after start-up.
-- ``"per_rank_stream"``: no reduction; each rank streams its samples into its own run (the
-  session's cap and sampler, if any, apply per rank as in a single process).
-
-torch is imported when a logger is created, never when this module is imported.
+Three modes, ``"global"`` (one selection over every rank's candidates, one run), ``"per_rank"``
+and ``"per_rank_stream"`` (a run per rank, in one Trackio group): see the table in
+docs/distributed.md. torch is imported when a logger is created, never with this module.
 """
 
 from __future__ import annotations

@@ -124,17 +124,8 @@ def record_row(record: TraceRecord) -> list[Any]:
 class WandbSink(Sink):
     """Logs traces to Weights & Biases as one incremental table per trace key, and metrics with `run.log`.
 
-    Each write adds only its rows to the incremental table ``<key>-incr`` (after `table_prefix`
-    if one is given); at close the whole table is logged once more as ``<key>``. Rows and
-    metrics carry the step as ``step_metric``, never as W&B's own step, so out-of-order steps
-    are never refused.
-
-    By default the sink opens a run of its own (``wandb.init(project=..., name=...,
-    reinit="create_new", **init_kwargs)``) and finishes it at close, with W&B's
-    ``finish_timeout`` set to `finish_timeout`. ``attach=True`` logs to the run the trainer
-    opened (`wandb.run`), and ``attach=<run>`` to the given run; an attached run is never
-    finished by the sink, and its rows are added to the trainer's current step
-    (``commit=False``) so the trainer's own step counter is left alone.
+    The sink opens (and finishes) a run of its own unless ``attach=True`` (`wandb.run`) or
+    ``attach=<run>`` names the trainer's. Tables, columns, steps and attached runs: docs/sinks.md.
     """
 
     def __init__(
