@@ -25,7 +25,14 @@ from typing import Any, Generic, TypeVar
 import anyio
 import sniffio
 
-__all__ = ["Backlog", "call_abandonable", "run_sync_daemon", "spawn_detached", "wait_first"]
+__all__ = [
+    "Backlog",
+    "call_abandonable",
+    "run_sync_daemon",
+    "spawn_detached",
+    "threadsafe_caller",
+    "wait_first",
+]
 
 T = TypeVar("T")
 
@@ -84,7 +91,7 @@ def _submit(job: Callable[[], None]) -> None:
     worker.jobs.put(job)
 
 
-def _threadsafe_caller() -> Callable[[Callable[[], None]], object]:
+def threadsafe_caller() -> Callable[[Callable[[], None]], object]:
     """A non-blocking way for another thread to run a callback on the current event loop."""
     if sniffio.current_async_library() == "trio":
         import trio
@@ -141,7 +148,7 @@ async def run_sync_daemon(fn: Callable[..., T], *args: Any, backlog: Backlog | N
     from exiting. With `backlog`, the call counts against that owner's cap.
     """
     outcome: _Outcome[T] = _Outcome()
-    call_soon = _threadsafe_caller()
+    call_soon = threadsafe_caller()
     if backlog is not None:
         backlog.enter()
 
@@ -202,17 +209,12 @@ async def wait_first(*events: anyio.Event | None, timeout: float | None = None) 
                 tg.start_soon(first, event)
 
 
-async def call_abandonable(
-    fn: Callable[[], Awaitable[T]],
-    *,
-    abandon: anyio.Event | None = None,
-    grace: float | None = None,
-) -> T:
+async def call_abandonable(fn: Callable[[], Awaitable[T]], *, grace: float | None = None) -> T:
     """Await `fn()` run as a task of its own, which the caller can leave behind.
 
     Cancelling the caller cancels the call and waits for it to end, as awaiting it directly
-    would; but once `abandon` is set, or `grace` seconds after the cancel, the caller stops
-    waiting and its cancellation goes on, leaving a call that ignores its cancel running alone.
+    would; but `grace` seconds after the cancel, the caller stops waiting and its cancellation
+    goes on, leaving a call that ignores its cancel running alone.
     """
     outcome: _Outcome[T] = _Outcome()
     scope = anyio.CancelScope()
@@ -233,6 +235,7 @@ async def call_abandonable(
         # Cancelled: the call is cancelled too, and waited for as long as it may be.
         scope.cancel()
         with anyio.CancelScope(shield=True):
-            await wait_first(outcome.done, abandon, timeout=grace)
+            with anyio.move_on_after(grace):
+                await outcome.done.wait()
         raise
     return outcome.unwrap()

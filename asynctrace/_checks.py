@@ -23,6 +23,7 @@ __all__ = [
     "check_timeout",
     "checked_metrics",
     "check_type",
+    "int64_or_none",
     "wait_arg",
 ]
 
@@ -139,6 +140,13 @@ def check_split(split: Any) -> None:
     if not isinstance(split, str) or not split:
         raise ValueError(f"split must be a non-empty str, got {shown(split)}")
     check_text("split", split)
+
+
+def int64_or_none(value: Any) -> int | None:
+    """`value` if it is an int (not a bool) that a 64-bit signed column holds, else None."""
+    if isinstance(value, bool) or not isinstance(value, int) or not -MAX_STEP - 1 <= value <= MAX_STEP:
+        return None
+    return value
 
 
 def wait_arg(seconds: float) -> float | None:

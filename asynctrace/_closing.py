@@ -3,7 +3,6 @@ and report what was not delivered. Each is bounded; none is a reason to skip the
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
@@ -11,15 +10,13 @@ import anyio
 from ._abandon import call_abandonable
 from ._buffer import Buffer, Marker
 from ._lifecycle import Lifecycle
-from ._security import describe
+from ._security import describe, logger
 from ._spool import Spool
 from ._stats import SessionStats
 from ._writer import STOP_GRACE, Writer, close_grace
 from .sinks._base import Sink
 
 __all__ = ["after_drain", "close_sinks", "close_spool", "flush_until", "report_finish", "stop_writer"]
-
-logger = logging.getLogger("asynctrace")
 
 
 async def flush_until(

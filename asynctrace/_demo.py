@@ -292,33 +292,31 @@ def _advantages(rewards: list[float]) -> list[float]:
 def _samples(group: Group, step: int, staleness: int) -> list[dict[str, Any]]:
     problem = CORPUS[group.prompt_index]
     advantages = _advantages([c.reward for c in group.completions])
-    out: list[dict[str, Any]] = []
-    for i, (c, adv) in enumerate(zip(group.completions, advantages, strict=True)):
-        out.append(
-            {
-                "prompt": problem.question,
-                "response": c.response,
-                "reward": c.reward,
-                "advantage": adv,
-                "reward_breakdown": c.breakdown,
-                "stop_reason": c.stop_reason,
-                "generation_time": round(group.seconds, 4),
-                "dataset": DATASET,
-                "prompt_index": group.prompt_index,
-                "sample_index": i,
-                "trajectory_id": f"w{group.worker}-g{group.seq}-s{i}",
-                "model_step": step,
-                "policy_version": group.policy_version,
-                "staleness": staleness,
-                "prompt_len": group.prompt_len,
-                "response_len": c.response_len,
-                "seq_len": group.prompt_len + c.response_len,
-                "num_turns": 1,
-                "ground_truth": problem.answer,
-                "worker": group.worker,
-            }
-        )
-    return out
+    return [
+        {
+            "prompt": problem.question,
+            "response": c.response,
+            "reward": c.reward,
+            "advantage": adv,
+            "reward_breakdown": c.breakdown,
+            "stop_reason": c.stop_reason,
+            "generation_time": round(group.seconds, 4),
+            "dataset": DATASET,
+            "prompt_index": group.prompt_index,
+            "sample_index": i,
+            "trajectory_id": f"w{group.worker}-g{group.seq}-s{i}",
+            "model_step": step,
+            "policy_version": group.policy_version,
+            "staleness": staleness,
+            "prompt_len": group.prompt_len,
+            "response_len": c.response_len,
+            "seq_len": group.prompt_len + c.response_len,
+            "num_turns": 1,
+            "ground_truth": problem.answer,
+            "worker": group.worker,
+        }
+        for i, (c, adv) in enumerate(zip(group.completions, advantages, strict=True))
+    ]
 
 
 def _step_metrics(
@@ -511,11 +509,11 @@ def _problems(stats: SessionStats, trackio_finished: bool) -> list[str]:
 
 
 def _dropped_line(dropped: Mapping[str, int]) -> str:
-    parts = []
-    for reason, n in sorted(dropped.items()):
-        if not n:
-            continue
-        parts.append(f"{reason} {n}" + (" (the per-step cap, by design)" if reason == "capped" else ""))
+    parts = [
+        f"{reason} {n}" + (" (the per-step cap, by design)" if reason == "capped" else "")
+        for reason, n in sorted(dropped.items())
+        if n
+    ]
     return ", ".join(parts) or "none"
 
 

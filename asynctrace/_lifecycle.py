@@ -7,20 +7,20 @@ the session itself.
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import functools
 import math
 import os
 import threading
 from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import anyio
 import anyio.abc
-import sniffio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from ._abandon import threadsafe_caller
 from ._stats import SessionStats
 from .exceptions import AsyncTraceError, SessionClosedError
 
@@ -46,58 +46,36 @@ class Closable(Protocol):
     def close(self, timeout: float, *, bound: float | None = None) -> SessionStats: ...
 
 
-def _threadsafe_caller() -> Callable[[Callable[[], None]], object]:
-    """A non-blocking way for other threads to run a callback on this event loop."""
-    library = sniffio.current_async_library()
-    if library == "asyncio":
-        return asyncio.get_running_loop().call_soon_threadsafe
-    if library == "trio":
-        import trio
-
-        return trio.lowlevel.current_trio_token().run_sync_soon
-    raise RuntimeError(f"unsupported async library {library!r}")
-
-
+@dataclass(eq=False, repr=False, kw_only=True)
 class Lifecycle:
     """State, loop and finish of one session. `finish`, `flush` and `stats` are the session's;
     `locks` returns the locks a drain needs (see `_shutdown._held`)."""
 
-    def __init__(
-        self,
-        *,
-        name: str,
-        finish: Callable[[float | None], Coroutine[Any, Any, SessionStats]],
-        flush: Callable[[float | None], Coroutine[Any, Any, bool]],
-        stats: Callable[[], SessionStats],
-        locks: Callable[[], Sequence[threading.Lock]],
-        finish_timeout: float,
-        spooled: Callable[[], int | None],
-    ) -> None:
-        self.name = name
-        self.finish = finish
-        self.flush = flush
-        self.stats = stats
-        self.locks = locks
-        self.finish_timeout = finish_timeout
-        self.spooled = spooled  # records held in the spool, None without one
-        self.state = State.UNOPENED
-        self.pid = os.getpid()
-        self.loop_thread: int | None = None
-        self._call: Callable[[Callable[[], None]], object] | None = None
-        self._tg: anyio.abc.TaskGroup | None = None
-        # Jobs other threads and signal handlers start in the session's task group.
-        self._jobs: MemoryObjectSendStream[Job] | None = None
-        self.hooks: Uninstallable | None = None  # the shutdown hooks installed for it
-        self.runner: Closable | None = None  # its loop thread, when used in blocking form
-        # Set once finish() is done, for waiters on other threads (a signal handler).
-        self.closed = threading.Event()
-        self.final: SessionStats | None = None
-        # Run on the loop, through its own callback machinery, once finish() is done.
-        self.after_finish: list[Callable[[], None]] = []
-        # The drain of a finish() under way, and its budget and deadline, which `hurry` may cut.
-        self.drain_scope: anyio.CancelScope | None = None
-        self.budget = 0.0
-        self.deadline = 0.0
+    name: str
+    finish: Callable[[float | None], Coroutine[Any, Any, SessionStats]]
+    flush: Callable[[float | None], Coroutine[Any, Any, bool]]
+    stats: Callable[[], SessionStats]
+    locks: Callable[[], Sequence[threading.Lock]]
+    finish_timeout: float
+    spooled: Callable[[], int | None]  # records held in the spool, None without one
+    state: State = field(default=State.UNOPENED, init=False)
+    pid: int = field(default_factory=os.getpid, init=False)
+    loop_thread: int | None = field(default=None, init=False)
+    _call: Callable[[Callable[[], None]], object] | None = field(default=None, init=False)
+    _tg: anyio.abc.TaskGroup | None = field(default=None, init=False)
+    # Jobs other threads and signal handlers start in the session's task group.
+    _jobs: MemoryObjectSendStream[Job] | None = field(default=None, init=False)
+    hooks: Uninstallable | None = field(default=None, init=False)  # the shutdown hooks installed for it
+    runner: Closable | None = field(default=None, init=False)  # its loop thread, when used in blocking form
+    # Set once finish() is done, for waiters on other threads (a signal handler).
+    closed: threading.Event = field(default_factory=threading.Event, init=False)
+    final: SessionStats | None = field(default=None, init=False)
+    # Run on the loop, through its own callback machinery, once finish() is done.
+    after_finish: list[Callable[[], None]] = field(default_factory=list, init=False)
+    # The drain of a finish() under way, and its budget and deadline, which `hurry` may cut.
+    drain_scope: anyio.CancelScope | None = field(default=None, init=False)
+    budget: float = field(default=0.0, init=False)
+    deadline: float = field(default=0.0, init=False)
 
     # -- state ---------------------------------------------------------------------------
 
@@ -161,7 +139,7 @@ class Lifecycle:
     async def opened(self, tg: anyio.abc.TaskGroup) -> None:
         """The session's writer runs in `tg` on the current event loop: it is open now."""
         self.loop_thread = threading.get_ident()
-        self._call = _threadsafe_caller()
+        self._call = threadsafe_caller()
         self._tg = tg
         self._jobs, jobs = anyio.create_memory_object_stream[Job](math.inf)
         tg.start_soon(self._run_jobs, jobs)

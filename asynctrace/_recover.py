@@ -19,14 +19,13 @@ from typing import TextIO
 import anyio
 
 from . import _segments as seg
+from ._security import logger
 from ._session import recovery_session
 from ._spool import Spool
 from ._stats import SessionStats
 from .exceptions import SpoolError
 
 __all__ = ["GroupResult", "RecoverReport", "recover"]
-
-logger = logging.getLogger("asynctrace")
 
 
 @dataclass(slots=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -10,11 +9,10 @@ import anyio
 
 from . import _segments
 from ._record import TraceRecord
+from ._security import logger
 from ._spool import Spool
 
 __all__ = ["ReplayPlan", "replay_backlog"]
-
-logger = logging.getLogger("asynctrace")
 
 
 @dataclass(frozen=True, slots=True)

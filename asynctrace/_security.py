@@ -233,14 +233,9 @@ class ScrubFilter(logging.Filter):
         return True
 
 
-def install_log_filter(logger: logging.Logger) -> None:
-    """Attach one `ScrubFilter` to `logger` (idempotent)."""
-    if not any(isinstance(f, ScrubFilter) for f in logger.filters):
-        logger.addFilter(ScrubFilter())
-
-
 logger = logging.getLogger("asynctrace")
 """asynctrace's logger, with its filter. Modules imported late (the adapters, possibly after a
 framework that replaced `logging`'s logger manager, as AReaL does) log through this object, so
 their records keep the filter and reach the handlers configured for asynctrace."""
-install_log_filter(logger)
+if not any(isinstance(f, ScrubFilter) for f in logger.filters):
+    logger.addFilter(ScrubFilter())

@@ -37,7 +37,6 @@ __all__ = [
     "header_line",
     "load_records",
     "new_file_name",
-    "record_line",
     "record_line_parts",
     "scan_dir",
 ]
@@ -101,13 +100,6 @@ def record_line_parts(record: TraceRecord, secrets: list[bytes], out: list[bytes
     head = _record_head(record, "r") + _SAMPLE
     payload = scrub_bytes(record.payload, secrets)
     out += (head, payload, b"%s%d}\n" % (_CRC, zlib.crc32(payload, zlib.crc32(head))))
-
-
-def record_line(record: TraceRecord, secrets: list[bytes]) -> bytes:
-    """One record line (see `record_line_parts`)."""
-    parts: list[bytes] = []
-    record_line_parts(record, secrets, parts)
-    return b"".join(parts)
 
 
 def dead_line(record: TraceRecord, error: str, sinks: Sequence[str], secrets: list[bytes]) -> bytes:

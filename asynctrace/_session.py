@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -32,15 +31,12 @@ from ._engine import build_engine
 from ._groups import GroupKey
 from ._intake import Intake
 from ._lifecycle import Lifecycle, State
-from ._record import (
-    Sample,
-    SampleLike,
-)
+from ._record import Sample, SampleLike
 from ._replay import ReplayPlan, replay_backlog
 from ._retry import NO_RETRY, RetryPolicy
 from ._sampler_names import SamplerName, resolve_sampler
 from ._sampling import Sampler
-from ._security import generated_run_name, shown
+from ._security import generated_run_name, logger, shown
 from ._spool import Durability
 from ._stats import SessionStats
 from ._sync import SyncRunner, SyncTraceSession
@@ -50,9 +46,6 @@ from .exceptions import SessionClosedError
 from .sinks._base import Sink
 
 __all__ = ["TraceSession", "hurry_finish", "install_shutdown_hooks", "recovery_session"]
-
-logger = logging.getLogger("asynctrace")
-
 
 _OPEN = State.OPEN
 
@@ -107,7 +100,7 @@ class TraceSession:
         group_key: GroupKey | None = None,
     ) -> None:
         settings = dict(locals())
-        _check_arguments(**settings)  # every argument, before anything is built from them
+        _check_arguments(settings)  # every argument, before anything is built from them
         sinks = _checked_sinks(sinks)
 
         self.project = project
@@ -430,44 +423,19 @@ class TraceSession:
         )
 
 
-def _check_arguments(
-    *,
-    project: Any,
-    run: Any,
-    trace_key: Any,
-    max_traces_per_step: Any,
-    queue_size: Any,
-    max_queue_bytes: Any,
-    batch_size: Any,
-    max_open_steps: Any,
-    flush_interval: Any,
-    finish_timeout: Any,
-    step_timeout: Any,
-    on_full: Any,
-    on_invalid: Any,
-    retry: Any,
-    redact: Any,
-    durability: Any,
-    spool_dir: Any,
-    replay: Any,
-    shutdown_hooks: Any,
-    health_metrics: Any,
-    health_interval: Any,
-    group_key: Any,
-    watch: Any,
-    **_: Any,
-) -> None:
-    """Check `TraceSession`'s arguments, each with a clear error naming it."""
-    check_project_run(project, run)
-    check_int("max_traces_per_step", max_traces_per_step, allow_none=True)
-    check_ints(queue_size=queue_size, max_queue_bytes=max_queue_bytes, batch_size=batch_size)
-    check_int("max_open_steps", max_open_steps, minimum=0)
-    check_seconds("flush_interval", flush_interval)
-    check_seconds("finish_timeout", finish_timeout)
-    check_seconds("step_timeout", step_timeout, allow_none=True)
+def _check_arguments(settings: Mapping[str, Any]) -> None:
+    """Check `TraceSession`'s arguments, given by name, each with a clear error naming it."""
+    check_project_run(settings["project"], settings["run"])
+    check_int("max_traces_per_step", settings["max_traces_per_step"], allow_none=True)
+    check_ints(**{name: settings[name] for name in ("queue_size", "max_queue_bytes", "batch_size")})
+    check_int("max_open_steps", settings["max_open_steps"], minimum=0)
+    check_seconds("flush_interval", settings["flush_interval"])
+    check_seconds("finish_timeout", settings["finish_timeout"])
+    check_seconds("step_timeout", settings["step_timeout"], allow_none=True)
+    on_full, retry, trace_key = settings["on_full"], settings["retry"], settings["trace_key"]
     if on_full not in _ON_FULL:
         raise ValueError(f"on_full must be one of {_ON_FULL}, got {shown(on_full)}")
-    check_encoding(on_invalid, redact)
+    check_encoding(settings["on_invalid"], settings["redact"])
     if retry is not None and not isinstance(retry, RetryPolicy):
         raise ValueError(f"retry must be a RetryPolicy or None, got {type(retry).__name__}")
     if not isinstance(trace_key, str) or not trace_key:
@@ -478,13 +446,15 @@ def _check_arguments(
     except Exception:  # KeyError, IndexError, ValueError, AttributeError ("{split.x}")
         # Not chained: the KeyError would quote a part of trace_key unscrubbed.
         raise ValueError(f"trace_key may only use the {{split}} field, got {shown(trace_key)}") from None
+    durability, spool_dir = settings["durability"], settings["spool_dir"]
     if durability not in _DURABILITY:
         raise ValueError(f"durability must be one of {_DURABILITY}, got {shown(durability)}")
     if spool_dir is not None and not isinstance(spool_dir, (str, os.PathLike)):
         raise ValueError(f"spool_dir must be a path or None, got {type(spool_dir).__name__}")
     if spool_dir is not None and not os.fspath(spool_dir):
         raise ValueError("spool_dir must not be empty")
-    check_seconds("health_interval", health_interval)
+    check_seconds("health_interval", settings["health_interval"])
+    watch, group_key = settings["watch"], settings["group_key"]
     if watch is not None and not isinstance(watch, Watch):
         raise ValueError(f"watch must be an asynctrace.Watch, got {type(watch).__name__}")
     if group_key is not None and not (
@@ -496,7 +466,7 @@ def _check_arguments(
             "group_key must be a metadata key, a list of keys tried in order, or a function of "
             f"the metadata, got {shown(group_key)}"
         )
-    check_flags(replay=replay, shutdown_hooks=shutdown_hooks, health_metrics=health_metrics)
+    check_flags(**{name: settings[name] for name in ("replay", "shutdown_hooks", "health_metrics")})
 
 
 def _bind_sinks(sinks: Sequence[Sink], project: str, run: str) -> list[str]:

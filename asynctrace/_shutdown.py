@@ -28,7 +28,7 @@ from types import FrameType
 from typing import Any, Protocol
 
 from ._checks import wait_arg
-from ._lifecycle import Lifecycle
+from ._lifecycle import Closable, Lifecycle
 from ._security import logger
 from ._writer import finish_bound
 
@@ -42,12 +42,10 @@ EXIT_MARGIN = 1.0
 Handler = Callable[[int, FrameType | None], Any] | int | None
 
 
-class Runner(Protocol):
+class Runner(Closable, Protocol):
     """A synchronous session's loop thread (see `_sync`)."""
 
     life: Lifecycle
-
-    def close(self, timeout: float, *, bound: float | None = None) -> Any: ...
 
 
 # Sessions to drain at interpreter exit: every synchronous session (its writer thread is a

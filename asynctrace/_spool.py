@@ -15,7 +15,6 @@ A failed write (a full disk) truncates the partial line away, counts the records
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import os
 import threading
@@ -27,14 +26,12 @@ from typing import Literal
 
 from . import _segments as seg
 from ._record import TraceRecord
-from ._security import describe, secret_bytes
+from ._security import describe, logger, secret_bytes
 from ._spool_dir import SpoolDir, WriteErrors
 from ._stats import SpoolStats
 from .exceptions import SpoolError
 
 __all__ = ["STAGED", "UNSPOOLED", "Durability", "Spool"]
-
-logger = logging.getLogger("asynctrace")
 
 Durability = Literal["writer", "enqueue"]
 
@@ -78,14 +75,12 @@ class Spool:
         run: str,
         session: str,
         durability: Durability,
-        segment_bytes: int = SEGMENT_BYTES,
     ) -> None:
         self.directory = Path(directory).expanduser()
         self.project = project
         self.run = run
         self.session = session
         self.durability = durability
-        self.segment_bytes = segment_bytes
         self._files: dict[int, _File] = {}
         self._by_name: dict[str, _File] = {}
         self._next = 0
@@ -315,7 +310,7 @@ class Spool:
 
     def _ensure_file(self, kind: seg.FileKind) -> _File | None:
         current = self._active if kind == seg.SEGMENT else self._dead
-        if current is not None and current.fd is not None and current.size < self.segment_bytes:
+        if current is not None and current.fd is not None and current.size < SEGMENT_BYTES:
             return current
         if current is not None:
             self._close_file(current)

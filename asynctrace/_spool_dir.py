@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import os
 import time
 from pathlib import Path
 
 from . import _forks
-from ._security import describe
+from ._security import describe, logger
 from .exceptions import SpoolError
 
 try:  # POSIX; elsewhere the directory is simply not locked
@@ -19,8 +18,6 @@ except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
 __all__ = ["LOCK_NAME", "SpoolDir", "WriteErrors"]
-
-logger = logging.getLogger("asynctrace")
 
 LOCK_NAME = ".lock"
 ERROR_LOG_INTERVAL = 60.0

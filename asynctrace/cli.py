@@ -1,14 +1,22 @@
-"""The ``asynctrace`` command line: a small click group; each command imports its implementation lazily."""
+"""The ``asynctrace`` command line: a small click group."""
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
 from . import __version__
+from ._demo import DemoConfig
+from ._demo import main as run_demo
 
 __all__ = ["main"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+# The demo's options take their defaults from `DemoConfig`, so the two never disagree.
+_DEMO_DEFAULTS = {f.name: f.default for f in dataclasses.fields(DemoConfig)}
 
 
 def _plain_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -32,54 +40,34 @@ def main() -> None:
     """Log RL rollout traces from asynchronous trainers to Trackio and friends."""
 
 
+def _demo_option(name: str, help: str, *, minimum: int | None = None, **kwargs: Any) -> Callable[[_F], _F]:
+    """An option of `demo` for the `DemoConfig` field `name`, with that field's default."""
+    flag = "--" + name.replace("_", "-")
+    default = _DEMO_DEFAULTS[name]
+    if isinstance(default, bool):
+        flag += "/--no-" + flag[2:]
+    if minimum is not None:
+        kwargs["type"] = click.IntRange(min=minimum)
+    return click.option(flag, default=default, show_default=True, help=help, **kwargs)
+
+
 @main.command()
-@click.option(
-    "--project",
-    default="asynctrace-demo",
-    show_default=True,
-    callback=_plain_name,
-    help="Trackio project to log to.",
-)
-@click.option("--run", default=None, callback=_plain_name, help="Run name (generated when omitted).")
-@click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True, help="Training steps.")
-@click.option(
-    "--workers", type=click.IntRange(min=1), default=4, show_default=True, help="Concurrent rollout workers."
-)
-@click.option(
-    "--group-size", type=click.IntRange(min=2), default=8, show_default=True, help="Completions per prompt."
-)
-@click.option(
-    "--prompts-per-step",
-    type=click.IntRange(min=1),
-    default=4,
-    show_default=True,
-    help="Groups the trainer consumes per step.",
-)
-@click.option(
-    "--max-traces",
-    type=click.IntRange(min=1),
-    default=8,
-    show_default=True,
-    help="Traces kept per step (top_bottom sampler).",
-)
-@click.option(
-    "--max-staleness",
-    type=click.IntRange(min=0),
-    default=2,
-    show_default=True,
-    help="Policy versions a group may lag before the trainer drops it.",
-)
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the simulated rollouts.")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
+@_demo_option("project", "Trackio project to log to.", callback=_plain_name)
+@_demo_option("run", "Run name (generated when omitted).", callback=_plain_name)
+@_demo_option("steps", "Training steps.", minimum=1)
+@_demo_option("workers", "Concurrent rollout workers.", minimum=1)
+@_demo_option("group_size", "Completions per prompt.", minimum=2)
+@_demo_option("prompts_per_step", "Groups the trainer consumes per step.", minimum=1)
+@_demo_option("max_traces", "Traces kept per step (top_bottom sampler).", minimum=1)
+@_demo_option("max_staleness", "Policy versions a group may lag before the trainer drops it.", minimum=0)
+@_demo_option("seed", "Seed of the simulated rollouts.")
+@_demo_option("progress", "Show a progress bar.")
 def demo(**options: Any) -> None:
     """Run a simulated asynchronous GRPO trainer that logs its rollouts to a local Trackio project.
 
     Trackio stores projects under $TRACKIO_DIR when it is set, else in its default directory.
     Exits non-zero when any sample is lost or the accounting invariant does not hold.
     """
-    from ._demo import DemoConfig
-    from ._demo import main as run_demo
-
     # Each option is named after a DemoConfig field: a missing or unknown one fails here.
     raise SystemExit(run_demo(DemoConfig(**options)))
 

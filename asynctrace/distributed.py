@@ -1,22 +1,12 @@
 """Cross-rank trace sampling for SPMD trainers on torch.distributed (any backend).
 
-Three modes, matching the logging modes torchforge users know:
-
-- ``"global"``: every rank selects its own candidates for a step with the session's sampler
-  (``O(k)`` per step, never all samples); `end_step` gathers them to one rank, which applies the
-  sampler over the whole step and writes one run. ``max_traces_per_step`` is a cap on the step
-  of the whole job, and ``top_bottom`` picks the true top and bottom across ranks.
-- ``"per_rank"``: each rank selects its own ``k`` per step and writes its own run; the runs of
-  a job share one Trackio group. No communication after start-up.
-- ``"per_rank_stream"``: no reduction; each rank streams its samples into its own run (the
-  session's cap and sampler, if any, apply per rank as in a single process).
-
-torch is imported when a logger is created, never when this module is imported.
+Three modes, ``"global"`` (one selection over every rank's candidates, one run), ``"per_rank"``
+and ``"per_rank_stream"`` (a run per rank, in one Trackio group): see the table in
+docs/distributed.md. torch is imported when a logger is created, never with this module.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import Counter
@@ -33,7 +23,7 @@ from ._parts import PartSteps, merge_parts, payload_group
 from ._record import Sample, SampleLike, as_list, encode_samples
 from ._sampler_names import SamplerName, resolve_sampler
 from ._sampling import Sampler
-from ._security import generated_run_name, shown
+from ._security import generated_run_name, logger, shown
 from ._session import TraceSession
 from ._stats import Counts, DropReason, SessionStats, SinkStats
 from ._sync import SyncTraceSession, log_within
@@ -45,8 +35,6 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["DistributedTraceLogger", "Mode", "RankStats"]
-
-logger = logging.getLogger("asynctrace")
 
 Mode = Literal["global", "per_rank", "per_rank_stream"]
 _MODES: tuple[str, ...] = ("global", "per_rank", "per_rank_stream")

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._record import Sample
+from ..rollouts._mapping import field
 from ..rollouts._text import TextBatch
 
 __all__ = [
@@ -19,15 +20,6 @@ __all__ = [
     "role_name",
     "token_list",
 ]
-
-
-def field(obj: Any, name: str, default: Any = None) -> Any:
-    """`obj[name]` for mappings (TypedDicts are dicts), `obj.name` for objects; `default` if absent."""
-    if obj is None:
-        return default
-    if isinstance(obj, Mapping):
-        return obj.get(name, default)
-    return getattr(obj, name, default)
 
 
 def as_sequence(value: Any, name: str) -> Sequence[Any]:

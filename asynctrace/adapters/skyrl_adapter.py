@@ -245,7 +245,7 @@ def _prompt_of_rows(
     return prompt_of_row
 
 
-def _turn_mask(mask: list[int], *, leading: bool, trailing: bool) -> list[int]:
+def _turn_mask(mask: list[int], *, trailing: bool) -> list[int]:
     """The mask that cuts a response into turns: the loss mask, with framing moved to assistant turns.
 
     SkyRL's generators open every response with the policy's turn, so a leading 0-run is that
@@ -259,8 +259,7 @@ def _turn_mask(mask: list[int], *, leading: bool, trailing: bool) -> list[int]:
     if not generated:
         return mask
     out = list(mask)
-    if leading:
-        out[: generated[0]] = [1] * generated[0]
+    out[: generated[0]] = [1] * generated[0]
     if trailing:
         out[generated[-1] + 1 :] = [1] * (len(out) - generated[-1] - 1)
     return out
@@ -398,7 +397,7 @@ def _collect(
         first, last = rows[0], rows[-1]
         p = prompt_of_row[first]
         chat_prompt = row_prompt[first]
-        mask = _turn_mask(mask, leading=True, trailing=not step_wise)
+        mask = _turn_mask(mask, trailing=not step_wise)
         messages: list[Message]
         if starts and chat_prompt is not None:
             messages = list(chat_messages(chat_prompt, "user", f"prompt of row {first}"))

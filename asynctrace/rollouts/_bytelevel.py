@@ -19,6 +19,7 @@ import re
 import sys
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["ByteTable", "byte_table", "char_bytes"]
@@ -257,13 +258,11 @@ def _checked_table(
     return table if table.decode(seqs) == expected else None
 
 
+@dataclass(slots=True, eq=False)
 class _Entry:
-    __slots__ = ("fingerprint", "owner", "table")
-
-    def __init__(self, fingerprint: int, table: ByteTable | None) -> None:
-        self.fingerprint = fingerprint
-        self.table = table
-        self.owner: Any = None
+    fingerprint: int
+    table: ByteTable | None
+    owner: Any = None
 
 
 _CACHE: weakref.WeakKeyDictionary[Any, _Entry] = weakref.WeakKeyDictionary()

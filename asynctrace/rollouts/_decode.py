@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._record import Sample, finite_or_none
@@ -40,6 +41,7 @@ def _row_count(input_ids: Any) -> int:
     return len(input_ids)
 
 
+@dataclass(slots=True, eq=False)
 class _Layout:
     """The selected rows as Python data: their tokens, loss-mask runs and version ranges.
 
@@ -49,26 +51,14 @@ class _Layout:
     Python list per row.
     """
 
-    __slots__ = ("flat", "lengths", "offsets", "runs", "tokens", "vmax", "vmin")
-
-    def __init__(
-        self,
-        runs: list[list[Run]] | None,
-        vmin: list[int | None] | None,
-        vmax: list[int | None] | None,
-        *,
-        tokens: list[list[int]] | None = None,
-        flat: Any = None,
-        offsets: list[int] | None = None,
-        lengths: list[int] | None = None,
-    ) -> None:
-        self.tokens = tokens
-        self.flat = flat
-        self.offsets = offsets
-        self.lengths = lengths
-        self.runs = runs
-        self.vmin = vmin
-        self.vmax = vmax
+    runs: list[list[Run]] | None
+    vmin: list[int | None] | None
+    vmax: list[int | None] | None
+    _: KW_ONLY
+    tokens: list[list[int]] | None = None
+    flat: Any = None
+    offsets: list[int] | None = None
+    lengths: list[int] | None = None
 
 
 def _check_shape(value: Any, name: str, shape: tuple[int, ...]) -> None:
@@ -138,6 +128,7 @@ def _tensor_layout(
     return _assemble(parts, n_rows, width)
 
 
+@dataclass(slots=True, eq=False)
 class _Parts:
     """What the samples need from the tensors, on the CPU: the flat real tokens and small lists.
 
@@ -147,15 +138,12 @@ class _Parts:
     -1 for a row without any version (None: no versions).
     """
 
-    __slots__ = ("cuts", "first", "flat", "hi", "lengths", "lo")
-
-    def __init__(self, flat: Any) -> None:
-        self.flat = flat
-        self.lengths: list[int] | None = None
-        self.cuts: list[int] | None = None
-        self.first: list[int] | None = None
-        self.lo: list[int] | None = None
-        self.hi: list[int] | None = None
+    flat: Any
+    lengths: list[int] | None = None
+    cuts: list[int] | None = None
+    first: list[int] | None = None
+    lo: list[int] | None = None
+    hi: list[int] | None = None
 
 
 def _device_parts(

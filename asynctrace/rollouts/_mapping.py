@@ -7,18 +7,21 @@ from typing import Any
 
 from .._security import shown
 
-__all__ = ["instance_key", "prompt_index", "prompt_indices", "trajectory_key", "trajectory_label"]
+__all__ = ["field", "instance_key", "prompt_index", "prompt_indices", "trajectory_key", "trajectory_label"]
 
 
-def _field(obj: Any, name: str) -> Any:
+def field(obj: Any, name: str, default: Any = None) -> Any:
+    """`obj[name]` for mappings (TypedDicts are dicts), `obj.name` for objects; `default` if absent."""
+    if obj is None:
+        return default
     if isinstance(obj, Mapping):
-        return obj.get(name)
-    return getattr(obj, name, None)
+        return obj.get(name, default)
+    return getattr(obj, name, default)
 
 
 def instance_key(trajectory_id: Any) -> Hashable:
     """What samples of one prompt share: `instance_id` of a SkyRL-style id, else the id itself."""
-    instance = _field(trajectory_id, "instance_id")
+    instance = field(trajectory_id, "instance_id")
     if instance is not None:
         return str(instance)
     return trajectory_id if isinstance(trajectory_id, Hashable) else repr(trajectory_id)
@@ -26,19 +29,19 @@ def instance_key(trajectory_id: Any) -> Hashable:
 
 def trajectory_key(trajectory_id: Any) -> Hashable:
     """A hashable key naming one trajectory: `(instance_id, repetition_id)` where both exist."""
-    instance = _field(trajectory_id, "instance_id")
+    instance = field(trajectory_id, "instance_id")
     if instance is not None:
-        return (str(instance), _field(trajectory_id, "repetition_id"))
+        return (str(instance), field(trajectory_id, "repetition_id"))
     # Dataclass ids are not hashable unless frozen, so fall back to their repr.
     return trajectory_id if isinstance(trajectory_id, Hashable) else repr(trajectory_id)
 
 
 def trajectory_label(trajectory_id: Any) -> str:
     """The id as trace metadata: `"instance_id:repetition_id"`, or the id as a string."""
-    instance = _field(trajectory_id, "instance_id")
+    instance = field(trajectory_id, "instance_id")
     if instance is None:
         return str(trajectory_id)
-    repetition = _field(trajectory_id, "repetition_id")
+    repetition = field(trajectory_id, "repetition_id")
     return str(instance) if repetition is None else f"{instance}:{repetition}"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ._text import SpanBatch, TextBatch
@@ -29,16 +30,14 @@ def mask_runs(mask: Sequence[Any]) -> list[Run]:
     return runs
 
 
+@dataclass(slots=True, eq=False)
 class Turns:
     """The turns of one sample, each a role and a handle into a `TextBatch`, plus its token counts."""
 
-    __slots__ = ("num_turns", "prompt_len", "seq_len", "turns")
-
-    def __init__(self, turns: list[tuple[str, int]], prompt_len: int, seq_len: int, num_turns: int) -> None:
-        self.turns = turns
-        self.prompt_len = prompt_len
-        self.seq_len = seq_len
-        self.num_turns = num_turns
+    turns: list[tuple[str, int]]
+    prompt_len: int
+    seq_len: int
+    num_turns: int
 
     def messages(self, texts: Sequence[str]) -> list[dict[str, Any]]:
         """Chat messages once the batch is decoded."""

@@ -79,12 +79,8 @@ def _permanent(exc: Exception) -> str | None:
 class MlflowSink(Sink):
     """Logs each record as one MLflow trace, linked to a run; metrics go to the run's metrics.
 
-    A trace holds one span: the conversation as its inputs (the messages before the final
-    assistant turn) and outputs (that turn), with the sample's metadata. Its tags hold the
-    record id, step, split, key and the sample's scalar metadata (reward, advantage, ...), so
-    the MLflow UI and `search_traces` filter on them (``tags.step = '3'``); its client request
-    id is the record id. The sink attaches to `run_id`, else to the run active (`mlflow.
-    active_run()`) when it is made, else opens a run of its own and ends it at close.
+    The sink attaches to `run_id`, else to the run active (`mlflow.active_run()`) when it is
+    made, else opens a run of its own and ends it at close. What a trace holds: docs/sinks.md.
     """
 
     def __init__(

@@ -1,10 +1,7 @@
 """ParquetSink: a directory of zstd-compressed Parquet files, one schema, each file complete or absent.
 
-Each write appends the batch's records to a journal (``.<stem>.journal``, JSON lines, hidden
-from readers) before it returns, so that what the session counts as written survives a kill;
-once the records since the last file reach `max_records` or `max_bytes`, they become one
-Parquet file, written under a temporary name, fsynced and renamed into place. A journal a
-killed process left behind is turned into a file by the next sink that opens the directory.
+Writes go to a journal first, which becomes a Parquet file at a size bound; the next sink turns a
+killed one's journal into a file. The schema and the file life cycle: docs/sinks.md.
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ from typing import Any
 import orjson
 
 from .._abandon import Backlog, run_sync_daemon
-from .._checks import check_bool, check_int
+from .._checks import check_bool, check_int, int64_or_none
 from .._record import TraceRecord
 from .._tokens import TOKEN_FIELDS, token_bytes
 from ..exceptions import PermanentSinkError
@@ -81,12 +78,6 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _integer(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**63:
-        return None
-    return value
-
-
 # A row as the journal holds it: id, step, split, key, timestamp and the sample's JSON.
 _Row = tuple[str, int, str, str, float, bytes]
 
@@ -110,7 +101,7 @@ def _table(rows: Sequence[_Row]) -> Any:
             dumps(meta).decode(),
             _number(meta.get("reward")),
             _number(meta.get("advantage")),
-            _integer(meta.get("policy_version", meta.get("policy_version_max"))),
+            int64_or_none(meta.get("policy_version", meta.get("policy_version_max"))),
             stop if isinstance(stop, str) else None,
             _number(sample.get("score")),
             dumps(spans).decode() if spans is not None else None,
@@ -193,11 +184,8 @@ def _permanent(exc: OSError, directory: Path) -> PermanentSinkError | None:
 class ParquetSink(Sink):
     """Writes every record to zstd-compressed Parquet files in `directory`, one schema for all.
 
-    A file is rolled over at the first batch boundary once it holds `max_records` records or
-    `max_bytes` bytes of encoded samples; it appears under its final name only when complete.
-    File names are ``<stem>-<n>.parquet``: the stem is the run name, the start time and a
-    random part unless given, so that sessions never collide. `fsync=True` also syncs the
-    journal at each write (the files themselves are always synced before they appear).
+    A file (``<stem>-<n>.parquet``) is rolled over at the first batch boundary once it holds
+    `max_records` records or `max_bytes` bytes of encoded samples (see docs/sinks.md).
     """
 
     def __init__(

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from .._checks import check_bool, check_seconds, check_type
+from .._checks import check_bool, check_seconds, check_type, int64_or_none
 from .._record import TraceRecord
 from .._security import check_name, check_text, describe
 from ..exceptions import PermanentSinkError
@@ -55,11 +55,6 @@ def _number(value: Any) -> float | None:
     except OverflowError:
         return None
     return number if math.isfinite(number) else None
-
-
-def _int64(value: Any) -> int | None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
-    return value if ok else None
 
 
 def _str(value: Any) -> str | None:
@@ -109,7 +104,7 @@ def record_row(record: TraceRecord) -> list[Any]:
         return value
 
     columns = [column(name, _number) for name in ("reward", "advantage")]
-    columns += [column("policy_version", _int64), column("stop_reason", _str)]
+    columns += [column("policy_version", int64_or_none), column("stop_reason", _str)]
     for extra in ("score", "spans"):
         if data.get(extra) is not None:
             metadata[extra] = data[extra]
@@ -129,17 +124,8 @@ def record_row(record: TraceRecord) -> list[Any]:
 class WandbSink(Sink):
     """Logs traces to Weights & Biases as one incremental table per trace key, and metrics with `run.log`.
 
-    Each write adds only its rows to the incremental table ``<key>-incr`` (after `table_prefix`
-    if one is given); at close the whole table is logged once more as ``<key>``. Rows and
-    metrics carry the step as ``step_metric``, never as W&B's own step, so out-of-order steps
-    are never refused.
-
-    By default the sink opens a run of its own (``wandb.init(project=..., name=...,
-    reinit="create_new", **init_kwargs)``) and finishes it at close, with W&B's
-    ``finish_timeout`` set to `finish_timeout`. ``attach=True`` logs to the run the trainer
-    opened (`wandb.run`), and ``attach=<run>`` to the given run; an attached run is never
-    finished by the sink, and its rows are added to the trainer's current step
-    (``commit=False``) so the trainer's own step counter is left alone.
+    The sink opens (and finishes) a run of its own unless ``attach=True`` (`wandb.run`) or
+    ``attach=<run>`` names the trainer's. Tables, columns, steps and attached runs: docs/sinks.md.
     """
 
     def __init__(
