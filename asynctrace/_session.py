@@ -36,7 +36,7 @@ from ._replay import ReplayPlan, replay_backlog
 from ._retry import NO_RETRY, RetryPolicy
 from ._sampler_names import SamplerName, resolve_sampler
 from ._sampling import Sampler
-from ._security import generated_run_name, logger, shown
+from ._security import generated_run_name, shown
 from ._spool import Durability
 from ._stats import SessionStats
 from ._sync import SyncRunner, SyncTraceSession
