@@ -7,9 +7,7 @@ import random
 from collections.abc import Hashable, Sequence
 from typing import Literal
 
-import orjson
-
-from ._groups import DEFAULT_GROUP_KEYS, GroupKey, group_of
+from ._groups import DEFAULT_GROUP_KEYS, GroupKey, payload_group
 from ._sampling import Entry, Sampler, StepSelection
 from ._security import shown
 
@@ -58,9 +56,7 @@ class _GroupSelection(StepSelection):
 
     def _group_key(self, e: Entry) -> Hashable:
         if e.group is None and e.record is not None:
-            data = orjson.loads(e.record.payload)
-            metadata = data.get("metadata") if isinstance(data, dict) else None
-            e.group = group_of(metadata, self._sampler.key) if isinstance(metadata, dict) else None
+            e.group = payload_group(e.record.payload, self._sampler.key)
         # A sample that names no group is a group of its own.
         return e.group if e.group is not None else ("asynctrace.single", e.seq)
 

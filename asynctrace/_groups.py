@@ -11,7 +11,9 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DEFAULT_GROUP_KEYS", "GroupKey", "GroupSummary", "group_of", "summarize_groups"]
+import orjson
+
+__all__ = ["DEFAULT_GROUP_KEYS", "GroupKey", "GroupSummary", "group_of", "payload_group", "summarize_groups"]
 
 DEFAULT_GROUP_KEYS: tuple[str, ...] = ("group_uid", "prompt_index")
 
@@ -30,6 +32,15 @@ def group_of(metadata: Mapping[str, Any], key: GroupKey = DEFAULT_GROUP_KEYS) ->
             # Lists (JSON arrays) cannot be dict keys; a tuple of the same items names the same group.
             return tuple(value) if isinstance(value, list) else value
     return None
+
+
+def payload_group(payload: bytes, key: GroupKey | None) -> Hashable | None:
+    """The group of an encoded sample under `key` (None without a key or a group)."""
+    if key is None:
+        return None
+    data = orjson.loads(payload)
+    metadata = data.get("metadata") if isinstance(data, dict) else None
+    return group_of(metadata, key) if isinstance(metadata, dict) else None
 
 
 @dataclass(frozen=True, slots=True)

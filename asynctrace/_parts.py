@@ -9,11 +9,9 @@ chooses exactly what one selection offered every part's samples would keep.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
-import orjson
-
-from ._groups import GroupKey, group_of
+from ._groups import GroupKey, payload_group
 from ._record import TraceRecord
 from ._sampling import Entry, Sampler, StepSelection
 
@@ -34,15 +32,6 @@ def group_key_of(sampler: Sampler) -> GroupKey | None:
     """How the sampler reads a sample's group (a group sampler's `group_key`); None for the others."""
     key: GroupKey | None = getattr(sampler, "group_key", None)
     return key
-
-
-def payload_group(payload: bytes, key: GroupKey | None) -> Hashable | None:
-    """The prompt group of an encoded sample under `key` (None without a key or a group)."""
-    if key is None:
-        return None
-    data = orjson.loads(payload)
-    metadata = data.get("metadata") if isinstance(data, dict) else None
-    return group_of(metadata, key) if isinstance(metadata, dict) else None
 
 
 class PartStep:

@@ -137,16 +137,21 @@ class Sampler(abc.ABC):
         (first arrivals, top and bottom scores, smallest random keys, best groups). Returns the
         chosen entries in merged arrival order; their `seq` is renumbered to that order.
         """
-        merged: list[Entry] = []
-        for part in parts:
-            merged.extend(sorted(part, key=lambda e: e.seq))
-        for i, e in enumerate(merged):
-            e.seq = i
-            e.state = HELD
+        merged = in_merged_order(parts)
         selection = self.new_step(split, step, k)
         kept, evicted = selection.offer_all(merged)
         gone = {id(e) for e in evicted}
         return [e for e, took in zip(merged, kept, strict=True) if took and id(e) not in gone]
+
+
+def in_merged_order(parts: Sequence[Sequence[Entry]]) -> list[Entry]:
+    """The parts' entries, part after part, each in its own arrival order, renumbered (`seq`)
+    to that merged order and held anew."""
+    merged = [e for part in parts for e in sorted(part, key=lambda e: e.seq)]
+    for i, e in enumerate(merged):
+        e.seq = i
+        e.state = HELD
+    return merged
 
 
 class _FirstSelection(StepSelection):
@@ -469,11 +474,7 @@ class ReservoirSampler(Sampler):
         return _ReservoirSelection(k, rng)
 
     def merge(self, split: str, step: int, k: int, parts: Sequence[Sequence[Entry]]) -> list[Entry]:
-        merged: list[Entry] = []
-        for part in parts:
-            merged.extend(sorted(part, key=lambda e: e.seq))
-        for i, e in enumerate(merged):
-            e.seq = i
+        merged = in_merged_order(parts)
         if any(e.key is None for e in merged):
             raise ValueError("a reservoir merge needs each entry's key, as its part's selection set it")
         chosen = heapq.nsmallest(k, merged, key=lambda e: (e.key, e.seq))
