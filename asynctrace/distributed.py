@@ -25,7 +25,7 @@ from ._sampler_names import SamplerName, resolve_sampler
 from ._sampling import Sampler
 from ._security import generated_run_name, logger, shown
 from ._session import TraceSession
-from ._stats import Counts, DropReason, SessionStats, SinkStats
+from ._stats import Counts, DropReason, SessionStats, SinkStats, SpoolStats
 from ._sync import SyncTraceSession, log_within
 from ._writer import close_grace
 from .exceptions import SessionClosedError
@@ -419,19 +419,7 @@ class DistributedTraceLogger:
         """Every rank's `stats()`, gathered to the writing rank (a collective in every mode);
         None on the other ranks. For checking a job's accounting in one place."""
         frames, _ = self._ranks.gather(orjson.dumps(asdict(self.stats())))  # not trace traffic
-        if frames is None:
-            return None
-        out = []
-        for raw in frames:
-            data = orjson.loads(raw)
-            session = data.pop("session")
-            if session is not None:
-                session["sinks"] = {k: SinkStats(**v) for k, v in session["sinks"].items()}
-                data["session"] = SessionStats(**session)
-            else:
-                data["session"] = None
-            out.append(RankStats(**data))
-        return out
+        return None if frames is None else [_rank_stats(orjson.loads(raw)) for raw in frames]
 
     def __enter__(self) -> DistributedTraceLogger:
         return self
@@ -478,3 +466,14 @@ def _make_session(
     # validated once already, so whatever it still rejects is counted, not raised).
     kwargs.pop("max_open_steps", None)
     return TraceSession(owner.project, owner.run_name, sinks=sinks, on_invalid="skip", **kwargs)
+
+
+def _rank_stats(data: dict[str, Any]) -> RankStats:
+    """A `RankStats` again, from its `asdict` form as JSON, with the nested snapshots rebuilt."""
+    session = data.pop("session")
+    if session is not None:
+        session["sinks"] = {name: SinkStats(**sink) for name, sink in session["sinks"].items()}
+        if session["spool"] is not None:
+            session["spool"] = SpoolStats(**session["spool"])
+        session = SessionStats(**session)
+    return RankStats(session=session, **data)
