@@ -419,3 +419,16 @@ def test_gather_stats_rebuilds_every_nested_snapshot(project: str, tmp_path: Pat
     assert all(isinstance(sink, at.SinkStats) for sink in session.sinks.values())
     assert "spool" not in session.summary()  # nothing unspooled: the line leaves the spool out
     assert gathered[0].check() and session.check()
+
+
+def test_drops_are_warned_once_per_reason(project: str, caplog: pytest.LogCaptureFixture) -> None:
+    """As in a session, the first drop of each reason logs one warning; "capped" is the cap at work."""
+    logger = _logger(project, mode="per_rank", max_traces_per_step=1, sinks=[MemorySink()])
+    logger.log_samples(make_samples("w", 0, 3, seed=0), step=0)
+    logger.end_step(0)
+    for _ in range(2):
+        logger.log_samples(make_samples("w", 0, 1, seed=0), step=0)
+    stats = logger.finish(10.0)
+    assert dict(stats.dropped) == {"capped": 2, "late": 2}
+    warned = [r.getMessage() for r in caplog.records if "dropping samples" in r.getMessage()]
+    assert warned == ["asynctrace: dropping samples (late); counts are in logger.stats().dropped"]
