@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 __all__ = ["Collective", "Ended", "Parts", "frame", "unframe"]
 
 _FRAME = struct.Struct(">I")
-# Every gathered buffer starts with the real length of the rank's frame (buffers are padded
-# to the longest frame of the reduction, as gather needs equal sizes).
+# Every buffer a collective moves starts with the real length of what it carries: buffers are
+# padded, to the longest frame of a reduction (gather needs equal sizes) or to a fixed size.
 _LENGTH = struct.Struct(">Q")
 _RUN_NAME_BYTES = 256
 
@@ -74,16 +74,13 @@ class Collective:
         if self.alone:
             return name
         raw = name.encode()
-        if len(raw) > _RUN_NAME_BYTES - 2:
-            raise ValueError(f"run name is longer than {_RUN_NAME_BYTES - 2} bytes: {shown(name)}")
-        buf = bytearray(_RUN_NAME_BYTES)
-        buf[:2] = len(raw).to_bytes(2, "big")
-        buf[2 : 2 + len(raw)] = raw
+        if len(raw) > _RUN_NAME_BYTES:
+            raise ValueError(f"run name is longer than {_RUN_NAME_BYTES} bytes: {shown(name)}")
+        buf = _padded(raw, _RUN_NAME_BYTES)
         tensor = self._torch.frombuffer(buf, dtype=self._torch.uint8).to(self.device)
         src = self._dist.get_global_rank(self.group, 0) if self.group is not None else 0
         self._dist.broadcast(tensor, src=src, group=self.group)
-        got = _tensor_bytes(tensor)
-        return got[2 : 2 + int.from_bytes(got[:2], "big")].decode()
+        return _unpadded(_tensor_bytes(tensor)).decode()
 
     def gather(self, frame: bytes) -> tuple[list[bytes] | None, int]:
         """Every rank's frame, on the writing rank (None elsewhere), and the bytes this rank sent."""
@@ -97,22 +94,14 @@ class Collective:
         writes = self.rank == self.dst_group_rank
         if longest == 0:  # no rank has candidates: skip the gather altogether
             return ([b""] * self.world_size if writes else None), sent
-        buf = bytearray(_LENGTH.size + longest)
-        buf[: _LENGTH.size] = _LENGTH.pack(len(frame))
-        buf[_LENGTH.size : _LENGTH.size + len(frame)] = frame
-        tensor = torch.frombuffer(buf, dtype=torch.uint8).to(self.device)
+        tensor = torch.frombuffer(_padded(frame, longest), dtype=torch.uint8).to(self.device)
         sent += tensor.numel()
         if not writes:
             dist.gather(tensor, gather_list=None, dst=self.dst, group=self.group)
             return None, sent
         parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
         dist.gather(tensor, gather_list=parts, dst=self.dst, group=self.group)
-        out = []
-        for part in parts:
-            raw = _tensor_bytes(part)
-            (n,) = _LENGTH.unpack_from(raw)
-            out.append(raw[_LENGTH.size : _LENGTH.size + n])
-        return out, sent
+        return [_unpadded(_tensor_bytes(part)) for part in parts], sent
 
 
 def frame(rank: int, ended: Ended) -> tuple[bytes, int]:
@@ -135,7 +124,8 @@ def frame(rank: int, ended: Ended) -> tuple[bytes, int]:
 
 
 def unframe(frames: Sequence[bytes], group_of: Callable[[bytes], Hashable | None]) -> Parts:
-    """Every rank's candidates by (split, step), from the gathered frames."""
+    """Every rank's candidates by (split, step), from the gathered frames, each step's parts in
+    the order of `frames`."""
     by_step: Parts = {}
     for raw in frames:
         if not raw:
@@ -153,6 +143,20 @@ def unframe(frames: Sequence[bytes], group_of: Callable[[bytes], Hashable | None
                 offset += size
             by_step.setdefault((split, int(step)), []).append((rank, int(offered), cands))
     return by_step
+
+
+def _padded(data: bytes, size: int) -> bytearray:
+    """`data` after its length, padded with zeros to `size` bytes of data."""
+    buf = bytearray(_LENGTH.size + size)
+    _LENGTH.pack_into(buf, 0, len(data))
+    buf[_LENGTH.size : _LENGTH.size + len(data)] = data
+    return buf
+
+
+def _unpadded(raw: bytes) -> bytes:
+    """The data of a `_padded` buffer, without its length and padding."""
+    (n,) = _LENGTH.unpack_from(raw)
+    return raw[_LENGTH.size : _LENGTH.size + n]
 
 
 def _tensor_bytes(tensor: torch.Tensor) -> bytes:

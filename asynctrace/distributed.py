@@ -9,27 +9,27 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
 
 import orjson
 
 from ._checks import MAX_STEP, check_encoding, check_int, check_project_run, check_step, check_timeout
 from ._collective import Collective, Ended, frame, unframe
+from ._ledger import Ledger
 from ._parts import PartSteps, merge_parts, payload_group
 from ._record import Sample, SampleLike, as_list, encode_samples
 from ._sampler_names import SamplerName, resolve_sampler
 from ._sampling import Sampler
 from ._security import generated_run_name, logger, shown
 from ._session import TraceSession
-from ._stats import Counts, DropReason, SessionStats, SinkStats
+from ._stats import Counts, SessionStats, SinkStats, SpoolStats
 from ._sync import SyncTraceSession, log_within
 from ._writer import close_grace
 from .exceptions import SessionClosedError
-from .sinks import Sink, TrackioSink
+from .sinks import TrackioSink
 
 if TYPE_CHECKING:
     import torch
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["DistributedTraceLogger", "Mode", "RankStats"]
 
 Mode = Literal["global", "per_rank", "per_rank_stream"]
-_MODES: tuple[str, ...] = ("global", "per_rank", "per_rank_stream")
+_MODES: tuple[str, ...] = get_args(Mode)
 
 _OPEN_STEPS_WARNING = 64
 
@@ -142,9 +142,10 @@ class DistributedTraceLogger:
         self._lock = threading.Lock()
         # This rank's part of each step ("per_rank_stream" offers it nothing).
         self._steps = PartSteps(self.sampler, max_traces_per_step or 1, self.rank)
-        self._dropped: Counter[str] = Counter()
-        self._submitted = self._handed_on = self._reductions = 0
-        self._bytes_sent = self._last_bytes = self._payload_bytes = 0
+        # The engine's ledger counts submitted and dropped samples, and warns once per reason;
+        # what this rank handed on (to the writing rank, or to its own session) is `written`.
+        self._ledger = Ledger((), None, owner="logger", quiet=("capped", "closed"))
+        self._reductions = self._bytes_sent = self._last_bytes = self._payload_bytes = 0
         self._merged_received = self._merged_capped = self._merged_late = 0
         # On the writing rank: the newest step of each split already merged and written.
         self._merged_upto: dict[str, int] = {}
@@ -154,14 +155,10 @@ class DistributedTraceLogger:
         self._closing = False
         self._final: RankStats | None = None
 
-        self._sync: SyncTraceSession | None = None
-        self._blocking = False
-        self._finish_timeout: float | None = None
-        if self.writes:
-            session = _make_session(self, session_factory, session_kwargs)
-            self._blocking = session.on_full == "block"
-            self._finish_timeout = session.finish_timeout
-            self._sync = session.start()
+        session = _make_session(self, session_factory, session_kwargs) if self.writes else None
+        self._blocking = session is not None and session.on_full == "block"
+        self._finish_timeout = session.finish_timeout if session is not None else None
+        self._sync = session.start() if session is not None else None
 
     # -- set-up ---------------------------------------------------------------------------------
 
@@ -214,8 +211,8 @@ class DistributedTraceLogger:
             log = self._sync.log_samples if wait else self._sync.log_samples_nowait
             accepted = log(items, step=step, split=split)
             with self._lock:
-                self._submitted += len(items)
-                self._handed_on += len(items)
+                self._ledger.submitted += len(items)
+                self._ledger.written += len(items)
             return accepted
         encoded, invalid = encode_samples(
             items,
@@ -224,14 +221,15 @@ class DistributedTraceLogger:
             score_needed_by=type(self.sampler).__name__ if self.sampler.needs_score else None,
         )
         with self._lock:
-            self._submitted += len(items)
-            self._dropped_add("invalid", invalid)
+            ledger = self._ledger
+            ledger.submitted += len(items)
+            ledger.drop("invalid", invalid)
             if self._closing:
-                self._dropped_add("closed", len(encoded))
+                ledger.drop("closed", len(encoded))
                 return 0
             accepted, cut, late = self._steps.offer(split, step, encoded)
-            self._dropped_add("capped", cut)
-            self._dropped_add("late", late)
+            ledger.drop("capped", cut)
+            ledger.drop("late", late)
             if len(self._steps.open) > _OPEN_STEPS_WARNING and not self._warned_open:
                 self._warned_open = True
                 logger.warning(
@@ -241,16 +239,13 @@ class DistributedTraceLogger:
                 )
             return accepted
 
-    def _dropped_add(self, reason: DropReason, n: int) -> None:
-        if n:
-            self._dropped[reason] += n
-
     # -- ending steps ---------------------------------------------------------------------------
 
     def _take_ended(self, step: int | None, split: str | None) -> Ended:
-        """Remove and return the open steps that end now (lock held)."""
-        out = self._steps.end(step, split)
-        self._handed_on += sum(len(opened.kept) for _, opened in out)
+        """Remove and return the open steps that end now, counted as handed on from here."""
+        with self._lock:
+            out = self._steps.end(step, split)
+            self._ledger.written += sum(len(opened.kept) for _, opened in out)
         return out
 
     def end_step(self, step: int, split: str | None = None, *, timeout: float | None = None) -> None:
@@ -267,28 +262,25 @@ class DistributedTraceLogger:
         check_int("step", step, minimum=0, maximum=MAX_STEP)
         if self._final is not None or self._closing:
             raise SessionClosedError("the logger is finished")
-        if self.mode == "per_rank_stream":
-            return
-        with self._lock:
-            ended = self._take_ended(step, split)
-        self._hand_on(ended, timeout)
+        # In "per_rank_stream" no step is ever open here: this hands nothing on.
+        self._hand_on(self._take_ended(step, split), timeout)
 
     def _hand_on(self, ended: Ended, timeout: float | None) -> float | None:
         """Hand ended steps on; `timeout` bounds waiting for room in the session. Returns the
         deadline that applied (None without `timeout`)."""
-        if self.mode == "per_rank":
-            deadline = None if timeout is None else time.monotonic() + timeout
-            for (split, step), opened in ended:
-                self._write(split, step, [p for _, (_, p) in sorted(opened.kept.items())], deadline)
-            return deadline
-        return self._reduce(ended, timeout)
+        if self.mode == "global":
+            return self._reduce(ended, timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for (split, step), opened in ended:
+            self._write(split, step, [payload for _, payload in opened.rows()], deadline)
+        return deadline
 
     def _abort(self, ended: Ended) -> None:
         """Count samples taken out of their selections but never handed on as ``"aborted"``."""
         with self._lock:
             n = sum(len(opened.kept) for _, opened in ended)
-            self._handed_on -= n
-            self._dropped_add("aborted", n)
+            self._ledger.written -= n
+            self._ledger.drop("aborted", n)
 
     def _write(self, split: str, step: int, payloads: Sequence[bytes], deadline: float | None) -> None:
         if not payloads or self._sync is None:
@@ -315,29 +307,27 @@ class DistributedTraceLogger:
         deadline = None if timeout is None else time.monotonic() + timeout
         self._reductions += 1
         self._payload_bytes += payload_bytes
-        if not self._ranks.alone:
-            self._last_bytes = sent
-            self._bytes_sent += sent
+        self._last_bytes = sent  # 0 in a world of one, where nothing is sent
+        self._bytes_sent += sent
         if frames is None:
             return deadline
         by_step = unframe(frames, lambda payload: payload_group(payload, self._steps.group_key))
-        written_upto = dict(self._merged_upto)
+        # Each step's parts are in rank order, as `gather` returns the frames: the order one
+        # process would log in. Sorted, each split's steps come in increasing order, so
+        # `_merged_upto` stops only a step that an earlier reduction wrote.
         for (split, step), parts in sorted(by_step.items()):
-            parts.sort(key=lambda p: p[0])  # rank order: the order one process would log in
             received = sum(len(c) for _, _, c in parts)
             self._merged_received += received
-            if step <= written_upto.get(split, -1):
+            if step <= self._merged_upto.get(split, -1):
                 # Written by an earlier reduction: `flush` ended it only on the ranks that had it
                 # open, and another rank logged some later. Merging again would break the cap.
                 self._merged_late += received
                 continue
             # The sampler's own merge: exactly what one selection offered every rank's samples,
             # rank after rank, would keep (see `Sampler.merge`).
-            k = self.max_traces_per_step
-            assert k is not None
-            chosen = merge_parts(self.sampler, split, step, k, [cands for _, _, cands in parts])
+            chosen = merge_parts(self.sampler, split, step, self._steps.k, [cands for _, _, cands in parts])
             self._merged_capped += received - len(chosen)
-            self._merged_upto[split] = max(self._merged_upto.get(split, -1), step)
+            self._merged_upto[split] = step
             self._write(split, step, chosen, deadline)
         return deadline
 
@@ -349,12 +339,7 @@ class DistributedTraceLogger:
         timeout = check_timeout(timeout)
         if self._final is not None:
             return True
-        if self.mode != "per_rank_stream":
-            with self._lock:
-                ended = self._take_ended(None, None)
-            deadline = self._hand_on(ended, timeout)
-        else:
-            deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = self._hand_on(self._take_ended(None, None), timeout)
         if self._sync is None:
             return True
         return self._sync.flush(None if deadline is None else max(0.0, deadline - time.monotonic()))
@@ -374,11 +359,11 @@ class DistributedTraceLogger:
         with self._lock:
             # From here on a concurrent log_samples() is counted as "closed", never held.
             self._closing = True
-            ended = self._take_ended(None, None)
+        ended = self._take_ended(None, None)
         try:
-            if self.mode == "per_rank" or (self.mode == "global" and collective):
+            if self.mode != "global" or collective:
                 deadline = self._hand_on(ended, budget)
-            elif self.mode == "global":
+            else:
                 self._abort(ended)
         finally:
             # Even when the reduction failed, the session is finished (what it holds is
@@ -401,10 +386,10 @@ class DistributedTraceLogger:
                 rank=self.rank,
                 world_size=self.world_size,
                 mode=self.mode,
-                submitted=self._submitted,
-                handed_on=self._handed_on,
+                submitted=self._ledger.submitted,
+                handed_on=self._ledger.written,
                 held=self._steps.held,
-                dropped=dict(self._dropped),
+                dropped=dict(self._ledger.dropped),
                 reductions=self._reductions,
                 bytes_sent=self._bytes_sent,
                 last_reduction_bytes=self._last_bytes,
@@ -419,19 +404,7 @@ class DistributedTraceLogger:
         """Every rank's `stats()`, gathered to the writing rank (a collective in every mode);
         None on the other ranks. For checking a job's accounting in one place."""
         frames, _ = self._ranks.gather(orjson.dumps(asdict(self.stats())))  # not trace traffic
-        if frames is None:
-            return None
-        out = []
-        for raw in frames:
-            data = orjson.loads(raw)
-            session = data.pop("session")
-            if session is not None:
-                session["sinks"] = {k: SinkStats(**v) for k, v in session["sinks"].items()}
-                data["session"] = SessionStats(**session)
-            else:
-                data["session"] = None
-            out.append(RankStats(**data))
-        return out
+        return None if frames is None else [_rank_stats(orjson.loads(raw)) for raw in frames]
 
     def __enter__(self) -> DistributedTraceLogger:
         return self
@@ -459,22 +432,30 @@ def _make_session(
                 "session_factory must have max_traces_per_step=None"
             )
         return session
-    sinks: list[Sink] | None = kwargs.pop("sinks", None)
-    if sinks is None:
+    if kwargs.get("sinks") is None:
         init_kwargs = {"group": owner.trackio_group} if owner.trackio_group else None
-        sinks = [TrackioSink(init_kwargs=init_kwargs)]
+        kwargs["sinks"] = [TrackioSink(init_kwargs=init_kwargs)]
     if owner.mode == "per_rank_stream":
-        return TraceSession(
-            owner.project,
-            owner.run_name,
-            sinks=sinks,
+        kwargs.update(
             max_traces_per_step=owner.max_traces_per_step,
             sampler=owner.sampler,
             on_invalid=owner.on_invalid,
             redact=owner.redact,
-            **kwargs,
         )
-    # Selection is done by the logger; the session only writes what was selected (it
-    # validated once already, so whatever it still rejects is counted, not raised).
-    kwargs.pop("max_open_steps", None)
-    return TraceSession(owner.project, owner.run_name, sinks=sinks, on_invalid="skip", **kwargs)
+    else:
+        # Selection is done by the logger; the session only writes what was selected (it
+        # validated once already, so whatever it still rejects is counted, not raised).
+        kwargs.pop("max_open_steps", None)
+        kwargs["on_invalid"] = "skip"
+    return TraceSession(owner.project, owner.run_name, **kwargs)
+
+
+def _rank_stats(data: dict[str, Any]) -> RankStats:
+    """A `RankStats` again, from its `asdict` form as JSON, with the nested snapshots rebuilt."""
+    session = data.pop("session")
+    if session is not None:
+        session["sinks"] = {name: SinkStats(**sink) for name, sink in session["sinks"].items()}
+        if session["spool"] is not None:
+            session["spool"] = SpoolStats(**session["spool"])
+        session = SessionStats(**session)
+    return RankStats(session=session, **data)

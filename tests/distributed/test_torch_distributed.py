@@ -399,3 +399,36 @@ def test_per_rank_stream_keeps_the_session_bound_with_a_holding_sampler(project:
         assert dropped.get("queue_full", 0) > 0, dropped
     else:
         assert set(dropped) == {"capped"} and stats.session.written == 150 * 8, dropped
+
+
+def test_gather_stats_rebuilds_every_nested_snapshot(project: str, tmp_path: Path) -> None:
+    """gather_stats() returns the snapshots stats() does: the session's spool is a SpoolStats and
+    its sinks SinkStats, so their fields and summary() work on the writing rank."""
+    logger = _logger(
+        project, mode="per_rank", max_traces_per_step=2, sinks=[MemorySink()], spool_dir=tmp_path
+    )
+    logger.log_samples(make_samples("g", 0, 5, seed=0), step=0)
+    logger.end_step(0)
+    assert logger.flush(10.0)
+    gathered = logger.gather_stats()
+    logger.finish(10.0)
+    assert gathered is not None and len(gathered) == 1
+    session = gathered[0].session
+    assert session is not None and session.spool is not None
+    assert isinstance(session.spool, at.SpoolStats) and session.spool.appended == 2
+    assert all(isinstance(sink, at.SinkStats) for sink in session.sinks.values())
+    assert "spool" not in session.summary()  # nothing unspooled: the line leaves the spool out
+    assert gathered[0].check() and session.check()
+
+
+def test_drops_are_warned_once_per_reason(project: str, caplog: pytest.LogCaptureFixture) -> None:
+    """As in a session, the first drop of each reason logs one warning; "capped" is the cap at work."""
+    logger = _logger(project, mode="per_rank", max_traces_per_step=1, sinks=[MemorySink()])
+    logger.log_samples(make_samples("w", 0, 3, seed=0), step=0)
+    logger.end_step(0)
+    for _ in range(2):
+        logger.log_samples(make_samples("w", 0, 1, seed=0), step=0)
+    stats = logger.finish(10.0)
+    assert dict(stats.dropped) == {"capped": 2, "late": 2}
+    warned = [r.getMessage() for r in caplog.records if "dropping samples" in r.getMessage()]
+    assert warned == ["asynctrace: dropping samples (late); counts are in logger.stats().dropped"]
