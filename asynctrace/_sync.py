@@ -164,6 +164,13 @@ class SyncTraceSession:
         timeout = check_timeout(timeout)
         return self._runner.close(self.session.finish_timeout if timeout is None else timeout)
 
+    def wait_finished(self, timeout: float | None = None) -> SessionStats | None:
+        """Wait at most `timeout` seconds for a finish under way on another thread; its final stats,
+        or None when it is not done by then."""
+        life = self._runner.life
+        life.closed.wait(None if timeout is None else wait_arg(timeout))
+        return life.final
+
     def stats(self) -> SessionStats:
         return self.session.stats()
 

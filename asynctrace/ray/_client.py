@@ -1,13 +1,8 @@
 """TraceClient: fire-and-forget logging from Ray actors and tasks to a `TraceCollector`.
 
-The caller's thread only validates and encodes (once, as `TraceSession` does), offers the
-samples to the client's own selection of their step when the collector has a cap (see
-`_local.py`: the client is a part of each step, merged on the collector), and appends what is
-to be shipped to a bounded local buffer.
-A background thread ships batches to the collector with at most `max_in_flight` calls
-outstanding; completions arrive as future callbacks, so nothing polls.
-When the collector is slow the buffer fills and new samples are dropped as ``"queue_full"``;
-when it is gone they are dropped as ``"collector_gone"``. Every sample is counted.
+The caller's thread validates, encodes, selects (`_local.py`) and appends to a bounded buffer;
+a background thread ships batches, whose completions arrive as future callbacks. The data path,
+its bounds and its drop reasons: docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -52,7 +47,6 @@ from .._sampling import Sampler
 from .._security import describe
 from .._stats import Counts, DropReason
 from ._local import LocalSelection, Released
-from ._merge import Merged
 from ._outbox import Call, Outbox
 
 __all__ = ["ClientStats", "TraceClient"]
@@ -62,13 +56,9 @@ logger = logging.getLogger("asynctrace")
 
 @dataclass(frozen=True, slots=True)
 class ClientStats(Counts):
-    """A consistent snapshot of one client's accounting.
-
-    Invariant at every moment:
+    """A consistent snapshot of one client's accounting; at every moment
     ``submitted == delivered + in_flight + buffered + held + sum(dropped.values())``.
-    `held` samples are candidates of steps the client still selects in; `delivered` samples
-    were handed to the collector, whose own `stats()` counts them from there on (as its
-    `submitted`), so the accounting of a job adds up across every process.
+    How it adds up with the collector's: docs/distributed.md, *Accounting across processes*.
     """
 
     submitted: int = 0
@@ -99,18 +89,8 @@ def _describe(exc: BaseException) -> str:
 class TraceClient:
     """Logs samples from inside a Ray actor or task to a `TraceCollector`, never blocking the caller.
 
-    ``log_samples_nowait`` validates and encodes in the caller, then buffers locally; a background
-    thread ships batches of up to `batch_size` samples (or `max_batch_bytes`), at the latest
-    `flush_interval` seconds after the oldest buffered sample, with at most `max_in_flight` calls
-    outstanding. Buffered plus in-flight samples are bounded by `max_buffered` and
-    `max_buffered_bytes`; past that, new samples are dropped and counted. Use it as a context
-    manager in tasks so the tail is shipped before the task returns.
-
-    With `select_locally` and a collector with a cap, the client keeps only its `O(k)`
-    candidates of each step under the collector's sampler and ships them when the step closes
-    here (when a step more than `max_open_steps` newer is logged, after `step_timeout` seconds
-    without samples for it, or on `end_step`, `flush` or `close`); what it refuses is dropped
-    ``"capped"``. See docs/distributed.md.
+    Its arguments (batching, bounds, local selection) and what they do: docs/distributed.md.
+    Use it as a context manager in tasks so the tail is shipped before the task returns.
     """
 
     def __init__(
@@ -230,23 +210,20 @@ class TraceClient:
                 return 0
             if self._local is None:
                 accepted = len(encoded)
-                self._wake(out.append([(split, step, -1, [p for p, _ in encoded], [])], now))
+                ship: list[Released] = [(split, step, -1, [p for p, _ in encoded], [])]
             else:
-                passed, capped, accepted, released = self._local.offer(split, step, encoded, now)
+                accepted, capped, ship = self._local.offer(split, step, encoded, now)
                 ledger.drop("capped", capped)
-                self._wake(out.append(released + ([passed] if passed else []), now))
+            self._wake(out.append(ship, now))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="asynctrace-ray-client", daemon=True)
                 self._thread.start()
             return accepted
 
     def end_step(self, step: int, split: str | None = None) -> None:
-        """Ship the candidates of every step up to `step` (of `split`, or of every split) now.
-
-        The client's own selection of those steps is final; a sample logged later for one of
-        them starts a new selection, which the collector merges exactly as long as it still
-        has the step open. Never blocks; without local selection it does nothing.
-        """
+        """Ship the candidates of every step up to `step` (of `split`, or of every split) now; a
+        sample logged later for one of them starts a new selection (docs/distributed.md). Never
+        blocks; without local selection it does nothing."""
         check_int("step", step, minimum=0, maximum=MAX_STEP)
         if split is not None:
             check_step(step, split)
@@ -260,11 +237,8 @@ class TraceClient:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Ship everything buffered now and wait until each sample logged before the call was
-        delivered to the collector or dropped. Returns False when `timeout` passed first.
-
-        Delivery means the collector has counted the samples; ``collector.flush.remote()``
-        waits until they are written.
-        """
+        delivered to the collector (counted there; ``collector.flush.remote()`` waits until they
+        are written) or dropped. Returns False when `timeout` passed first."""
         timeout = check_timeout(timeout)
         with self._lock:
             if self._local is not None:
@@ -279,12 +253,8 @@ class TraceClient:
 
     def close(self, timeout: float | None = None) -> ClientStats:
         """Stop accepting samples, ship what is buffered within `timeout` (default `close_timeout`),
-        and return the final stats. Idempotent.
-
-        What is still buffered at the deadline is dropped as ``"close_timeout"``; calls still in
-        flight stay counted as `in_flight` until the collector answers. A later call returns the
-        stats at once; one made while another close() is running waits for that one to end.
-        """
+        and return the final stats. Idempotent (docs/distributed.md). What is still buffered at
+        the deadline is dropped as ``"close_timeout"``; calls in flight stay `in_flight`."""
         timeout = check_timeout(timeout)
         budget = self.close_timeout if timeout is None else timeout
         with self._lock:
@@ -421,11 +391,7 @@ class TraceClient:
 
     def _ship(self, call_id: int, call: Call, wire: list[Released]) -> None:
         try:
-            if self._local is None:
-                plain: list[Merged] = [(split, step, payloads) for split, step, _, payloads, _ in wire]
-                ref: Any = self.collector.ingest_encoded.remote(plain)
-            else:
-                ref = self.collector.ingest_parts.remote(wire)
+            ref: Any = self.collector.ingest_parts.remote(wire)
             future: Future[Any] = ref.future()
         except Exception as exc:  # Ray not connected in this process, or shutting down
             self._finish_call(call_id, exc, "ship_error")
@@ -509,8 +475,7 @@ def _ask_selection(
     return LocalSelection(k, sampler, part, max_open_steps=max_open_steps, step_timeout=step_timeout)
 
 
-# Clients still open at interpreter exit ship what they hold (within their own deadline) when
-# the driver exits normally; a process that is killed takes its buffer with it.
+# Clients still open at interpreter exit: shipped from a driver, counted as lost elsewhere.
 _open_clients: weakref.WeakSet[TraceClient] = weakref.WeakSet()
 
 

@@ -1,11 +1,8 @@
 """TraceCollector: the Ray actor that owns the job's one `TraceSession`.
 
-Caps and samplers run here, over every client's samples, so `max_traces_per_step` and
-`top_bottom` mean the whole step of the whole job: clients that select locally ship their part
-of each step, which the collector merges exactly (`_merge.py`) before its session sees it.
-The actor is a threaded actor with two concurrency groups: ``ingest`` for the data path
-(which may wait for buffer room under ``on_full="block"``) and ``control`` for
-`flush`/`stats`/`finish`, so a stalled sink can never make the collector unresponsive to shutdown.
+Caps and samplers run here, over the whole step of the whole job: clients' parts of each step
+are merged (`_merge.py`) before the session sees them. Two concurrency groups (``ingest`` and
+``control``) keep a stalled sink from making it deaf to shutdown; see docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -13,6 +10,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import os
@@ -73,14 +71,8 @@ class TraceCollector:
 
     Construct with ``TraceCollector.remote(project, run=None, **session_kwargs)`` (any
     `TraceSession` keyword) or ``session_factory=`` (a picklable callable returning an unopened
-    `TraceSession`, for sinks that cannot be pickled). Clients have validated samples already,
-    so the session counts anything it still rejects (an unscored sample under ``top_bottom``)
-    as dropped ``"invalid"`` instead of failing the whole batch: its `on_invalid` must be
-    ``"skip"`` (the default here; a `session_factory` must build its session so).
-
-    With ``on_full="block"`` an ingest call waits up to `ingest_timeout` seconds for room, which
-    holds the client's call in flight, so backpressure reaches the clients' bounded buffers;
-    what still does not fit is dropped as ``"queue_full"``.
+    `TraceSession` with ``on_invalid="skip"``). Arguments, backpressure (`ingest_timeout`) and
+    exits (`sigterm_timeout`): docs/distributed.md.
     """
 
     def __init__(
@@ -117,87 +109,75 @@ class TraceCollector:
         # keeps writing whatever Ray's threads are doing, and the core's exit hook covers it too.
         self._sync: SyncTraceSession = session.start()
         self._session = session
-        self._finished: SessionStats | None = None
-        self._finish_lock = threading.Lock()
         # Parts of open steps from clients that select locally; `_merge_lock` guards them and is
         # held while a merged step is handed to the session, so `stats` never counts it twice.
         self._merge_lock = threading.Condition()
         self._merge: StepMerge | None = None
+        # For the merge thread and the exit hook: no reference to the collector, so it can go.
+        self._merging: tuple[StepMerge, threading.Condition, SyncTraceSession, float] | None = None
+        self._merge_thread: threading.Thread | None = None
+        self._parts = itertools.count(1)  # part 0 is a single process's own stream
         k = session.max_traces_per_step
         if k is not None:
             max_open_steps, step_timeout = session.step_rules
             self._merge = StepMerge(
                 k, session.sampler, max_open_steps=max_open_steps, step_timeout=step_timeout
             )
-        self._parts = itertools.count(1)  # part 0 is a single process's own stream
-        self._merge_thread: threading.Thread | None = None
-        if self._merge is not None:
             # Ray may drop the actor's instance before the exit hooks run (`__ray_terminate__`):
             # the steps still merging then go to the session when the instance goes, so the
             # session's own exit drain writes them.
-            weakref.finalize(self, _merge_on_exit, self._merge, self._merge_lock, self._sync, ingest_timeout)
-        _install_exit_hooks(self)
+            self._merging = (self._merge, self._merge_lock, self._sync, ingest_timeout)
+            weakref.finalize(self, _close_open_steps, *self._merging, final=True)
+        _collectors.add(self)
+        _install_exit_hooks()
 
     # -- data path ----------------------------------------------------------------------------
 
     @_group("ingest")
     def ingest_encoded(self, groups: Iterable[Merged]) -> int:
-        """The wire method `TraceClient` calls: samples its clients encoded, grouped by (split, step).
-
-        Returns how many the session accepted (the rest are in its `dropped` counts).
-        """
+        """Log samples encoded as `TraceClient` does, grouped by (split, step), as they are (no
+        merge). Returns how many the session accepted (the rest are in its `dropped` counts)."""
         return self._plain(groups, time.monotonic() + self.ingest_timeout)
 
     @_group("ingest")
     def ingest_parts(self, groups: Iterable[Released]) -> int:
-        """The wire method of `TraceClient` with local selection: each group is one client's part
-        of a (split, step), with a row (sequence number, score, key) per sample for the merge.
-
-        Returns how many samples the session accepted from the steps this call closed.
-        """
+        """The wire method `TraceClient` calls: one client's parts of (split, step)s, with a row per
+        sample for the merge (part -1: a client that does not select, taken as they are). Returns
+        how many samples the session accepted, of those and of the steps this call closed."""
         deadline = time.monotonic() + self.ingest_timeout
-        merge = self._merge
         groups = list(groups)
+        if self._merge is None or all(part < 0 for _, _, part, _, _ in groups):
+            # Nothing to merge: no lock, so calls waiting for room (block policy) wait side by side.
+            return self._plain([(split, step, p) for split, step, _, p, _ in groups], deadline)
+        merge = self._merge
         with self._merge_lock:
-            if merge is None or merge.closed:
-                # No cap (or finishing): the session takes them as they are, and counts them.
-                plain = [(split, step, payloads) for split, step, _, payloads, _ in groups]
-                return self._plain(plain, deadline)
             now = time.monotonic()
             merged: list[Merged] = []
             for split, step, part, payloads, rows in groups:
-                merged.extend(merge.add(split, step, part, payloads, rows, now))
-            if merge.step_timeout is not None:
+                if part < 0 or merge.closed:
+                    # Not selected, or finishing: the session takes them as they are.
+                    merged.append((split, step, payloads))
+                else:
+                    merged.extend(merge.add(split, step, part, payloads, rows, now))
+            if merge.step_timeout is not None and not merge.closed:
                 self._start_merge_thread()
                 self._merge_lock.notify()
             return self._plain(merged, deadline)
 
     def _plain(self, groups: Iterable[Merged], deadline: float) -> int:
         # One deadline per call, shared by its groups: a call waits `ingest_timeout` at most.
-        return _log_groups(self._sync, groups, deadline, self._blocking and self._finished is None)
+        return _log_groups(self._sync, groups, deadline, self._blocking and self._sync.is_open)
 
     def _start_merge_thread(self) -> None:
-        if self._merge_thread is None and self._merge is not None:
-            # The thread holds no reference to the collector, so the instance can still go.
-            args = (self._merge, self._merge_lock, self._sync, self.ingest_timeout)
+        if self._merge_thread is None and self._merging is not None:
             self._merge_thread = threading.Thread(
-                target=_close_idle_steps, args=args, name="asynctrace-ray-merge", daemon=True
+                target=_close_idle_steps, args=self._merging, name="asynctrace-ray-merge", daemon=True
             )
             self._merge_thread.start()
 
     def _close_merge(self, *, final: bool) -> None:
-        """Merge every open step and hand it on (flush; finish with `final`, after which clients'
-        parts go to the session as they are, which counts them as closed)."""
-        if self._merge is None:
-            return
-        with self._merge_lock:
-            if self._merge.closed:
-                return
-            merged = self._merge.close_all()
-            if final:
-                self._merge.closed = True
-                self._merge_lock.notify()
-            self._plain(merged, time.monotonic() + self.ingest_timeout)
+        if self._merging is not None:
+            _close_open_steps(*self._merging, final=final, blocking=self._blocking and self._sync.is_open)
 
     def _with_merge(self, stats: SessionStats) -> SessionStats:
         """The session's stats with the merge's own counts (merge lock held): samples waiting for
@@ -221,7 +201,7 @@ class TraceCollector:
         """Log samples sent as plain objects (one remote call per call). `TraceClient` is cheaper for
         the caller: it batches and ships encoded bytes."""
         items = list(samples) if isinstance(samples, (list, tuple)) else [samples]
-        blocking = self._blocking and self._finished is None
+        blocking = self._blocking and self._sync.is_open
         return log_within(
             self._sync, items, step=step, split=split, blocking=blocking, timeout=self.ingest_timeout
         )
@@ -259,20 +239,13 @@ class TraceCollector:
         (or when a `finish` running meanwhile left samples unwritten)."""
         timeout = check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
-        if self._finished is None:
-            try:
-                self._close_merge(final=False)
-                return self._sync.flush(timeout)
-            except SessionClosedError:
-                pass  # finish() has begun: its outcome is the answer
-        # Wait for that finish (it holds the lock until done), within this call's deadline.
-        left = None if deadline is None else wait_arg(max(0.0, deadline - time.monotonic()))
-        if not self._finish_lock.acquire(timeout=-1.0 if left is None else left):
-            return False
         try:
-            return self._finished is not None and self._finished.pending == 0
-        finally:
-            self._finish_lock.release()
+            self._close_merge(final=False)
+            return self._sync.flush(timeout)
+        except SessionClosedError:
+            pass  # finish() has begun: its outcome is the answer, within this call's deadline
+        final = self._sync.wait_finished(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return final is not None and final.pending == 0
 
     @_group("control")
     def stats(self) -> SessionStats:
@@ -293,56 +266,34 @@ class TraceCollector:
         return self._finish(check_timeout(timeout))
 
     def _finish(self, timeout: float | None, *, wait: float | None = None) -> SessionStats:
-        """Finish within `timeout`; with `wait`, wait at most that long for a finish already under
-        way on another thread (which may have a longer deadline), then return the stats as they are."""
-        if wait is not None and self._finish_lock.locked():
-            # A finish with a longer deadline is under way: cut it short to this one's.
-            budget = self._session.finish_timeout if timeout is None else timeout
-            hurry_finish(self._session, budget)
-        limit = None if wait is None else wait_arg(wait)
-        if not self._finish_lock.acquire(timeout=-1.0 if limit is None else limit):
-            logger.error(
-                "asynctrace: the collector's session is still finishing after %.1fs; going on without it",
-                wait or 0.0,
-            )
-            return self.stats()
-        try:
-            if self._finished is None:
-                try:
-                    self._close_merge(final=True)
-                except Exception as exc:  # the session counts what it refused; finish all the same
-                    logger.error("asynctrace: handing merged steps to the session failed: %s", exc)
-                finished = self._sync.finish(timeout)
-                with self._merge_lock:
-                    self._finished = self._with_merge(finished)
-            return self._finished
-        finally:
-            self._finish_lock.release()
-
-    def _finish_quietly(self, timeout: float | None, *, wait: float | None = None) -> None:
-        try:
-            self._finish(timeout, wait=wait)
-        except Exception as exc:  # pragma: no cover - best effort on the way out
-            logger.error("asynctrace: finishing the collector's session failed: %s", exc)
+        """Finish within `timeout`. With `wait` (exit hooks), a finish already under way on another
+        thread, maybe with a longer deadline, is cut short to this one's and waited for at most
+        `wait` seconds; after that the stats are returned as they are."""
+        if wait is not None and not self._sync.is_open:
+            hurry_finish(self._session, self._session.finish_timeout if timeout is None else timeout)
+            if self._sync.wait_finished(wait) is None:
+                logger.error(
+                    "asynctrace: the collector's session is still finishing after %.1fs; going on without it",
+                    wait,
+                )
+                return self.stats()
+        # Once only (later calls find the merge closed), and before the session drains.
+        self._close_merge(final=True)
+        finished = self._sync.finish(timeout)
+        with self._merge_lock:
+            return self._with_merge(finished)
 
 
-# Graceful exits of the actor process (``__ray_terminate__``, the last handle going out of
-# scope, ``ray.actor.exit_actor()``) run atexit hooks. ``ray.kill`` runs no code in the process,
-# and neither does the driver's ``ray.shutdown()``: Ray force-kills an actor whose owner went
-# away, and sends a detached one SIGTERM and SIGKILL together (Ray 2.60). The SIGTERM handler
-# below is for a SIGTERM from outside Ray (a container stopping, ``kill``): it drains within
-# `sigterm_timeout`, then hands over to Ray's own handler, which exits the process.
+# Graceful exits of the actor process run atexit hooks; ``ray.kill`` and ``ray.shutdown()`` run
+# no code in it (docs/distributed.md, *Failures*). The SIGTERM handler is for a SIGTERM from
+# outside Ray (a container stopping): it drains within `sigterm_timeout`, then hands over to
+# Ray's own handler, which exits the process.
 _collectors: weakref.WeakSet[TraceCollector] = weakref.WeakSet()
-_hooks_installed = False
 _sigterm_handled = False
 
 
-def _install_exit_hooks(collector: TraceCollector) -> None:
-    global _hooks_installed
-    _collectors.add(collector)
-    if _hooks_installed:
-        return
-    _hooks_installed = True
+@functools.cache  # once per process, however many collectors it hosts
+def _install_exit_hooks() -> None:
     atexit.register(_finish_all, "exit")
     if threading.current_thread() is not threading.main_thread():
         return  # signal handlers can only be set from the main thread
@@ -365,17 +316,17 @@ def _finish_all(why: str) -> None:
     # runtime, say) sends SIGKILL after a grace period, so the drain is cut to `sigterm_timeout`.
     global _sigterm_handled
     for collector in list(_collectors):
-        if why == "sigterm":
-            # A finish() already under way (ray.get(collector.finish.remote(60))) is waited for
-            # only as long as this one may take: the signal is handed on in time all the same.
-            timeout = collector.sigterm_timeout
-            collector._finish_quietly(timeout, wait=hook_bound(timeout, final=True))
-        else:
-            # The exit that follows a SIGTERM (Ray's handler exits the process) must not wait
-            # for that finish again; a plain exit waits as long as a finish of its own would.
-            budget = collector._session.finish_timeout
-            wait = 0.0 if _sigterm_handled else hook_bound(budget, final=True)
-            collector._finish_quietly(None, wait=wait)
+        # A finish() already under way (ray.get(collector.finish.remote(60))) is waited for only
+        # as long as this one may take: the signal is handed on in time all the same. The exit
+        # that follows a SIGTERM (Ray's handler exits the process) must not wait for that
+        # finish again; a plain exit waits as long as a finish of its own would.
+        timeout = collector.sigterm_timeout if why == "sigterm" else None
+        budget = collector._session.finish_timeout if timeout is None else timeout
+        wait = 0.0 if why == "exit" and _sigterm_handled else hook_bound(budget, final=True)
+        try:
+            collector._finish(timeout, wait=wait)
+        except Exception as exc:  # pragma: no cover - best effort on the way out
+            logger.error("asynctrace: finishing the collector's session failed: %s", exc)
     if why == "sigterm":
         _sigterm_handled = True
 
@@ -412,19 +363,29 @@ def _close_idle_steps(
             lock.wait(None if due is None else wait_arg(max(due, 1e-3)))
 
 
-def _merge_on_exit(
-    merge: StepMerge, lock: threading.Condition, sync: SyncTraceSession, timeout: float
+def _close_open_steps(
+    merge: StepMerge,
+    lock: threading.Condition,
+    sync: SyncTraceSession,
+    timeout: float,
+    *,
+    final: bool,
+    blocking: bool = False,
 ) -> None:
-    """Hand the steps still merging to the session (the collector instance is gone)."""
+    """Merge every open step and hand it to the session (flush); with `final` (finish, or the
+    instance gone at exit) for good: clients' later parts go to the session as they are, which
+    counts them as closed."""
     try:
         with lock:
             if merge.closed:
                 return
-            merge.closed = True
-            lock.notify_all()
-            _log_groups(sync, merge.close_all(), time.monotonic() + timeout)
-    except Exception as exc:  # pragma: no cover - best effort on the way out; the session counts
-        logger.error("asynctrace: handing merged steps to the session at exit failed: %s", exc)
+            merged = merge.close_all()
+            if final:
+                merge.closed = True
+                lock.notify_all()
+            _log_groups(sync, merged, time.monotonic() + timeout, blocking)
+    except Exception as exc:  # the session counts what it refused; flush or finish all the same
+        logger.error("asynctrace: handing merged steps to the session failed: %s", exc)
 
 
 # The actor class users see as `asynctrace.ray.TraceCollector`. The plain class above keeps its
@@ -447,10 +408,8 @@ def start_collector(
     """Start a `TraceCollector`, wait until its session is open, and return its handle.
 
     Errors in the session's configuration surface here rather than in the first client. With
-    `finish_at_exit`, the driver finishes the collector when it exits normally (before Ray's own
-    exit hook shuts the cluster down), so a script that forgets ``collector.finish`` still
-    drains; call ``ray.get(collector.finish.remote())`` yourself before an explicit
-    ``ray.shutdown()``.
+    `finish_at_exit`, the driver finishes the collector when it exits normally; before an
+    explicit ``ray.shutdown()``, call ``ray.get(collector.finish.remote())`` yourself.
     """
     if run is None and collector_kwargs.get("session_factory") is None:
         # Named here, not in the actor: a collector that Ray restarts (max_restarts) builds its

@@ -1,11 +1,8 @@
 """The collector's side of local selection: each client's part of a step, merged when it closes.
 
-Clients ship what their own selection kept (see `_local.py`). The collector holds those parts
-per (split, step) and, when the step closes here, merges them with the sampler's `merge` (see
-`_parts.py`) and hands the chosen samples to its session. A step closes by the session's own
-rules: a step more than `max_open_steps` newer arrives (of the same split), `step_timeout`
-seconds pass without a part for it, or on flush and finish; a part for a closed step is late.
-Not thread-safe: the collector holds its lock.
+A step closes by the session's own rules (docs/distributed.md, *Steps, stragglers and
+lateness*); its parts are then merged with the sampler's `merge` (`_parts.py`), and a part for
+a closed step is late. Not thread-safe: the collector holds its lock.
 """
 
 from __future__ import annotations
@@ -14,6 +11,7 @@ from collections.abc import Sequence
 
 from .._parts import Row, group_key_of, merge_parts, payload_group
 from .._sampling import Entry, Sampler
+from ._local import Step, idle_steps, next_due
 
 __all__ = ["Merged", "StepMerge"]
 
@@ -41,7 +39,7 @@ class StepMerge:
         self.max_open_steps = max_open_steps
         self.step_timeout = step_timeout
         self._group_key = group_key_of(sampler)
-        self._open: dict[tuple[str, int], _Parts] = {}
+        self._open: dict[Step, _Parts] = {}
         self._closed_upto: dict[str, int] = {}
         self.held = 0
         self.capped = 0
@@ -74,18 +72,14 @@ class StepMerge:
         # As in the session: everything more than max_open_steps behind the newest step is
         # closed, open or not, so a straggler that far behind is late.
         upto = step - self.max_open_steps - 1
-        if upto < 0 or upto <= self._closed_upto.get(split, -1):
+        if upto <= self._closed_upto.get(split, -1):
             return []
-        out = self._close([key for key in self._open if key[0] == split and key[1] <= upto])
-        self._closed_upto[split] = max(self._closed_upto.get(split, upto), upto)
-        return out
+        self._closed_upto[split] = upto
+        return self._close([key for key in self._open if key[0] == split and key[1] <= upto])
 
     def close_idle(self, now: float) -> list[Merged]:
         """Merge the steps that got no part for `step_timeout` seconds."""
-        if self.step_timeout is None:
-            return []
-        limit = self.step_timeout
-        return self._close([key for key, p in self._open.items() if now - p.last_seen >= limit])
+        return self._close(idle_steps(self._open, now, self.step_timeout))
 
     def close_all(self) -> list[Merged]:
         """Merge every open step (flush, finish)."""
@@ -93,12 +87,9 @@ class StepMerge:
 
     def next_due(self, now: float) -> float | None:
         """Seconds until `close_idle` has a step to merge; None when no step is open."""
-        if self.step_timeout is None or not self._open:
-            return None
-        oldest = min(p.last_seen for p in self._open.values())
-        return max(0.0, oldest + self.step_timeout - now)
+        return next_due(self._open, now, self.step_timeout)
 
-    def _close(self, keys: list[tuple[str, int]]) -> list[Merged]:
+    def _close(self, keys: list[Step]) -> list[Merged]:
         # Closing a step closes the earlier open steps of its split too, as in the session:
         # a split's closed steps are always a prefix, so lateness is one number per split.
         upto: dict[str, int] = {}

@@ -19,16 +19,14 @@ __all__ = ["Call", "Outbox"]
 
 @dataclass(slots=True)
 class _Group:
-    """Consecutive samples of one (split, step) from one call, waiting to be shipped; with local
-    selection, of one part, with each sample's row (sequence number, score, key) for the merge.
-    Without it, the part is -1 and there are no rows."""
+    """Consecutive samples of one (split, step, part) from one call, waiting to be shipped, with
+    each sample's row for the merge (part -1 and no rows without local selection)."""
 
     split: str
     step: int
     part: int
     payloads: list[bytes]
     rows: list[Row]
-    nbytes: int
     first_seq: int
     since: float
 
@@ -67,7 +65,7 @@ class Outbox:
         was_empty = not self._groups
         for split, step, part, payloads, rows in released:
             nbytes = sum([len(p) for p in payloads])
-            self._groups.append(_Group(split, step, part, payloads, rows, nbytes, self.next_seq, now))
+            self._groups.append(_Group(split, step, part, payloads, rows, self.next_seq, now))
             self.next_seq += len(payloads)
             self.buffered += len(payloads)
             self.buffered_bytes += nbytes
@@ -135,22 +133,20 @@ class Outbox:
                 took_bytes += len(p)
             if take == 0:
                 break
+            payloads, rows = group.payloads[:take], group.rows[:take]
             if take == len(group.payloads):
                 self._groups.popleft()
-                payloads, rows = group.payloads, group.rows
             else:
-                payloads, rows = group.payloads[:take], group.rows[:take]
                 group.payloads, group.rows = group.payloads[take:], group.rows[take:]
-                group.nbytes -= took_bytes
                 group.first_seq += take
             if wire and wire[-1][:3] == (group.split, group.step, group.part):
                 # Consecutive calls for the same step travel as one group: the collector
-                # handles (and may wait for room for) each group once. The lists belong to this
-                # batch alone (a popped group's, or slices), so extending them is safe.
+                # handles (and may wait for room for) each group once. The lists are slices,
+                # this batch's alone, so extending them is safe.
                 wire[-1][3].extend(payloads)
                 wire[-1][4].extend(rows)
             else:
-                wire.append((group.split, group.step, group.part, payloads, list(rows)))
+                wire.append((group.split, group.step, group.part, payloads, rows))
             n += take
             nbytes += took_bytes
             if nbytes >= self.max_batch_bytes:

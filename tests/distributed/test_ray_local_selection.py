@@ -300,11 +300,10 @@ def test_local_selection_plugs_in_a_custom_sampler() -> None:
         samples = [Sample(messages=[], metadata={"priority": p, "step": step}) for p in priorities]
         return encode_samples(samples)[0]
 
-    passed, capped, kept, released = local.offer("train", 0, encoded(0, [1, 5, 3, 4]), now=0.0)
-    assert (passed, capped, kept, released) == (None, 2, 2, [])
+    assert local.offer("train", 0, encoded(0, [1, 5, 3, 4]), now=0.0) == (2, 2, [])
     assert local.held == 2
-    assert local.offer("train", 1, encoded(1, [7]), now=1.0)[3] == []  # step 0 stays open (window 1)
-    released = local.offer("train", 2, encoded(2, [9]), now=2.0)[3]  # step 0 closes
+    assert local.offer("train", 1, encoded(1, [7]), now=1.0)[2] == []  # step 0 stays open (window 1)
+    released = local.offer("train", 2, encoded(2, [9]), now=2.0)[2]  # step 0 closes
     priorities = [[orjson.loads(p)["metadata"]["priority"] for p in ps] for *_, ps, _ in released]
     assert [(split, step, part) for split, step, part, _, _ in released] == [("train", 0, 3)]
     assert priorities == [[5, 4]]  # the step's two best, in arrival order
