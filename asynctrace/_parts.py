@@ -15,7 +15,7 @@ from ._groups import GroupKey, payload_group
 from ._record import TraceRecord
 from ._sampling import Entry, Sampler, StepSelection
 
-__all__ = ["ROUND_STRIDE", "PartStep", "PartSteps", "Row", "group_key_of", "merge_parts", "payload_group"]
+__all__ = ["ROUND_STRIDE", "PartStep", "PartSteps", "Row", "group_key_of", "merge_parts"]
 
 # What travels for one kept entry: (sequence number, score, key).
 Row = tuple[int, float | None, float | None]

@@ -18,8 +18,9 @@ import orjson
 
 from ._checks import MAX_STEP, check_encoding, check_int, check_project_run, check_step, check_timeout
 from ._collective import Collective, Ended, frame, unframe
+from ._groups import payload_group
 from ._ledger import Ledger
-from ._parts import PartSteps, merge_parts, payload_group
+from ._parts import PartSteps, merge_parts
 from ._record import Sample, SampleLike, as_list, encode_samples
 from ._sampler_names import SamplerName, resolve_sampler
 from ._sampling import Sampler
