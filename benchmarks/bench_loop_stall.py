@@ -14,7 +14,10 @@ Trackio's SQLite store; that whole window is measured:
   thread of this process), for reference;
 - ``idle``: the ticker alone, for the machine's own noise floor.
 
-Opening the session / ``trackio.init`` happens before the window. Counts are verified.
+Opening the session / ``trackio.init`` happens before the window. Counts are verified. The
+inputs of every round are built up front and then frozen out of the garbage collector
+(``gc.freeze``): a trainer holds one step's samples at a time, not the whole run's, and
+without that a collector pass over 40 000 prebuilt objects lands in whichever variant runs.
 
     python benchmarks/bench_loop_stall.py
     python benchmarks/bench_loop_stall.py --quick
@@ -196,6 +199,8 @@ async def main_async(args: argparse.Namespace) -> int:
     bodies = common.sample_bodies(args.samples, common.SIZES["2.5KB"])
     samples = common.to_samples(bodies)
     traces = common.to_traces(bodies)
+    gc.collect()
+    gc.freeze()
     with common.quiet():  # Trackio's banners (process=False and direct runs print to stdout)
         results = await measure(args, samples, traces)
 
