@@ -1,9 +1,7 @@
 """What every framework hook shares: a batch is logged, or counted, and training never sees an error.
 
-A hook runs inside the trainer's own loop. Whatever goes wrong while turning the framework's
-batch into samples (a field missing in a version the adapter was not tested on, a malformed
-row) or while queueing them is caught here: the rows are counted in the session's stats as
-dropped (``"invalid"``), one warning per hook names the cause, and training goes on.
+Whatever goes wrong while converting or queueing a batch is counted as dropped ("invalid"), with
+one warning per hook (docs/adapters.md, "What every adapter does the same way").
 """
 
 from __future__ import annotations

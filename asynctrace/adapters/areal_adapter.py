@@ -1,17 +1,8 @@
 """AReaL 1.0: the trajectory list of `prepare_batch` / `compute_advantages` to samples.
 
-A step's rollouts are a ``list[dict]``, one right-padded dict per trajectory group (`RTensor`
-values in single-controller mode). The hook, in ``areal/trainer/rl_trainer.py``
-`PPOTrainer.train`, right after ``adv_batch = self.actor.compute_advantages(rollout_batch)``::
-
-    areal_adapter.log_batch(session, adv_batch, tokenizer=self.tokenizer, step=global_step)
-
-or, from the training script without editing AReaL, before ``trainer.train(...)``::
-
-    areal_adapter.attach(trainer, session)
-
-It never raises into training. `to_samples` and `rollout_kwargs` are the raising forms. The
-batch layout and the field mapping: docs/frameworks/areal.md.
+`attach` and `log_batch` (the hook in `PPOTrainer.train`) never raise into training; `to_samples`
+and `rollout_kwargs` are the raising forms. Where the hook goes, the batch layout and the field
+mapping: docs/frameworks/areal.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""open-instruct: a `Batch` and its `GenerationResult` to samples, and the hook that logs them.
+"""open-instruct: a `Batch` and its `GenerationResult` to samples, and `log_batch`, the hook.
 
 The hook goes in `DataPreparationActor._data_preparation_loop` (open_instruct/data_loader.py),
-where open-instruct saves its own rollouts: after `maybe_mask_truncated_completions` and the
-advantages. Two lines there, and the import::
-
-    from asynctrace.adapters import open_instruct_adapter as oi_trace      # top of the file
-    finish_reasons = list(result.finish_reasons)                           # before the masking
-    oi_trace.log_batch(session, batch, result, advantages, step=self.training_step,
-                       samples_per_prompt=self.config.num_samples_per_prompt_rollout,
-                       finish_reasons=finish_reasons)                      # after the advantages
-
-The finish reasons taken before the masking say which rows it kept, so `result.request_info`
-(which it does not filter) keeps its tool fields on their rows; see docs/frameworks/open_instruct.md.
+with the finish reasons taken before `maybe_mask_truncated_completions`: docs/frameworks/open_instruct.md.
 """
 
 from __future__ import annotations

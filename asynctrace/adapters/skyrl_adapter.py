@@ -1,13 +1,8 @@
 """SkyRL: `GeneratorInput` + `GeneratorOutput` to samples, step-wise rows merged per trajectory.
 
-In a SkyRL trainer (sync or fully async), ``skyrl_adapter.attach(trainer, session)`` logs what
-each training step trains on, where SkyRL logs its own trajectories. To convert yourself:
-
-    samples = skyrl_adapter.to_samples(generator_input, generator_output, tokenizer=tok, uids=uids)
-
-`to_step_samples(groups, ...)` turns the generation groups of one fully async training step into
-one list, so the session's cap applies to the training step. Turns come from the loss mask,
-corrected for what SkyRL masks that no environment wrote (see `_turn_mask`).
+``attach(trainer)`` logs what each training step of a SkyRL trainer trains on; `to_samples` and
+`to_step_samples` are the converters under it. Turns come from the loss mask, corrected for what
+SkyRL masks that no environment wrote (see `_turn_mask`). The field mapping: docs/frameworks/skyrl.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""torchforge: `Episode`s (with their `Completion`) to samples, and the hook that logs a group.
+"""torchforge: `Episode`s (with their `Completion`) to samples, and `log_group`, the hook for a group.
 
-The hook goes in `continuous_rollouts` of apps/grpo/main.py, right after the advantages are
-set on the group's episodes::
-
-    from asynctrace.adapters import torchforge_adapter as forge_trace   # top of the file
-    forge_trace.log_group(session, episodes)                            # after the advantages
-
-The prompt comes from the generator's `Completion.prompt`, a `Prompt` whose messages are
-`Message(chunks, role)`; `policy_version` from `completion.generator_version`, which is also the
-default step (the rollout loop has no training step of its own).
+The hook goes in `continuous_rollouts` of apps/grpo/main.py; what maps to what:
+docs/frameworks/torchforge.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,5 @@
-"""TRL (GRPO): a ready integration for `GRPOTrainer`, and the column converter under it.
-
-The whole integration (TRL 1.16)::
-
-    from asynctrace.adapters.trl_adapter import attach
-
-    trainer = GRPOTrainer(model=..., reward_funcs=[...], args=GRPOConfig(...), train_dataset=...)
-    attach(trainer, max_traces_per_step=16)
-
-`attach` logs every batch the trainer generates and scores, exactly once, when
-`GRPOTrainer._generate_and_score_completions` has gathered it from every process (TRL's `_logs`
-repeat or skip batches, and a `TrainerCallback` never sees the trainer). Only the main process
-logs. `to_samples` is the converter on its own, for TRL columns you already hold. What each
-sample holds: docs/frameworks/trl.md.
+"""TRL (GRPO): `attach` logs every batch a `GRPOTrainer` generates and scores; `to_samples` converts
+TRL columns you already hold. Where `attach` hooks in, and what each sample holds: docs/frameworks/trl.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""verl: a `DataProto` rollout batch to samples, and a hook for the PPO trainer's loop.
+"""verl: a `DataProto` rollout batch to samples, and `log_batch`, the hook for `RayPPOTrainer`.
 
-Tested on verl 0.9.1's `RayPPOTrainer` (``verl/trainer/ppo/ray_trainer.py``). The hook is
-called right after ``compute_advantage`` in ``fit()``, and in ``_validate()`` after
-``extract_reward``::
-
-    from asynctrace.adapters import verl_adapter
-    verl_adapter.log_batch(self, batch)  # in fit(), after compute_advantage(...)
-    verl_adapter.log_batch(self, test_batch, split="eval", token_level_scores=reward_tensor)  # _validate
-
-``balance_batch`` reorders the rows before that point, so a prompt's rows are found by their
-``uid``, never by their position. The batch layout and field mapping: docs/frameworks/verl.md.
+Tested on verl 0.9.1. Where the hook goes in ``fit()`` and ``_validate()``, the batch layout and
+the field mapping: docs/frameworks/verl.md.
 """
 
 from __future__ import annotations
@@ -163,6 +155,7 @@ def to_samples(
             if math.isfinite(value):  # a row with no response token has no advantage
                 meta[key] = value
         if uids is not None:
+            # balance_batch reorders the rows: a prompt's rows are found by uid, never by position.
             uid = str(uids[row])
             meta["group_uid"] = uid
             meta["prompt_index"] = group_of.setdefault(uid, len(group_of))
