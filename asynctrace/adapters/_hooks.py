@@ -18,11 +18,19 @@ from ..exceptions import RecordError, SessionClosedError
 if TYPE_CHECKING:
     from .._session import TraceSession
 
-__all__ = ["Converted", "count_invalid", "deliver", "warn_once"]
+__all__ = ["Converted", "count_invalid", "deliver", "every_row", "warn_once"]
 
 
 Converted = tuple[Sequence[Sample], int]
 """What a hook's conversion returns: the samples, and how many rows it had to leave out."""
+
+
+def every_row(
+    convert: Callable[..., Sequence[Sample]], /, *args: Any, **kwargs: Any
+) -> Callable[[], Converted]:
+    """`convert(*args, **kwargs)` as a hook's conversion, for converters that leave no row out."""
+    return lambda: (convert(*args, **kwargs), 0)
+
 
 _warned: set[str] = set()
 _warned_lock = threading.Lock()

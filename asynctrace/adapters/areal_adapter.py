@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .._record import Sample
 from ..rollouts._decode import decode_rollouts
 from ..rollouts._rows import is_tensor
-from ._hooks import deliver
+from ._hooks import deliver, every_row
 
 if TYPE_CHECKING:
     from .._session import TraceSession
@@ -284,12 +284,14 @@ def log_batch(
     with one warning; see `asynctrace.adapters._hooks.deliver`.
     """
 
-    def convert() -> tuple[list[Sample], int]:
-        samples = to_samples(
-            batch, tokenizer=tokenizer, env_role=env_role, group_size=group_size, token_fields=token_fields
-        )
-        return samples, 0
-
+    convert = every_row(
+        to_samples,
+        batch,
+        tokenizer=tokenizer,
+        env_role=env_role,
+        group_size=group_size,
+        token_fields=token_fields,
+    )
     return deliver(
         session, convert, rows=_row_count(batch), step=step, split=split, where="areal_adapter.log_batch"
     )

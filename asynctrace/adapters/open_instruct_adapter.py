@@ -16,7 +16,7 @@ from ..rollouts._align import MISSING, Shortfall
 from ..rollouts._mapping import prompt_indices
 from ..rollouts._turns import mask_runs, split_turns
 from ._common import Message, SampleBuilder, as_sequence, field, jsonable, token_list
-from ._hooks import deliver
+from ._hooks import deliver, every_row
 from ._sessions import session_for
 
 if TYPE_CHECKING:
@@ -61,17 +61,15 @@ def log_batch(
     except Exception:  # an unreadable result: the conversion reports it
         rows = 0
 
-    def convert() -> tuple[list[Sample], int]:
-        samples = to_samples(
-            batch,
-            result,
-            samples_per_prompt=samples_per_prompt,
-            advantages=advantages,
-            finish_reasons=finish_reasons,
-            tokenizer=tokenizer,
-        )
-        return samples, 0
-
+    convert = every_row(
+        to_samples,
+        batch,
+        result,
+        samples_per_prompt=samples_per_prompt,
+        advantages=advantages,
+        finish_reasons=finish_reasons,
+        tokenizer=tokenizer,
+    )
     return deliver(target, convert, rows=rows, step=step, split=split, where=where)
 
 

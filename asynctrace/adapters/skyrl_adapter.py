@@ -21,7 +21,7 @@ from ..rollouts._mapping import instance_key, prompt_indices, trajectory_label
 from ..rollouts._stepwise import merge_step_wise, trajectory_groups
 from ..rollouts._turns import mask_runs, split_turns
 from ._common import Message, SampleBuilder, as_sequence, chat_messages, field, jsonable
-from ._hooks import Converted, deliver
+from ._hooks import deliver, every_row
 
 if TYPE_CHECKING:
     from .._session import TraceSession
@@ -488,11 +488,9 @@ class _Tracer:
         except Exception:  # not an output this version knows: nothing to count rows by
             return
 
-        def convert() -> Converted:
-            return to_samples(
-                generator_input, generator_output, tokenizer=self.tokenizer, env_role=self.env_role
-            ), 0
-
+        convert = every_row(
+            to_samples, generator_input, generator_output, tokenizer=self.tokenizer, env_role=self.env_role
+        )
         deliver(self.session, convert, rows=rows, step=step or 0, split="eval", where=_HOOK)
 
     def log(self, generator_output: Any, uids: Any, step: int) -> None:
@@ -502,7 +500,7 @@ class _Tracer:
         except Exception:  # not an output this version knows: nothing to count rows by
             return
 
-        def convert() -> Converted:
+        def convert() -> list[Sample]:
             with self._lock:
                 origins = {str(u): self._origins[str(u)] for u in set(uids) if str(u) in self._origins}
             return _samples(
@@ -514,9 +512,9 @@ class _Tracer:
                 step_wise=None,
                 uids=as_sequence(uids, "uids"),
                 origins=origins,
-            ), 0
+            )
 
-        deliver(self.session, convert, rows=rows, step=step, split="train", where=_HOOK)
+        deliver(self.session, every_row(convert), rows=rows, step=step, split="train", where=_HOOK)
 
 
 def _step(trainer: Any) -> int:

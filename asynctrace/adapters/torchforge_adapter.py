@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._record import Sample
 from ._common import Message, SampleBuilder, field, jsonable, role_name, token_list
-from ._hooks import deliver
+from ._hooks import deliver, every_row
 from ._sessions import session_for
 
 if TYPE_CHECKING:
@@ -50,16 +50,16 @@ def log_group(
     except Exception:  # an unreadable argument: the conversion below reports and counts it
         items, version = [episodes], 0 if step is None else step
 
-    def convert() -> tuple[list[Sample], int]:
+    def convert() -> list[Sample]:
         samples = to_samples(items, tokenizer=tokenizer)
         group_uid = field(items[0], "episode_id") if items else None
         for k, sample in enumerate(samples):
             sample.metadata["sample_index"] = k
             if group_uid is not None:
                 sample.metadata["group_uid"] = str(group_uid)
-        return samples, 0
+        return samples
 
-    return deliver(target, convert, rows=len(items), step=version, split=split, where=where)
+    return deliver(target, every_row(convert), rows=len(items), step=version, split=split, where=where)
 
 
 def to_samples(episodes: Any | Iterable[Any], *, tokenizer: Any = None) -> list[Sample]:

@@ -16,7 +16,7 @@ from .._record import Sample
 from .._sync import SyncTraceSession
 from ..rollouts._decode import decode_rollouts
 from ._common import jsonable
-from ._hooks import count_invalid, deliver, warn_once
+from ._hooks import count_invalid, deliver, every_row, warn_once
 
 __all__ = ["log_batch", "open_session", "to_samples"]
 
@@ -279,19 +279,11 @@ def log_batch(
         if session is not None and session is not _FAILED:
             count_invalid(session, rows)
         return 0
-    return deliver(
-        session,
-        lambda: (
-            to_samples(
-                batch,
-                tokenizer=tokenizer,
-                token_level_scores=token_level_scores,
-                token_fields=token_fields,
-            ),
-            0,
-        ),
-        rows=rows,
-        step=at_step,
-        split=split,
-        where=_WHERE,
+    convert = every_row(
+        to_samples,
+        batch,
+        tokenizer=tokenizer,
+        token_level_scores=token_level_scores,
+        token_fields=token_fields,
     )
+    return deliver(session, convert, rows=rows, step=at_step, split=split, where=_WHERE)
