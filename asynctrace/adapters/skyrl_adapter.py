@@ -93,28 +93,16 @@ def to_samples(
     one warning. The field mapping: docs/frameworks/skyrl.md.
     """
     inputs = _inputs(generator_input)
+    options: dict[str, Any]
     if uids is not None:
-        return _samples(
-            _WHERE,
-            tokenizer,
-            inputs[-1] if len(inputs) == 1 else None,
-            generator_output,
-            env_role=env_role,
-            step_wise=step_wise,
-            uids=as_sequence(uids, "uids"),
-            origins=_origins(inputs),
-        )
-    if len(inputs) != 1:
+        options = {"uids": as_sequence(uids, "uids"), "origins": _origins(inputs)}
+    elif len(inputs) != 1:
         raise ValueError("generator_input: several inputs need the output's uids to map rows to prompts")
-    prompts = as_sequence(field(inputs[0], "prompts"), "generator_input.prompts")
+    else:
+        options = {"prompts": as_sequence(field(inputs[0], "prompts"), "generator_input.prompts")}
+    single = inputs[0] if len(inputs) == 1 else None
     return _samples(
-        _WHERE,
-        tokenizer,
-        inputs[0],
-        generator_output,
-        prompts=prompts,
-        env_role=env_role,
-        step_wise=step_wise,
+        _WHERE, tokenizer, single, generator_output, env_role=env_role, step_wise=step_wise, **options
     )
 
 
