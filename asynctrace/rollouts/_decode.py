@@ -464,13 +464,10 @@ def decode_rollouts(
         for name, values in (metadata or {}).items()
     }
 
-    prompt_lens_l: list[int | None] = []
-    for j in range(len(picked)):
-        prompt_len = None
-        if lens is not None:
-            prompt_len = _scalar(lens[j], "prompt_lens")
-            prompt_len = None if prompt_len is MISSING else int(prompt_len)
-        prompt_lens_l.append(prompt_len)
+    prompt_lens_l: list[int | None] = [None] * len(picked)
+    if lens is not None:
+        given = [_scalar(value, "prompt_lens") for value in lens]
+        prompt_lens_l = [None if value is MISSING else int(value) for value in given]
 
     turns: list[Turns] = []
     texts: TextBatch | SpanBatch
