@@ -235,10 +235,8 @@ def to_samples(
 ) -> list[Sample]:
     """Decode an AReaL batch (list of group dicts or one dict): one transfer per tensor, one tokenizer call.
 
-    Metadata per sample: reward, group_id, advantage (mean over the generated tokens, after
-    `compute_advantages`), prompt_len, response_len, seq_len, num_turns,
-    policy_version_min / policy_version_max (from `versions`, ignoring -1), sample_index
-    (the row in the concatenated batch), plus `metadata={name: per-sample values}`.
+    Each sample's metadata is mapped as docs/frameworks/areal.md lists it (reward, group_id,
+    advantage, lengths, policy versions, sample_index), plus `metadata={name: per-sample values}`.
     `token_fields`: as in `rollout_kwargs`.
     """
     kwargs = rollout_kwargs(batch, group_size=group_size, token_fields=token_fields)

@@ -89,9 +89,7 @@ def to_samples(
     `samples_per_prompt` times, in blocks); one entry per prompt is accepted too. `prompt_index`
     is the response's position before truncation masking `// samples_per_prompt` (left out when
     `samples_per_prompt` is not given, or when rows were masked and `finish_reasons` from before
-    the masking are not given). Metadata: reward (`batch.scores`, which the advantages come
-    from), advantage, stop_reason, dataset, dataset_index, prompt_index, sample_index,
-    model_step, ground_truth, active_tools, and the request-info tool fields.
+    the masking are not given). The other metadata: docs/frameworks/open_instruct.md.
     """
     queries = as_sequence(field(batch, "queries"), "batch.queries")
     responses = as_sequence(field(result, "responses"), "result.responses")
