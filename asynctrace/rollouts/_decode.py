@@ -61,11 +61,6 @@ class _Layout:
     lengths: list[int] | None = None
 
 
-def _check_shape(value: Any, name: str, shape: tuple[int, ...]) -> None:
-    if tuple(value.shape) != shape:
-        raise ValueError(f"{name}: shape {tuple(value.shape)} does not match input_ids {shape}")
-
-
 def _tensor_layout(
     input_ids: torch.Tensor,
     attention_mask: Any,
@@ -97,7 +92,8 @@ def _tensor_layout(
             value = per_token[name] = as_tensor(value, name)
         if not is_tensor(value):
             raise ValueError(f"{name}: input_ids is a tensor, so {name} must be one too (or a numpy array)")
-        _check_shape(value, name, shape)
+        if tuple(value.shape) != shape:
+            raise ValueError(f"{name}: shape {tuple(value.shape)} does not match input_ids {shape}")
     attention_mask, loss_mask, versions = (
         per_token["attention_mask"],
         per_token["loss_mask"],
