@@ -32,7 +32,13 @@ _RTENSOR_MODULE = "areal.infra.rpc.rtensor"
 # Per-token arrays fetched only when asked for as token fields (`advantages` per token is kept
 # under `token_advantages` once unrolled).
 _TOKEN_KEYS = ("logprobs", "token_advantages")
-_TOKEN_FIELDS = ("advantages", "logprobs", "loss_mask", "token_ids")
+# Each token field a caller may ask for, and the key of the batch it is read from.
+_TOKEN_SOURCES = {
+    "advantages": "token_advantages",
+    "logprobs": "logprobs",
+    "loss_mask": "loss_mask",
+    "token_ids": "input_ids",
+}
 
 
 def _get(obj: Any, name: str) -> Any:
@@ -167,8 +173,8 @@ def rollout_kwargs(
     generated) and ``advantages`` (after `compute_advantages`); what `compute_advantages` rolls
     left by one token is put back on its token.
     """
-    if isinstance(token_fields, str) or any(name not in _TOKEN_FIELDS for name in token_fields):
-        raise ValueError(f"token_fields: expected names from {list(_TOKEN_FIELDS)}, got {token_fields!r}")
+    if isinstance(token_fields, str) or any(name not in _TOKEN_SOURCES for name in token_fields):
+        raise ValueError(f"token_fields: expected names from {list(_TOKEN_SOURCES)}, got {token_fields!r}")
     groups, grouped = _groups(batch)
     if not groups:
         raise ValueError("batch: has no trajectories")
@@ -207,19 +213,13 @@ def rollout_kwargs(
     if metadata:
         kwargs["metadata"] = metadata
     if token_fields:
-        sources = {
-            "token_ids": "input_ids",
-            "loss_mask": "loss_mask",
-            "logprobs": "logprobs",
-            "advantages": "token_advantages",
-        }
-        missing = [name for name in token_fields if sources[name] not in columns]
+        missing = [name for name in token_fields if _TOKEN_SOURCES[name] not in columns]
         if missing:
             raise ValueError(
                 f"token_fields: the batch has no per-token values for {missing} "
                 "(advantages exist after compute_advantages)"
             )
-        kwargs["token_fields"] = {name: columns[sources[name]] for name in token_fields}
+        kwargs["token_fields"] = {name: columns[_TOKEN_SOURCES[name]] for name in token_fields}
     return kwargs
 
 
