@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
@@ -260,11 +261,7 @@ def _numpy_parts(
 def _assemble(parts: _Parts, n_rows: int, width: int) -> _Layout:
     """The layout from the parts: row offsets, loss-mask runs and version ranges per row."""
     lengths = parts.lengths if parts.lengths is not None else [width] * n_rows
-    offsets: list[int] = []
-    at = 0
-    for length in lengths:
-        offsets.append(at)
-        at += length
+    offsets = list(itertools.accumulate(lengths, initial=0))[:-1]
     runs: list[list[Run]] | None = None
     if parts.cuts is not None and parts.first is not None:
         runs = [[] for _ in range(n_rows)]
