@@ -95,11 +95,7 @@ def _tensor_layout(
             raise ValueError(f"{name}: input_ids is a tensor, so {name} must be one too (or a numpy array)")
         if tuple(value.shape) != shape:
             raise ValueError(f"{name}: shape {tuple(value.shape)} does not match input_ids {shape}")
-    attention_mask, loss_mask, versions = (
-        per_token["attention_mask"],
-        per_token["loss_mask"],
-        per_token["versions"],
-    )
+    attention_mask, loss_mask, versions = per_token.values()
 
     device = input_ids.device
     index = None if picked is None else torch.as_tensor(picked, dtype=torch.long, device=device)
@@ -229,14 +225,12 @@ def _numpy_parts(
     if valid_a is None:
         flat = ids_a.reshape(-1)
         gen_flat = gen_a.reshape(-1) if gen_a is not None else None
-        parts = _Parts(flat)
     else:
         if valid_a.dtype != np.bool_:
             valid_a = valid_a != 0
         flat = ids_a[valid_a]
         gen_flat = gen_a[valid_a] if gen_a is not None else None
-        parts = _Parts(flat)
-        parts.lengths = valid_a.sum(axis=1).tolist()
+    parts = _Parts(flat, lengths=valid_a.sum(axis=1).tolist() if valid_a is not None else None)
     total = int(flat.shape[0])
     if gen_flat is not None:
         parts.cuts, parts.first = [], []
@@ -462,19 +456,18 @@ def decode_rollouts(
         given = [_scalar(value, "prompt_lens") for value in lens]
         prompt_lens_l = [None if value is MISSING else int(value) for value in given]
 
+    row_runs: Sequence[list[Run] | None] = layout.runs if layout.runs is not None else [None] * len(picked)
     turns: list[Turns] = []
     texts: TextBatch | SpanBatch
     if layout.tokens is not None:
         texts = TextBatch()
         for j, tokens in enumerate(layout.tokens):
-            row_runs = layout.runs[j] if layout.runs is not None else None
-            turns.append(split_turns(tokens, row_runs, prompt_lens_l[j], env_role, texts))
+            turns.append(split_turns(tokens, row_runs[j], prompt_lens_l[j], env_role, texts))
     else:
         assert layout.offsets is not None and layout.lengths is not None
         texts = SpanBatch(layout.flat)
         for j, (offset, length) in enumerate(zip(layout.offsets, layout.lengths, strict=True)):
-            row_runs = layout.runs[j] if layout.runs is not None else None
-            turns.append(split_span_turns(offset, length, row_runs, prompt_lens_l[j], env_role, texts))
+            turns.append(split_span_turns(offset, length, row_runs[j], prompt_lens_l[j], env_role, texts))
     decoded = texts.decode(tokenizer)
     token_rows = (
         token_columns(token_fields, input_ids, attention_mask, picked, is_tensor(input_ids))
