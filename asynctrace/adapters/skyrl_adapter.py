@@ -528,11 +528,10 @@ def attach(
     `batch_metadata.global_step`, split "eval". Nothing raises into training: unconvertible
     batches are counted as dropped ("invalid") with one warning.
 
-    Without `session`, one is opened here, named after the trainer's config
-    (`trainer.project_name`, `trainer.run_name`), with `on_full="drop_oldest"` (a slow sink
-    never stalls a step) and shutdown hooks; `session_options` go to `TraceSession`. It is
-    finished when `trainer.train()` returns or raises. A session passed in is the caller's
-    to finish. Returns the trainer, to fit `return attach(super().get_trainer(...))`.
+    Without `session`, one is opened here, named after the trainer's config, with
+    `on_full="drop_oldest"` and shutdown hooks (`session_options` go to `TraceSession`), and
+    finished when `trainer.train()` returns or raises; a session passed in is the caller's to
+    finish. Returns the trainer, to fit `return attach(super().get_trainer(...))`.
     """
     owned: SyncTraceSession | None = None
     if session is None:
