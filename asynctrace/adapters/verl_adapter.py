@@ -58,8 +58,6 @@ def _column(non_tensor: Mapping[str, Any], name: str, n: int) -> list[Any] | Non
 
 def _version(value: Any) -> int | None:
     """A weight version from `min/max_global_steps` (None where the server reported none)."""
-    if value is None:
-        return None
     if hasattr(value, "item"):
         value = value.item()
     return None if value is None else int(value)
