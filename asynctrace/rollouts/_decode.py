@@ -388,11 +388,8 @@ def row_scores(rewards: Any, n_rows: int) -> list[float | None]:
         return [None] * n_rows
     short = Shortfall("row_scores", n_rows)
     column = _column(rewards, list(range(n_rows)), "rewards", short)
-    scores: list[float | None] = []
-    for value in column or []:
-        number = _scalar(value, "rewards", allow_bool=True)
-        scores.append(finite_or_none(number) if number is not MISSING else None)
-    return scores
+    numbers = [_scalar(value, "rewards", allow_bool=True) for value in column or []]
+    return [finite_or_none(number) if number is not MISSING else None for number in numbers]
 
 
 def decode_rollouts(
