@@ -1,10 +1,6 @@
 """Framework adapters: each module turns one trainer's own rollout structures into `Sample`s.
 
-The frameworks are not dependencies: structures are read by their field names, as dicts
-(TypedDicts) or as attributes (dataclasses). Import the module of your framework::
-
-    from asynctrace.adapters import skyrl_adapter
-    samples = skyrl_adapter.to_samples(generator_input, generator_output, tokenizer=tokenizer)
+The frameworks are not dependencies: structures are read by their field names (docs/adapters.md).
 """
 
 from __future__ import annotations

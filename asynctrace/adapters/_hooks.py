@@ -1,9 +1,7 @@
 """What every framework hook shares: a batch is logged, or counted, and training never sees an error.
 
-A hook runs inside the trainer's own loop. Whatever goes wrong while turning the framework's
-batch into samples (a field missing in a version the adapter was not tested on, a malformed
-row) or while queueing them is caught here: the rows are counted in the session's stats as
-dropped (``"invalid"``), one warning per hook names the cause, and training goes on.
+Whatever goes wrong while converting or queueing a batch is counted as dropped ("invalid"), with
+one warning per hook (docs/adapters.md, "What every adapter does the same way").
 """
 
 from __future__ import annotations
@@ -20,11 +18,19 @@ from ..exceptions import RecordError, SessionClosedError
 if TYPE_CHECKING:
     from .._session import TraceSession
 
-__all__ = ["Converted", "count_invalid", "deliver", "warn_once"]
+__all__ = ["Converted", "count_invalid", "deliver", "every_row", "warn_once"]
 
 
 Converted = tuple[Sequence[Sample], int]
 """What a hook's conversion returns: the samples, and how many rows it had to leave out."""
+
+
+def every_row(
+    convert: Callable[..., Sequence[Sample]], /, *args: Any, **kwargs: Any
+) -> Callable[[], Converted]:
+    """`convert(*args, **kwargs)` as a hook's conversion, for converters that leave no row out."""
+    return lambda: (convert(*args, **kwargs), 0)
+
 
 _warned: set[str] = set()
 _warned_lock = threading.Lock()

@@ -1,9 +1,5 @@
-"""Sessions a hook opens itself when given a project name instead of a session.
-
-A hook line inside a framework's loop then needs no setup of its own: the first call opens
-`TraceSession(project).start()` for the process (finished at interpreter exit, as every started
-synchronous session is), and later calls reuse it.
-"""
+"""Sessions a hook opens itself when given a project name instead of a session, so that a hook
+line in a framework's loop needs no setup: the first call opens one, later calls reuse it."""
 
 from __future__ import annotations
 
@@ -29,6 +25,7 @@ def session_for(
 ) -> TraceSession | SyncTraceSession | None:
     """`target` itself, or the process's session for the project it names; None if it cannot open.
 
+    The session is finished at interpreter exit, as every started synchronous session is.
     Opening never raises into training: a failure is logged once per project and the hook
     logs nothing (there is no session to count the rows in).
     """

@@ -1,17 +1,8 @@
 """AReaL 1.0: the trajectory list of `prepare_batch` / `compute_advantages` to samples.
 
-A step's rollouts are a ``list[dict]``, one right-padded dict per trajectory group (`RTensor`
-values in single-controller mode). The hook, in ``areal/trainer/rl_trainer.py``
-`PPOTrainer.train`, right after ``adv_batch = self.actor.compute_advantages(rollout_batch)``::
-
-    areal_adapter.log_batch(session, adv_batch, tokenizer=self.tokenizer, step=global_step)
-
-or, from the training script without editing AReaL, before ``trainer.train(...)``::
-
-    areal_adapter.attach(trainer, session)
-
-It never raises into training. `to_samples` and `rollout_kwargs` are the raising forms. The
-batch layout and the field mapping: docs/frameworks/areal.md.
+`attach` and `log_batch` (the hook in `PPOTrainer.train`) never raise into training; `to_samples`
+and `rollout_kwargs` are the raising forms. Where the hook goes, the batch layout and the field
+mapping: docs/frameworks/areal.md.
 """
 
 from __future__ import annotations
@@ -26,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .._record import Sample
 from ..rollouts._decode import decode_rollouts
 from ..rollouts._rows import is_tensor
-from ._hooks import deliver
+from ._hooks import deliver, every_row
 
 if TYPE_CHECKING:
     from .._session import TraceSession
@@ -41,7 +32,13 @@ _RTENSOR_MODULE = "areal.infra.rpc.rtensor"
 # Per-token arrays fetched only when asked for as token fields (`advantages` per token is kept
 # under `token_advantages` once unrolled).
 _TOKEN_KEYS = ("logprobs", "token_advantages")
-_TOKEN_FIELDS = ("advantages", "logprobs", "loss_mask", "token_ids")
+# Each token field a caller may ask for, and the key of the batch it is read from.
+_TOKEN_SOURCES = {
+    "advantages": "token_advantages",
+    "logprobs": "logprobs",
+    "loss_mask": "loss_mask",
+    "token_ids": "input_ids",
+}
 
 
 def _get(obj: Any, name: str) -> Any:
@@ -176,8 +173,8 @@ def rollout_kwargs(
     generated) and ``advantages`` (after `compute_advantages`); what `compute_advantages` rolls
     left by one token is put back on its token.
     """
-    if isinstance(token_fields, str) or any(name not in _TOKEN_FIELDS for name in token_fields):
-        raise ValueError(f"token_fields: expected names from {list(_TOKEN_FIELDS)}, got {token_fields!r}")
+    if isinstance(token_fields, str) or any(name not in _TOKEN_SOURCES for name in token_fields):
+        raise ValueError(f"token_fields: expected names from {list(_TOKEN_SOURCES)}, got {token_fields!r}")
     groups, grouped = _groups(batch)
     if not groups:
         raise ValueError("batch: has no trajectories")
@@ -216,19 +213,13 @@ def rollout_kwargs(
     if metadata:
         kwargs["metadata"] = metadata
     if token_fields:
-        sources = {
-            "token_ids": "input_ids",
-            "loss_mask": "loss_mask",
-            "logprobs": "logprobs",
-            "advantages": "token_advantages",
-        }
-        missing = [name for name in token_fields if sources[name] not in columns]
+        missing = [name for name in token_fields if _TOKEN_SOURCES[name] not in columns]
         if missing:
             raise ValueError(
                 f"token_fields: the batch has no per-token values for {missing} "
                 "(advantages exist after compute_advantages)"
             )
-        kwargs["token_fields"] = {name: columns[sources[name]] for name in token_fields}
+        kwargs["token_fields"] = {name: columns[_TOKEN_SOURCES[name]] for name in token_fields}
     return kwargs
 
 
@@ -244,10 +235,8 @@ def to_samples(
 ) -> list[Sample]:
     """Decode an AReaL batch (list of group dicts or one dict): one transfer per tensor, one tokenizer call.
 
-    Metadata per sample: reward, group_id, advantage (mean over the generated tokens, after
-    `compute_advantages`), prompt_len, response_len, seq_len, num_turns,
-    policy_version_min / policy_version_max (from `versions`, ignoring -1), sample_index
-    (the row in the concatenated batch), plus `metadata={name: per-sample values}`.
+    Each sample's metadata is mapped as docs/frameworks/areal.md lists it (reward, group_id,
+    advantage, lengths, policy versions, sample_index), plus `metadata={name: per-sample values}`.
     `token_fields`: as in `rollout_kwargs`.
     """
     kwargs = rollout_kwargs(batch, group_size=group_size, token_fields=token_fields)
@@ -293,12 +282,14 @@ def log_batch(
     with one warning; see `asynctrace.adapters._hooks.deliver`.
     """
 
-    def convert() -> tuple[list[Sample], int]:
-        samples = to_samples(
-            batch, tokenizer=tokenizer, env_role=env_role, group_size=group_size, token_fields=token_fields
-        )
-        return samples, 0
-
+    convert = every_row(
+        to_samples,
+        batch,
+        tokenizer=tokenizer,
+        env_role=env_role,
+        group_size=group_size,
+        token_fields=token_fields,
+    )
     return deliver(
         session, convert, rows=_row_count(batch), step=step, split=split, where="areal_adapter.log_batch"
     )

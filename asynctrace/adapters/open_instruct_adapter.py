@@ -1,17 +1,7 @@
-"""open-instruct: a `Batch` and its `GenerationResult` to samples, and the hook that logs them.
+"""open-instruct: a `Batch` and its `GenerationResult` to samples, and `log_batch`, the hook.
 
 The hook goes in `DataPreparationActor._data_preparation_loop` (open_instruct/data_loader.py),
-where open-instruct saves its own rollouts: after `maybe_mask_truncated_completions` and the
-advantages. Two lines there, and the import::
-
-    from asynctrace.adapters import open_instruct_adapter as oi_trace      # top of the file
-    finish_reasons = list(result.finish_reasons)                           # before the masking
-    oi_trace.log_batch(session, batch, result, advantages, step=self.training_step,
-                       samples_per_prompt=self.config.num_samples_per_prompt_rollout,
-                       finish_reasons=finish_reasons)                      # after the advantages
-
-The finish reasons taken before the masking say which rows it kept, so `result.request_info`
-(which it does not filter) keeps its tool fields on their rows; see docs/frameworks/open_instruct.md.
+with the finish reasons taken before `maybe_mask_truncated_completions`: docs/frameworks/open_instruct.md.
 """
 
 from __future__ import annotations
@@ -26,7 +16,7 @@ from ..rollouts._align import MISSING, Shortfall
 from ..rollouts._mapping import prompt_indices
 from ..rollouts._turns import mask_runs, split_turns
 from ._common import Message, SampleBuilder, as_sequence, field, jsonable, token_list
-from ._hooks import deliver
+from ._hooks import deliver, every_row
 from ._sessions import session_for
 
 if TYPE_CHECKING:
@@ -71,17 +61,15 @@ def log_batch(
     except Exception:  # an unreadable result: the conversion reports it
         rows = 0
 
-    def convert() -> tuple[list[Sample], int]:
-        samples = to_samples(
-            batch,
-            result,
-            samples_per_prompt=samples_per_prompt,
-            advantages=advantages,
-            finish_reasons=finish_reasons,
-            tokenizer=tokenizer,
-        )
-        return samples, 0
-
+    convert = every_row(
+        to_samples,
+        batch,
+        result,
+        samples_per_prompt=samples_per_prompt,
+        advantages=advantages,
+        finish_reasons=finish_reasons,
+        tokenizer=tokenizer,
+    )
     return deliver(target, convert, rows=rows, step=step, split=split, where=where)
 
 
@@ -101,9 +89,7 @@ def to_samples(
     `samples_per_prompt` times, in blocks); one entry per prompt is accepted too. `prompt_index`
     is the response's position before truncation masking `// samples_per_prompt` (left out when
     `samples_per_prompt` is not given, or when rows were masked and `finish_reasons` from before
-    the masking are not given). Metadata: reward (`batch.scores`, which the advantages come
-    from), advantage, stop_reason, dataset, dataset_index, prompt_index, sample_index,
-    model_step, ground_truth, active_tools, and the request-info tool fields.
+    the masking are not given). The other metadata: docs/frameworks/open_instruct.md.
     """
     queries = as_sequence(field(batch, "queries"), "batch.queries")
     responses = as_sequence(field(result, "responses"), "result.responses")

@@ -1,13 +1,8 @@
 """SkyRL: `GeneratorInput` + `GeneratorOutput` to samples, step-wise rows merged per trajectory.
 
-In a SkyRL trainer (sync or fully async), ``skyrl_adapter.attach(trainer, session)`` logs what
-each training step trains on, where SkyRL logs its own trajectories. To convert yourself:
-
-    samples = skyrl_adapter.to_samples(generator_input, generator_output, tokenizer=tok, uids=uids)
-
-`to_step_samples(groups, ...)` turns the generation groups of one fully async training step into
-one list, so the session's cap applies to the training step. Turns come from the loss mask,
-corrected for what SkyRL masks that no environment wrote (see `_turn_mask`).
+``attach(trainer)`` logs what each training step of a SkyRL trainer trains on; `to_samples` and
+`to_step_samples` are the converters under it. Turns come from the loss mask, corrected for what
+SkyRL masks that no environment wrote (see `_turn_mask`). The field mapping: docs/frameworks/skyrl.md.
 """
 
 from __future__ import annotations
@@ -26,7 +21,7 @@ from ..rollouts._mapping import instance_key, prompt_indices, trajectory_label
 from ..rollouts._stepwise import merge_step_wise, trajectory_groups
 from ..rollouts._turns import mask_runs, split_turns
 from ._common import Message, SampleBuilder, as_sequence, chat_messages, field, jsonable
-from ._hooks import Converted, deliver
+from ._hooks import deliver, every_row
 
 if TYPE_CHECKING:
     from .._session import TraceSession
@@ -98,28 +93,16 @@ def to_samples(
     one warning. The field mapping: docs/frameworks/skyrl.md.
     """
     inputs = _inputs(generator_input)
+    options: dict[str, Any]
     if uids is not None:
-        return _samples(
-            _WHERE,
-            tokenizer,
-            inputs[-1] if len(inputs) == 1 else None,
-            generator_output,
-            env_role=env_role,
-            step_wise=step_wise,
-            uids=as_sequence(uids, "uids"),
-            origins=_origins(inputs),
-        )
-    if len(inputs) != 1:
+        options = {"uids": as_sequence(uids, "uids"), "origins": _origins(inputs)}
+    elif len(inputs) != 1:
         raise ValueError("generator_input: several inputs need the output's uids to map rows to prompts")
-    prompts = as_sequence(field(inputs[0], "prompts"), "generator_input.prompts")
+    else:
+        options = {"prompts": as_sequence(field(inputs[0], "prompts"), "generator_input.prompts")}
+    single = inputs[0] if len(inputs) == 1 else None
     return _samples(
-        _WHERE,
-        tokenizer,
-        inputs[0],
-        generator_output,
-        prompts=prompts,
-        env_role=env_role,
-        step_wise=step_wise,
+        _WHERE, tokenizer, single, generator_output, env_role=env_role, step_wise=step_wise, **options
     )
 
 
@@ -493,11 +476,9 @@ class _Tracer:
         except Exception:  # not an output this version knows: nothing to count rows by
             return
 
-        def convert() -> Converted:
-            return to_samples(
-                generator_input, generator_output, tokenizer=self.tokenizer, env_role=self.env_role
-            ), 0
-
+        convert = every_row(
+            to_samples, generator_input, generator_output, tokenizer=self.tokenizer, env_role=self.env_role
+        )
         deliver(self.session, convert, rows=rows, step=step or 0, split="eval", where=_HOOK)
 
     def log(self, generator_output: Any, uids: Any, step: int) -> None:
@@ -507,7 +488,7 @@ class _Tracer:
         except Exception:  # not an output this version knows: nothing to count rows by
             return
 
-        def convert() -> Converted:
+        def convert() -> list[Sample]:
             with self._lock:
                 origins = {str(u): self._origins[str(u)] for u in set(uids) if str(u) in self._origins}
             return _samples(
@@ -519,9 +500,9 @@ class _Tracer:
                 step_wise=None,
                 uids=as_sequence(uids, "uids"),
                 origins=origins,
-            ), 0
+            )
 
-        deliver(self.session, convert, rows=rows, step=step, split="train", where=_HOOK)
+        deliver(self.session, every_row(convert), rows=rows, step=step, split="train", where=_HOOK)
 
 
 def _step(trainer: Any) -> int:
@@ -547,11 +528,10 @@ def attach(
     `batch_metadata.global_step`, split "eval". Nothing raises into training: unconvertible
     batches are counted as dropped ("invalid") with one warning.
 
-    Without `session`, one is opened here, named after the trainer's config
-    (`trainer.project_name`, `trainer.run_name`), with `on_full="drop_oldest"` (a slow sink
-    never stalls a step) and shutdown hooks; `session_options` go to `TraceSession`. It is
-    finished when `trainer.train()` returns or raises. A session passed in is the caller's
-    to finish. Returns the trainer, to fit `return attach(super().get_trainer(...))`.
+    Without `session`, one is opened here, named after the trainer's config, with
+    `on_full="drop_oldest"` and shutdown hooks (`session_options` go to `TraceSession`), and
+    finished when `trainer.train()` returns or raises; a session passed in is the caller's to
+    finish. Returns the trainer, to fit `return attach(super().get_trainer(...))`.
     """
     owned: SyncTraceSession | None = None
     if session is None:

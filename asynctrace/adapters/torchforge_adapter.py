@@ -1,14 +1,7 @@
-"""torchforge: `Episode`s (with their `Completion`) to samples, and the hook that logs a group.
+"""torchforge: `Episode`s (with their `Completion`) to samples, and `log_group`, the hook for a group.
 
-The hook goes in `continuous_rollouts` of apps/grpo/main.py, right after the advantages are
-set on the group's episodes::
-
-    from asynctrace.adapters import torchforge_adapter as forge_trace   # top of the file
-    forge_trace.log_group(session, episodes)                            # after the advantages
-
-The prompt comes from the generator's `Completion.prompt`, a `Prompt` whose messages are
-`Message(chunks, role)`; `policy_version` from `completion.generator_version`, which is also the
-default step (the rollout loop has no training step of its own).
+The hook goes in `continuous_rollouts` of apps/grpo/main.py; what maps to what:
+docs/frameworks/torchforge.md.
 """
 
 from __future__ import annotations
@@ -18,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._record import Sample
 from ._common import Message, SampleBuilder, field, jsonable, role_name, token_list
-from ._hooks import deliver
+from ._hooks import deliver, every_row
 from ._sessions import session_for
 
 if TYPE_CHECKING:
@@ -57,16 +50,16 @@ def log_group(
     except Exception:  # an unreadable argument: the conversion below reports and counts it
         items, version = [episodes], 0 if step is None else step
 
-    def convert() -> tuple[list[Sample], int]:
+    def convert() -> list[Sample]:
         samples = to_samples(items, tokenizer=tokenizer)
         group_uid = field(items[0], "episode_id") if items else None
         for k, sample in enumerate(samples):
             sample.metadata["sample_index"] = k
             if group_uid is not None:
                 sample.metadata["group_uid"] = str(group_uid)
-        return samples, 0
+        return samples
 
-    return deliver(target, convert, rows=len(items), step=version, split=split, where=where)
+    return deliver(target, every_row(convert), rows=len(items), step=version, split=split, where=where)
 
 
 def to_samples(episodes: Any | Iterable[Any], *, tokenizer: Any = None) -> list[Sample]:

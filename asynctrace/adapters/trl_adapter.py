@@ -1,17 +1,5 @@
-"""TRL (GRPO): a ready integration for `GRPOTrainer`, and the column converter under it.
-
-The whole integration (TRL 1.16)::
-
-    from asynctrace.adapters.trl_adapter import attach
-
-    trainer = GRPOTrainer(model=..., reward_funcs=[...], args=GRPOConfig(...), train_dataset=...)
-    attach(trainer, max_traces_per_step=16)
-
-`attach` logs every batch the trainer generates and scores, exactly once, when
-`GRPOTrainer._generate_and_score_completions` has gathered it from every process (TRL's `_logs`
-repeat or skip batches, and a `TrainerCallback` never sees the trainer). Only the main process
-logs. `to_samples` is the converter on its own, for TRL columns you already hold. What each
-sample holds: docs/frameworks/trl.md.
+"""TRL (GRPO): `attach` logs every batch a `GRPOTrainer` generates and scores; `to_samples` converts
+TRL columns you already hold. Where `attach` hooks in, and what each sample holds: docs/frameworks/trl.md.
 """
 
 from __future__ import annotations
@@ -229,12 +217,14 @@ class GRPOTracer:
                 session = self._session = self._open_session()
             return session
 
-    def _taps(self) -> tuple[dict[str, _Tap], dict[str, defaultdict[str, _Tap]]]:
-        """TRL's `_logs` with every per-row column tapped (new reward or extra columns too)."""
+    def _drain(self) -> tuple[dict[str, list[Any]], dict[str, dict[str, list[Any]]]]:
+        """The rows TRL's `_logs` took since the last drain, by column; every per-row column is
+        tapped first (new reward or extra columns too)."""
         logs = self._trainer._logs
         columns = {}
         for name in _ROW_COLUMNS:
-            columns[name] = logs[name] = _tapped(logs[name])
+            tap = logs[name] = _tapped(logs[name])
+            columns[name] = tap.drain()
         tables = {}
         for name in _TABLES:
             table = logs[name]
@@ -250,18 +240,13 @@ class GRPOTracer:
                 table.default_factory = tap_factory
             for key in list(table):
                 table[key] = _tapped(table[key])
-            tables[name] = table
+            tables[name] = {key: tap.drain() for key, tap in table.items()}
         return columns, tables
 
     def _before(self) -> Exception | None:
         """Tap TRL's logs and forget rows a failed call left behind; the error if it cannot."""
         try:
-            columns, tables = self._taps()
-            for tap in columns.values():
-                tap.drain()
-            for table in tables.values():
-                for tap in table.values():
-                    tap.drain()
+            self._drain()
             return None
         except Exception as exc:  # a TRL version whose logs look different
             return exc
@@ -276,20 +261,14 @@ class GRPOTracer:
                 convert = functools.partial(_raise, error)
                 deliver(session, convert, rows=rows, step=step, split=split, where=_HOOK)
                 return
-            columns, tables = self._taps()
-            prompt = columns["prompt"].drain()
-            completion = columns["completion"].drain()
-            advantages = columns["advantages"].drain()
-            rewards = {name: tap.drain() for name, tap in tables["rewards"].items()}
-            extra = {name: tap.drain() for name, tap in tables["extra"].items()}
+            columns, tables = self._drain()
+            completion = columns["completion"]
             if not completion:
                 return
             batch = self.batches[split] = self.batches.get(split, 0) + 1
             deliver(
                 session,
-                functools.partial(
-                    self._convert, session, split, batch - 1, prompt, completion, advantages, rewards, extra
-                ),
+                functools.partial(self._convert, session, split, batch - 1, columns, tables),
                 rows=len(completion),
                 step=step,
                 split=split,
@@ -303,13 +282,12 @@ class GRPOTracer:
         session: TraceSession | SyncTraceSession,
         split: str,
         batch: int,
-        prompt: list[Any],
-        completion: list[Any],
-        advantages: list[Any],
-        rewards: dict[str, list[Any]],
-        extra: dict[str, list[Any]],
+        columns: dict[str, list[Any]],
+        tables: dict[str, dict[str, list[Any]]],
     ) -> tuple[list[Sample], int]:
         trainer = self._trainer
+        prompt, completion, advantages = columns["prompt"], columns["completion"], columns["advantages"]
+        rewards, extra = tables["rewards"], tables["extra"]
         n = len(completion)
         names = list(trainer.reward_func_names)
         for name, column in [("prompt", prompt), ("advantages", advantages)] + [
@@ -322,13 +300,13 @@ class GRPOTracer:
             raise ValueError(f"reward columns {sorted(rewards)} are not the reward functions {names}")
         num_generations = trainer.num_generations if split == "train" else trainer.num_generations_eval
         own = {"reward", "reward_breakdown", "advantage", "prompt_index", "sample_index", "batch_index"}
-        columns = {(f"extra.{k}" if k in own else k): v for k, v in extra.items()}
+        renamed = {(f"extra.{k}" if k in own else k): v for k, v in extra.items()}
         samples = to_samples(
             prompt,
             completion,
             rewards={name: rewards[name] for name in names},
             advantages=advantages,
-            extra={**columns, "batch_index": [batch] * n},
+            extra={**renamed, "batch_index": [batch] * n},
             num_generations=num_generations,
             reward_weights=trainer.reward_weights,
         )

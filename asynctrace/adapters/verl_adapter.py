@@ -1,15 +1,7 @@
-"""verl: a `DataProto` rollout batch to samples, and a hook for the PPO trainer's loop.
+"""verl: a `DataProto` rollout batch to samples, and `log_batch`, the hook for `RayPPOTrainer`.
 
-Tested on verl 0.9.1's `RayPPOTrainer` (``verl/trainer/ppo/ray_trainer.py``). The hook is
-called right after ``compute_advantage`` in ``fit()``, and in ``_validate()`` after
-``extract_reward``::
-
-    from asynctrace.adapters import verl_adapter
-    verl_adapter.log_batch(self, batch)  # in fit(), after compute_advantage(...)
-    verl_adapter.log_batch(self, test_batch, split="eval", token_level_scores=reward_tensor)  # _validate
-
-``balance_batch`` reorders the rows before that point, so a prompt's rows are found by their
-``uid``, never by their position. The batch layout and field mapping: docs/frameworks/verl.md.
+Tested on verl 0.9.1. Where the hook goes in ``fit()`` and ``_validate()``, the batch layout and
+the field mapping: docs/frameworks/verl.md.
 """
 
 from __future__ import annotations
@@ -24,7 +16,7 @@ from .._record import Sample
 from .._sync import SyncTraceSession
 from ..rollouts._decode import decode_rollouts
 from ._common import jsonable
-from ._hooks import count_invalid, deliver, warn_once
+from ._hooks import count_invalid, deliver, every_row, warn_once
 
 __all__ = ["log_batch", "open_session", "to_samples"]
 
@@ -66,8 +58,6 @@ def _column(non_tensor: Mapping[str, Any], name: str, n: int) -> list[Any] | Non
 
 def _version(value: Any) -> int | None:
     """A weight version from `min/max_global_steps` (None where the server reported none)."""
-    if value is None:
-        return None
     if hasattr(value, "item"):
         value = value.item()
     return None if value is None else int(value)
@@ -163,6 +153,7 @@ def to_samples(
             if math.isfinite(value):  # a row with no response token has no advantage
                 meta[key] = value
         if uids is not None:
+            # balance_batch reorders the rows: a prompt's rows are found by uid, never by position.
             uid = str(uids[row])
             meta["group_uid"] = uid
             meta["prompt_index"] = group_of.setdefault(uid, len(group_of))
@@ -286,19 +277,11 @@ def log_batch(
         if session is not None and session is not _FAILED:
             count_invalid(session, rows)
         return 0
-    return deliver(
-        session,
-        lambda: (
-            to_samples(
-                batch,
-                tokenizer=tokenizer,
-                token_level_scores=token_level_scores,
-                token_fields=token_fields,
-            ),
-            0,
-        ),
-        rows=rows,
-        step=at_step,
-        split=split,
-        where=_WHERE,
+    convert = every_row(
+        to_samples,
+        batch,
+        tokenizer=tokenizer,
+        token_level_scores=token_level_scores,
+        token_fields=token_fields,
     )
+    return deliver(session, convert, rows=rows, step=at_step, split=split, where=_WHERE)

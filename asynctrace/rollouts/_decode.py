@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
@@ -61,11 +62,6 @@ class _Layout:
     lengths: list[int] | None = None
 
 
-def _check_shape(value: Any, name: str, shape: tuple[int, ...]) -> None:
-    if tuple(value.shape) != shape:
-        raise ValueError(f"{name}: shape {tuple(value.shape)} does not match input_ids {shape}")
-
-
 def _tensor_layout(
     input_ids: torch.Tensor,
     attention_mask: Any,
@@ -97,12 +93,9 @@ def _tensor_layout(
             value = per_token[name] = as_tensor(value, name)
         if not is_tensor(value):
             raise ValueError(f"{name}: input_ids is a tensor, so {name} must be one too (or a numpy array)")
-        _check_shape(value, name, shape)
-    attention_mask, loss_mask, versions = (
-        per_token["attention_mask"],
-        per_token["loss_mask"],
-        per_token["versions"],
-    )
+        if tuple(value.shape) != shape:
+            raise ValueError(f"{name}: shape {tuple(value.shape)} does not match input_ids {shape}")
+    attention_mask, loss_mask, versions = per_token.values()
 
     device = input_ids.device
     index = None if picked is None else torch.as_tensor(picked, dtype=torch.long, device=device)
@@ -232,14 +225,12 @@ def _numpy_parts(
     if valid_a is None:
         flat = ids_a.reshape(-1)
         gen_flat = gen_a.reshape(-1) if gen_a is not None else None
-        parts = _Parts(flat)
     else:
         if valid_a.dtype != np.bool_:
             valid_a = valid_a != 0
         flat = ids_a[valid_a]
         gen_flat = gen_a[valid_a] if gen_a is not None else None
-        parts = _Parts(flat)
-        parts.lengths = valid_a.sum(axis=1).tolist()
+    parts = _Parts(flat, lengths=valid_a.sum(axis=1).tolist() if valid_a is not None else None)
     total = int(flat.shape[0])
     if gen_flat is not None:
         parts.cuts, parts.first = [], []
@@ -264,11 +255,7 @@ def _numpy_parts(
 def _assemble(parts: _Parts, n_rows: int, width: int) -> _Layout:
     """The layout from the parts: row offsets, loss-mask runs and version ranges per row."""
     lengths = parts.lengths if parts.lengths is not None else [width] * n_rows
-    offsets: list[int] = []
-    at = 0
-    for length in lengths:
-        offsets.append(at)
-        at += length
+    offsets = list(itertools.accumulate(lengths, initial=0))[:-1]
     runs: list[list[Run]] | None = None
     if parts.cuts is not None and parts.first is not None:
         runs = [[] for _ in range(n_rows)]
@@ -401,11 +388,8 @@ def row_scores(rewards: Any, n_rows: int) -> list[float | None]:
         return [None] * n_rows
     short = Shortfall("row_scores", n_rows)
     column = _column(rewards, list(range(n_rows)), "rewards", short)
-    scores: list[float | None] = []
-    for value in column or []:
-        number = _scalar(value, "rewards", allow_bool=True)
-        scores.append(finite_or_none(number) if number is not MISSING else None)
-    return scores
+    numbers = [_scalar(value, "rewards", allow_bool=True) for value in column or []]
+    return [finite_or_none(number) if number is not MISSING else None for number in numbers]
 
 
 def decode_rollouts(
@@ -464,27 +448,23 @@ def decode_rollouts(
         for name, values in (metadata or {}).items()
     }
 
-    prompt_lens_l: list[int | None] = []
-    for j in range(len(picked)):
-        prompt_len = None
-        if lens is not None:
-            prompt_len = _scalar(lens[j], "prompt_lens")
-            prompt_len = None if prompt_len is MISSING else int(prompt_len)
-        prompt_lens_l.append(prompt_len)
+    prompt_lens_l: list[int | None] = [None] * len(picked)
+    if lens is not None:
+        given = [_scalar(value, "prompt_lens") for value in lens]
+        prompt_lens_l = [None if value is MISSING else int(value) for value in given]
 
+    row_runs: Sequence[list[Run] | None] = layout.runs if layout.runs is not None else [None] * len(picked)
     turns: list[Turns] = []
     texts: TextBatch | SpanBatch
     if layout.tokens is not None:
         texts = TextBatch()
         for j, tokens in enumerate(layout.tokens):
-            row_runs = layout.runs[j] if layout.runs is not None else None
-            turns.append(split_turns(tokens, row_runs, prompt_lens_l[j], env_role, texts))
+            turns.append(split_turns(tokens, row_runs[j], prompt_lens_l[j], env_role, texts))
     else:
         assert layout.offsets is not None and layout.lengths is not None
         texts = SpanBatch(layout.flat)
         for j, (offset, length) in enumerate(zip(layout.offsets, layout.lengths, strict=True)):
-            row_runs = layout.runs[j] if layout.runs is not None else None
-            turns.append(split_span_turns(offset, length, row_runs, prompt_lens_l[j], env_role, texts))
+            turns.append(split_span_turns(offset, length, row_runs[j], prompt_lens_l[j], env_role, texts))
     decoded = texts.decode(tokenizer)
     token_rows = (
         token_columns(token_fields, input_ids, attention_mask, picked, is_tensor(input_ids))

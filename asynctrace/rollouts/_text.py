@@ -107,9 +107,6 @@ class SpanBatch:
         self._bounds: list[int] = []
         self._shared: list[bool] = []
 
-    def __len__(self) -> int:
-        return len(self._shared)
-
     def add(self, start: int, end: int, shared: bool = False) -> int:
         """Queue the span `[start, end)`; returns the handle of its text (see `TextBatch.add`)."""
         self._bounds += (start, end)

@@ -142,16 +142,8 @@ def _read_journal(path: Path) -> list[_Row]:
                 data = orjson.loads(line)
             except orjson.JSONDecodeError:
                 break
-            rows.append(
-                (
-                    data["id"],
-                    data["step"],
-                    data["split"],
-                    data["key"],
-                    data["timestamp"],
-                    orjson.dumps(data["sample"]),
-                )
-            )
+            fields = (data["id"], data["step"], data["split"], data["key"], data["timestamp"])
+            rows.append((*fields, orjson.dumps(data["sample"])))
     return rows
 
 

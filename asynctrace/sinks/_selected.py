@@ -19,12 +19,10 @@ __all__ = ["Selected"]
 class Selected(Sink):
     """Write to `sink` only a per-(split, step) selection of what the session passes on.
 
-    The session validates and encodes every sample once and applies its own cap; the writer
-    then offers each record it hands to this sink to a selection of `max_traces_per_step`
-    records per (split, step), chosen by `sampler` (the session's samplers: "first",
-    "top_bottom", "reservoir" or a `Sampler`). Records the selection leaves out are counted in
-    this sink's `SinkStats.skipped`, by reason. Steps close as the session's do (see
-    docs/sinks.md, "Tiered capture"). Used outside a session, `write` writes everything.
+    At most `max_traces_per_step` records per (split, step), chosen by `sampler` (the session's
+    samplers: "first", "top_bottom", "reservoir" or a `Sampler`); what it leaves out is counted in
+    this sink's `SinkStats.skipped` (docs/sinks.md, "Tiered capture"). Used outside a session,
+    `write` writes everything.
     """
 
     def __init__(

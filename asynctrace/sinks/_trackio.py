@@ -401,29 +401,17 @@ class TrackioSink(Sink):
             return
         # One list per field, not one per record: a write's header then adds five objects
         # for the garbage collector to track, however many records it carries.
-        ids: list[str] = []
-        steps: list[int] = []
-        keys: list[str] = []
-        sizes: list[int] = []
-        replayed: list[int] = []
+        columns: dict[str, list[Any]] = {"ids": [], "steps": [], "keys": [], "sizes": [], "replayed": []}
         for start in range(0, len(records), _HEADER_SLICE):
             if start:
                 await anyio.lowlevel.checkpoint()
             part = records[start : start + _HEADER_SLICE]
-            ids += [r.id for r in part]
-            steps += [r.step for r in part]
-            keys += [r.key for r in part]
-            sizes += [len(r.payload) for r in part]
-            replayed += [int(r.replayed) for r in part]
-        header = {
-            "op": "write",
-            "ids": ids,
-            "steps": steps,
-            "keys": keys,
-            "sizes": sizes,
-            "replayed": replayed,
-        }
-        reply = await self._call(records, header, [r.payload for r in records])
+            columns["ids"] += [r.id for r in part]
+            columns["steps"] += [r.step for r in part]
+            columns["keys"] += [r.key for r in part]
+            columns["sizes"] += [len(r.payload) for r in part]
+            columns["replayed"] += [int(r.replayed) for r in part]
+        reply = await self._call(records, {"op": "write", **columns}, [r.payload for r in records])
         self.duplicates_skipped += int(reply.get("skipped", 0))
 
     async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:

@@ -1,11 +1,7 @@
 """Which Trackio releases `TrackioSink` supports, and a clear error for any other.
 
-Locally the sink commits each batch through Trackio's storage class (`SQLiteStorage.bulk_log`,
-with log ids of its own) rather than `run.log`, which queues and commits later on a thread and
-assigns its own ids: only the former lets a batch count as written once it is on disk and lets
-a retried or replayed batch land on the same rows. That class is not a public API, so the sink
-supports the releases it was tested with, where its signature, the traces table and the
-project name rules are the same.
+The sink commits through Trackio's storage class, which is not a public API, so only the releases
+it was tested with are supported (docs/sinks.md, "Supported Trackio releases").
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Trackio writer process (`TrackioSink` starts it; ``python -m asynctrace.sinks._trackio_worker``).
 
-Trackio's Python-heavy work (building rows, SQLite, its own threads) would compete with the
-caller's event loop for the GIL; in a process of its own it cannot. The protocol on stdin is
-frames of ``>I`` header length, an orjson header, then the concatenated payloads; each request
-gets one orjson line on the protocol pipe.
-
-When the parent dies, stdin closes and the run is finished anyway, so a killed trainer never
-leaves its Trackio run open. A child that inherited the parent's end of stdin without the fork
-hook in `_trackio` would keep the pipe open, so the writer also stops when its parent changes.
-SIGINT and SIGTERM are ignored: they reach the whole process group, and the parent's shutdown
-hooks need this process to finish writing what they flush.
+The protocol on stdin is frames of ``>I`` header length, an orjson header, then the concatenated
+payloads; each request gets one orjson line on the protocol pipe. Why a process, and how it
+finishes the run when its parent dies: docs/concepts.md and docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -142,6 +135,8 @@ def main() -> int:
     proto = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)
     sys.stdout = sys.stderr = _Scrubbed(sys.stderr)  # type: ignore[assignment]
+    # They reach the whole process group, and the parent's shutdown hooks need this process to
+    # finish writing what they flush.
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
     frames: queue.Queue[tuple[dict[str, Any], bytes] | None] = queue.Queue()

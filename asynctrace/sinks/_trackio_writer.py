@@ -1,17 +1,9 @@
 """The Trackio side of `TrackioSink`: turns encoded records into Trackio traces.
 
 It runs in a writer process by default (see `_trackio_worker`), or in a worker thread with
-``TrackioSink(process=False)``. Kept free of asynctrace's event-loop code on purpose.
-
-Idempotency. Trackio inserts a trace row ``{run_id}:{log_id}:{key}:{index}`` with INSERT OR
-IGNORE. A log entry holds *consecutive* record ids of one step and key, and its log id is
-``{tag}-at-{first record id}``, so every stored trace maps back to one record id: a retried
-batch rewrites the same rows, and a replay first asks which of its records are there already.
-Log ids written before the tag existed (``at-{first record id}``) decode the same way.
-
-The tag comes first because Trackio's Traces tab shows only the first seven letters and digits
-of a log id, and record ids all begin with the session's prefix (see `_tag`). What the tab
-reads from each trace's metadata: docs/sinks.md.
+``TrackioSink(process=False)``. Kept free of asynctrace's event-loop code on purpose. How log ids
+make retries and replays idempotent: docs/reliability.md ("Idempotency"); what the Traces tab
+reads from them and from each trace's metadata: docs/sinks.md.
 """
 
 from __future__ import annotations
