@@ -74,8 +74,8 @@ def demo(**options: Any) -> None:
 
 @main.command()
 @click.argument("spool_dir", type=click.Path(file_okay=False))
-@click.option("--project", default=None, help="Deliver to this Trackio project instead of the recorded one.")
-@click.option("--run", default=None, help="Deliver to this run instead of the recorded one.")
+@click.option("--project", callback=_plain_name, help="Deliver to this Trackio project, not the spool's.")
+@click.option("--run", callback=_plain_name, help="Deliver to this run, not the spool's.")
 @click.option("--dead-letters", is_flag=True, help="Also retry records whose sink had failed for good.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
 def recover(spool_dir: str, project: str | None, run: str | None, dead_letters: bool, progress: bool) -> None:

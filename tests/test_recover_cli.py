@@ -172,3 +172,14 @@ def test_recover_exits_0_when_only_a_torn_last_line_was_skipped(tmp_path: Path, 
     result = CliRunner().invoke(main, ["recover", str(spool), "--no-progress"])
     assert result.exit_code == 0, result.output
     assert f"{project}/r: 5 replayed, 5 written" in result.output and "a torn last line" in result.output
+
+
+@pytest.mark.parametrize("flag", ["--project", "--run"])
+def test_recover_refuses_a_name_trackio_cannot_store(tmp_path: Path, flag: str) -> None:
+    """A bad --project or --run is a usage error naming the option, before the spool is touched."""
+    spool = tmp_path / "spool"
+    result = CliRunner().invoke(main, ["recover", str(spool), flag, "a/b", "--no-progress"])
+    assert result.exit_code == 2 and flag in result.output, result.output
+    assert not spool.exists()
+    empty = CliRunner().invoke(main, ["recover", str(spool), flag, " ", "--no-progress"])
+    assert empty.exit_code == 2 and "must not be empty" in empty.output
