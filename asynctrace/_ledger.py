@@ -55,7 +55,7 @@ class _SinkCounters:
 
 class Ledger:
     """The counts, by outcome, and the spool told of every resolution. Not thread-safe: its
-    owner's lock (the buffer's, or a `TraceClient`'s) guards it.
+    owner's lock (a buffer's, a `TraceClient`'s or a `DistributedTraceLogger`'s) guards it.
 
     The first drop for each reason is logged once, pointing at `owner`'s stats; reasons in
     `quiet` are only counted (capping is the point of a cap, not a loss)."""
