@@ -29,6 +29,8 @@ def _records(path: Path) -> list[bytes]:
         if kind == 0:
             pos += left
             continue
+        if pos + _HEADER + length > len(data):
+            break  # the service is still writing this chunk
         chunk = data[pos + _HEADER : pos + _HEADER + length]
         pos += _HEADER + length
         if kind == _FULL:
@@ -48,12 +50,19 @@ def history(run_dir: Path, timeout: float = 30.0) -> list[dict[str, Any]]:
     The service writes the log on its own after `finish()` returns: this waits (at most
     `timeout` seconds) for the run's exit record.
     """
+    from google.protobuf.message import DecodeError
     from wandb.proto import wandb_internal_pb2 as pb
 
     (log,) = run_dir.glob("run-*.wandb")
     deadline = time.monotonic() + timeout
     while True:
-        records = [pb.Record.FromString(raw) for raw in _records(log)]
+        try:
+            records = [pb.Record.FromString(raw) for raw in _records(log)]
+        except DecodeError:
+            # Read while the service was mid-write: a record whose bytes are not all there yet.
+            if time.monotonic() > deadline:
+                raise
+            records = []
         kinds = [r.WhichOneof("record_type") for r in records]
         if "exit" in kinds or time.monotonic() > deadline:
             break
