@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from . import testing
 from ._group_sampling import GroupSampler
-from ._record import Sample, TraceRecord
+from ._records.encode import Sample, TraceRecord
 from ._retry import RetryPolicy
 from ._sampling import FirstSampler, ReservoirSampler, Sampler, StepSelection, TopBottomSampler
 from ._session import TraceSession, install_shutdown_hooks

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from ._gated import GatedAdmission
 from ._ledger import Batch, Ledger
 from ._queue import Admission, Marker, MetricsItem, OnFull, Queue, Room, Waiting
-from ._record import TraceRecord
+from ._records.encode import TraceRecord
 from ._sampling import EVICTED, HELD, RELEASED, Entry, Gate
 from ._stats import DropReason, SessionStats
 from .exceptions import SessionClosedError

@@ -11,8 +11,7 @@ from typing import Any
 
 from ._checks import MAX_STEP, check_split, check_step
 from ._group_metrics import GroupMetrics
-from ._groups import GroupKey, group_of
-from ._record import (
+from ._records.encode import (
     UNKNOWN,
     Sample,
     SampleLike,
@@ -24,6 +23,7 @@ from ._record import (
     preview_score,
     records_for,
 )
+from ._records.groups import GroupKey, group_of
 from ._security import shown
 from .exceptions import RecordError
 

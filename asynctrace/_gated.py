@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ._queue import Admission, OnFull, Queue, Waiting
-from ._record import TraceRecord
+from ._records.encode import TraceRecord
 from ._sampling import EVICTED, Entry, Gate, GateResult
 
 if TYPE_CHECKING:

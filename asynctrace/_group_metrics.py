@@ -16,9 +16,9 @@ from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 from ._buffer import MetricsItem
-from ._groups import GroupKey, GroupSummary, group_of
 from ._health import PREFIX
-from ._record import UNKNOWN, Sample, preview_score, sample_from
+from ._records.encode import UNKNOWN, Sample, preview_score, sample_from
+from ._records.groups import GroupKey, GroupSummary, group_of
 
 __all__ = ["GroupMetrics", "group_metrics"]
 

@@ -7,7 +7,7 @@ import random
 from collections.abc import Hashable, Sequence
 from typing import Literal
 
-from ._groups import DEFAULT_GROUP_KEYS, GroupKey, payload_group
+from ._records.groups import DEFAULT_GROUP_KEYS, GroupKey, payload_group
 from ._sampling import Entry, Sampler, StepSelection
 from ._security import shown
 

@@ -20,7 +20,7 @@ from ._buffer import Admission, Buffer, Waiting
 from ._checks import check_step
 from ._encode import Encoder
 from ._lifecycle import Lifecycle, State
-from ._record import SampleLike, TraceRecord, as_list
+from ._records.encode import SampleLike, TraceRecord, as_list
 from ._sampling import Entry
 from ._stats import DropReason
 from ._watch import WatchCounter

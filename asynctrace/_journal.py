@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import anyio.lowlevel
 
-from ._record import TraceRecord
+from ._records.encode import TraceRecord
 
 if TYPE_CHECKING:
     from ._spool import Spool

@@ -12,7 +12,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ._record import TraceRecord
+from ._records.encode import TraceRecord
 from ._security import logger
 from ._stats import DropReason, SessionStats, SinkStats
 

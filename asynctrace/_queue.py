@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Literal
 import anyio
 
 from ._ledger import Batch, Ledger
-from ._record import TraceRecord
+from ._records.encode import TraceRecord
 
 if TYPE_CHECKING:
     from ._tiers import Picked

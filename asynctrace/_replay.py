@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import anyio
 
 from . import _segments
-from ._record import TraceRecord
+from ._records.encode import TraceRecord
 from ._security import logger
 from ._spool import Spool
 

@@ -23,7 +23,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from ._record import TraceRecord
+from ._records.encode import TraceRecord
 from ._security import scrub_bytes
 
 __all__ = [

@@ -28,10 +28,10 @@ from ._checks import (
 )
 from ._closing import after_drain, close_sinks, flush_until, report_finish
 from ._engine import build_engine
-from ._groups import GroupKey
 from ._intake import Intake
 from ._lifecycle import Lifecycle, State
-from ._record import Sample, SampleLike
+from ._records.encode import Sample, SampleLike
+from ._records.groups import GroupKey
 from ._replay import ReplayPlan, replay_backlog
 from ._retry import NO_RETRY, RetryPolicy
 from ._sampler_names import SamplerName, resolve_sampler

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 from . import _segments as seg
-from ._record import TraceRecord
+from ._records.encode import TraceRecord
 from ._security import describe, logger, secret_bytes
 from ._spool_dir import SpoolDir, WriteErrors
 from ._stats import SpoolStats

@@ -15,7 +15,7 @@ from anyio.from_thread import BlockingPortal
 from . import _shutdown
 from ._checks import check_timeout, wait_arg
 from ._lifecycle import Lifecycle
-from ._record import SampleLike
+from ._records.encode import SampleLike
 from ._security import logger
 from ._stats import SessionStats
 from .exceptions import SessionClosedError

@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from itertools import groupby
 
-from ._record import TraceRecord
+from ._records.encode import TraceRecord
 from ._sampling import EVICTED, HELD, RELEASED, Entry, Gate
 from .sinks._selected import Selected
 

@@ -24,7 +24,7 @@ from ._abandon import spawn_detached, wait_first
 from ._buffer import Batch, Buffer, Marker, MetricsItem
 from ._group_metrics import GroupMetrics
 from ._health import Health
-from ._record import TraceRecord
+from ._records.encode import TraceRecord
 from ._retry import RetryPolicy, call_with_retry
 from ._security import describe
 from ._tiers import LaneSelection, Picked

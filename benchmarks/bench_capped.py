@@ -79,7 +79,7 @@ async def least_round(samples: list[Any], *, per_step: int, cap: int, gap: float
     caller can do: read each reward, refuse at once what cannot enter the two heaps (one
     comparison with their roots, under a lock), and validate and encode (asynctrace's own
     ``encode_checked``) only the samples that enter them. No records, ids, ledger or queue."""
-    from asynctrace._record import encode_checked
+    from asynctrace._records.encode import encode_checked
 
     spent = 0.0
     lock = threading.Lock()

@@ -144,7 +144,7 @@ async def recovery(samples: list[Any], spool: Path) -> tuple[float, float, float
 def line_costs(bodies: list[dict[str, Any]], rounds: int) -> None:
     """What writing one record to the spool costs on the caller's side under "enqueue", next to
     encoding it: the scan for credentials, and the whole spool line (the scan included)."""
-    from asynctrace._record import TraceRecord
+    from asynctrace._records.encode import TraceRecord
     from asynctrace._security import scrub_bytes, secret_bytes
     from asynctrace._segments import record_line_parts
 

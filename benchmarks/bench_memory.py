@@ -55,7 +55,7 @@ import anyio.lowlevel
 import psutil
 
 import asynctrace as at
-from asynctrace._record import encode_sample
+from asynctrace._records.encode import encode_sample
 
 GOAL = 1.5  # peak RSS growth / byte bound
 BATCH = 32

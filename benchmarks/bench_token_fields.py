@@ -26,7 +26,7 @@ import numpy as np
 import orjson
 
 import asynctrace as at
-from asynctrace._record import encode_samples
+from asynctrace._records.encode import encode_samples
 
 
 def _best(fn: Callable[[], Any], repeat: int) -> float:

@@ -77,7 +77,7 @@ async def test_samples_that_are_not_samples_name_the_argument(samples: Any) -> N
 @pytest.mark.parametrize("key", ["prompt", "response"])
 def test_messages_with_prompt_or_response_is_refused_not_dropped(key: str) -> None:
     """A mapping with both 'messages' and 'prompt'/'response' raises instead of dropping one."""
-    from asynctrace._record import encode_checked
+    from asynctrace._records.encode import encode_checked
 
     obj = {"messages": [{"role": "user", "content": "hi"}], key: "text"}
     with pytest.raises(at.RecordError, match=f"sample 0: {key}: given with 'messages'") as info:

@@ -378,7 +378,7 @@ async def test_a_record_after_a_metrics_item_waits_at_most_flush_interval() -> N
 
 def _sized(i: int, nbytes: int) -> dict[str, object]:
     """`sample(i)` padded so that it encodes to exactly `nbytes` bytes."""
-    from asynctrace._record import encode_sample
+    from asynctrace._records.encode import encode_sample
 
     base = len(encode_sample(sample(i, pad=""), 0)[0])
     return sample(i, pad="x" * (nbytes - base))

@@ -24,7 +24,7 @@ class Opaque:
 
 def test_record_error_names_index_and_path() -> None:
     """A value that cannot be encoded raises RecordError naming the sample index and field path."""
-    from asynctrace._record import encode_sample
+    from asynctrace._records.encode import encode_sample
 
     with pytest.raises(at.RecordError) as info:
         encode_sample({"prompt": "p", "response": "r", "extra": {"deep": [1, {"bad": b"bytes"}]}}, 3)
@@ -40,7 +40,7 @@ def test_record_error_names_index_and_path() -> None:
 
 def test_unambiguous_values_are_coerced() -> None:
     """numpy and torch scalars, 0-d arrays and tensors, datetimes and tuples are coerced; others refused."""
-    from asynctrace._record import encode_sample
+    from asynctrace._records.encode import encode_sample
 
     payload, score = encode_sample(
         {
@@ -73,7 +73,7 @@ def test_unambiguous_values_are_coerced() -> None:
 
 def test_prompt_forms_normalise_to_messages() -> None:
     """A string prompt becomes a user message, a list prompt is kept, the response is an assistant message."""
-    from asynctrace._record import sample_from
+    from asynctrace._records.encode import sample_from
 
     s = sample_from({"prompt": "q", "response": "a", "reward": 1})
     assert s.messages == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
@@ -88,7 +88,7 @@ def test_prompt_forms_normalise_to_messages() -> None:
 
 def test_reward_breakdown_stays_nested() -> None:
     """A nested reward breakdown is kept as a mapping, never flattened."""
-    from asynctrace._record import encode_sample
+    from asynctrace._records.encode import encode_sample
 
     payload, _ = encode_sample({"prompt": "p", "reward_breakdown": {"math": 1.0, "format": 0.5}}, 0)
     assert orjson.loads(payload)["metadata"]["reward_breakdown"] == {"math": 1.0, "format": 0.5}
@@ -230,7 +230,7 @@ def test_fast_paths_agree_with_the_careful_path(
     items: list[at.Sample], max_bytes: int | None, ranked: bool
 ) -> None:
     """A Sample through the fast path gives the payload, score or RecordError the careful path gives."""
-    from asynctrace._record import encode_samples
+    from asynctrace._records.encode import encode_samples
 
     def outcome(item: at.Sample, careful: bool) -> tuple[Any, ...]:
         try:
@@ -299,7 +299,7 @@ async def test_odd_but_valid_values_reach_trackio(project: str) -> None:
 )
 def test_a_score_that_is_not_a_number_is_a_record_error(bad: Any) -> None:
     """`score` must be a number or None even when no sampler ranks by it (path "score")."""
-    from asynctrace._record import encode_sample
+    from asynctrace._records.encode import encode_sample
 
     with pytest.raises(at.RecordError) as info:
         encode_sample(bad, 2)
@@ -309,7 +309,7 @@ def test_a_score_that_is_not_a_number_is_a_record_error(bad: Any) -> None:
 @pytest.mark.parametrize("value", [np.clongdouble(1 + 2j), np.complex128(1 + 2j), np.array(1 + 2j)])
 def test_complex_numbers_in_metadata_are_a_record_error(value: Any) -> None:
     """A complex value has no JSON form: a RecordError naming its path, never its real part alone."""
-    from asynctrace._record import encode_sample
+    from asynctrace._records.encode import encode_sample
 
     with pytest.raises(at.RecordError) as info:
         encode_sample({"prompt": "p", "z": value}, 0)

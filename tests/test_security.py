@@ -212,7 +212,7 @@ def test_numpy_views_and_long_doubles_in_metadata_are_encoded() -> None:
     import numpy as np
     import orjson
 
-    from asynctrace._record import encode_checked
+    from asynctrace._records.encode import encode_checked
 
     m = np.arange(12.0).reshape(3, 4)
     msgs = [{"role": "user", "content": "hi"}]
@@ -395,7 +395,7 @@ def test_scrub_follows_changes_to_the_environment(monkeypatch: pytest.MonkeyPatc
     assert scrub(f"a {second}") == f"a {second}"
     with pytest.raises(at.RecordError) as info:
         monkeypatch.setenv("OTHER_API_KEY", first)
-        from asynctrace._record import encode_sample
+        from asynctrace._records.encode import encode_sample
 
         encode_sample({"prompt": "q", first: b"x"}, 0)
     assert first not in str(info.value) and first not in str(info.value.path)

@@ -42,7 +42,7 @@ from .._checks import (
     wait_arg,
 )
 from .._ledger import Ledger
-from .._record import Sample, SampleLike, as_list, encode_samples
+from .._records.encode import Sample, SampleLike, as_list, encode_samples
 from .._sampling import Sampler
 from .._security import describe
 from .._stats import Counts, DropReason

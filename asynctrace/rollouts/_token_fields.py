@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .._tokens import TOKEN_FIELDS, encoded, raw_bytes
+from .._records.tokens import TOKEN_FIELDS, encoded, raw_bytes
 from ._rows import as_tensor, python_rows, real_tokens
 
 __all__ = ["token_columns"]

@@ -11,7 +11,7 @@ import orjson
 
 from .._abandon import Backlog, run_sync_daemon
 from .._checks import check_int
-from .._record import TraceRecord
+from .._records.encode import TraceRecord
 from .._security import scrub
 from ._base import Sink
 

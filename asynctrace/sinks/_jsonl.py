@@ -12,7 +12,7 @@ import orjson
 
 from .._abandon import Backlog, run_sync_daemon
 from .._checks import check_bool, check_int
-from .._record import TraceRecord
+from .._records.encode import TraceRecord
 from ._base import Sink
 from ._guard import Guard
 

@@ -21,8 +21,8 @@ import orjson
 
 from .._abandon import Backlog, run_sync_daemon
 from .._checks import check_bool, check_int, int64_or_none
-from .._record import TraceRecord
-from .._tokens import TOKEN_FIELDS, token_bytes
+from .._records.encode import TraceRecord
+from .._records.tokens import TOKEN_FIELDS, token_bytes
 from ..exceptions import PermanentSinkError
 from ._base import Sink
 from ._guard import Guard

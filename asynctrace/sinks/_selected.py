@@ -11,7 +11,7 @@ from .._sampling import Sampler
 from ._base import Sink
 
 if TYPE_CHECKING:
-    from .._record import TraceRecord
+    from .._records.encode import TraceRecord
 
 __all__ = ["Selected"]
 

@@ -20,7 +20,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from .. import _forks
 from .._abandon import Backlog, run_sync_daemon
 from .._checks import check_bool, check_type
-from .._record import TraceRecord
+from .._records.encode import TraceRecord
 from .._security import check_name, check_text, shown
 from ..exceptions import PermanentSinkError
 from ._base import Sink

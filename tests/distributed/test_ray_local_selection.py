@@ -291,7 +291,7 @@ def test_local_selection_plugs_in_a_custom_sampler() -> None:
     does); steps close on a newer step past max_open_steps and after step_timeout on the clock
     given, releasing their candidates in arrival order with their rows, as the client's part."""
     from asynctrace import Sample
-    from asynctrace._record import encode_samples
+    from asynctrace._records.encode import encode_samples
     from asynctrace.ray._local import LocalSelection
 
     local = LocalSelection(2, _ByPriority(), 3, max_open_steps=1, step_timeout=10.0)

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import asynctrace as at
-from asynctrace._record import encode_samples
-from asynctrace._tokens import decode_token_fields
+from asynctrace._records.encode import encode_samples
+from asynctrace._records.tokens import decode_token_fields
 from asynctrace.rollouts import decode_rollouts
 from tests._util import read_traces
 from tests.rollouts._helpers import CONVERSATIONS, padded_batch

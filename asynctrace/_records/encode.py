@@ -10,9 +10,9 @@ from typing import Any
 
 import orjson
 
-from ._security import describe, shown
-from ._tokens import decode_token_fields, encode_token_fields
-from .exceptions import RecordError
+from .._security import describe, shown
+from ..exceptions import RecordError
+from .tokens import decode_token_fields, encode_token_fields
 
 __all__ = ["Sample", "SampleLike", "TraceRecord", "finite_or_none"]
 
