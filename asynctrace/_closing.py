@@ -7,13 +7,13 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 
-from ._abandon import call_abandonable
 from ._buffer import Buffer, Marker
-from ._lifecycle import Lifecycle
+from ._runtime.abandon import call_abandonable
+from ._runtime.lifecycle import STOP_GRACE, Lifecycle, close_grace
 from ._security import describe, logger
 from ._spool import Spool
 from ._stats import SessionStats
-from ._writer import STOP_GRACE, Writer, close_grace
+from ._writer import Writer
 from .sinks._base import Sink
 
 __all__ = ["after_drain", "close_sinks", "close_spool", "flush_until", "report_finish", "stop_writer"]

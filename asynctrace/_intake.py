@@ -19,8 +19,8 @@ import anyio.lowlevel
 from ._buffer import Admission, Buffer, Waiting
 from ._checks import check_step
 from ._encode import Encoder
-from ._lifecycle import Lifecycle, State
 from ._records.encode import SampleLike, TraceRecord, as_list
+from ._runtime.lifecycle import Lifecycle, State
 from ._sampling import Entry
 from ._stats import DropReason
 from ._watch import WatchCounter

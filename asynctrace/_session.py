@@ -12,7 +12,7 @@ from typing import Any, Literal
 import anyio
 import anyio.abc
 
-from . import _forks, _segments, _shutdown
+from . import _segments
 from ._buffer import MetricsItem, OnFull, Room
 from ._checks import (
     check_encoding,
@@ -29,11 +29,12 @@ from ._checks import (
 from ._closing import after_drain, close_sinks, flush_until, report_finish
 from ._engine import build_engine
 from ._intake import Intake
-from ._lifecycle import Lifecycle, State
 from ._records.encode import Sample, SampleLike
 from ._records.groups import GroupKey
 from ._replay import ReplayPlan, replay_backlog
 from ._retry import NO_RETRY, RetryPolicy
+from ._runtime import forks, shutdown
+from ._runtime.lifecycle import Lifecycle, State, finish_bound
 from ._sampler_names import SamplerName, resolve_sampler
 from ._sampling import Sampler
 from ._security import generated_run_name, shown
@@ -41,7 +42,7 @@ from ._spool import Durability
 from ._stats import SessionStats
 from ._sync import SyncRunner, SyncTraceSession
 from ._watch import Watch, WatchCounter
-from ._writer import Writer, finish_bound
+from ._writer import Writer
 from .exceptions import SessionClosedError
 from .sinks._base import Sink
 
@@ -186,7 +187,7 @@ class TraceSession:
                     await self.__aexit__(None, None, None)
                 raise
         if self.shutdown_hooks and not self._opening_sync:
-            _shutdown.install_for_session(self._life)
+            shutdown.install_for_session(self._life)
         return self
 
     async def _start(self) -> None:
@@ -203,7 +204,7 @@ class TraceSession:
             groups=self._groups,
         )
         self._tg = await self._life.open(self._writer.run)
-        _forks.hold(self, self._after_fork_in_child)
+        forks.hold(self, self._after_fork_in_child)
 
     def _after_fork_in_child(self) -> None:
         # A forked child has the session's state but not its writer thread or task: what it
@@ -244,7 +245,7 @@ class TraceSession:
             self._opening_sync = False
         self._life.runner = self._sync
         if self.shutdown_hooks:
-            _shutdown.install_for_session(self._life)
+            shutdown.install_for_session(self._life)
         return SyncTraceSession(
             self, self._sync, log_blocking=self._intake.log_blocking, push_metrics=self._push_metrics
         )
@@ -302,7 +303,7 @@ class TraceSession:
             await close_sinks(self.sinks, self.sink_names, left)
             stats = self.stats()
             report_finish(stats, self._spool, drained, life.budget)
-            _forks.release(self)
+            forks.release(self)
             self._finishing.set()
             life.finished(stats)
         return stats
@@ -503,19 +504,19 @@ def _checked_sinks(sinks: Sequence[Sink] | None) -> list[Sink]:
 def install_shutdown_hooks(
     session: TraceSession | SyncTraceSession,
     *,
-    timeout: float = _shutdown.DEFAULT_TIMEOUT,
-    signals: Iterable[int] = _shutdown.DEFAULT_SIGNALS,
+    timeout: float = shutdown.DEFAULT_TIMEOUT,
+    signals: Iterable[int] = shutdown.DEFAULT_SIGNALS,
 ) -> Callable[[], None]:
     """Drain `session` within `timeout` seconds on SIGTERM/SIGINT and at interpreter exit.
 
-    Chains to the handlers installed before (see `asynctrace._shutdown` for what each case
+    Chains to the handlers installed before (see `asynctrace._runtime.shutdown` for what each case
     does). Must be called from the main thread. Returns a function that removes the hooks
     (finishing the session removes them too).
     """
     target = session.session if isinstance(session, SyncTraceSession) else session
     assert isinstance(target, TraceSession)
     check_seconds("timeout", timeout)
-    return _shutdown.install(target._life, float(timeout), signals)
+    return shutdown.install(target._life, float(timeout), signals)
 
 
 def hurry_finish(session: TraceSession, timeout: float) -> None:

@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from . import _forks
+from ._runtime import forks
 from ._security import describe, logger
 from .exceptions import SpoolError
 
@@ -65,11 +65,11 @@ class SpoolDir:
         except OSError as exc:  # a read-only or vanished directory, no permission
             raise SpoolError(f"cannot lock the spool directory {directory}: {describe(exc)}") from exc
         self._lock_fd = fd
-        _forks.hold(self, self._after_fork_in_child)
+        forks.hold(self, self._after_fork_in_child)
 
     def unlock(self) -> None:
         fd, self._lock_fd = self._lock_fd, None
-        _forks.release(self)
+        forks.release(self)
         if fd is not None:
             if fcntl is not None:
                 # Explicitly: closing releases it only if no forked process still has the file open.

@@ -12,10 +12,10 @@ from typing import Any, Protocol
 import anyio
 from anyio.from_thread import BlockingPortal
 
-from . import _shutdown
 from ._checks import check_timeout, wait_arg
-from ._lifecycle import Lifecycle
 from ._records.encode import SampleLike
+from ._runtime import shutdown
+from ._runtime.lifecycle import Lifecycle
 from ._security import logger
 from ._stats import SessionStats
 from .exceptions import SessionClosedError
@@ -218,7 +218,7 @@ class SyncRunner:
         except BaseException:
             self._shutdown_thread()
             raise
-        _shutdown.runners.add(self)
+        shutdown.runners.add(self)
 
     def call(self, fn: Callable[..., Any], *args: Any, bound: float | None = None) -> Any:
         """Run `fn` on the loop thread; with `bound`, give up waiting after that many seconds."""
@@ -239,7 +239,7 @@ class SyncRunner:
     def close(self, timeout: float, *, bound: float | None = None) -> SessionStats:
         """Finish within `timeout` and stop the loop thread, waiting at most `bound` seconds in all
         (default: finish()'s own bound and a margin)."""
-        limit = _shutdown.hook_bound(timeout, final=True) if bound is None else bound
+        limit = shutdown.hook_bound(timeout, final=True) if bound is None else bound
         session, life = self.session, self.life
         if life.is_forked():
             # A forked child's copy: the loop thread is the parent's, which finishes the session.
@@ -251,7 +251,7 @@ class SyncRunner:
             # Another thread is finishing: wait for that finish, as the async finish() does.
             life.closed.wait(wait_arg(limit))
             return session.stats() if life.final is None else life.final
-        _shutdown.runners.discard(self)
+        shutdown.runners.discard(self)
 
         def teardown() -> SessionStats:
             try:

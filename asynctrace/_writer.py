@@ -20,12 +20,12 @@ from collections.abc import Callable, Sequence
 import anyio
 import anyio.lowlevel
 
-from ._abandon import spawn_detached, wait_first
 from ._buffer import Batch, Buffer, Marker, MetricsItem
 from ._group_metrics import GroupMetrics
 from ._health import Health
 from ._records.encode import TraceRecord
 from ._retry import RetryPolicy, call_with_retry
+from ._runtime.abandon import spawn_detached, wait_first
 from ._security import describe
 from ._tiers import LaneSelection, Picked
 from .sinks._base import Sink
@@ -33,22 +33,7 @@ from .sinks._selected import Selected
 
 logger = logging.getLogger("asynctrace")
 
-__all__ = ["STOP_GRACE", "Signal", "Writer", "close_grace", "finish_bound"]
-
-# Seconds finish() gives the writer to stop once cancelled before it names what holds it up.
-STOP_GRACE = 2.0
-
-
-def close_grace(budget: float) -> float:
-    """The least time finish(budget) gives its sinks to close, however long the drain took, so
-    that a slow drain never skips finishing the runs they opened."""
-    return min(budget, 5.0)
-
-
-def finish_bound(budget: float) -> float:
-    """The longest finish(budget) takes: the drain, the grace for a writer that ignores its
-    cancel, and the sinks' close."""
-    return budget + STOP_GRACE + close_grace(budget)
+__all__ = ["Signal", "Writer"]
 
 
 class Signal:

@@ -22,13 +22,13 @@ from ._ledger import Ledger
 from ._parts import PartSteps, merge_parts
 from ._records.encode import Sample, SampleLike, as_list, encode_samples
 from ._records.groups import payload_group
+from ._runtime.lifecycle import close_grace
 from ._sampler_names import SamplerName, resolve_sampler
 from ._sampling import Sampler
 from ._security import generated_run_name, logger, shown
 from ._session import TraceSession
 from ._stats import Counts, SessionStats, SinkStats, SpoolStats
 from ._sync import SyncTraceSession, log_within
-from ._writer import close_grace
 from .exceptions import SessionClosedError
 from .sinks import TrackioSink
 

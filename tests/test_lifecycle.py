@@ -11,7 +11,7 @@ import trio
 import trio.testing
 
 import asynctrace as at
-from asynctrace._writer import STOP_GRACE, finish_bound
+from asynctrace._runtime.lifecycle import STOP_GRACE, finish_bound
 from tests._util import read_traces, sample
 
 pytestmark = pytest.mark.anyio

@@ -27,10 +27,10 @@ import ray
 from ray.actor import ActorHandle
 
 from .._checks import check_seconds, check_timeout, wait_arg
+from .._runtime.shutdown import hook_bound
 from .._sampling import Sampler
 from .._security import generated_run_name
 from .._session import TraceSession, hurry_finish
-from .._shutdown import hook_bound
 from .._stats import SessionStats
 from .._sync import SyncTraceSession, log_within
 from ..exceptions import SessionClosedError

@@ -9,9 +9,9 @@ from typing import Any, TextIO
 
 import orjson
 
-from .._abandon import Backlog, run_sync_daemon
 from .._checks import check_int
 from .._records.encode import TraceRecord
+from .._runtime.abandon import Backlog, run_sync_daemon
 from .._security import scrub
 from ._base import Sink
 

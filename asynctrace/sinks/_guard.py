@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from .._abandon import Backlog, run_sync_daemon
+from .._runtime.abandon import Backlog, run_sync_daemon
 from ..exceptions import PermanentSinkError
 
 __all__ = ["Guard", "Serial"]

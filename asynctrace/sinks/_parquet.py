@@ -19,10 +19,10 @@ from typing import Any
 
 import orjson
 
-from .._abandon import Backlog, run_sync_daemon
 from .._checks import check_bool, check_int, int64_or_none
 from .._records.encode import TraceRecord
 from .._records.tokens import TOKEN_FIELDS, token_bytes
+from .._runtime.abandon import Backlog, run_sync_daemon
 from ..exceptions import PermanentSinkError
 from ._base import Sink
 from ._guard import Guard

@@ -17,10 +17,10 @@ import anyio.lowlevel
 import orjson
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from .. import _forks
-from .._abandon import Backlog, run_sync_daemon
 from .._checks import check_bool, check_type
 from .._records.encode import TraceRecord
+from .._runtime import forks
+from .._runtime.abandon import Backlog, run_sync_daemon
 from .._security import check_name, check_text, shown
 from ..exceptions import PermanentSinkError
 from ._base import Sink
@@ -289,7 +289,7 @@ class TrackioSink(Sink):
             stderr=None,
         )
         self._pipe_fds = _pipe_fds(self._proc)
-        _forks.hold(self, self._after_fork_in_child)
+        forks.hold(self, self._after_fork_in_child)
         assert self._proc.stdout is not None
         self._reader = BufferedByteReceiveStream(self._proc.stdout)
         self._broken = False

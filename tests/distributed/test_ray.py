@@ -450,7 +450,7 @@ def test_client_refuses_what_a_sink_cannot_store(project: str) -> None:
 def test_sigterm_keeps_its_deadline_while_a_finish_is_under_way(project: str) -> None:
     """A SIGTERM from outside Ray, landing while a finish(60) is under way behind a sink that
     never answers, ends the collector within its SIGTERM bound instead of waiting out that finish."""
-    from asynctrace._writer import finish_bound
+    from asynctrace._runtime.lifecycle import finish_bound
 
     collector = start_collector(
         project,

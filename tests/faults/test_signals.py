@@ -238,7 +238,7 @@ def test_sigterm_keeps_the_hooks_deadline_when_a_sink_ignores_cancellation(tmp_p
     minutes: the hook finishes the session, closing the sink, and the signal ends the process
     within the hook's bound (0.5 s drain, 2 s for the write to give in, 0.5 s to close, 1 s
     margin)."""
-    from asynctrace._writer import finish_bound
+    from asynctrace._runtime.lifecycle import finish_bound
 
     proc, took, err = _sigterm_child([_STUBBORN_SINK_CHILD, form, str(tmp_path / "closed")], b"writing")
     assert proc.returncode == -signal.SIGTERM, err.decode()[-2000:]
@@ -278,7 +278,7 @@ def test_sigterm_during_a_longer_finish_keeps_the_hooks_deadline(form: str) -> N
     """SIGTERM while finish(60) waits on a sink that never answers, with the hook's timeout=0.5:
     that finish is cut short to the hook's deadline and the signal ends the process within the
     hook's bound, not a minute later."""
-    from asynctrace._writer import finish_bound
+    from asynctrace._runtime.lifecycle import finish_bound
 
     # 0.3 s after "finishing": finish(60) is under way.
     proc, took, err = _sigterm_child([_LONG_FINISH_CHILD, form], b"finishing", delay=0.3)

@@ -20,7 +20,7 @@ import time
 import anyio
 
 import asynctrace as at
-from asynctrace._writer import finish_bound
+from asynctrace._runtime.lifecycle import finish_bound
 from tests._util import sample
 
 __all__ = ["CONTRACT", "Backend", "run_contract"]

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 import asynctrace as at
-from asynctrace._writer import finish_bound
+from asynctrace._runtime.lifecycle import finish_bound
 from asynctrace.sinks._wandb import WANDB_COLUMNS
 from tests._util import sample
 from tests.sinks._contract import CONTRACT, Backend, run_contract

@@ -27,10 +27,9 @@ from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any, Protocol
 
-from ._checks import wait_arg
-from ._lifecycle import Closable, Lifecycle
-from ._security import logger
-from ._writer import finish_bound
+from .._checks import wait_arg
+from .._security import logger
+from .lifecycle import Closable, Lifecycle, finish_bound
 
 __all__ = ["EXIT_MARGIN", "hook_bound", "install", "runners"]
 

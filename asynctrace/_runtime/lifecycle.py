@@ -20,11 +20,27 @@ import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from ._abandon import threadsafe_caller
-from ._stats import SessionStats
-from .exceptions import AsyncTraceError, SessionClosedError
+from .._stats import SessionStats
+from ..exceptions import AsyncTraceError, SessionClosedError
+from .abandon import threadsafe_caller
 
-__all__ = ["Job", "Lifecycle", "State"]
+__all__ = ["STOP_GRACE", "Job", "Lifecycle", "State", "close_grace", "finish_bound"]
+
+# Seconds finish() gives the writer to stop once cancelled before it names what holds it up.
+STOP_GRACE = 2.0
+
+
+def close_grace(budget: float) -> float:
+    """The least time finish(budget) gives its sinks to close, however long the drain took, so
+    that a slow drain never skips finishing the runs they opened."""
+    return min(budget, 5.0)
+
+
+def finish_bound(budget: float) -> float:
+    """The longest finish(budget) takes: the drain, the grace for a writer that ignores its
+    cancel, and the sinks' close."""
+    return budget + STOP_GRACE + close_grace(budget)
+
 
 # A coroutine function run as a task of the session (see Lifecycle.schedule).
 Job = Callable[[], Coroutine[Any, Any, None]]
