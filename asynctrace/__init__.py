@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from . import testing
-from ._group_sampling import GroupSampler
 from ._records.encode import Sample, TraceRecord
 from ._retry import RetryPolicy
-from ._sampling import FirstSampler, ReservoirSampler, Sampler, StepSelection, TopBottomSampler
+from ._select.groups import GroupSampler
+from ._select.samplers import FirstSampler, ReservoirSampler, Sampler, StepSelection, TopBottomSampler
+from ._select.watch import Watch
 from ._session import TraceSession, install_shutdown_hooks
 from ._stats import SessionStats, SinkStats, SpoolStats
 from ._sync import SyncTraceSession
-from ._watch import Watch
 from .exceptions import AsyncTraceError, PermanentSinkError, RecordError, SessionClosedError, SpoolError
 from .sinks import (
     ConsoleSink,

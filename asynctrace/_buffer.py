@@ -9,7 +9,7 @@ from ._gated import GatedAdmission
 from ._ledger import Batch, Ledger
 from ._queue import Admission, Marker, MetricsItem, OnFull, Queue, Room, Waiting
 from ._records.encode import TraceRecord
-from ._sampling import EVICTED, HELD, RELEASED, Entry, Gate
+from ._select.samplers import EVICTED, HELD, RELEASED, Entry, Gate
 from ._stats import DropReason, SessionStats
 from .exceptions import SessionClosedError
 

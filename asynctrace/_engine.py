@@ -12,7 +12,7 @@ from ._buffer import Buffer
 from ._encode import Encoder
 from ._group_metrics import GroupMetrics
 from ._journal import Journal
-from ._sampling import Gate, Sampler
+from ._select.samplers import Gate, Sampler
 from ._spool import Spool
 
 __all__ = ["build_engine"]

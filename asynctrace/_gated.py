@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from ._queue import Admission, OnFull, Queue, Waiting
 from ._records.encode import TraceRecord
-from ._sampling import EVICTED, Entry, Gate, GateResult
+from ._select.samplers import EVICTED, Entry, Gate, GateResult
 
 if TYPE_CHECKING:
     from ._journal import Journal

@@ -21,9 +21,9 @@ from ._checks import check_step
 from ._encode import Encoder
 from ._records.encode import SampleLike, TraceRecord, as_list
 from ._runtime.lifecycle import Lifecycle, State
-from ._sampling import Entry
+from ._select.samplers import Entry
+from ._select.watch import WatchCounter
 from ._stats import DropReason
-from ._watch import WatchCounter
 from .exceptions import RecordError
 
 __all__ = ["Intake"]

@@ -18,7 +18,7 @@ from ._stats import DropReason, SessionStats, SinkStats
 
 if TYPE_CHECKING:
     from ._journal import Journal
-    from ._tiers import Picked
+    from ._select.lane import Picked
 
 __all__ = ["Batch", "Holds", "Ledger"]
 

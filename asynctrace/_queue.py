@@ -15,7 +15,7 @@ from ._ledger import Batch, Ledger
 from ._records.encode import TraceRecord
 
 if TYPE_CHECKING:
-    from ._tiers import Picked
+    from ._select.lane import Picked
 
 __all__ = ["Admission", "Marker", "MetricsItem", "OnFull", "Queue", "Room", "Waiting"]
 

@@ -35,13 +35,13 @@ from ._replay import ReplayPlan, replay_backlog
 from ._retry import NO_RETRY, RetryPolicy
 from ._runtime import forks, shutdown
 from ._runtime.lifecycle import Lifecycle, State, finish_bound
-from ._sampler_names import SamplerName, resolve_sampler
-from ._sampling import Sampler
 from ._security import generated_run_name, shown
+from ._select.names import SamplerName, resolve_sampler
+from ._select.samplers import Sampler
+from ._select.watch import Watch, WatchCounter
 from ._spool import Durability
 from ._stats import SessionStats
 from ._sync import SyncRunner, SyncTraceSession
-from ._watch import Watch, WatchCounter
 from ._writer import Writer
 from .exceptions import SessionClosedError
 from .sinks._base import Sink

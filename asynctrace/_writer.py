@@ -27,7 +27,7 @@ from ._records.encode import TraceRecord
 from ._retry import RetryPolicy, call_with_retry
 from ._runtime.abandon import spawn_detached, wait_first
 from ._security import describe
-from ._tiers import LaneSelection, Picked
+from ._select.lane import LaneSelection, Picked
 from .sinks._base import Sink
 from .sinks._selected import Selected
 
@@ -149,7 +149,12 @@ class Writer:
     def _selection_for(self, sink: Sink) -> LaneSelection | None:
         if not isinstance(sink, Selected):
             return None
-        return LaneSelection(sink, max_open_steps=self.max_open_steps, step_timeout=self.sink_step_timeout)
+        return LaneSelection(
+            sink.max_traces_per_step,
+            sink.sampler,
+            max_open_steps=self.max_open_steps,
+            step_timeout=self.sink_step_timeout,
+        )
 
     def final_health(self) -> bool:
         """Queue the health metrics once more (finish, after the drain); False when they are off."""

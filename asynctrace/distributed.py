@@ -19,13 +19,13 @@ import orjson
 from ._checks import MAX_STEP, check_encoding, check_int, check_project_run, check_step, check_timeout
 from ._collective import Collective, Ended, frame, unframe
 from ._ledger import Ledger
-from ._parts import PartSteps, merge_parts
 from ._records.encode import Sample, SampleLike, as_list, encode_samples
 from ._records.groups import payload_group
 from ._runtime.lifecycle import close_grace
-from ._sampler_names import SamplerName, resolve_sampler
-from ._sampling import Sampler
 from ._security import generated_run_name, logger, shown
+from ._select.names import SamplerName, resolve_sampler
+from ._select.parts import PartSteps, merge_parts
+from ._select.samplers import Sampler
 from ._session import TraceSession
 from ._stats import Counts, SessionStats, SinkStats, SpoolStats
 from ._sync import SyncTraceSession, log_within

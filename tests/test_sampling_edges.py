@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from asynctrace._sampling import COUNTER_WINDOW, Entry, FirstSampler, Gate, ReservoirSampler
+from asynctrace._select.samplers import COUNTER_WINDOW, Entry, FirstSampler, Gate, ReservoirSampler
 
 
 def test_first_counter_window_stays_bounded_for_descending_stragglers() -> None:

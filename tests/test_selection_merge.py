@@ -8,7 +8,8 @@ from collections.abc import Sequence
 import pytest
 
 import asynctrace as at
-from asynctrace._sampling import Entry, Gate, Sampler
+from asynctrace._select.names import resolve_sampler
+from asynctrace._select.samplers import Entry, Gate, Sampler
 
 
 def _select(
@@ -122,7 +123,7 @@ def _merge(sampler: Sampler, k: int, scores: Sequence[float], sizes: Sequence[in
 @pytest.mark.parametrize("name", ["first", "top_bottom"])
 def test_merged_parts_equal_one_process(name: str) -> None:
     """first and top_bottom: merging the parts' picks equals one process offered every row in part order."""
-    sampler = at._sampler_names.resolve_sampler(name)  # type: ignore[arg-type]
+    sampler = resolve_sampler(name)  # type: ignore[arg-type]
     rng = random.Random(3)
     for _ in range(50):
         scores = [float(rng.randrange(40)) for _ in range(120)]

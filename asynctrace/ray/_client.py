@@ -43,8 +43,8 @@ from .._checks import (
 )
 from .._ledger import Ledger
 from .._records.encode import Sample, SampleLike, as_list, encode_samples
-from .._sampling import Sampler
 from .._security import describe
+from .._select.samplers import Sampler
 from .._stats import Counts, DropReason
 from ._local import LocalSelection, Released
 from ._outbox import Call, Outbox

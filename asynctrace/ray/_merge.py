@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .._parts import Row, group_key_of, merge_parts
 from .._records.groups import payload_group
-from .._sampling import Entry, Sampler
+from .._select.parts import Row, group_key_of, merge_parts
+from .._select.samplers import Entry, Sampler
 from ._local import Step, idle_steps, next_due
 
 __all__ = ["Merged", "StepMerge"]

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .._parts import Row
+from .._select.parts import Row
 from ._local import Released
 
 __all__ = ["Call", "Outbox"]

@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from .._checks import check_int
-from .._sampler_names import SamplerName, resolve_sampler
-from .._sampling import Sampler
+from .._select.names import SamplerName, resolve_sampler
+from .._select.samplers import Sampler
 from ._base import Sink
 
 if TYPE_CHECKING:

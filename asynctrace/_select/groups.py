@@ -7,9 +7,9 @@ import random
 from collections.abc import Hashable, Sequence
 from typing import Literal
 
-from ._records.groups import DEFAULT_GROUP_KEYS, GroupKey, payload_group
-from ._sampling import Entry, Sampler, StepSelection
-from ._security import shown
+from .._records.groups import DEFAULT_GROUP_KEYS, GroupKey, payload_group
+from .._security import shown
+from .samplers import Entry, Sampler, StepSelection
 
 __all__ = ["GroupPolicy", "GroupSampler", "GroupStat"]
 

@@ -12,7 +12,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
-from ._records.encode import TraceRecord
+from .._records.encode import TraceRecord
 
 __all__ = [
     "FirstSampler",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ._group_sampling import GroupSampler
-from ._sampling import FirstSampler, ReservoirSampler, Sampler, TopBottomSampler
-from ._security import shown
+from .._security import shown
+from .groups import GroupSampler
+from .samplers import FirstSampler, ReservoirSampler, Sampler, TopBottomSampler
 
 __all__ = ["SamplerName", "resolve_sampler"]
 

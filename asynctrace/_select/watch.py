@@ -7,10 +7,10 @@ from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._checks import check_int
-from ._records.encode import Sample, sample_from
-from ._records.groups import GroupKey, group_of
-from ._security import shown
+from .._checks import check_int
+from .._records.encode import Sample, sample_from
+from .._records.groups import GroupKey, group_of
+from .._security import shown
 
 __all__ = ["DEFAULT_WATCH_KEYS", "Watch", "WatchCounter"]
 

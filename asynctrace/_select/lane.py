@@ -14,9 +14,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from itertools import groupby
 
-from ._records.encode import TraceRecord
-from ._sampling import EVICTED, HELD, RELEASED, Entry, Gate
-from .sinks._selected import Selected
+from .._records.encode import TraceRecord
+from .samplers import EVICTED, HELD, RELEASED, Entry, Gate, Sampler
 
 __all__ = ["LaneSelection", "Picked"]
 
@@ -40,15 +39,10 @@ class Picked:
 
 
 class LaneSelection:
-    """The per-(split, step) selection of one `Selected` sink."""
+    """The per-(split, step) selection of one `Selected` sink: at most `k` a step, by `sampler`."""
 
-    def __init__(self, sink: Selected, *, max_open_steps: int, step_timeout: float | None) -> None:
-        self.gate = Gate(
-            sink.max_traces_per_step,
-            sink.sampler,
-            max_open_steps=max_open_steps,
-            step_timeout=step_timeout,
-        )
+    def __init__(self, k: int, sampler: Sampler, *, max_open_steps: int, step_timeout: float | None) -> None:
+        self.gate = Gate(k, sampler, max_open_steps=max_open_steps, step_timeout=step_timeout)
         self.step_timeout = step_timeout
         self._seq = 0
         self._held = 0  # entries kept back for open steps, this sink's records not yet decided
