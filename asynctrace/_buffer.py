@@ -14,7 +14,7 @@ from ._stats import DropReason, SessionStats
 from .exceptions import SessionClosedError
 
 if TYPE_CHECKING:
-    from ._journal import Journal
+    from ._durable.journal import Journal
 
 __all__ = ["Admission", "Batch", "Buffer", "Marker", "MetricsItem", "OnFull", "Room", "Waiting"]
 

@@ -9,11 +9,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._buffer import Buffer
+from ._durable.journal import Journal
+from ._durable.spool import Spool
 from ._encode import Encoder
 from ._group_metrics import GroupMetrics
-from ._journal import Journal
 from ._select.samplers import Gate, Sampler
-from ._spool import Spool
 
 __all__ = ["build_engine"]
 

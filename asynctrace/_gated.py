@@ -11,7 +11,7 @@ from ._records.encode import TraceRecord
 from ._select.samplers import EVICTED, Entry, Gate, GateResult
 
 if TYPE_CHECKING:
-    from ._journal import Journal
+    from ._durable.journal import Journal
     from ._ledger import Ledger
 
 __all__ = ["GatedAdmission"]

@@ -17,7 +17,7 @@ from ._security import logger
 from ._stats import DropReason, SessionStats, SinkStats
 
 if TYPE_CHECKING:
-    from ._journal import Journal
+    from ._durable.journal import Journal
     from ._select.lane import Picked
 
 __all__ = ["Batch", "Holds", "Ledger"]

@@ -18,10 +18,10 @@ from typing import TextIO
 
 import anyio
 
-from . import _segments as seg
+from ._durable import segments as seg
+from ._durable.spool import Spool
 from ._security import logger
 from ._session import recovery_session
-from ._spool import Spool
 from ._stats import SessionStats
 from .exceptions import SpoolError
 

@@ -12,7 +12,6 @@ from typing import Any, Literal
 import anyio
 import anyio.abc
 
-from . import _segments
 from ._buffer import MetricsItem, OnFull, Room
 from ._checks import (
     check_encoding,
@@ -27,11 +26,13 @@ from ._checks import (
     checked_metrics,
 )
 from ._closing import after_drain, close_sinks, flush_until, report_finish
+from ._durable import segments
+from ._durable.replay import ReplayPlan, replay_backlog
+from ._durable.spool import Durability
 from ._engine import build_engine
 from ._intake import Intake
 from ._records.encode import Sample, SampleLike
 from ._records.groups import GroupKey
-from ._replay import ReplayPlan, replay_backlog
 from ._retry import NO_RETRY, RetryPolicy
 from ._runtime import forks, shutdown
 from ._runtime.lifecycle import Lifecycle, State, finish_bound
@@ -39,7 +40,6 @@ from ._security import generated_run_name, shown
 from ._select.names import SamplerName, resolve_sampler
 from ._select.samplers import Sampler
 from ._select.watch import Watch, WatchCounter
-from ._spool import Durability
 from ._stats import SessionStats
 from ._sync import SyncRunner, SyncTraceSession
 from ._writer import Writer
@@ -169,7 +169,7 @@ class TraceSession:
     async def __aenter__(self) -> TraceSession:
         self._life.check_unopened()
         spool = self._spool
-        scan: _segments.DirScan | None = None
+        scan: segments.DirScan | None = None
         if spool is not None:
             scan = await anyio.to_thread.run_sync(spool.open)
         try:

@@ -123,14 +123,14 @@ async def make_backlog(samples: list[Any], spool: Path) -> str:
 
 async def recovery(samples: list[Any], spool: Path) -> tuple[float, float, float, int]:
     """(records/s reading the spool back, records/s delivered by recover, seconds, bytes)."""
-    from asynctrace import _segments
+    from asynctrace._durable import segments
     from asynctrace._recover import recover
 
     project = await make_backlog(samples, spool)
     nbytes = sum(p.stat().st_size for p in spool.glob("seg-*"))
     t0 = time.perf_counter()
-    scan = _segments.scan_dir(spool)
-    loaded = sum(len(_segments.load_records(f, f.unresolved)) for f in scan.files)
+    scan = segments.scan_dir(spool)
+    loaded = sum(len(segments.load_records(f, f.unresolved)) for f in scan.files)
     read_rate = loaded / (time.perf_counter() - t0)
     t0 = time.perf_counter()
     report = await recover(spool, progress=False)
@@ -144,9 +144,9 @@ async def recovery(samples: list[Any], spool: Path) -> tuple[float, float, float
 def line_costs(bodies: list[dict[str, Any]], rounds: int) -> None:
     """What writing one record to the spool costs on the caller's side under "enqueue", next to
     encoding it: the scan for credentials, and the whole spool line (the scan included)."""
+    from asynctrace._durable.segments import record_line_parts
     from asynctrace._records.encode import TraceRecord
     from asynctrace._security import scrub_bytes, secret_bytes
-    from asynctrace._segments import record_line_parts
 
     payloads = [orjson.dumps(b) for b in bodies]
     records = [TraceRecord(f"id-{i}", 0, "train", "train/traces", p, 0.0) for i, p in enumerate(payloads)]

@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 import asynctrace as at
-from asynctrace import _segments
+from asynctrace._durable import segments
 from tests._util import read_traces, sample, stuck_spool_session
 
 pytestmark = pytest.mark.anyio
@@ -23,7 +23,7 @@ def _segment_files(spool: Path) -> list[Path]:
 
 
 def _unresolved_ids(spool: Path, kind: str = "seg") -> list[str]:
-    return [r.id for f in _segments.scan_dir(spool).files if f.kind == kind for r in f.unresolved]
+    return [r.id for f in segments.scan_dir(spool).files if f.kind == kind for r in f.unresolved]
 
 
 async def _leave_pending(
@@ -196,7 +196,7 @@ async def test_dead_letters_keep_failed_records_with_the_error_and_recover_retri
         await s.log_samples([sample(i) for i in range(8)], step=0)
     st = s.stats()
     assert st.failed == 8 and st.spool is not None and st.spool.dead_letters == 8
-    (dead,) = [f for f in _segments.scan_dir(spool).files if f.kind == "dead"]
+    (dead,) = [f for f in segments.scan_dir(spool).files if f.kind == "dead"]
     assert len(dead.unresolved) == 8
     assert dead.unresolved[0].error is not None and "transient failure" in dead.unresolved[0].error
     assert dead.unresolved[0].sinks == ["memory"]
@@ -311,10 +311,11 @@ def test_enqueue_waits_for_a_commit_that_took_its_records(
     still writing them, the caller's log_samples returns only once they are on disk."""
     import time
 
-    from asynctrace import _buffer, _spool
+    from asynctrace import _buffer
+    from asynctrace._durable import spool as spool_module
 
     spool = tmp_path / "spool"
-    append, admit = _spool.Spool._append, _buffer.Buffer.admit
+    append, admit = spool_module.Spool._append, _buffer.Buffer.admit
 
     def slow_append(self: Any, f: Any, data: bytes) -> Any:
         if b"uid-" in data:
@@ -327,7 +328,7 @@ def test_enqueue_waits_for_a_commit_that_took_its_records(
             time.sleep(0.05)  # B is descheduled right after staging; A's commit takes B's record
         return out
 
-    monkeypatch.setattr(_spool.Spool, "_append", slow_append)
+    monkeypatch.setattr(spool_module.Spool, "_append", slow_append)
     monkeypatch.setattr(_buffer.Buffer, "admit", paused_admit)
 
     def on_disk(uid: str) -> bool:

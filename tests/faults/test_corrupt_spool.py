@@ -8,7 +8,7 @@ from pathlib import Path
 
 import anyio
 
-from asynctrace import _segments
+from asynctrace._durable import segments
 from tests._util import sample, stuck_spool_session
 from tests.faults import _harness as h
 
@@ -61,7 +61,7 @@ def test_scan_never_raises_on_garbage(tmp_path: Path) -> None:
     (tmp_path / "seg-2-x-0000.jsonl").write_bytes(b'{"t":"h"')
     (tmp_path / "seg-3-x-0000.jsonl").write_bytes(b"\x00\xff" * 100 + b"\n" * 3)
     (tmp_path / "dead-4-x-0000.jsonl").write_bytes(b'{"t":"a","ids":[1],"c":5}\n')
-    scan = _segments.scan_dir(tmp_path)
+    scan = segments.scan_dir(tmp_path)
     assert len(scan.files) == 4 and scan.pending() == 0
     # An empty file is a segment created just before a kill: nothing was lost, nothing to report.
     assert {name for name, _ in scan.problems} == {f.name for f in scan.files} - {"seg-1-x-0000.jsonl"}

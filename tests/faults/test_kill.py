@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 import asynctrace as at
-from asynctrace import _segments
+from asynctrace._durable import segments
 from asynctrace.sinks._trackio_writer import stored_record_ids
 from tests.faults import _harness as h
 
@@ -81,7 +81,7 @@ class _FailOddSteps(at.Sink):
 def test_accounting_is_exact_per_record_id_across_a_kill_and_a_replay(tmp_path: Path) -> None:
     """Each unacknowledged record id is replayed once and ends written or failed (a dead letter), not both."""
     ((project, spool, acked_file),) = _kill_at_random(tmp_path, (7,))
-    scan = _segments.scan_dir(spool)
+    scan = segments.scan_dir(spool)
     unresolved = {r.id for f in scan.files if f.kind == "seg" for r in f.unresolved}
     assert unresolved, "the kill should leave unacknowledged records"
 
@@ -95,7 +95,7 @@ def test_accounting_is_exact_per_record_id_across_a_kill_and_a_replay(tmp_path: 
     stats = anyio.run(replay)
     assert stats.replayed == stats.submitted == len(unresolved)
     assert stats.written + stats.failed + stats.dropped_total == stats.submitted and stats.pending == 0
-    dead = {r.id for f in _segments.scan_dir(spool).files if f.kind == "dead" for r in f.unresolved}
+    dead = {r.id for f in segments.scan_dir(spool).files if f.kind == "dead" for r in f.unresolved}
     assert len(dead) == stats.failed and dead <= unresolved
     assert len(unresolved - dead) == stats.written
 

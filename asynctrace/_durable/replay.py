@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import anyio
 
-from . import _segments
-from ._records.encode import TraceRecord
-from ._security import logger
-from ._spool import Spool
+from .._records.encode import TraceRecord
+from .._security import logger
+from . import segments
+from .spool import Spool
 
 __all__ = ["ReplayPlan", "replay_backlog"]
 
@@ -27,7 +27,7 @@ class ReplayPlan:
 
 async def replay_backlog(
     spool: Spool,
-    scan: _segments.DirScan,
+    scan: segments.DirScan,
     plan: ReplayPlan,
     replay: bool,
     admit: Callable[[Sequence[TraceRecord]], Awaitable[None]],
@@ -57,8 +57,8 @@ async def replay_backlog(
             )
         return
 
-    def selects(f: _segments.FileScan) -> bool:
-        wanted = f.kind == _segments.SEGMENT or (plan.dead_letters and f.kind == _segments.DEAD)
+    def selects(f: segments.FileScan) -> bool:
+        wanted = f.kind == segments.SEGMENT or (plan.dead_letters and f.kind == segments.DEAD)
         return wanted and (f.project, f.run) == source
 
     backlog = spool.backlog(scan, selects)

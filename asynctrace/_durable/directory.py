@@ -8,9 +8,9 @@ import os
 import time
 from pathlib import Path
 
-from ._runtime import forks
-from ._security import describe, logger
-from .exceptions import SpoolError
+from .._runtime import forks
+from .._security import describe, logger
+from ..exceptions import SpoolError
 
 try:  # POSIX; elsewhere the directory is simply not locked
     import fcntl

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from . import _segments as seg
-from ._records.encode import TraceRecord
-from ._security import describe, logger, secret_bytes
-from ._spool_dir import SpoolDir, WriteErrors
-from ._stats import SpoolStats
-from .exceptions import SpoolError
+from .._records.encode import TraceRecord
+from .._security import describe, logger, secret_bytes
+from .._stats import SpoolStats
+from ..exceptions import SpoolError
+from . import segments as seg
+from .directory import SpoolDir, WriteErrors
 
 __all__ = ["STAGED", "UNSPOOLED", "Durability", "Spool"]
 

@@ -23,8 +23,8 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from ._records.encode import TraceRecord
-from ._security import scrub_bytes
+from .._records.encode import TraceRecord
+from .._security import scrub_bytes
 
 __all__ = [
     "DEAD",

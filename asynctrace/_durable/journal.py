@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 
 import anyio.lowlevel
 
-from ._records.encode import TraceRecord
+from .._records.encode import TraceRecord
 
 if TYPE_CHECKING:
-    from ._spool import Spool
+    from .spool import Spool
 
 __all__ = ["Journal"]
 
