@@ -12,7 +12,6 @@ from typing import Any, Literal
 import anyio
 import anyio.abc
 
-from ._buffer import MetricsItem, OnFull, Room
 from ._checks import (
     check_encoding,
     check_flags,
@@ -25,15 +24,17 @@ from ._checks import (
     check_timeout,
     checked_metrics,
 )
-from ._closing import after_drain, close_sinks, flush_until, report_finish
 from ._durable import segments
 from ._durable.replay import ReplayPlan, replay_backlog
 from ._durable.spool import Durability
-from ._engine import build_engine
-from ._intake import Intake
+from ._engine.buffer import MetricsItem, OnFull, Room
+from ._engine.build import build_engine
+from ._engine.finish import after_drain, close_sinks, flush_until, report_finish
+from ._engine.intake import Intake
+from ._engine.retry import NO_RETRY, RetryPolicy
+from ._engine.writer import Writer
 from ._records.encode import Sample, SampleLike
 from ._records.groups import GroupKey
-from ._retry import NO_RETRY, RetryPolicy
 from ._runtime import forks, shutdown
 from ._runtime.lifecycle import Lifecycle, State, finish_bound
 from ._security import generated_run_name, shown
@@ -42,7 +43,6 @@ from ._select.samplers import Sampler
 from ._select.watch import Watch, WatchCounter
 from ._stats import SessionStats
 from ._sync import SyncRunner, SyncTraceSession
-from ._writer import Writer
 from .exceptions import SessionClosedError
 from .sinks._base import Sink
 

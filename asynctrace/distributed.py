@@ -18,7 +18,7 @@ import orjson
 
 from ._checks import MAX_STEP, check_encoding, check_int, check_project_run, check_step, check_timeout
 from ._collective import Collective, Ended, frame, unframe
-from ._ledger import Ledger
+from ._engine.ledger import Ledger
 from ._records.encode import Sample, SampleLike, as_list, encode_samples
 from ._records.groups import payload_group
 from ._runtime.lifecycle import close_grace

@@ -260,7 +260,7 @@ def test_flush_waits_for_a_blocking_call_between_admitting_and_waiting(
     import threading
     import time
 
-    from asynctrace import _buffer
+    from asynctrace._engine import buffer as _buffer
 
     admitted = threading.Event()
     real_admit = _buffer.Buffer.admit

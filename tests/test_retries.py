@@ -117,7 +117,7 @@ async def test_sink_that_cannot_open_counts_failed() -> None:
 
 async def test_backoff_doubles_from_initial_and_stops_at_max_attempts() -> None:
     """call_with_retry waits initial*2**k (+ jitter below initial) between its max_attempts attempts."""
-    from asynctrace._retry import call_with_retry
+    from asynctrace._engine.retry import call_with_retry
 
     policy = at.RetryPolicy(max_attempts=4, initial_backoff=0.05, max_backoff=0.15, attempt_timeout=1.0)
     starts: list[float] = []
@@ -138,7 +138,7 @@ async def test_backoff_doubles_from_initial_and_stops_at_max_attempts() -> None:
 
 async def test_a_permanent_error_on_the_first_attempt_is_not_retried() -> None:
     """PermanentSinkError and cancellation skip the retrier entirely."""
-    from asynctrace._retry import call_with_retry
+    from asynctrace._engine.retry import call_with_retry
 
     calls = 0
 

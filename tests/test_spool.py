@@ -311,8 +311,8 @@ def test_enqueue_waits_for_a_commit_that_took_its_records(
     still writing them, the caller's log_samples returns only once they are on disk."""
     import time
 
-    from asynctrace import _buffer
     from asynctrace._durable import spool as spool_module
+    from asynctrace._engine import buffer as _buffer
 
     spool = tmp_path / "spool"
     append, admit = spool_module.Spool._append, _buffer.Buffer.admit

@@ -41,7 +41,7 @@ from .._checks import (
     check_timeout,
     wait_arg,
 )
-from .._ledger import Ledger
+from .._engine.ledger import Ledger
 from .._records.encode import Sample, SampleLike, as_list, encode_samples
 from .._security import describe
 from .._select.samplers import Sampler

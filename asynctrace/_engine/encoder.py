@@ -9,9 +9,8 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
-from ._checks import MAX_STEP, check_split, check_step
-from ._group_metrics import GroupMetrics
-from ._records.encode import (
+from .._checks import MAX_STEP, check_split, check_step
+from .._records.encode import (
     UNKNOWN,
     Sample,
     SampleLike,
@@ -23,9 +22,10 @@ from ._records.encode import (
     preview_score,
     records_for,
 )
-from ._records.groups import GroupKey, group_of
-from ._security import shown
-from .exceptions import RecordError
+from .._records.groups import GroupKey, group_of
+from .._security import shown
+from ..exceptions import RecordError
+from .group_metrics import GroupMetrics
 
 __all__ = ["Encoder"]
 

@@ -7,14 +7,14 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 
-from ._buffer import Buffer, Marker
-from ._durable.spool import Spool
-from ._runtime.abandon import call_abandonable
-from ._runtime.lifecycle import STOP_GRACE, Lifecycle, close_grace
-from ._security import describe, logger
-from ._stats import SessionStats
-from ._writer import Writer
-from .sinks._base import Sink
+from .._durable.spool import Spool
+from .._runtime.abandon import call_abandonable
+from .._runtime.lifecycle import STOP_GRACE, Lifecycle, close_grace
+from .._security import describe, logger
+from .._stats import SessionStats
+from ..sinks._base import Sink
+from .buffer import Buffer, Marker
+from .writer import Writer
 
 __all__ = ["after_drain", "close_sinks", "close_spool", "flush_until", "report_finish", "stop_writer"]
 

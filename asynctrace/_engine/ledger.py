@@ -12,13 +12,13 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ._records.encode import TraceRecord
-from ._security import logger
-from ._stats import DropReason, SessionStats, SinkStats
+from .._records.encode import TraceRecord
+from .._security import logger
+from .._stats import DropReason, SessionStats, SinkStats
 
 if TYPE_CHECKING:
-    from ._durable.journal import Journal
-    from ._select.lane import Picked
+    from .._durable.journal import Journal
+    from .._select.lane import Picked
 
 __all__ = ["Batch", "Holds", "Ledger"]
 

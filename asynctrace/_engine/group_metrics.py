@@ -15,10 +15,10 @@ import threading
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-from ._buffer import MetricsItem
-from ._health import PREFIX
-from ._records.encode import UNKNOWN, Sample, preview_score, sample_from
-from ._records.groups import GroupKey, GroupSummary, group_of
+from .._records.encode import UNKNOWN, Sample, preview_score, sample_from
+from .._records.groups import GroupKey, GroupSummary, group_of
+from .buffer import MetricsItem
+from .health import PREFIX
 
 __all__ = ["GroupMetrics", "group_metrics"]
 

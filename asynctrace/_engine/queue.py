@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Literal
 
 import anyio
 
-from ._ledger import Batch, Ledger
-from ._records.encode import TraceRecord
+from .._records.encode import TraceRecord
+from .ledger import Batch, Ledger
 
 if TYPE_CHECKING:
-    from ._select.lane import Picked
+    from .._select.lane import Picked
 
 __all__ = ["Admission", "Marker", "MetricsItem", "OnFull", "Queue", "Room", "Waiting"]
 

@@ -16,15 +16,15 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from ._buffer import Admission, Buffer, Waiting
-from ._checks import check_step
-from ._encode import Encoder
-from ._records.encode import SampleLike, TraceRecord, as_list
-from ._runtime.lifecycle import Lifecycle, State
-from ._select.samplers import Entry
-from ._select.watch import WatchCounter
-from ._stats import DropReason
-from .exceptions import RecordError
+from .._checks import check_step
+from .._records.encode import SampleLike, TraceRecord, as_list
+from .._runtime.lifecycle import Lifecycle, State
+from .._select.samplers import Entry
+from .._select.watch import WatchCounter
+from .._stats import DropReason
+from ..exceptions import RecordError
+from .buffer import Admission, Buffer, Waiting
+from .encoder import Encoder
 
 __all__ = ["Intake"]
 
@@ -340,9 +340,9 @@ class Intake:
         self, input_ids: Any, *, tokenizer: Any, step: int, split: str, rewards: Any, **decode_kwargs: Any
     ) -> int:
         """See `TraceSession.log_rollouts`: reserve places by reward, decode only the rows kept."""
-        from .rollouts import decode_rollouts
-        from .rollouts._decode import row_scores
-        from .rollouts._rows import check_rows
+        from ..rollouts import decode_rollouts
+        from ..rollouts._decode import row_scores
+        from ..rollouts._rows import check_rows
 
         n = len(input_ids)
         # `rows` picks (and orders) the rows to log, as in decode_rollouts; the cap chooses

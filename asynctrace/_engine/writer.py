@@ -20,16 +20,16 @@ from collections.abc import Callable, Sequence
 import anyio
 import anyio.lowlevel
 
-from ._buffer import Batch, Buffer, Marker, MetricsItem
-from ._group_metrics import GroupMetrics
-from ._health import Health
-from ._records.encode import TraceRecord
-from ._retry import RetryPolicy, call_with_retry
-from ._runtime.abandon import spawn_detached, wait_first
-from ._security import describe
-from ._select.lane import LaneSelection, Picked
-from .sinks._base import Sink
-from .sinks._selected import Selected
+from .._records.encode import TraceRecord
+from .._runtime.abandon import spawn_detached, wait_first
+from .._security import describe
+from .._select.lane import LaneSelection, Picked
+from ..sinks._base import Sink
+from ..sinks._selected import Selected
+from .buffer import Batch, Buffer, Marker, MetricsItem
+from .group_metrics import GroupMetrics
+from .health import Health
+from .retry import RetryPolicy, call_with_retry
 
 logger = logging.getLogger("asynctrace")
 

@@ -18,9 +18,9 @@ from tenacity import (
     wait_random,
 )
 
-from ._checks import check_int, check_seconds
-from ._security import shown
-from .exceptions import PermanentSinkError
+from .._checks import check_int, check_seconds
+from .._security import shown
+from ..exceptions import PermanentSinkError
 
 __all__ = ["RetryPolicy"]
 

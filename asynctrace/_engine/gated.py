@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ._queue import Admission, OnFull, Queue, Waiting
-from ._records.encode import TraceRecord
-from ._select.samplers import EVICTED, Entry, Gate, GateResult
+from .._records.encode import TraceRecord
+from .._select.samplers import EVICTED, Entry, Gate, GateResult
+from .queue import Admission, OnFull, Queue, Waiting
 
 if TYPE_CHECKING:
-    from ._durable.journal import Journal
-    from ._ledger import Ledger
+    from .._durable.journal import Journal
+    from .ledger import Ledger
 
 __all__ = ["GatedAdmission"]
 

@@ -8,12 +8,12 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._buffer import Buffer
-from ._durable.journal import Journal
-from ._durable.spool import Spool
-from ._encode import Encoder
-from ._group_metrics import GroupMetrics
-from ._select.samplers import Gate, Sampler
+from .._durable.journal import Journal
+from .._durable.spool import Spool
+from .._select.samplers import Gate, Sampler
+from .buffer import Buffer
+from .encoder import Encoder
+from .group_metrics import GroupMetrics
 
 __all__ = ["build_engine"]
 
