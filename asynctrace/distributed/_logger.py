@@ -1,9 +1,4 @@
-"""Cross-rank trace sampling for SPMD trainers on torch.distributed (any backend).
-
-Three modes, ``"global"`` (one selection over every rank's candidates, one run), ``"per_rank"``
-and ``"per_rank_stream"`` (a run per rank, in one Trackio group): see the table in
-docs/distributed.md. torch is imported when a logger is created, never with this module.
-"""
+"""`DistributedTraceLogger`: one logger per rank, its modes and its per-rank stats."""
 
 from __future__ import annotations
 
@@ -16,21 +11,21 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
 
 import orjson
 
-from ._checks import MAX_STEP, check_encoding, check_int, check_project_run, check_step, check_timeout
+from .._checks import MAX_STEP, check_encoding, check_int, check_project_run, check_step, check_timeout
+from .._engine.ledger import Ledger
+from .._records.encode import Sample, SampleLike, as_list, encode_samples
+from .._records.groups import payload_group
+from .._runtime.lifecycle import close_grace
+from .._security import generated_run_name, logger, shown
+from .._select.names import SamplerName, resolve_sampler
+from .._select.parts import PartSteps, merge_parts
+from .._select.samplers import Sampler
+from .._session import TraceSession
+from .._stats import Counts, SessionStats, SinkStats, SpoolStats
+from .._sync import SyncTraceSession, log_within
+from ..exceptions import SessionClosedError
+from ..sinks import TrackioSink
 from ._collective import Collective, Ended, frame, unframe
-from ._engine.ledger import Ledger
-from ._records.encode import Sample, SampleLike, as_list, encode_samples
-from ._records.groups import payload_group
-from ._runtime.lifecycle import close_grace
-from ._security import generated_run_name, logger, shown
-from ._select.names import SamplerName, resolve_sampler
-from ._select.parts import PartSteps, merge_parts
-from ._select.samplers import Sampler
-from ._session import TraceSession
-from ._stats import Counts, SessionStats, SinkStats, SpoolStats
-from ._sync import SyncTraceSession, log_within
-from .exceptions import SessionClosedError
-from .sinks import TrackioSink
 
 if TYPE_CHECKING:
     import torch
