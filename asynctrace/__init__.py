@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from . import testing
 from ._engine.retry import RetryPolicy
-from ._records.encode import Sample, TraceRecord
+from ._records.types import Sample, TraceRecord
 from ._select.groups import GroupSampler
 from ._select.samplers import FirstSampler, ReservoirSampler, Sampler, StepSelection, TopBottomSampler
 from ._select.watch import Watch

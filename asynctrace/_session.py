@@ -27,14 +27,14 @@ from ._checks import (
 from ._durable import segments
 from ._durable.replay import ReplayPlan, replay_backlog
 from ._durable.spool import Durability
-from ._engine.buffer import MetricsItem, OnFull, Room
+from ._engine.buffer import OnFull, Room
 from ._engine.build import build_engine
 from ._engine.finish import after_drain, close_sinks, flush_until, report_finish
 from ._engine.intake import Intake
 from ._engine.retry import NO_RETRY, RetryPolicy
 from ._engine.writer import Writer
-from ._records.encode import Sample, SampleLike
 from ._records.groups import GroupKey
+from ._records.types import MetricsItem, Sample, SampleLike
 from ._runtime import forks, shutdown
 from ._runtime.lifecycle import Lifecycle, State, finish_bound
 from ._security import generated_run_name, shown

@@ -13,7 +13,7 @@ import anyio
 from anyio.from_thread import BlockingPortal
 
 from ._checks import check_timeout, wait_arg
-from ._records.encode import SampleLike
+from ._records.types import SampleLike
 from ._runtime import shutdown
 from ._runtime.lifecycle import Lifecycle
 from ._security import logger

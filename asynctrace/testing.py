@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import anyio
 
-from ._records.encode import Sample, TraceRecord
+from ._records.types import Sample, TraceRecord
 from .exceptions import PermanentSinkError
 from .sinks._base import Sink
 

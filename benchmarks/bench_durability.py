@@ -145,7 +145,7 @@ def line_costs(bodies: list[dict[str, Any]], rounds: int) -> None:
     """What writing one record to the spool costs on the caller's side under "enqueue", next to
     encoding it: the scan for credentials, and the whole spool line (the scan included)."""
     from asynctrace._durable.segments import record_line_parts
-    from asynctrace._records.encode import TraceRecord
+    from asynctrace._records.types import TraceRecord
     from asynctrace._security import scrub_bytes, secret_bytes
 
     payloads = [orjson.dumps(b) for b in bodies]

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import anyio.lowlevel
 
-from .._records.encode import TraceRecord
+from .._records.types import TraceRecord
 
 if TYPE_CHECKING:
     from .spool import Spool

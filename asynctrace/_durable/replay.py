@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from .._records.encode import TraceRecord
+from .._records.types import TraceRecord
 from .._security import logger
 from . import segments
 from .spool import Spool

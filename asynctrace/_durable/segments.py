@@ -23,7 +23,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from .._records.encode import TraceRecord
+from .._records.types import TraceRecord
 from .._security import scrub_bytes
 
 __all__ = [

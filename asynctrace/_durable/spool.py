@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from .._records.encode import TraceRecord
+from .._records.types import TraceRecord
 from .._security import describe, logger, secret_bytes
 from .._stats import SpoolStats
 from ..exceptions import SpoolError

@@ -5,18 +5,18 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING
 
-from .._records.encode import TraceRecord
+from .._records.types import TraceRecord
 from .._select.samplers import EVICTED, HELD, RELEASED, Entry, Gate
 from .._stats import DropReason, SessionStats
 from ..exceptions import SessionClosedError
 from .gated import GatedAdmission
 from .ledger import Batch, Ledger
-from .queue import Admission, Marker, MetricsItem, OnFull, Queue, Room, Waiting
+from .queue import Admission, Marker, OnFull, Queue, Room, Waiting
 
 if TYPE_CHECKING:
     from .._durable.journal import Journal
 
-__all__ = ["Admission", "Batch", "Buffer", "Marker", "MetricsItem", "OnFull", "Room", "Waiting"]
+__all__ = ["Admission", "Batch", "Buffer", "Marker", "OnFull", "Room", "Waiting"]
 
 _CLOSED = "the session is finished; it accepts no more samples"
 

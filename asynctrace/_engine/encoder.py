@@ -10,19 +10,9 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .._checks import MAX_STEP, check_split, check_step
-from .._records.encode import (
-    UNKNOWN,
-    Sample,
-    SampleLike,
-    TraceRecord,
-    as_list,
-    encode_checked,
-    encode_samples,
-    missing_score,
-    preview_score,
-    records_for,
-)
+from .._records.encode import UNKNOWN, as_list, encode_checked, encode_samples, missing_score, preview_score
 from .._records.groups import GroupKey, group_of
+from .._records.types import Sample, SampleLike, TraceRecord, records_for
 from .._security import shown
 from ..exceptions import RecordError
 from .group_metrics import GroupMetrics

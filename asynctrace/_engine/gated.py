@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .._records.encode import TraceRecord
+from .._records.types import TraceRecord
 from .._select.samplers import EVICTED, Entry, Gate, GateResult
 from .queue import Admission, OnFull, Queue, Waiting
 

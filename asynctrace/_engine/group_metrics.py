@@ -15,9 +15,9 @@ import threading
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-from .._records.encode import UNKNOWN, Sample, preview_score, sample_from
+from .._records.encode import UNKNOWN, preview_score, sample_from
 from .._records.groups import GroupKey, GroupSummary, group_of
-from .buffer import MetricsItem
+from .._records.types import MetricsItem, Sample
 from .health import PREFIX
 
 __all__ = ["GroupMetrics", "group_metrics"]

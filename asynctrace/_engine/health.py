@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from .._records.types import MetricsItem
 from .._stats import SessionStats
-from .buffer import MetricsItem
 
 __all__ = ["PREFIX", "Health", "health_metrics"]
 

@@ -17,7 +17,8 @@ import anyio
 import anyio.lowlevel
 
 from .._checks import check_step
-from .._records.encode import SampleLike, TraceRecord, as_list
+from .._records.encode import as_list
+from .._records.types import SampleLike, TraceRecord
 from .._runtime.lifecycle import Lifecycle, State
 from .._select.samplers import Entry
 from .._select.watch import WatchCounter

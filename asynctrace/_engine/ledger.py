@@ -1,5 +1,5 @@
 """The ledger: every sample counted from submission until it is resolved, per sink too, and
-the records `Selected` sinks hold back (see `_tiers`) until every holder has decided them.
+the records `Selected` sinks hold back (see `_select/lane.py`) until every holder has decided them.
 
 Only outcomes are counted; `accepted` and `pending` are derived from them, so that
 `submitted == written + failed + pending + dropped` holds by construction.
@@ -12,7 +12,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .._records.encode import TraceRecord
+from .._records.types import TraceRecord
 from .._security import logger
 from .._stats import DropReason, SessionStats, SinkStats
 

@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import anyio
 
-from .._records.encode import TraceRecord
+from .._records.types import MetricsItem, TraceRecord
 from .ledger import Batch, Ledger
 
 if TYPE_CHECKING:
     from .._select.lane import Picked
 
-__all__ = ["Admission", "Marker", "MetricsItem", "OnFull", "Queue", "Room", "Waiting"]
+__all__ = ["Admission", "Marker", "OnFull", "Queue", "Room", "Waiting"]
 
 OnFull = Literal["block", "drop_newest", "drop_oldest"]
 
@@ -64,12 +64,6 @@ class Marker:
         self.lanes_left -= 1
         if self.lanes_left <= 0:
             self.done.set()
-
-
-@dataclass(slots=True)
-class MetricsItem:
-    step: int
-    metrics: Mapping[str, float]
 
 
 QueueItem = TraceRecord | Marker | MetricsItem

@@ -20,13 +20,13 @@ from collections.abc import Callable, Sequence
 import anyio
 import anyio.lowlevel
 
-from .._records.encode import TraceRecord
+from .._records.types import MetricsItem, TraceRecord
 from .._runtime.abandon import spawn_detached, wait_first
 from .._security import describe
 from .._select.lane import LaneSelection, Picked
 from ..sinks._base import Sink
 from ..sinks._selected import Selected
-from .buffer import Batch, Buffer, Marker, MetricsItem
+from .buffer import Batch, Buffer, Marker
 from .group_metrics import GroupMetrics
 from .health import Health
 from .retry import RetryPolicy, call_with_retry
@@ -61,7 +61,7 @@ class _Lane:
     def __init__(self, index: int, sink: Sink, selection: LaneSelection | None = None) -> None:
         self.index = index
         self.sink = sink
-        # A `Selected` sink's own per-step selection (see _tiers).
+        # A `Selected` sink's own per-step selection (see _select/lane.py).
         self.selection = selection
         self.next_idle_check = 0.0
         self.inbox: deque[Batch | Marker | MetricsItem] = deque()
@@ -98,7 +98,7 @@ class Writer:
         # The session's step-closing rules, which `Selected` sinks' selections follow too.
         self.max_open_steps = max_open_steps
         self.sink_step_timeout = sink_step_timeout
-        # The session's health as run metrics (see _health), and the idle steps of its group metrics.
+        # The session's health as run metrics (see health.py), and the idle steps of its group metrics.
         self.health = Health(health_interval, buffer.clock()) if health_interval is not None else None
         self.groups = groups
         self.signal: Signal | None = None

@@ -1,7 +1,7 @@
 """A session's life as its blocking form and its shutdown hooks see it: its state, its event
 loop (reached from any thread or a signal handler), and how a finish under way is cut short.
 
-The session owns one; `_sync` and `_shutdown` use nothing else of it, so neither depends on
+The session owns one; `_sync` and `shutdown` use nothing else of it, so neither depends on
 the session itself.
 """
 

@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from itertools import groupby
 
-from .._records.encode import TraceRecord
+from .._records.types import TraceRecord
 from .samplers import EVICTED, HELD, RELEASED, Entry, Gate, Sampler
 
 __all__ = ["LaneSelection", "Picked"]

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
-from .._records.encode import TraceRecord
 from .._records.groups import GroupKey, payload_group
+from .._records.types import TraceRecord
 from .samplers import Entry, Sampler, StepSelection
 
 __all__ = ["ROUND_STRIDE", "PartStep", "PartSteps", "Row", "group_key_of", "merge_parts"]

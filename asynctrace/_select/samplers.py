@@ -12,7 +12,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
-from .._records.encode import TraceRecord
+from .._records.types import TraceRecord
 
 __all__ = [
     "FirstSampler",
@@ -38,7 +38,7 @@ class Entry:
 
     `key` is what a sampler ranked the entry by besides its score (the reservoir's random key, a
     group's random key) and travels with it when selections of several processes are merged;
-    `group` is the prompt group a group sampler put it in (see `_groups.group_of`). `gap` counts
+    `group` is the prompt group a group sampler put it in (see `_records.groups.group_of`). `gap` counts
     the samples the cap refused (through `StepSelection.keeps`) right before this one.
     """
 

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._checks import check_int
-from .._records.encode import Sample, sample_from
+from .._records.encode import sample_from
 from .._records.groups import GroupKey, group_of
+from .._records.types import Sample
 from .._security import shown
 
 __all__ = ["DEFAULT_WATCH_KEYS", "Watch", "WatchCounter"]

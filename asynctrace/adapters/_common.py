@@ -6,7 +6,7 @@ import enum
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._records.encode import Sample
+from .._records.types import Sample
 from ..rollouts._mapping import field
 from ..rollouts._text import TextBatch
 

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._records.encode import Sample
+from .._records.types import Sample
 from .._security import logger
 from .._sync import SyncTraceSession
 from ..exceptions import RecordError, SessionClosedError

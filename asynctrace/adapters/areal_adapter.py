@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._records.encode import Sample
+from .._records.types import Sample
 from ..rollouts._decode import decode_rollouts
 from ..rollouts._rows import is_tensor
 from ._hooks import deliver, every_row

@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._records.encode import Sample
+from .._records.types import Sample
 from ..rollouts._align import MISSING, Shortfall
 from ..rollouts._mapping import prompt_indices
 from ..rollouts._turns import mask_runs, split_turns

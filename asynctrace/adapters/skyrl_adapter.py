@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .._records.encode import Sample
+from .._records.types import Sample
 from .._security import logger
 from ..rollouts._align import MISSING, Shortfall
 from ..rollouts._mapping import instance_key, prompt_indices, trajectory_label

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .._records.encode import Sample
+from .._records.types import Sample
 from ._common import Message, SampleBuilder, field, jsonable, role_name, token_list
 from ._hooks import deliver, every_row
 from ._sessions import session_for

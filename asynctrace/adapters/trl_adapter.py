@@ -11,7 +11,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from .._records.encode import Sample
+from .._records.types import Sample
 from .._security import logger
 from .._session import TraceSession
 from .._sync import SyncTraceSession

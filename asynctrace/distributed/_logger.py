@@ -13,8 +13,9 @@ import orjson
 
 from .._checks import MAX_STEP, check_encoding, check_int, check_project_run, check_step, check_timeout
 from .._engine.ledger import Ledger
-from .._records.encode import Sample, SampleLike, as_list, encode_samples
+from .._records.encode import as_list, encode_samples
 from .._records.groups import payload_group
+from .._records.types import Sample, SampleLike
 from .._runtime.lifecycle import close_grace
 from .._security import generated_run_name, logger, shown
 from .._select.names import SamplerName, resolve_sampler

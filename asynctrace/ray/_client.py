@@ -42,7 +42,8 @@ from .._checks import (
     wait_arg,
 )
 from .._engine.ledger import Ledger
-from .._records.encode import Sample, SampleLike, as_list, encode_samples
+from .._records.encode import as_list, encode_samples
+from .._records.types import Sample, SampleLike
 from .._security import describe
 from .._select.samplers import Sampler
 from .._stats import Counts, DropReason

@@ -1,6 +1,6 @@
 """Selection inside a `TraceClient`: keep a step's `O(k)` candidates, ship only those.
 
-Each client is a part of every step (`_parts.py`), with the part number the collector gave it;
+Each client is a part of every step (`_select/parts.py`), with the part number the collector gave it;
 a step closed here and seen again is a new round, a part of its own, so closing early costs
 bytes, never exactness (docs/distributed.md). Not thread-safe: the client holds its lock.
 """

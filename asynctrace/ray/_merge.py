@@ -1,7 +1,7 @@
 """The collector's side of local selection: each client's part of a step, merged when it closes.
 
 A step closes by the session's own rules (docs/distributed.md, *Steps, stragglers and
-lateness*); its parts are then merged with the sampler's `merge` (`_parts.py`), and a part for
+lateness*); its parts are then merged with the sampler's `merge` (`_select/parts.py`), and a part for
 a closed step is late. Not thread-safe: the collector holds its lock.
 """
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._records.encode import Sample, finite_or_none
+from .._records.types import Sample, finite_or_none
 from .._security import shown
 from ._align import MISSING, Shortfall
 from ._rows import as_python, as_tensor, check_rows, is_tensor, python_rows, real_tokens

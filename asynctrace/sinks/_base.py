@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .._records.encode import TraceRecord
+    from .._records.types import TraceRecord
 
 __all__ = ["Sink"]
 

@@ -10,7 +10,7 @@ from typing import Any, TextIO
 import orjson
 
 from .._checks import check_int
-from .._records.encode import TraceRecord
+from .._records.types import TraceRecord
 from .._runtime.abandon import Backlog, run_sync_daemon
 from .._security import scrub
 from ._base import Sink

@@ -11,7 +11,7 @@ from typing import IO
 import orjson
 
 from .._checks import check_bool, check_int
-from .._records.encode import TraceRecord
+from .._records.types import TraceRecord
 from .._runtime.abandon import Backlog, run_sync_daemon
 from ._base import Sink
 from ._guard import Guard

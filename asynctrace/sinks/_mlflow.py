@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from .._checks import check_bool, check_type
-from .._records.encode import TraceRecord
+from .._records.types import TraceRecord
 from ..exceptions import PermanentSinkError
 from ._base import Sink
 from ._guard import Serial

@@ -20,8 +20,8 @@ from typing import Any
 import orjson
 
 from .._checks import check_bool, check_int, int64_or_none
-from .._records.encode import TraceRecord
 from .._records.tokens import TOKEN_FIELDS, token_bytes
+from .._records.types import TraceRecord
 from .._runtime.abandon import Backlog, run_sync_daemon
 from ..exceptions import PermanentSinkError
 from ._base import Sink

@@ -11,7 +11,7 @@ from .._select.samplers import Sampler
 from ._base import Sink
 
 if TYPE_CHECKING:
-    from .._records.encode import TraceRecord
+    from .._records.types import TraceRecord
 
 __all__ = ["Selected"]
 

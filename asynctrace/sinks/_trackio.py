@@ -18,7 +18,7 @@ import orjson
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from .._checks import check_bool, check_type
-from .._records.encode import TraceRecord
+from .._records.types import TraceRecord
 from .._runtime import forks
 from .._runtime.abandon import Backlog, run_sync_daemon
 from .._security import check_name, check_text, shown

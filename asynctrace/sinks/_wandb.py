@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from .._checks import check_bool, check_seconds, check_type, int64_or_none
-from .._records.encode import TraceRecord
+from .._records.types import TraceRecord
 from .._security import check_name, check_text, describe
 from ..exceptions import PermanentSinkError
 from ._base import Sink

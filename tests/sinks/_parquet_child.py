@@ -22,7 +22,7 @@ import anyio
 import pyarrow.parquet as pq
 
 import asynctrace as at
-from asynctrace._records.encode import TraceRecord
+from asynctrace._records.types import TraceRecord
 from tests._util import sample
 
 

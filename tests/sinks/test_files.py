@@ -63,7 +63,7 @@ async def test_console_sink_is_readable_and_truncated() -> None:
 
 async def test_jsonl_escapes_unusual_ids_and_names(tmp_path: Path) -> None:
     """Record ids, splits and keys that need JSON escaping still give valid lines."""
-    from asynctrace._records.encode import TraceRecord
+    from asynctrace._records.types import TraceRecord
 
     sink = at.JsonlSink(tmp_path / "odd.jsonl")
     await sink.open()

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import asynctrace as at
-from asynctrace._records.encode import TraceRecord
+from asynctrace._records.types import TraceRecord
 from tests._util import sample
 from tests.sinks._contract import CONTRACT, Backend, run_contract
 from tests.sinks.test_files import _stalled_fifo
