@@ -5,8 +5,9 @@ from __future__ import annotations
 from . import testing
 from ._engine.retry import RetryPolicy
 from ._records.types import Sample, TraceRecord
+from ._select.base import Sampler, StepSelection
 from ._select.groups import GroupSampler
-from ._select.samplers import FirstSampler, ReservoirSampler, Sampler, StepSelection, TopBottomSampler
+from ._select.samplers import FirstSampler, ReservoirSampler, TopBottomSampler
 from ._select.watch import Watch
 from ._session import TraceSession, install_shutdown_hooks
 from ._stats import SessionStats, SinkStats, SpoolStats

@@ -38,8 +38,8 @@ from ._records.types import MetricsItem, Sample, SampleLike
 from ._runtime import forks, shutdown
 from ._runtime.lifecycle import Lifecycle, State, finish_bound
 from ._security import generated_run_name, shown
-from ._select.names import SamplerName, resolve_sampler
-from ._select.samplers import Sampler
+from ._select.base import Sampler
+from ._select.samplers import SamplerName, resolve_sampler
 from ._select.watch import Watch, WatchCounter
 from ._stats import SessionStats
 from ._sync import SyncRunner, SyncTraceSession

@@ -91,7 +91,7 @@ async def test_reservoir_is_roughly_uniform() -> None:
     counts = [0] * 10
     for seed in range(300):
         sampler = at.ReservoirSampler(seed=seed).new_step("train", 0, 2)
-        from asynctrace._select.samplers import Entry
+        from asynctrace._select.base import Entry
 
         kept = []
         for i in range(10):

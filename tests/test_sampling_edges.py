@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import random
 
-from asynctrace._select.samplers import COUNTER_WINDOW, Entry, FirstSampler, Gate, ReservoirSampler
+from asynctrace._select.base import Entry
+from asynctrace._select.gate import COUNTER_WINDOW, Gate
+from asynctrace._select.samplers import FirstSampler, ReservoirSampler
 
 
 def test_first_counter_window_stays_bounded_for_descending_stragglers() -> None:

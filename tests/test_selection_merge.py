@@ -8,8 +8,9 @@ from collections.abc import Sequence
 import pytest
 
 import asynctrace as at
-from asynctrace._select.names import resolve_sampler
-from asynctrace._select.samplers import Entry, Gate, Sampler
+from asynctrace._select.base import Entry, Sampler
+from asynctrace._select.gate import Gate
+from asynctrace._select.samplers import resolve_sampler
 
 
 def _select(

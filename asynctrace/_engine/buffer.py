@@ -6,7 +6,8 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING
 
 from .._records.types import TraceRecord
-from .._select.samplers import EVICTED, HELD, RELEASED, Entry, Gate
+from .._select.base import EVICTED, HELD, RELEASED, Entry
+from .._select.gate import Gate
 from .._stats import DropReason, SessionStats
 from ..exceptions import SessionClosedError
 from .gated import GatedAdmission

@@ -10,7 +10,8 @@ from typing import Any
 
 from .._durable.journal import Journal
 from .._durable.spool import Spool
-from .._select.samplers import Gate, Sampler
+from .._select.base import Sampler
+from .._select.gate import Gate
 from .buffer import Buffer
 from .encoder import Encoder
 from .group_metrics import GroupMetrics

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .._records.types import TraceRecord
-from .._select.samplers import EVICTED, Entry, Gate, GateResult
+from .._select.base import EVICTED, Entry
+from .._select.gate import Gate, GateResult
 from .queue import Admission, OnFull, Queue, Waiting
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from .._checks import check_step
 from .._records.encode import as_list
 from .._records.types import SampleLike, TraceRecord
 from .._runtime.lifecycle import Lifecycle, State
-from .._select.samplers import Entry
+from .._select.base import Entry
 from .._select.watch import WatchCounter
 from .._stats import DropReason
 from ..exceptions import RecordError

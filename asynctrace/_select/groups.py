@@ -9,7 +9,7 @@ from typing import Literal
 
 from .._records.groups import DEFAULT_GROUP_KEYS, GroupKey, payload_group
 from .._security import shown
-from .samplers import Entry, Sampler, StepSelection
+from .base import Entry, Sampler, StepSelection
 
 __all__ = ["GroupPolicy", "GroupSampler", "GroupStat"]
 

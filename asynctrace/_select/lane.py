@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from itertools import groupby
 
 from .._records.types import TraceRecord
-from .samplers import EVICTED, HELD, RELEASED, Entry, Gate, Sampler
+from .base import EVICTED, HELD, RELEASED, Entry, Sampler
+from .gate import Gate
 
 __all__ = ["LaneSelection", "Picked"]
 

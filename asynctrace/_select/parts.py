@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 from .._records.groups import GroupKey, payload_group
 from .._records.types import TraceRecord
-from .samplers import Entry, Sampler, StepSelection
+from .base import Entry, Sampler, StepSelection
 
 __all__ = ["ROUND_STRIDE", "PartStep", "PartSteps", "Row", "group_key_of", "merge_parts"]
 

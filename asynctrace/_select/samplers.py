@@ -1,157 +1,19 @@
-"""Caps and samplers: which samples of one (split, step) are kept, and when a step closes."""
+"""The built-in samplers (first, top and bottom, reservoir), and every sampler by name."""
 
 from __future__ import annotations
 
-import abc
 import heapq
-import logging
 import math
 import random
 from collections import deque
-from collections.abc import Hashable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import cast
+from collections.abc import Sequence
+from typing import Literal, cast
 
-from .._records.types import TraceRecord
+from .._security import shown
+from .base import Entry, Sampler, StepSelection, in_merged_order
+from .groups import GroupSampler
 
-__all__ = [
-    "FirstSampler",
-    "ReservoirSampler",
-    "Sampler",
-    "StepSelection",
-    "TopBottomSampler",
-]
-
-logger = logging.getLogger("asynctrace")
-
-# Steps a non-holding sampler keeps counting before the oldest is closed.
-COUNTER_WINDOW = 4096
-
-# Entry states.
-HELD = 0  # kept by a sampler for an open step
-EVICTED = 1  # pushed out by a better candidate: counted "capped"
-RELEASED = 2  # handed on towards the buffer
-
-
-class Entry:
-    """A candidate sample inside a sampler. `record` is None while a reserved row is still being decoded.
-
-    `key` is what a sampler ranked the entry by besides its score (the reservoir's random key, a
-    group's random key) and travels with it when selections of several processes are merged;
-    `group` is the prompt group a group sampler put it in (see `_records.groups.group_of`). `gap` counts
-    the samples the cap refused (through `StepSelection.keeps`) right before this one.
-    """
-
-    __slots__ = ("gap", "group", "key", "record", "score", "seq", "state")
-
-    def __init__(
-        self,
-        score: float | None,
-        seq: int,
-        record: TraceRecord | None = None,
-        *,
-        key: float | None = None,
-        group: Hashable | None = None,
-    ) -> None:
-        self.score = score
-        self.seq = seq
-        self.record = record
-        self.state = HELD
-        self.key = key
-        self.group = group
-        self.gap = 0
-
-
-class StepSelection(abc.ABC):
-    """The selection state of one (split, step): O(k) entries at most."""
-
-    @abc.abstractmethod
-    def offer(self, entry: Entry) -> tuple[bool, Entry | None]:
-        """Offer one candidate; returns (kept, evicted) where evicted is an earlier entry now dropped."""
-
-    @abc.abstractmethod
-    def held(self) -> list[Entry]:
-        """Entries still held (for holding samplers), released when the step closes."""
-
-    def offer_all(self, entries: Sequence[Entry]) -> tuple[list[bool], list[Entry]]:
-        """Offer one call's candidates in order; returns which of them are kept and the entries
-        (earlier ones or of this call) they pushed out. A selection that judges a call's samples
-        together (the group sampler) overrides this; the default offers them one by one."""
-        kept: list[bool] = []
-        evicted: list[Entry] = []
-        for e in entries:
-            took, out = self.offer(e)
-            kept.append(took)
-            if out is not None:
-                evicted.append(out)
-        return kept, evicted
-
-    def keeps(self, scores: Sequence[float | None], first_seq: int) -> list[bool] | None:
-        """Which of these candidates, offered in order after everything offered so far (with
-        sequence numbers from `first_seq`), would still be kept; None when it cannot tell
-        without offering them. Must not change the selection."""
-        return None
-
-    def skip(self, n: int) -> None:
-        """`n` samples `keeps` refused were passed over here (an entry's `gap` counts those right
-        before it). Only a selection that counts positions (the reservoir) needs them."""
-        return None
-
-    def withdraw(self, entries: Sequence[Entry]) -> None:
-        """Give up the places of kept entries that will never be filled (a reserved row whose
-        decoding failed), as if they had not been offered. The default keeps their places
-        taken; the gate never releases or counts them again either way."""
-        return None
-
-
-class Sampler(abc.ABC):
-    """Chooses at most `k` samples per (split, step). Subclass to write your own."""
-
-    #: True when the sampler must see the whole step before it knows what to keep.
-    holds: bool = True
-    #: True when the sampler ranks by score, so every sample needs a finite one.
-    needs_score: bool = False
-    #: True when `new_step` costs little, so the session may ask a step not open yet which
-    #: samples it would keep (`StepSelection.keeps`) and skip encoding the others.
-    starts_cheaply: bool = False
-
-    @abc.abstractmethod
-    def new_step(self, split: str, step: int, k: int) -> StepSelection:
-        """Start the selection for a new step."""
-
-    def new_part_step(self, split: str, step: int, k: int, part: int) -> StepSelection:
-        """Start the selection of one part (a process, a rank) of a step whose parts are merged
-        later with `merge`. A sampler that draws random numbers gives each part its own stream
-        (part 0's is `new_step`'s); the default is `new_step`."""
-        return self.new_step(split, step, k)
-
-    def merge(self, split: str, step: int, k: int, parts: Sequence[Sequence[Entry]]) -> list[Entry]:
-        """The step's selection from the selections of its parts, exactly what one selection
-        offered every part's samples (part after part, each in its own order) would keep.
-
-        `parts` holds, per part in order, the entries that part's own selection kept (its
-        `held()` for a holding sampler, what it passed otherwise) with their `score`, `key` and
-        `group` as that selection set them, in the part's arrival order. Each part's selection
-        must have kept every one of its samples the whole step's selection keeps: true of the
-        built-in samplers, which keep the `k` best by an order their keys and scores carry
-        (first arrivals, top and bottom scores, smallest random keys, best groups). Returns the
-        chosen entries in merged arrival order; their `seq` is renumbered to that order.
-        """
-        merged = in_merged_order(parts)
-        selection = self.new_step(split, step, k)
-        kept, evicted = selection.offer_all(merged)
-        gone = {id(e) for e in evicted}
-        return [e for e, took in zip(merged, kept, strict=True) if took and id(e) not in gone]
-
-
-def in_merged_order(parts: Sequence[Sequence[Entry]]) -> list[Entry]:
-    """The parts' entries, part after part, each in its own arrival order, renumbered (`seq`)
-    to that merged order and held anew."""
-    merged = [e for part in parts for e in sorted(part, key=lambda e: e.seq)]
-    for i, e in enumerate(merged):
-        e.seq = i
-        e.state = HELD
-    return merged
+__all__ = ["FirstSampler", "ReservoirSampler", "SamplerName", "TopBottomSampler", "resolve_sampler"]
 
 
 class _FirstSelection(StepSelection):
@@ -481,212 +343,22 @@ class ReservoirSampler(Sampler):
         return sorted(chosen, key=lambda e: e.seq)
 
 
-@dataclass(slots=True)
-class _OpenStep:
-    selection: StepSelection
-    last_seen: float
+SamplerName = Literal["first", "top_bottom", "reservoir", "group"]
+_BY_NAME: dict[str, type[Sampler]] = {
+    "first": FirstSampler,
+    "top_bottom": TopBottomSampler,
+    "reservoir": ReservoirSampler,
+    "group": GroupSampler,
+}
 
 
-@dataclass(slots=True)
-class GateResult:
-    """What one offer did: entries to pass on now, and counts by outcome."""
-
-    passed: list[Entry] = field(default_factory=list)
-    capped: int = 0  # rejected at once
-    late: int = 0
-    evicted: list[Entry] = field(default_factory=list)  # earlier entries dropped as capped
-    released: list[Entry] = field(default_factory=list)  # entries of steps this offer closed
-    held: int = 0
-
-
-class Gate:
-    """Applies the per-(split, step) cap and sampler; not thread-safe (the pipeline holds its lock)."""
-
-    def __init__(
-        self,
-        k: int,
-        sampler: Sampler,
-        *,
-        max_open_steps: int,
-        step_timeout: float | None,
-    ) -> None:
-        self.k = k
-        self.sampler = sampler
-        self.max_open_steps = max_open_steps
-        self.step_timeout = step_timeout
-        self._open: dict[tuple[str, int], _OpenStep] = {}
-        self._closed_upto: dict[str, int] = {}
-        self._warned = False
-        # A selection `keeps` started for a step not open yet (one at most).
-        self._fresh: dict[tuple[str, int], StepSelection] = {}
-
-    def is_closed(self, split: str, step: int) -> bool:
-        """True when samples for this step are late."""
-        closed_upto = self._closed_upto.get(split)
-        return closed_upto is not None and step <= closed_upto
-
-    def keeps(
-        self,
-        split: str,
-        step: int,
-        scores: Sequence[float | None],
-        first_seq: int,
-        groups: Sequence[Hashable | None] | None = None,
-    ) -> list[bool] | None:
-        """Which candidates an offer made now would keep (see `StepSelection.keeps`); changes nothing.
-
-        Within an open step a selection only gets harder to enter (a count fills up, a held
-        set only improves), so a candidate refused here would be refused later too.
-        """
-        if self.is_closed(split, step):
-            return [False] * len(scores)
-        opened = self._open.get((split, step))
-        if opened is not None:
-            return self._ask(opened.selection, scores, first_seq, groups)
-        if self.sampler.starts_cheaply:
-            # The fresh selection is kept for the offer that opens the step, so a seeded
-            # generator that drew ahead here is the one that decides there.
-            fresh = self._fresh.get((split, step))
-            if fresh is None:
-                self._fresh.clear()
-                fresh = self._fresh[(split, step)] = self.sampler.new_step(split, step, self.k)
-            return self._ask(fresh, scores, first_seq, groups)
-        return None  # another sampler's new selection may cost something
-
-    @staticmethod
-    def _ask(
-        selection: StepSelection,
-        scores: Sequence[float | None],
-        first_seq: int,
-        groups: Sequence[Hashable | None] | None,
-    ) -> list[bool] | None:
-        if groups is None:
-            return selection.keeps(scores, first_seq)
-        return selection.keeps(scores, first_seq, groups=groups)  # type: ignore[call-arg]
-
-    def releasing(self, split: str, step: int) -> tuple[int, int]:
-        """What an offer for (split, step) would release from the steps it closes, as (records,
-        encoded bytes); changes nothing. Rows still being decoded count for nothing here: they
-        go through the buffer's bound when they are filled."""
-        if not self.sampler.holds:
-            return 0, 0
-        upto = step - self.max_open_steps - 1
-        closed_upto = self._closed_upto.get(split)
-        if upto < 0 or (closed_upto is not None and upto <= closed_upto):
-            return 0, 0
-        n = nbytes = 0
-        for (sp, st), opened in self._open.items():
-            if sp == split and st <= upto:
-                for e in opened.selection.held():
-                    if e.state != EVICTED and e.record is not None:
-                        n += 1
-                        nbytes += e.record.nbytes
-        return n, nbytes
-
-    def offer(self, split: str, step: int, entries: Iterable[Entry], now: float) -> GateResult:
-        result = GateResult()
-        entries = list(entries)
-        closed_upto = self._closed_upto.get(split)
-        if (closed_upto is not None and step <= closed_upto) or self._close_older(split, step, result):
-            result.late = len(entries)
-            for e in entries:
-                e.state = EVICTED
-            return result
-        key = (split, step)
-        opened = self._open.get(key)
-        if opened is None:
-            fresh = self._fresh.pop(key, None)
-            selection = fresh if fresh is not None else self.sampler.new_step(split, step, self.k)
-            opened = self._open[key] = _OpenStep(selection, now)
-        opened.last_seen = now
-        holds = self.sampler.holds
-        flags, pushed_out = opened.selection.offer_all(entries)
-        for e, kept in zip(entries, flags, strict=True):
-            if not kept:
-                e.state = EVICTED
-                result.capped += 1
-            elif holds:
-                result.held += 1
-            else:
-                e.state = RELEASED
-                result.passed.append(e)
-        for evicted in pushed_out:
-            if evicted.state == HELD:
-                evicted.state = EVICTED
-                result.evicted.append(evicted)
-            elif evicted.state == RELEASED and not self._warned:
-                # Already passed on (a sampler with holds=False keeps nothing back): it is
-                # written all the same, so it must not be counted as capped too.
-                self._warned = True
-                logger.warning(
-                    "asynctrace: sampler %s evicted a sample it had already let through "
-                    "(holds=False); such samples are written anyway. A sampler that changes "
-                    "its mind must set holds=True",
-                    type(self.sampler).__name__,
-                )
-        return result
-
-    def _close_older(self, split: str, step: int, result: GateResult) -> bool:
-        """Close the steps an offer for `step` pushes out; True when `step` itself is one."""
-        if self.sampler.holds:
-            # Everything more than max_open_steps behind the newest step is closed, open or
-            # not: a straggler for a step that far behind is late, and cannot open it again.
-            upto = step - self.max_open_steps - 1
-            closed_upto = self._closed_upto.get(split)
-            if upto >= 0 and (closed_upto is None or upto > closed_upto):
-                self._close(split, upto, result.released)
-        elif len(self._open) >= COUNTER_WINDOW and (split, step) not in self._open:
-            # A sampler that holds nothing needs only a counter per step, so stragglers many
-            # steps behind are still capped exactly; the window just bounds the memory, per
-            # split, so that a sparse split (eval) is never pushed out by a busy one (train).
-            mine = [s for sp, s in self._open if sp == split]
-            if len(mine) >= COUNTER_WINDOW:
-                # The oldest of the split's counted steps and this one leaves the window. When
-                # that is this step, its samples are late: counting it too would let stragglers
-                # arriving in descending step order grow the window without bound.
-                oldest = min(mine)
-                self._close(split, min(oldest, step), result.released)
-                return step < oldest
-        return False
-
-    def _close(self, split: str, upto: int, out: list[Entry]) -> None:
-        """Close every open step of `split` up to `upto`; later samples for them are late."""
-        for key in sorted(k for k in self._open if k[0] == split and k[1] <= upto):
-            for e in self._open.pop(key).selection.held():
-                if e.state != EVICTED:  # withdrawn (a selection that keeps their places)
-                    e.state = RELEASED
-                    out.append(e)
-        self._closed_upto[split] = max(self._closed_upto.get(split, upto), upto)
-
-    def skip(self, split: str, step: int, n: int) -> None:
-        """`n` samples of (split, step) that `keeps` refused were passed over (see `StepSelection.skip`)."""
-        opened = self._open.get((split, step))
-        selection = opened.selection if opened is not None else self._fresh.get((split, step))
-        if selection is not None and n:
-            selection.skip(n)
-
-    def withdraw(self, split: str, step: int, entries: Sequence[Entry]) -> None:
-        """Give back the places of kept entries that will never be filled."""
-        opened = self._open.get((split, step))
-        if opened is not None and entries:
-            opened.selection.withdraw(entries)
-
-    def close_all(self, *, holding_only: bool = True) -> list[Entry]:
-        """Close every open step (flush/finish). Samplers that hold nothing keep counting their caps."""
-        out: list[Entry] = []
-        if holding_only and not self.sampler.holds:
-            return out
-        for split in sorted({sp for sp, _ in self._open}):
-            self._close(split, max(s for sp, s in self._open if sp == split), out)
-        return out
-
-    def close_idle(self, now: float) -> list[Entry]:
-        """Close steps that saw no sample for `step_timeout` seconds."""
-        out: list[Entry] = []
-        if self.step_timeout is None or not self.sampler.holds:
-            return out
-        idle = [k for k, o in self._open.items() if now - o.last_seen >= self.step_timeout]
-        for split, step in sorted(idle):
-            if (split, step) in self._open:
-                self._close(split, step, out)
-        return out
+def resolve_sampler(sampler: SamplerName | Sampler) -> Sampler:
+    """`sampler` itself, or a new built-in sampler of that name."""
+    if isinstance(sampler, Sampler):
+        return sampler
+    if isinstance(sampler, str) and sampler in _BY_NAME:
+        return _BY_NAME[sampler]()
+    raise ValueError(
+        "sampler must be 'first', 'top_bottom', 'reservoir', 'group' or a Sampler instance, "
+        f"got {shown(sampler)}"
+    )

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from .._security import shown
+from .._select.base import Entry
 from .._select.parts import PartStep
-from .._select.samplers import Entry
 
 if TYPE_CHECKING:
     import torch

@@ -18,9 +18,9 @@ from .._records.groups import payload_group
 from .._records.types import Sample, SampleLike
 from .._runtime.lifecycle import close_grace
 from .._security import generated_run_name, logger, shown
-from .._select.names import SamplerName, resolve_sampler
+from .._select.base import Sampler
 from .._select.parts import PartSteps, merge_parts
-from .._select.samplers import Sampler
+from .._select.samplers import SamplerName, resolve_sampler
 from .._session import TraceSession
 from .._stats import Counts, SessionStats, SinkStats, SpoolStats
 from .._sync import SyncTraceSession, log_within

@@ -45,7 +45,7 @@ from .._engine.ledger import Ledger
 from .._records.encode import as_list, encode_samples
 from .._records.types import Sample, SampleLike
 from .._security import describe
-from .._select.samplers import Sampler
+from .._select.base import Sampler
 from .._stats import Counts, DropReason
 from ._local import LocalSelection, Released
 from ._outbox import Call, Outbox

@@ -29,7 +29,7 @@ from ray.actor import ActorHandle
 from .._checks import check_seconds, check_timeout, wait_arg
 from .._runtime.shutdown import hook_bound
 from .._security import generated_run_name
-from .._select.samplers import Sampler
+from .._select.base import Sampler
 from .._session import TraceSession, hurry_finish
 from .._stats import SessionStats
 from .._sync import SyncTraceSession, log_within

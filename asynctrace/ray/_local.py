@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from .._select.base import Entry, Sampler
 from .._select.parts import PartStep, PartSteps, Row
-from .._select.samplers import Entry, Sampler
 
 __all__ = ["LocalSelection", "Released", "Step", "idle_steps", "next_due"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .._records.groups import payload_group
+from .._select.base import Entry, Sampler
 from .._select.parts import Row, group_key_of, merge_parts
-from .._select.samplers import Entry, Sampler
 from ._local import Step, idle_steps, next_due
 
 __all__ = ["Merged", "StepMerge"]

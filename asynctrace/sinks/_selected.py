@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from .._checks import check_int
-from .._select.names import SamplerName, resolve_sampler
-from .._select.samplers import Sampler
+from .._select.base import Sampler
+from .._select.samplers import SamplerName, resolve_sampler
 from ._base import Sink
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from asynctrace import GroupSampler, Sampler, StepSelection, TraceSession  # noqa: E402
-from asynctrace._select.samplers import Entry  # noqa: E402
+from asynctrace._select.base import Entry  # noqa: E402
 from asynctrace.ray import ClientStats, TraceClient, start_collector  # noqa: E402
 from asynctrace.testing import MemorySink  # noqa: E402
 from tests.distributed._helpers import make_groups, make_samples, top_bottom_uids, uids_by_step  # noqa: E402

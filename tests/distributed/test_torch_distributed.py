@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import asynctrace as at  # noqa: E402
-from asynctrace._select.samplers import Entry  # noqa: E402
+from asynctrace._select.base import Entry  # noqa: E402
 from asynctrace.testing import MemorySink  # noqa: E402
 from tests.distributed import _gloo_worker  # noqa: E402
 from tests.distributed._gloo_worker import PAIR_SAMPLERS, SAMPLES_PER_STEP, K, sampler_for  # noqa: E402

@@ -1,0 +1,228 @@
+"""The gate: a cap and sampler applied per (split, step), holding a selection per open step and
+closing steps by the session's rules."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from .base import EVICTED, HELD, RELEASED, Entry, Sampler, StepSelection
+
+__all__ = ["COUNTER_WINDOW", "Gate", "GateResult"]
+
+logger = logging.getLogger("asynctrace")
+
+# Steps a non-holding sampler keeps counting before the oldest is closed.
+COUNTER_WINDOW = 4096
+
+
+@dataclass(slots=True)
+class _OpenStep:
+    selection: StepSelection
+    last_seen: float
+
+
+@dataclass(slots=True)
+class GateResult:
+    """What one offer did: entries to pass on now, and counts by outcome."""
+
+    passed: list[Entry] = field(default_factory=list)
+    capped: int = 0  # rejected at once
+    late: int = 0
+    evicted: list[Entry] = field(default_factory=list)  # earlier entries dropped as capped
+    released: list[Entry] = field(default_factory=list)  # entries of steps this offer closed
+    held: int = 0
+
+
+class Gate:
+    """Applies the per-(split, step) cap and sampler; not thread-safe (the pipeline holds its lock)."""
+
+    def __init__(
+        self,
+        k: int,
+        sampler: Sampler,
+        *,
+        max_open_steps: int,
+        step_timeout: float | None,
+    ) -> None:
+        self.k = k
+        self.sampler = sampler
+        self.max_open_steps = max_open_steps
+        self.step_timeout = step_timeout
+        self._open: dict[tuple[str, int], _OpenStep] = {}
+        self._closed_upto: dict[str, int] = {}
+        self._warned = False
+        # A selection `keeps` started for a step not open yet (one at most).
+        self._fresh: dict[tuple[str, int], StepSelection] = {}
+
+    def is_closed(self, split: str, step: int) -> bool:
+        """True when samples for this step are late."""
+        closed_upto = self._closed_upto.get(split)
+        return closed_upto is not None and step <= closed_upto
+
+    def keeps(
+        self,
+        split: str,
+        step: int,
+        scores: Sequence[float | None],
+        first_seq: int,
+        groups: Sequence[Hashable | None] | None = None,
+    ) -> list[bool] | None:
+        """Which candidates an offer made now would keep (see `StepSelection.keeps`); changes nothing.
+
+        Within an open step a selection only gets harder to enter (a count fills up, a held
+        set only improves), so a candidate refused here would be refused later too.
+        """
+        if self.is_closed(split, step):
+            return [False] * len(scores)
+        opened = self._open.get((split, step))
+        if opened is not None:
+            return self._ask(opened.selection, scores, first_seq, groups)
+        if self.sampler.starts_cheaply:
+            # The fresh selection is kept for the offer that opens the step, so a seeded
+            # generator that drew ahead here is the one that decides there.
+            fresh = self._fresh.get((split, step))
+            if fresh is None:
+                self._fresh.clear()
+                fresh = self._fresh[(split, step)] = self.sampler.new_step(split, step, self.k)
+            return self._ask(fresh, scores, first_seq, groups)
+        return None  # another sampler's new selection may cost something
+
+    @staticmethod
+    def _ask(
+        selection: StepSelection,
+        scores: Sequence[float | None],
+        first_seq: int,
+        groups: Sequence[Hashable | None] | None,
+    ) -> list[bool] | None:
+        if groups is None:
+            return selection.keeps(scores, first_seq)
+        return selection.keeps(scores, first_seq, groups=groups)  # type: ignore[call-arg]
+
+    def releasing(self, split: str, step: int) -> tuple[int, int]:
+        """What an offer for (split, step) would release from the steps it closes, as (records,
+        encoded bytes); changes nothing. Rows still being decoded count for nothing here: they
+        go through the buffer's bound when they are filled."""
+        if not self.sampler.holds:
+            return 0, 0
+        upto = step - self.max_open_steps - 1
+        closed_upto = self._closed_upto.get(split)
+        if upto < 0 or (closed_upto is not None and upto <= closed_upto):
+            return 0, 0
+        n = nbytes = 0
+        for (sp, st), opened in self._open.items():
+            if sp == split and st <= upto:
+                for e in opened.selection.held():
+                    if e.state != EVICTED and e.record is not None:
+                        n += 1
+                        nbytes += e.record.nbytes
+        return n, nbytes
+
+    def offer(self, split: str, step: int, entries: Iterable[Entry], now: float) -> GateResult:
+        result = GateResult()
+        entries = list(entries)
+        closed_upto = self._closed_upto.get(split)
+        if (closed_upto is not None and step <= closed_upto) or self._close_older(split, step, result):
+            result.late = len(entries)
+            for e in entries:
+                e.state = EVICTED
+            return result
+        key = (split, step)
+        opened = self._open.get(key)
+        if opened is None:
+            fresh = self._fresh.pop(key, None)
+            selection = fresh if fresh is not None else self.sampler.new_step(split, step, self.k)
+            opened = self._open[key] = _OpenStep(selection, now)
+        opened.last_seen = now
+        holds = self.sampler.holds
+        flags, pushed_out = opened.selection.offer_all(entries)
+        for e, kept in zip(entries, flags, strict=True):
+            if not kept:
+                e.state = EVICTED
+                result.capped += 1
+            elif holds:
+                result.held += 1
+            else:
+                e.state = RELEASED
+                result.passed.append(e)
+        for evicted in pushed_out:
+            if evicted.state == HELD:
+                evicted.state = EVICTED
+                result.evicted.append(evicted)
+            elif evicted.state == RELEASED and not self._warned:
+                # Already passed on (a sampler with holds=False keeps nothing back): it is
+                # written all the same, so it must not be counted as capped too.
+                self._warned = True
+                logger.warning(
+                    "asynctrace: sampler %s evicted a sample it had already let through "
+                    "(holds=False); such samples are written anyway. A sampler that changes "
+                    "its mind must set holds=True",
+                    type(self.sampler).__name__,
+                )
+        return result
+
+    def _close_older(self, split: str, step: int, result: GateResult) -> bool:
+        """Close the steps an offer for `step` pushes out; True when `step` itself is one."""
+        if self.sampler.holds:
+            # Everything more than max_open_steps behind the newest step is closed, open or
+            # not: a straggler for a step that far behind is late, and cannot open it again.
+            upto = step - self.max_open_steps - 1
+            closed_upto = self._closed_upto.get(split)
+            if upto >= 0 and (closed_upto is None or upto > closed_upto):
+                self._close(split, upto, result.released)
+        elif len(self._open) >= COUNTER_WINDOW and (split, step) not in self._open:
+            # A sampler that holds nothing needs only a counter per step, so stragglers many
+            # steps behind are still capped exactly; the window just bounds the memory, per
+            # split, so that a sparse split (eval) is never pushed out by a busy one (train).
+            mine = [s for sp, s in self._open if sp == split]
+            if len(mine) >= COUNTER_WINDOW:
+                # The oldest of the split's counted steps and this one leaves the window. When
+                # that is this step, its samples are late: counting it too would let stragglers
+                # arriving in descending step order grow the window without bound.
+                oldest = min(mine)
+                self._close(split, min(oldest, step), result.released)
+                return step < oldest
+        return False
+
+    def _close(self, split: str, upto: int, out: list[Entry]) -> None:
+        """Close every open step of `split` up to `upto`; later samples for them are late."""
+        for key in sorted(k for k in self._open if k[0] == split and k[1] <= upto):
+            for e in self._open.pop(key).selection.held():
+                if e.state != EVICTED:  # withdrawn (a selection that keeps their places)
+                    e.state = RELEASED
+                    out.append(e)
+        self._closed_upto[split] = max(self._closed_upto.get(split, upto), upto)
+
+    def skip(self, split: str, step: int, n: int) -> None:
+        """`n` samples of (split, step) that `keeps` refused were passed over (see `StepSelection.skip`)."""
+        opened = self._open.get((split, step))
+        selection = opened.selection if opened is not None else self._fresh.get((split, step))
+        if selection is not None and n:
+            selection.skip(n)
+
+    def withdraw(self, split: str, step: int, entries: Sequence[Entry]) -> None:
+        """Give back the places of kept entries that will never be filled."""
+        opened = self._open.get((split, step))
+        if opened is not None and entries:
+            opened.selection.withdraw(entries)
+
+    def close_all(self, *, holding_only: bool = True) -> list[Entry]:
+        """Close every open step (flush/finish). Samplers that hold nothing keep counting their caps."""
+        out: list[Entry] = []
+        if holding_only and not self.sampler.holds:
+            return out
+        for split in sorted({sp for sp, _ in self._open}):
+            self._close(split, max(s for sp, s in self._open if sp == split), out)
+        return out
+
+    def close_idle(self, now: float) -> list[Entry]:
+        """Close steps that saw no sample for `step_timeout` seconds."""
+        out: list[Entry] = []
+        if self.step_timeout is None or not self.sampler.holds:
+            return out
+        idle = [k for k, o in self._open.items() if now - o.last_seen >= self.step_timeout]
+        for split, step in sorted(idle):
+            if (split, step) in self._open:
+                self._close(split, step, out)
+        return out
