@@ -25,7 +25,7 @@ from ._checks import (
     checked_metrics,
 )
 from ._durable import segments
-from ._durable.replay import ReplayPlan, replay_backlog
+from ._durable.journal import ReplayPlan, replay_backlog
 from ._durable.spool import Durability
 from ._engine.buffer import OnFull, Room
 from ._engine.build import build_engine

@@ -1,20 +1,26 @@
-"""The spool's one way into the engine: what the buffer, the ledger, the writer and the callers
-tell it of records as they are admitted, dispatched and resolved. The session opens, replays
-and closes the spool itself; everything on the records' path goes through a `Journal`."""
+"""What the engine tells the spool, and what the spool gives back at start.
+
+`Journal` is the spool's one way into the engine: what the buffer, the ledger, the writer and the
+callers tell it of records as they are admitted, dispatched and resolved. `replay_backlog`
+delivers what a previous session left unacknowledged, ahead of new records, by a `ReplayPlan`."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import anyio
 import anyio.lowlevel
 
 from .._records.types import TraceRecord
+from .._security import logger
+from . import segments
 
 if TYPE_CHECKING:
     from .spool import Spool
 
-__all__ = ["Journal"]
+__all__ = ["Journal", "ReplayPlan", "replay_backlog"]
 
 # Records encoded for the spool per event-loop turn (see `Journal.dispatching`).
 SLICE = 32
@@ -74,3 +80,61 @@ class Journal:
         if bad:
             error_text = "; ".join(f"{name}: {e}" for name, e in errors)
             self.spool.resolve(bad, error_text, [name for name, _ in errors])
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayPlan:
+    """Whose records to replay: the session's own (project, run), or another's for `recover`,
+    which also retries dead letters and reports other runs itself (`quiet`)."""
+
+    source: tuple[str, str]
+    dead_letters: bool = False
+    quiet: bool = False
+
+
+async def replay_backlog(
+    spool: Spool,
+    scan: segments.DirScan,
+    plan: ReplayPlan,
+    replay: bool,
+    admit: Callable[[Sequence[TraceRecord]], Awaitable[None]],
+) -> None:
+    """Report what `scan` found, then `admit` the records `plan` selects (only warn with
+    ``replay=False``)."""
+    for name, problem in scan.problems:
+        logger.warning("asynctrace: spool file %s: %s", spool.directory / name, problem)
+    source = plan.source
+    others = {g: n for g, n in scan.groups().items() if g != source}
+    if others and not plan.quiet:
+        listed = ", ".join(f"{p}/{r} ({n})" for (p, r), n in sorted(others.items()))
+        logger.warning(
+            "asynctrace: the spool in %s holds unacknowledged records of other runs: %s; "
+            "this session replays only its own; deliver them with `asynctrace recover %s`",
+            spool.directory,
+            listed,
+            spool.directory,
+        )
+    if not replay:
+        mine = scan.groups().get(source, 0)
+        if mine:
+            logger.warning(
+                "asynctrace: replay=False leaves %d unacknowledged records in the spool in %s",
+                mine,
+                spool.directory,
+            )
+        return
+
+    def selects(f: segments.FileScan) -> bool:
+        wanted = f.kind == segments.SEGMENT or (plan.dead_letters and f.kind == segments.DEAD)
+        return wanted and (f.project, f.run) == source
+
+    backlog = spool.backlog(scan, selects)
+    total = 0
+    while True:
+        records = await anyio.to_thread.run_sync(next, backlog, None)
+        if records is None:
+            break
+        total += len(records)
+        await admit(records)
+    if total:
+        logger.info("asynctrace: replaying %d unacknowledged records from %s", total, spool.directory)
