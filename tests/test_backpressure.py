@@ -270,7 +270,7 @@ class _FinishingSink(at.Sink):
     async def write(self, records: Sequence[at.TraceRecord]) -> None:
         session = self.session
         if session is not None and not self.records:
-            while session._buffer.room.waiting == 0:
+            while session._engine.buffer.room.waiting == 0:
                 await anyio.sleep(0.005)
             go = anyio.Event()
 

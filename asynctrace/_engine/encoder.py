@@ -15,7 +15,6 @@ from .._records.groups import GroupKey, group_of
 from .._records.types import Sample, SampleLike, TraceRecord, records_for
 from .._security import shown
 from ..exceptions import RecordError
-from .group_metrics import GroupMetrics
 
 __all__ = ["Encoder"]
 
@@ -42,9 +41,7 @@ class Encoder:
         precheck: bool,
         keeps: Keeps,
         id_prefix: str,
-        groups: GroupMetrics | None = None,
         group_key: GroupKey | None = None,
-        push: Callable[[list[Any]], None] | None = None,
     ) -> None:
         self.trace_key = trace_key
         self.redact = redact
@@ -56,10 +53,7 @@ class Encoder:
         self._keys: dict[str, str] = {}
         self._ids = itertools.count()
         self._id_prefix = id_prefix
-        # Group metrics see every submitted sample; `push` queues the items of groups they close.
-        self._groups = groups
         self._group_key = group_key  # a group sampler's: its `keeps` ranks by each sample's group
-        self._push = push or (lambda items: None)
 
     def key_for(self, split: str) -> str:
         key = self._keys.get(split)
@@ -75,9 +69,10 @@ class Encoder:
             self._keys[split] = key
         return key
 
-    def _prepare(
+    def prepare(
         self, samples: SampleLike | Iterable[SampleLike], step: int, split: str
     ) -> tuple[Sequence[Any], str]:
+        """A call's samples as a sequence, and its split's trace key; raises on a bad step or split."""
         if type(step) is not int or step < 0 or step > MAX_STEP or type(split) is not str or not split:
             check_step(step, split)  # raises, or accepts an int subclass
         items = samples if type(samples) is list else as_list(samples)
@@ -93,7 +88,7 @@ class Encoder:
     ) -> tuple[list[TraceRecord], int]:
         """Validate and encode every sample, in the caller, past the cap; returns the records
         and how many were invalid (their indices go to `skipped`)."""
-        items, key = self._prepare(samples, step, split)
+        items, key = self.prepare(samples, step, split)
         return self._encode_all(items, step, split, key, skipped)
 
     def _encode_all(
@@ -110,19 +105,13 @@ class Encoder:
         return records_for(encoded, self._ids, self._id_prefix, step, split, key, time.time()), invalid
 
     def submit(
-        self, samples: SampleLike | Iterable[SampleLike], step: int, split: str
+        self, items: Sequence[Any], step: int, split: str, key: str
     ) -> tuple[list[TraceRecord], int, int, list[int] | None] | None:
-        """Validate and encode a submission, in the caller, with a cap only what it would keep;
-        returns records, the invalid count, how many the cap refused before they were encoded
-        and, then, how many of those came right before each record (a positional sampler
-        counts them). None when the cap refused the whole submission: the buffer counted it."""
-        items, key = self._prepare(samples, step, split)
-        if self._groups is not None:
-            # Every sample the caller submitted, before the cap, counts for the group metrics
-            # (log_rollouts' decoded rows, which come through `encode`, are only the kept ones).
-            closed = self._groups.observe(items, step, split, time.monotonic())
-            if closed:
-                self._push(closed)
+        """Validate and encode a submission (`prepare`d), in the caller, with a cap only what it
+        would keep; returns records, the invalid count, how many the cap refused before they
+        were encoded and, then, how many of those came right before each record (a positional
+        sampler counts them). None when the cap refused the whole submission: the buffer
+        counted it."""
         kept = self.encode_kept(items, step, split) if self.precheck else None
         if kept is None:
             return (*self._encode_all(items, step, split, key, None), 0, None)

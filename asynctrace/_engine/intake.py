@@ -10,22 +10,23 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import anyio
 import anyio.lowlevel
 
-from .._checks import check_step
+from .._checks import check_step, checked_metrics
 from .._records.encode import as_list
-from .._records.types import SampleLike, TraceRecord
+from .._records.types import MetricsItem, SampleLike, TraceRecord
 from .._runtime.lifecycle import Lifecycle, State
 from .._select.base import Entry
 from .._select.watch import WatchCounter
 from .._stats import DropReason
 from ..exceptions import RecordError
-from .buffer import Admission, Buffer, Waiting
+from .buffer import Admission, Buffer, Marker, Waiting
 from .encoder import Encoder
+from .group_metrics import GroupMetrics
 
 __all__ = ["Intake"]
 
@@ -46,6 +47,7 @@ class Intake:
         batch_size: int,
         wake_writer: Callable[[], None],
         watch: WatchCounter | None = None,
+        groups: GroupMetrics | None = None,
     ) -> None:
         self.buffer = buffer
         self.encoder = encoder
@@ -53,6 +55,7 @@ class Intake:
         self.batch_size = batch_size
         self._wake_writer = wake_writer
         self.watch = watch
+        self.groups = groups  # group metrics: they see every sample submitted, before the cap
         # log yields to the writer once this many records wait for it (see there).
         self._yield_at = 2 * batch_size
         self._since_turn = 0
@@ -63,6 +66,19 @@ class Intake:
             self._wake_writer()
         else:
             self.life.call_soon(self._wake_writer)  # False once the loop is closing: no need then
+
+    def push_items(self, items: Sequence[MetricsItem | Marker]) -> None:
+        """Queue control items (group metrics of closed steps) for the writer."""
+        for item in items:
+            self.buffer.push_item(item)
+        if items:
+            self.wake()
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """Queue scalar metrics for `step`, in order with the records, from any thread."""
+        self.life.check_open()
+        check_step(step, "train")
+        self.push_items([MetricsItem(step, checked_metrics(metrics))])
 
     def _after_admit(self, adm: Admission, blocking: bool = True) -> None:
         journal = self.buffer.journal
@@ -237,7 +253,12 @@ class Intake:
         watched = 0
         if self.watch is not None:
             samples, watched = self._log_watched(samples, step, split)
-        submitted = self.encoder.submit(samples, step, split)
+        items, key = self.encoder.prepare(samples, step, split)
+        if self.groups is not None:
+            # Every sample the caller submitted, before the cap, counts for the group metrics
+            # (log_rollouts' decoded rows, which come through `encode`, are only the kept ones).
+            self.push_items(self.groups.observe(items, step, split, time.monotonic()))
+        submitted = self.encoder.submit(items, step, split, key)
         if submitted is None:  # the cap refused it whole, and the buffer counted it
             return watched, _REFUSED, 0
         records, invalid, refused, gaps = submitted

@@ -92,6 +92,8 @@ class Lifecycle:
     drain_scope: anyio.CancelScope | None = field(default=None, init=False)
     budget: float = field(default=0.0, init=False)
     deadline: float = field(default=0.0, init=False)
+    # Set once a finish() is under way, for a second finish() to wait on.
+    _finishing: anyio.Event | None = field(default=None, init=False)
 
     # -- state ---------------------------------------------------------------------------
 
@@ -208,6 +210,32 @@ class Lifecycle:
         return self.call_soon(submit)
 
     # -- finishing -----------------------------------------------------------------------
+
+    async def finish_once(
+        self, timeout: float | None, work: Callable[[], Coroutine[Any, Any, SessionStats]]
+    ) -> SessionStats:
+        """finish(timeout): `work` drains and closes by the deadline, shielded, once; a second
+        call waits for the first's outcome within its own bound; later calls return it."""
+        if self.state is State.CLOSED:
+            assert self.final is not None
+            return self.final
+        if self.state is State.UNOPENED:
+            raise SessionClosedError("the session was never opened; use `async with` or `with`")
+        if self.state is State.FORKED:
+            return self.stats()  # the parent process finishes it
+        self.check_loop_thread("finish")
+        budget = self.finish_timeout if timeout is None else float(timeout)
+        if self._finishing is not None:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(finish_bound(budget)):
+                await self._finishing.wait()
+            return self.final if self.final is not None else self.stats()
+        self._finishing = anyio.Event()
+        with anyio.CancelScope(shield=True):
+            self.finishing(budget, anyio.current_time() + budget)
+            stats = await work()
+            self._finishing.set()
+            self.finished(stats)
+        return stats
 
     def finishing(self, budget: float, deadline: float) -> None:
         self.state = State.CLOSING

@@ -161,7 +161,7 @@ with at.TraceSession("p", **options) as s:
         s.log_samples([{"prompt": "q", "response": "a"}], step=step)
     if sys.argv[2] == "lock":
         # The signal lands while this thread holds the lock the drain needs.
-        with s.session._buffer.lock:
+        with s.session._engine.buffer.lock:
             os.kill(os.getpid(), 15)
             time.sleep(0.1)
     else:
