@@ -8,6 +8,7 @@ from __future__ import annotations
 from . import (
     areal_adapter,
     open_instruct_adapter,
+    openrlhf_adapter,
     skyrl_adapter,
     torchforge_adapter,
     trl_adapter,
@@ -17,6 +18,7 @@ from . import (
 __all__ = [
     "areal_adapter",
     "open_instruct_adapter",
+    "openrlhf_adapter",
     "skyrl_adapter",
     "torchforge_adapter",
     "trl_adapter",
