@@ -36,7 +36,9 @@ class Engine:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
 
-    async def generate(self, prompt_ids: list[int], sampling_params: Any, multi_modal_data: Any = None) -> Any:
+    async def generate(
+        self, prompt_ids: list[int], sampling_params: Any, multi_modal_data: Any = None
+    ) -> Any:
         first_turn = TOOL not in self.tokenizer.decode(prompt_ids)
         choices = ["<tool_call>python</tool_call>", "391", "97", "tac", "I am not sure."]
         text = random.choice(choices if first_turn else choices[1:]) + "<|im_end|>"
