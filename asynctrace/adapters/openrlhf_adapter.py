@@ -75,6 +75,14 @@ def _per_row(value: Any, rows: int, name: str) -> list[Any] | None:
     return value
 
 
+def _extra(value: Any, rows: int) -> list[Any] | None:
+    """An agent's `extra_logs` entry as one value per row; None where it is not one (it is left out)."""
+    try:
+        return _per_row(value, rows, "info")
+    except ValueError:
+        return None
+
+
 def _shifted(values: Any, width: int) -> Any:
     """An (B, T-1) action-aligned tensor on `sequences`' (B, T) grid: NaN at position 0 and past the end."""
     torch = _torch()
@@ -201,11 +209,7 @@ def to_samples(
         truncated = _per_row(experience.truncated, rows, f"experiences[{k}].truncated") or [None] * rows
         scores = _per_row(info.get("score"), rows, f"experiences[{k}].info['score']") or [None] * rows
         stds = _per_row(info.get("group_reward_std"), rows, "info['group_reward_std']") or [None] * rows
-        extra = {
-            key: values
-            for key in info
-            if key not in _OWN_INFO and (values := _per_row(info[key], rows, f"info[{key!r}]")) is not None
-        }
+        extra = {key: values for key in info if key not in _OWN_INFO and (values := _extra(info[key], rows))}
         for r in range(rows):
             i = int(order[r])
             metadata["rollout_index"].append(i)

@@ -306,6 +306,15 @@ def test_ppo_has_no_advantage_at_rollout_time(checkpoint: Path, hf_tokenizer: An
     assert out[0].metadata["reward_breakdown"] == {"acc": data[0].reward["acc"], "format": 0.5}
 
 
+def test_a_conversation_prompt_keeps_its_messages() -> None:
+    """A prompt given as messages (slime's chat prompts) stays those messages, roles included."""
+    prompt = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 2?"}]
+    sample = Sample(prompt=prompt, response="4", response_length=1, tokens=[7, 8, 9], reward=1.0)
+    (out,) = slime_adapter.to_samples([sample])
+    assert out.messages == [*prompt, {"role": "assistant", "content": "4"}]
+    assert (out.metadata["prompt_len"], out.metadata["response_len"], out.metadata["num_turns"]) == (2, 1, 1)
+
+
 def test_plugin_never_raises_and_counts_the_rows(
     checkpoint: Path, hf_tokenizer: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
