@@ -215,6 +215,20 @@ def test_first_call_opens_a_session_named_after_the_run(hf_tokenizer: Any, tmp_p
     assert {r.step for r in sink.records} == {3}
 
 
+def test_the_asynchronous_trainer_gets_no_made_up_version(hf_tokenizer: Any) -> None:
+    """With --train.async_enable, where OpenRLHF records no weight version, none is logged."""
+    args = setup.make_args(N, prompts=len(PROMPTS))
+    args.train.async_enable = True
+    trainer = setup.trainer(hf_tokenizer, args, PROMPTS, LABELS, SCRIPT)
+    rollout_samples, _, _, _ = trainer.samples_generator.generate_samples(**GEN)
+    experiences = trainer.experience_maker.make_experience_batch(rollout_samples)
+    sink = at.testing.MemorySink()
+    with at.TraceSession("openrlhf", sinks=[sink], max_traces_per_step=None) as session:
+        assert openrlhf_adapter.log_train_batch(trainer, experiences, 6, session=session) == len(PROMPTS) * N
+    assert {r.step for r in sink.records} == {7}
+    assert not any("policy_version" in r.sample.metadata for r in sink.records)
+
+
 def test_hook_never_raises_and_counts_the_rows(
     hf_tokenizer: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
