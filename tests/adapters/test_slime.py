@@ -306,6 +306,15 @@ def test_ppo_has_no_advantage_at_rollout_time(checkpoint: Path, hf_tokenizer: An
     assert out[0].metadata["reward_breakdown"] == {"acc": data[0].reward["acc"], "format": 0.5}
 
 
+def test_the_step_is_slimes_rollout_step(checkpoint: Path) -> None:
+    """The logged step is the one slime logs the rollout's metrics at, with either step setting."""
+    for train_step in (False, True):
+        args = make_args(checkpoint, wandb_always_use_train_step=train_step, global_batch_size=6)
+        steps = [slime_adapter.rollout_step(args, rollout_id) for rollout_id in range(5)]
+        assert steps == [compute_rollout_step(args, rollout_id) for rollout_id in range(5)]
+        assert steps == ([0, 1, 3, 4, 6] if train_step else [0, 1, 2, 3, 4])
+
+
 def test_a_conversation_prompt_keeps_its_messages() -> None:
     """A prompt given as messages (slime's chat prompts) stays those messages, roles included."""
     prompt = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 2?"}]
