@@ -8,7 +8,9 @@ from __future__ import annotations
 from . import (
     areal_adapter,
     open_instruct_adapter,
+    openrlhf_adapter,
     skyrl_adapter,
+    slime_adapter,
     torchforge_adapter,
     trl_adapter,
     verl_adapter,
@@ -17,7 +19,9 @@ from . import (
 __all__ = [
     "areal_adapter",
     "open_instruct_adapter",
+    "openrlhf_adapter",
     "skyrl_adapter",
+    "slime_adapter",
     "torchforge_adapter",
     "trl_adapter",
     "verl_adapter",

@@ -32,3 +32,26 @@ def test_missing_ray_names_the_extra() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "pip install 'asynctrace[ray]'" in done.stdout
+
+
+def test_importing_the_adapters_imports_no_framework() -> None:
+    """`import asynctrace.adapters` imports none of the frameworks it reads, nor their engines."""
+    frameworks = (
+        "openrlhf",
+        "slime",
+        "verl",
+        "areal",
+        "trl",
+        "skyrl",
+        "vllm",
+        "sglang",
+        "deepspeed",
+        "megatron",
+        "flash_attn",
+    )
+    done = _run(
+        "import sys, asynctrace, asynctrace.adapters\n"
+        f"print(sorted(m for m in {frameworks!r} if m in sys.modules))"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
