@@ -184,7 +184,8 @@ async def _top_bottom_run(precheck: bool, seed: int) -> tuple[list[tuple[int, li
     async with at.TraceSession(
         "p", sinks=[sink], max_traces_per_step=6, sampler="top_bottom", on_invalid="skip", max_open_steps=2
     ) as s:
-        s._engine.intake.encoder.precheck = precheck  # compare encoding only what the cap keeps with encoding all
+        # Compare encoding only what the cap keeps with encoding all.
+        s._engine.intake.encoder.precheck = precheck
         for step in range(8):
             for _ in range(rng.randrange(1, 6)):
                 calls = []

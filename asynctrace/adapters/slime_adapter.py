@@ -15,7 +15,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._record import Sample
+from .._records.types import Sample
 from .._sync import SyncTraceSession
 from ..rollouts._turns import mask_runs
 from ._common import Message, SampleBuilder, chat_messages, field, jsonable, token_list

@@ -17,7 +17,7 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 import asynctrace as at
-from asynctrace._tokens import decode_token_fields
+from asynctrace._records.tokens import decode_token_fields
 from asynctrace.adapters import openrlhf_adapter
 from asynctrace.rollouts import toy_tokenizer
 from tests.adapters import _openrlhf_setup as setup
