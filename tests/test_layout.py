@@ -140,3 +140,69 @@ def test_no_module_imports_another_modules_private_names() -> None:
                 and f"{base}.{alias.name}" not in modules
             ]
     assert offences == []
+
+
+# The layers of docs/architecture.md, lowest first: a module imports only from its own layer or
+# lower ones (lazily too). Within a layer, packages do not import each other except as listed.
+LAYERS: list[set[str]] = [
+    {"_security"},
+    {"exceptions", "_checks", "_stats"},
+    {"_records", "_runtime"},
+    {"_select", "_durable", "rollouts"},
+    {"sinks"},
+    {"testing"},
+    {"_engine"},
+    {"_sync"},
+    {"_session"},
+    {"ray", "distributed", "adapters"},
+    {"_demo", "_recover"},
+    {""},  # the public face, asynctrace/__init__.py
+    {"cli"},
+    {"__main__"},
+]
+# Imports allowed inside one layer: (importer, imported).
+SAME_LAYER: set[tuple[str, str]] = set()
+
+
+def _part(module: str) -> str:
+    """The top-level part of asynctrace a module belongs to ("" for the package itself)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _layer(part: str) -> int:
+    for i, layer in enumerate(LAYERS):
+        if part in layer:
+            return i
+    raise AssertionError(f"asynctrace.{part} is in no layer of tests/test_layout.py: place it")
+
+
+def test_imports_run_one_way_through_the_layers() -> None:
+    """No module imports (at module level or lazily) from a later layer, nor a sibling of its own
+    layer, so the package order of docs/architecture.md holds: records/runtime → select/durable →
+    sinks → engine → session → ray/distributed/adapters → cli."""
+    modules = _modules()
+    offences = []
+    for name, (path, tree) in modules.items():
+        here = _part(name)
+        for dep in _all_imports(name, path, tree, set(modules)):
+            there = _part(dep)
+            if there == here or (here, there) in SAME_LAYER:
+                continue
+            if _layer(there) >= _layer(here):
+                offences.append(f"{name} imports {dep}")
+    assert offences == []
+
+
+def test_the_engine_imports_nothing_above_it() -> None:
+    """`asynctrace._engine` imports no module of the session, the fronts or the CLI."""
+    modules = _modules()
+    above = {p for layer in LAYERS[_layer("_engine") + 1 :] for p in layer}
+    offences = [
+        f"{name} imports {dep}"
+        for name, (path, tree) in modules.items()
+        if _part(name) == "_engine"
+        for dep in _all_imports(name, path, tree, set(modules))
+        if _part(dep) in above
+    ]
+    assert offences == []
