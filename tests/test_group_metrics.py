@@ -9,7 +9,8 @@ import anyio
 import pytest
 
 import asynctrace as at
-from asynctrace._records.groups import group_of, summarize_groups
+from asynctrace._records.groups import group_of
+from tests._groups import summarize_groups
 from tests._util import sample
 
 pytestmark = pytest.mark.anyio

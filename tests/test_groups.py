@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from asynctrace._records.groups import GroupSummary, group_of, summarize_groups
+from asynctrace._records.groups import GroupSummary, group_of
+from tests._groups import summarize_groups
 
 
 def test_group_uid_wins_over_prompt_index() -> None:

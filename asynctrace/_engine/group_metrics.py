@@ -2,7 +2,7 @@
 
 Counted over every sample the caller submits, before the session's cap, at O(groups) memory per
 open step: each group keeps a running count, mean and sum of squared deviations (Welford), which
-give the population spread `summarize_groups` defines. Groups are named by `group_of`, the one
+give the population spread `population_spread` defines. Groups are named by `group_of`, the one
 place that decides them. A step's metrics are logged at that step once it closes, by the
 session's rules: `max_open_steps` behind the newest step of its split, at a flush or finish,
 or after `step_timeout` without a sample. Samples of a step already closed are not counted.
@@ -139,9 +139,7 @@ class GroupMetrics:
         for key in sorted(k for k in self._open if k[0] == split and k[1] <= upto):
             groups = self._open.pop(key)
             del self._seen[key]
-            spreads = [math.sqrt(max(m2, 0.0) / n) for n, _, m2 in groups.values()]
-            zero = sum(1 for s in spreads if s == 0.0)
-            summary = GroupSummary(len(spreads), zero, sum(spreads) / len(spreads) if spreads else 0.0)
+            summary = GroupSummary.of([math.sqrt(max(m2, 0.0) / n) for n, _, m2 in groups.values()])
             if summary.groups:
                 out.append(MetricsItem(key[1], group_metrics(split, summary)))
         self._closed_upto[split] = max(self._closed_upto.get(split, upto), upto)

@@ -7,13 +7,13 @@ the watch list agree: by default the sample's metadata `group_uid`, else `prompt
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-__all__ = ["DEFAULT_GROUP_KEYS", "GroupKey", "GroupSummary", "group_of", "payload_group", "summarize_groups"]
+__all__ = ["DEFAULT_GROUP_KEYS", "GroupKey", "GroupSummary", "group_of", "payload_group", "population_spread"]
 
 DEFAULT_GROUP_KEYS: tuple[str, ...] = ("group_uid", "prompt_index")
 
@@ -56,15 +56,16 @@ class GroupSummary:
     zero_spread: int
     mean_spread: float
 
+    @classmethod
+    def of(cls, spreads: Sequence[float]) -> GroupSummary:
+        """The summary of a step whose groups have these spreads."""
+        zero = sum(1 for s in spreads if s == 0.0)
+        return cls(len(spreads), zero, sum(spreads) / len(spreads) if spreads else 0.0)
 
-def summarize_groups(rewards: Mapping[Hashable, Iterable[float]]) -> GroupSummary:
-    """Summarise a step's groups from each group's finite rewards."""
-    spreads: list[float] = []
-    for values in rewards.values():
-        xs = [x for x in values if math.isfinite(x)]
-        if not xs:
-            continue
-        mean = sum(xs) / len(xs)
-        spreads.append(math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs)))
-    zero = sum(1 for s in spreads if s == 0.0)
-    return GroupSummary(len(spreads), zero, sum(spreads) / len(spreads) if spreads else 0.0)
+
+def population_spread(values: Sequence[float]) -> float:
+    """The population standard deviation of a group's rewards (0.0 for none), summed exactly."""
+    if not values:
+        return 0.0
+    mean = math.fsum(values) / len(values)
+    return math.sqrt(math.fsum((x - mean) ** 2 for x in values) / len(values))

@@ -7,7 +7,7 @@ import random
 from collections.abc import Hashable, Sequence
 from typing import Literal
 
-from .._records.groups import DEFAULT_GROUP_KEYS, GroupKey, payload_group
+from .._records.groups import DEFAULT_GROUP_KEYS, GroupKey, payload_group, population_spread
 from .._security import shown
 from .base import Entry, Sampler, StepSelection
 
@@ -30,12 +30,9 @@ class _Group:
 
 
 def _stat(scores: Sequence[float], stat: GroupStat) -> float:
-    if not scores:
-        return 0.0
-    mean = math.fsum(scores) / len(scores)
     if stat == "mean":
-        return mean
-    return math.sqrt(math.fsum((x - mean) ** 2 for x in scores) / len(scores))
+        return math.fsum(scores) / len(scores) if scores else 0.0
+    return population_spread(scores)
 
 
 class _GroupSelection(StepSelection):
