@@ -23,7 +23,7 @@ from .._select.parts import PartSteps, merge_parts
 from .._select.samplers import SamplerName, resolve_sampler
 from .._session import TraceSession
 from .._stats import Counts, SessionStats, SinkStats, SpoolStats
-from .._sync import SyncTraceSession, log_within
+from .._sync import SyncTraceSession, log_payloads
 from ..exceptions import SessionClosedError
 from ..sinks import TrackioSink
 from ._collective import Collective, Ended, frame, unframe
@@ -282,12 +282,8 @@ class DistributedTraceLogger:
     def _write(self, split: str, step: int, payloads: Sequence[bytes], deadline: float | None) -> None:
         if not payloads or self._sync is None:
             return
-        # The session holds records only as the JSON encoded once; decoding here lets it check
-        # and encode them through its one public path. `k` per step, so the cost is small.
-        samples = [orjson.loads(p) for p in payloads]
         # This runs on the caller's thread, never on the session's loop thread.
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        log_within(self._sync, samples, step=step, split=split, blocking=self._blocking, timeout=left)
+        log_payloads(self._sync, payloads, step=step, split=split, blocking=self._blocking, deadline=deadline)
 
     # -- the reduction (global mode) ------------------------------------------------------------
 

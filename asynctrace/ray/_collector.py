@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterable, Mapping
 from types import FrameType
 from typing import Any, TypeVar, cast
 
-import orjson
 import ray
 from ray.actor import ActorHandle
 
@@ -32,7 +31,7 @@ from .._security import generated_run_name
 from .._select.base import Sampler
 from .._session import TraceSession, hurry_finish
 from .._stats import SessionStats
-from .._sync import SyncTraceSession, log_within
+from .._sync import SyncTraceSession, log_payloads, log_within
 from ..exceptions import SessionClosedError
 from ._local import Released
 from ._merge import Merged, StepMerge
@@ -337,11 +336,7 @@ def _log_groups(
     """Log each group within one deadline shared by them all; returns how many the session accepted."""
     accepted = 0
     for split, step, payloads in groups:
-        # Decoding here and encoding again in the session keeps one validated path into
-        # the session; the cost is a few microseconds per sample, paid on the collector.
-        samples = [orjson.loads(p) for p in payloads]
-        left = max(0.0, deadline - time.monotonic())
-        accepted += log_within(sync, samples, step=step, split=split, blocking=blocking, timeout=left)
+        accepted += log_payloads(sync, payloads, step=step, split=split, blocking=blocking, deadline=deadline)
     return accepted
 
 
