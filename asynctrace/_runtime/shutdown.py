@@ -31,7 +31,7 @@ from .._checks import wait_arg
 from .._security import logger
 from .lifecycle import Closable, Lifecycle, finish_bound
 
-__all__ = ["EXIT_MARGIN", "hook_bound", "install", "runners"]
+__all__ = ["EXIT_MARGIN", "hand_on", "hook_bound", "install", "runners"]
 
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -172,13 +172,19 @@ class _Hooks:
 
     def _hand_on(self, signum: int, frame: FrameType | None, previous: Handler) -> None:
         self._restore(signum, previous)
-        if previous is None or previous == signal.SIG_IGN:
-            return
-        if previous == signal.SIG_DFL:
-            signal.raise_signal(signum)
-            return
-        assert callable(previous)
-        previous(signum, frame)
+        hand_on(signum, frame, previous)
+
+
+def hand_on(signum: int, frame: FrameType | None, previous: Handler) -> None:
+    """Give a signal to the handler that was there before a hook (which the caller restored):
+    call it, or deliver the signal again to a default one; an ignored signal goes no further."""
+    if previous is None or previous == signal.SIG_IGN:
+        return
+    if previous == signal.SIG_DFL:
+        signal.raise_signal(signum)
+        return
+    assert callable(previous)
+    previous(signum, frame)
 
 
 # A signal that finds a lock the drain needs held is taken again this much later, at most this

@@ -26,7 +26,7 @@ import ray
 from ray.actor import ActorHandle
 
 from .._checks import check_seconds, check_timeout, wait_arg
-from .._runtime.shutdown import hook_bound
+from .._runtime.shutdown import hand_on, hook_bound
 from .._security import generated_run_name
 from .._select.base import Sampler
 from .._session import TraceSession, hurry_finish
@@ -300,11 +300,9 @@ def _install_exit_hooks() -> None:
 
     def on_sigterm(signum: int, frame: FrameType | None) -> None:
         _finish_all("sigterm")
-        if callable(previous):
-            previous(signum, frame)
-        elif previous == signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
+        # This hook runs once: a second SIGTERM goes straight to the handler that was there before.
+        signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        hand_on(signum, frame, previous)
 
     with contextlib.suppress(ValueError, OSError):
         signal.signal(signal.SIGTERM, on_sigterm)
