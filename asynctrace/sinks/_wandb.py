@@ -3,21 +3,37 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+import anyio
 import orjson
 
+from .._abandon import run_sync_daemon
 from .._checks import check_bool, check_seconds, check_type, int64_or_none
 from .._record import TraceRecord
 from .._security import check_name, check_text, describe
 from ..exceptions import PermanentSinkError
 from ._base import Sink
 from ._guard import Serial
+from ._wandb_txlog import LogTail
 
 __all__ = ["WANDB_COLUMNS", "WandbSink"]
+
+logger = logging.getLogger("asynctrace")
+
+# While a write waits for its rows to reach the `.wandb` file: how often the file is read, and
+# how often the service is asked whether it is still there (a killed one never writes them).
+_POLL_FIRST = 0.01
+_POLL_MAX = 0.1
+_PROBE_EVERY = 1.0
+# An attached run that flushes its log less often than this makes every write wait as long.
+_SLOW_FLUSH = 5.0
 
 _MISSING = 'WandbSink needs the wandb package: pip install "asynctrace[wandb]"'
 
@@ -139,6 +155,7 @@ class WandbSink(Sink):
         final_table: bool = True,
         commit: bool | None = None,
         finish_timeout: float = 5.0,
+        log_flush_interval: float = 0.2,
         init_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         try:
@@ -160,6 +177,7 @@ class WandbSink(Sink):
         if commit is not None:
             check_bool("commit", commit)
         check_seconds("finish_timeout", finish_timeout)
+        check_seconds("log_flush_interval", log_flush_interval)
         check_type("init_kwargs", init_kwargs, Mapping, "a mapping of wandb.init arguments")
         if attach is not False and init_kwargs:
             raise ValueError("init_kwargs configure a run the sink opens; an attached run is already open")
@@ -172,6 +190,7 @@ class WandbSink(Sink):
         self.final_table = final_table
         self.commit = commit
         self.finish_timeout = float(finish_timeout)
+        self.log_flush_interval = float(log_flush_interval)
         self.init_kwargs = dict(init_kwargs or {})
         #: The W&B run written to, once open.
         self.wandb_run: Any = None
@@ -180,9 +199,13 @@ class WandbSink(Sink):
         self._owns = False
         self._tables: dict[str, Any] = {}
         self._defined: set[str] = set()
-        # Ids of the rows logged: a retry after an attempt that was given up on (its timeout)
-        # but did land in the end adds nothing twice.
-        self._logged: set[str] = set()
+        # Each row logged, by id: its table's key and the number of increments of that table
+        # logged with it. A retry after an attempt that was given up on (its timeout) but did
+        # land in the end adds nothing twice; the row counts as written once the run's `.wandb`
+        # file holds that many increments of the table.
+        self._logged: dict[str, tuple[str, int]] = {}
+        self._increments: dict[str, int] = {}
+        self._tail: LogTail | None = None
         # A deadline walks away from a call a stalled W&B service blocks; `_io` keeps the calls
         # in order on the run.
         self._io = Serial("WandbSink", _permanent)
@@ -209,14 +232,39 @@ class WandbSink(Sink):
             kwargs.setdefault("name", self.run_name)
             # Another run of this process (the trainer's) stays open and current.
             kwargs.setdefault("reinit", "create_new")
+            # wandb-core writes the run's `.wandb` file every flush interval (15 s by default):
+            # a write is acknowledged once its rows are there, so this bounds its latency.
+            ours = {
+                "finish_timeout": self.finish_timeout,
+                "x_transaction_log_flush_interval": self.log_flush_interval,
+            }
             settings = kwargs.get("settings")
             if settings is None:
-                kwargs["settings"] = wandb.Settings(finish_timeout=self.finish_timeout)
+                kwargs["settings"] = wandb.Settings(**ours)
             elif isinstance(settings, Mapping):
-                kwargs["settings"] = {"finish_timeout": self.finish_timeout, **settings}
+                kwargs["settings"] = {**ours, **settings}
             self.wandb_run = wandb.init(**kwargs)
             self._owns = True
         self.wandb_run.define_metric(self.step_metric, hidden=True)
+        self._tail = self._log_tail(self.wandb_run)
+
+    def _log_tail(self, run: Any) -> LogTail:
+        settings = run.settings
+        path = getattr(settings, "sync_file", None)
+        if not path or getattr(settings, "x_skip_transaction_log", False):
+            raise PermanentSinkError(
+                "this W&B run keeps no .wandb transaction log (mode='disabled' or x_skip_transaction_log): "
+                "the sink cannot tell that a row was persisted"
+            )
+        interval = getattr(settings, "x_transaction_log_flush_interval", None)
+        if not self._owns and (not interval or interval > _SLOW_FLUSH):
+            logger.warning(
+                "asynctrace: the attached W&B run writes its .wandb file every %s; rows count as "
+                "written only once there, so each write waits as long: set "
+                "x_transaction_log_flush_interval (seconds) lower in its wandb.Settings",
+                f"{interval:g} s" if interval else "32 KiB block",
+            )
+        return LogTail(Path(path))
 
     def _define(self, keys: Sequence[str]) -> None:
         for key in keys:
@@ -238,6 +286,7 @@ class WandbSink(Sink):
             if r.id not in self._logged:
                 by_key.setdefault(r.key, []).append(r)
         for key, group in by_key.items():
+            name = f"{self.table_prefix}{key}-incr"
             table = self._tables.get(key)
             if table is None:
                 table = self._tables[key] = wandb.Table(columns=list(WANDB_COLUMNS), log_mode="INCREMENTAL")
@@ -245,12 +294,19 @@ class WandbSink(Sink):
             for r in group:
                 table.add_data(*record_row(r))
             try:
-                self._log({f"{self.table_prefix}{key}-incr": table, self.step_metric: group[-1].step})
+                self._log({name: table, self.step_metric: group[-1].step})
             except BaseException:
                 # Not logged: the retry adds these rows again, so they must not stay behind.
                 del table.data[before:]
                 raise
-            self._logged.update(r.id for r in group)
+            n = self._increments[name] = self._increments.get(name, 0) + 1
+            for r in group:
+                self._logged[r.id] = (name, n)
+
+    def _probe(self) -> None:
+        """A call on the run that fails when its service process is gone (defining a metric
+        again changes nothing)."""
+        self.wandb_run.define_metric(self.step_metric, hidden=True)
 
     def _close(self) -> None:
         run = self.wandb_run
@@ -277,6 +333,33 @@ class WandbSink(Sink):
 
     async def write(self, records: Sequence[TraceRecord]) -> None:
         await self._io.run(self._write_rows, records)
+        await self._persisted(records)
+
+    async def _persisted(self, records: Sequence[TraceRecord]) -> None:
+        """Return once the run's `.wandb` file holds every row of `records`.
+
+        The wait has no deadline of its own: the session's `attempt_timeout` cancels it, and the
+        retry waits again for the same rows (logged once). A service process that is gone
+        raises `PermanentSinkError`: what it had not written is lost, and counts as failed.
+        """
+        tail = self._tail
+        assert tail is not None, "WandbSink is not open"
+        need: dict[str, int] = {}
+        for r in records:
+            name, n = self._logged[r.id]
+            if n > need.get(name, 0):
+                need[name] = n
+        pause = _POLL_FIRST
+        probe_at = time.monotonic() + _PROBE_EVERY
+        while True:
+            reached = await run_sync_daemon(tail.poll)
+            if all(reached.get(name, 0) >= n for name, n in need.items()):
+                return
+            if time.monotonic() >= probe_at:
+                await self._io.run(self._probe)
+                probe_at = time.monotonic() + _PROBE_EVERY
+            await anyio.sleep(pause)
+            pause = min(pause * 2, _POLL_MAX)
 
     async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         data = {**metrics, self.step_metric: step}
