@@ -217,8 +217,13 @@ class WandbSink(Sink):
     # -- in the worker thread ------------------------------------------------------------------
 
     def _open_run(self) -> None:
-        if self.wandb_run is not None:
-            return  # an earlier attempt, given up on, did open it in the end
+        if self.wandb_run is None:  # else an earlier attempt, given up on, did open it in the end
+            self._start_run()
+        self.wandb_run.define_metric(self.step_metric, hidden=True)
+        if self._tail is None:
+            self._tail = self._log_tail(self.wandb_run)
+
+    def _start_run(self) -> None:
         wandb = _import_wandb()
         if self.attach is not False:
             run = wandb.run if self.attach is True else self.attach
@@ -243,10 +248,12 @@ class WandbSink(Sink):
                 kwargs["settings"] = wandb.Settings(**ours)
             elif isinstance(settings, Mapping):
                 kwargs["settings"] = {**ours, **settings}
+            elif isinstance(getattr(settings, "model_fields_set", None), set):
+                # A wandb.Settings object: what it does not set itself.
+                missing = {k: v for k, v in ours.items() if k not in settings.model_fields_set}
+                kwargs["settings"] = settings.model_copy(update=missing)
             self.wandb_run = wandb.init(**kwargs)
             self._owns = True
-        self.wandb_run.define_metric(self.step_metric, hidden=True)
-        self._tail = self._log_tail(self.wandb_run)
 
     def _log_tail(self, run: Any) -> LogTail:
         settings = run.settings
@@ -343,7 +350,8 @@ class WandbSink(Sink):
         raises `PermanentSinkError`: what it had not written is lost, and counts as failed.
         """
         tail = self._tail
-        assert tail is not None, "WandbSink is not open"
+        if tail is None:
+            raise RuntimeError("WandbSink is not open")
         need: dict[str, int] = {}
         for r in records:
             name, n = self._logged[r.id]

@@ -252,6 +252,28 @@ async def test_a_stopped_service_bounds_finish_and_the_run_is_finished_after(off
     assert len(ids) == len(set(ids)) == 8
 
 
+async def test_the_runs_it_opens_write_their_log_at_its_interval(offline_wandb: Path) -> None:
+    """A run the sink opens writes its `.wandb` file every `log_flush_interval`, given settings as a
+    mapping or a `wandb.Settings` object, unless those set W&B's interval themselves."""
+    import wandb
+
+    given = [
+        dict(_SETTINGS),
+        wandb.Settings(**_SETTINGS),  # type: ignore[arg-type]
+        wandb.Settings(**_SETTINGS, x_transaction_log_flush_interval=3.0),  # type: ignore[arg-type]
+    ]
+    intervals = []
+    for settings in given:
+        sink = at.WandbSink(
+            init_kwargs={"dir": str(offline_wandb), "settings": settings}, log_flush_interval=0.3
+        )
+        sink.bind("p", "interval")
+        await sink.open()
+        intervals.append(sink.wandb_run.settings.x_transaction_log_flush_interval)
+        await sink.close()
+    assert intervals == [0.3, 0.3, 3.0]
+
+
 def test_missing_wandb_names_the_extra() -> None:
     """Without wandb, WandbSink() fails with an ImportError naming the asynctrace[wandb] extra."""
     done = subprocess.run(
@@ -290,6 +312,8 @@ def test_bad_arguments_are_refused_with_their_name() -> None:
     """Arguments the sink cannot use are refused when it is made, naming the argument."""
     with pytest.raises(ValueError, match="finish_timeout"):
         at.WandbSink(finish_timeout=0)
+    with pytest.raises(ValueError, match="log_flush_interval"):
+        at.WandbSink(log_flush_interval=-1)
     with pytest.raises(ValueError, match="table_prefix"):
         at.WandbSink(table_prefix=" ")
     with pytest.raises(ValueError, match="init_kwargs"):

@@ -42,7 +42,9 @@ class Trainer:
         args = [sys.executable, "-m", "tests.sinks._wandb_child", str(root), run, str(interval)]
         if spool is not None:
             args.append(str(spool))
-        env = {**os.environ, "SAMPLES": str(samples), "FLUSH": str(flush)}
+        # Not this process's W&B service (wandb.setup() names it in WANDB_SERVICE): its own.
+        env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+        env.update(SAMPLES=str(samples), FLUSH=str(flush))
         self.proc = subprocess.Popen(
             args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=Path(__file__).parents[2]
         )
