@@ -2,7 +2,8 @@
 
 It logs 20 samples to one sink (KIND ``jsonl``: a `JsonlSink` on the file TO; ``mlflow``: an
 `MlflowSink` on the tracking URI TO, experiment ``acked``; ``trackio``: a `TrackioSink`,
-project TO, run ``acked``, in ``TRACKIO_DIR``), waits until the session counts them written,
+project TO, run ``acked``, in ``TRACKIO_DIR``; ``trackio-thread``: the same with
+``process=False``), waits until the session counts them written,
 prints their ids as one JSON line and SIGKILLs itself: no close, no exit handler, nothing after
 the acknowledgement gets to run.
 """
@@ -27,6 +28,8 @@ def make_sink(kind: str, target: str) -> at.Sink:
         return at.MlflowSink(tracking_uri=target, experiment="acked")
     if kind == "trackio":
         return at.TrackioSink(target, "acked")
+    if kind == "trackio-thread":
+        return at.TrackioSink(target, "acked", process=False)
     raise SystemExit(f"unknown sink kind {kind!r}")
 
 

@@ -5,8 +5,11 @@ is test_parquet.py's `test_a_killed_sinks_journal_becomes_a_file`."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +67,23 @@ def test_trackio_written_means_committed_in_the_database(project: str) -> None:
     ids = _killed_after_ack("trackio", project)
     stored = [t["metadata"]["asynctrace_id"] for t in read_traces(project, "acked")]
     assert sorted(stored) == sorted(ids)
+
+
+def test_remote_trackio_written_means_handed_to_trackio_only(project: str, tmp_path: Path) -> None:
+    """Trackio, remote: an acknowledgement means handed to Trackio's `run.log`, not persisted: a
+    trainer running Trackio in its own process (`process=False`) killed right after it leaves
+    none of the acknowledged traces anywhere, neither uploaded (no server answers) nor pending."""
+    trackio_dir = tmp_path / "trackio"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    env = {"TRACKIO_DIR": str(trackio_dir), "TRACKIO_SERVER_URL": f"http://127.0.0.1:{port}/?write_token=t"}
+    assert len(_killed_after_ack("trackio-thread", project, env)) == 20
+    stored = 0
+    for db in trackio_dir.glob("*.db"):
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            stored += conn.execute("SELECT count(*) FROM traces").fetchone()[0]
+    assert stored == 0
 
 
 @pytest.mark.parametrize("kind", ["jsonl", "parquet"])
