@@ -39,6 +39,7 @@ def counts(session: at.TraceSession) -> dict[str, Any]:
         "failed": wandb.failed,
         "error": wandb.last_error,
         "replayed": st.replayed,
+        "dead_letters": st.spool.dead_letters if st.spool is not None else None,
         "check": st.check(),
     }
 

@@ -132,15 +132,15 @@ def test_a_confirmed_flush_is_in_the_wandb_file_when_the_service_is_killed(
 
 def test_rows_a_killed_service_never_wrote_count_as_failed(tmp_path: Path, trainers: list[Trainer]) -> None:
     """Rows handed to wandb-core but not in its `.wandb` file when it is killed are never counted
-    written: flush() says so, and they end as failed, with the reason."""
-    trainer = Trainer(tmp_path, "lost", NEVER)
+    written: flush() says so, and they end as failed, with the reason, in the spool's dead letters."""
+    trainer = Trainer(tmp_path, "lost", NEVER, tmp_path / "spool")
     trainers.append(trainer)
     logged = trainer.next()
     assert not logged["flushed"] and logged["written"] == 0, logged
     kill(trainer.service)
     assert increments(trainer.log) == 0, "the service had not written the rows: the kill lost them"
     last = trainer.next()
-    assert last["written"] == 0 and last["failed"] == 5 and last["check"], last
+    assert last["written"] == 0 and last["failed"] == 5 and last["dead_letters"] == 5 and last["check"], last
     assert "W&B service process is gone" in last["error"]
     assert trainer.proc.wait(PATIENCE) == 0
 
