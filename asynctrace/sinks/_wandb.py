@@ -141,7 +141,9 @@ class WandbSink(Sink):
     """Logs traces to Weights & Biases as one incremental table per trace key, and metrics with `run.log`.
 
     The sink opens (and finishes) a run of its own unless ``attach=True`` (`wandb.run`) or
-    ``attach=<run>`` names the trainer's. Tables, columns, steps and attached runs: docs/sinks.md.
+    ``attach=<run>`` names the trainer's. On a run it opens (or with ``wait_for_log=True``) a write
+    returns once the run's `.wandb` file holds its rows. Tables, columns, steps, acknowledgements
+    and attached runs: docs/sinks.md.
     """
 
     def __init__(
@@ -156,6 +158,7 @@ class WandbSink(Sink):
         commit: bool | None = None,
         finish_timeout: float = 5.0,
         log_flush_interval: float = 0.2,
+        wait_for_log: bool | None = None,
         init_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         try:
@@ -178,6 +181,8 @@ class WandbSink(Sink):
             check_bool("commit", commit)
         check_seconds("finish_timeout", finish_timeout)
         check_seconds("log_flush_interval", log_flush_interval)
+        if wait_for_log is not None:
+            check_bool("wait_for_log", wait_for_log)
         check_type("init_kwargs", init_kwargs, Mapping, "a mapping of wandb.init arguments")
         if attach is not False and init_kwargs:
             raise ValueError("init_kwargs configure a run the sink opens; an attached run is already open")
@@ -191,6 +196,7 @@ class WandbSink(Sink):
         self.commit = commit
         self.finish_timeout = float(finish_timeout)
         self.log_flush_interval = float(log_flush_interval)
+        self.wait_for_log = wait_for_log
         self.init_kwargs = dict(init_kwargs or {})
         #: The W&B run written to, once open.
         self.wandb_run: Any = None
@@ -220,7 +226,10 @@ class WandbSink(Sink):
         if self.wandb_run is None:  # else an earlier attempt, given up on, did open it in the end
             self._start_run()
         self.wandb_run.define_metric(self.step_metric, hidden=True)
-        if self._tail is None:
+        # An attached run writes the sink's rows with the trainer's step, when the trainer moves
+        # on: waiting for that would hold each write for a training step, so it is opt-in.
+        waits = self._owns if self.wait_for_log is None else self.wait_for_log
+        if waits and self._tail is None:
             self._tail = self._log_tail(self.wandb_run)
 
     def _start_run(self) -> None:
@@ -340,7 +349,8 @@ class WandbSink(Sink):
 
     async def write(self, records: Sequence[TraceRecord]) -> None:
         await self._io.run(self._write_rows, records)
-        await self._persisted(records)
+        if self._tail is not None:
+            await self._persisted(records)
 
     async def _persisted(self, records: Sequence[TraceRecord]) -> None:
         """Return once the run's `.wandb` file holds every row of `records`.
@@ -350,8 +360,7 @@ class WandbSink(Sink):
         raises `PermanentSinkError`: what it had not written is lost, and counts as failed.
         """
         tail = self._tail
-        if tail is None:
-            raise RuntimeError("WandbSink is not open")
+        assert tail is not None  # write() waits only with a log to read
         need: dict[str, int] = {}
         for r in records:
             name, n = self._logged[r.id]

@@ -22,7 +22,7 @@ from asynctrace._writer import finish_bound
 from asynctrace.sinks._wandb import WANDB_COLUMNS
 from tests._util import sample
 from tests.sinks._contract import CONTRACT, Backend, run_contract
-from tests.sinks._wandb_log import history, table_rows
+from tests.sinks._wandb_log import history, increments, table_rows
 
 pytestmark = pytest.mark.anyio
 
@@ -194,7 +194,7 @@ async def test_attached_run_keeps_the_trainers_steps_and_stays_open(offline_wand
         lambda: wandb.init(project="p", name="trainer", dir=str(offline_wandb), settings=settings)
     )
     try:
-        sink = at.WandbSink(attach=True)
+        sink = at.WandbSink(attach=True, wait_for_log=True)
         async with at.TraceSession("p", run="attached", sinks=[sink], batch_size=4) as s:
             for step in range(3):
                 # The trainer passes its own step, as verl does: a step W&B had already passed
@@ -220,6 +220,33 @@ async def test_attached_run_keeps_the_trainers_steps_and_stays_open(offline_wand
     ]
     ids = [row["id"] for row in table_rows(Path(run.dir), "train/traces-incr")]
     assert len(ids) == len(set(ids)) == 12
+
+
+async def test_an_attached_run_counts_rows_handed_to_its_service(offline_wandb: Path) -> None:
+    """Attached, by default a row counts as written once handed to wandb-core: W&B writes it with
+    the trainer's step, in its log only once the trainer has moved on."""
+    import wandb
+
+    settings = wandb.Settings(**_SETTINGS, x_transaction_log_flush_interval=0.05)  # type: ignore[arg-type]
+    run = await anyio.to_thread.run_sync(
+        lambda: wandb.init(project="p", name="handed", dir=str(offline_wandb), settings=settings)
+    )
+    log = Path(run.settings.sync_file)
+    try:
+        async with at.TraceSession("p", run="handed", sinks=[at.WandbSink(attach=run)], batch_size=4) as s:
+            run.log({"trainer/loss": 0.0}, step=0)
+            await s.log_samples([sample(i) for i in range(4)], step=0)
+            assert await s.flush(timeout=30) and s.stats().written == 4
+            # Ten of the run's flush intervals: the trainer's step is still open, so W&B has not
+            # written the rows counted written.
+            await anyio.sleep(0.5)
+            assert increments(log) == 0
+            run.log({"trainer/loss": 1.0}, step=1)
+            with anyio.fail_after(30):
+                while increments(log) < 1:
+                    await anyio.sleep(0.02)
+    finally:
+        await anyio.to_thread.run_sync(run.finish)
 
 
 async def test_a_stopped_service_bounds_finish_and_the_run_is_finished_after(offline_wandb: Path) -> None:

@@ -17,7 +17,7 @@ import orjson
 import psutil
 import pytest
 
-from tests.sinks._wandb_log import _records
+from tests.sinks._wandb_log import increments
 
 # Seconds a test waits for the subprocess to do something (its first W&B run starts a service).
 PATIENCE = 60.0
@@ -92,20 +92,6 @@ def trainers() -> Iterator[list[Trainer]]:
     yield started
     for trainer in started:
         trainer.end()
-
-
-def increments(log: Path) -> int:
-    """How many increments of the sink's trace table the `.wandb` file holds (whole records only)."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    reached = 0
-    for raw in _records(log):
-        record = pb.Record.FromString(raw)
-        if record.WhichOneof("record_type") == "history":
-            for item in record.history.item:
-                if list(item.nested_key) == ["train/traces-incr", "increment_num"]:
-                    reached = max(reached, int(item.value_json) + 1)
-    return reached
 
 
 def kill(core: psutil.Process) -> None:
