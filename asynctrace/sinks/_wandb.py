@@ -141,9 +141,9 @@ class WandbSink(Sink):
     """Logs traces to Weights & Biases as one incremental table per trace key, and metrics with `run.log`.
 
     The sink opens (and finishes) a run of its own unless ``attach=True`` (`wandb.run`) or
-    ``attach=<run>`` names the trainer's. On a run it opens (or with ``wait_for_log=True``) a write
-    returns once the run's `.wandb` file holds its rows. Tables, columns, steps, acknowledgements
-    and attached runs: docs/sinks.md.
+    ``attach=<run>`` names the trainer's. When its logs commit W&B steps (on a run it opens, by
+    default) or with ``wait_for_log=True``, a write returns once the run's `.wandb` file holds
+    its rows. Tables, columns, steps, acknowledgements and attached runs: docs/sinks.md.
     """
 
     def __init__(
@@ -226,9 +226,10 @@ class WandbSink(Sink):
         if self.wandb_run is None:  # else an earlier attempt, given up on, did open it in the end
             self._start_run()
         self.wandb_run.define_metric(self.step_metric, hidden=True)
-        # An attached run writes the sink's rows with the trainer's step, when the trainer moves
-        # on: waiting for that would hold each write for a training step, so it is opt-in.
-        waits = self._owns if self.wait_for_log is None else self.wait_for_log
+        # Rows logged without a commit (an attached run's default) are written with the trainer's
+        # step, when the trainer moves on: waiting for that would hold each write for a training
+        # step, so there it is opt-in.
+        waits = self._commits() if self.wait_for_log is None else self.wait_for_log
         if waits and self._tail is None:
             self._tail = self._log_tail(self.wandb_run)
 
@@ -293,7 +294,11 @@ class WandbSink(Sink):
         if run is None:
             raise RuntimeError("WandbSink is not open")
         self._define([k for k in data if k != self.step_metric])
-        run.log(data, commit=self._owns if self.commit is None else self.commit)
+        run.log(data, commit=self._commits())
+
+    def _commits(self) -> bool:
+        """Whether the sink's logs commit W&B steps of their own."""
+        return self._owns if self.commit is None else self.commit
 
     def _write_rows(self, records: Sequence[TraceRecord]) -> None:
         wandb = _import_wandb()

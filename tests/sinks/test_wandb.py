@@ -249,6 +249,35 @@ async def test_an_attached_run_counts_rows_handed_to_its_service(offline_wandb: 
         await anyio.to_thread.run_sync(run.finish)
 
 
+async def test_commit_decides_whether_writes_wait_for_the_log(offline_wandb: Path) -> None:
+    """Logs that commit their own W&B steps (`commit=True` on an attached run) are in the log when
+    the write returns; logs that do not (`commit=False` on a run the sink opens) count once
+    handed over, and W&B writes them at the run's finish."""
+    import wandb
+
+    settings = wandb.Settings(**_SETTINGS, x_transaction_log_flush_interval=0.05)  # type: ignore[arg-type]
+    run = await anyio.to_thread.run_sync(
+        lambda: wandb.init(project="p", name="committed", dir=str(offline_wandb), settings=settings)
+    )
+    try:
+        async with at.TraceSession("p", run="c", sinks=[at.WandbSink(attach=run, commit=True)]) as s:
+            await s.log_samples([sample(i) for i in range(4)], step=0)
+            assert await s.flush(timeout=30) and s.stats().written == 4
+            assert increments(Path(run.settings.sync_file)) == 1
+    finally:
+        await anyio.to_thread.run_sync(run.finish)
+
+    sink = _sink(offline_wandb, commit=False, log_flush_interval=0.05)
+    async with at.TraceSession("p", run="uncommitted", sinks=[sink]) as s:
+        await s.log_samples([sample(i) for i in range(4)], step=0)
+        assert await s.flush(timeout=30) and s.stats().written == 4
+        log = Path(sink.wandb_run.settings.sync_file)
+        await anyio.sleep(0.5)  # ten flush intervals: no commit, nothing written
+        assert increments(log) == 0
+    history(log.parent)  # waits for the finished run's exit record
+    assert increments(log) == 1
+
+
 async def test_a_stopped_service_bounds_finish_and_the_run_is_finished_after(offline_wandb: Path) -> None:
     """With the service stopped, finish returns within its budget and counts nothing logged since
     as written; the close it walked away from finishes the run once the service goes on."""
