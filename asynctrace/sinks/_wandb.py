@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import logging
 import math
@@ -205,12 +206,14 @@ class WandbSink(Sink):
         self._owns = False
         self._tables: dict[str, Any] = {}
         self._defined: set[str] = set()
-        # Each row logged, by id: its table's key and the number of increments of that table
-        # logged with it. A retry after an attempt that was given up on (its timeout) but did
-        # land in the end adds nothing twice; the row counts as written once the run's `.wandb`
-        # file holds that many increments of the table.
+        # Each row logged, by id: its table's key and which of the sink's logs of that key
+        # carried it (1, 2, ...). A retry after an attempt that was given up on (its timeout) but
+        # did land in the end adds nothing twice.
         self._logged: dict[str, tuple[str, int]] = {}
-        self._increments: dict[str, int] = {}
+        # Per table key, the file W&B stored each of those logs' rows in (its history names it),
+        # and the table files of the key already there before the log.
+        self._files: dict[str, list[str | None]] = {}
+        self._known: dict[str, set[str]] = {}
         self._tail: LogTail | None = None
         # A deadline walks away from a call a stalled W&B service blocks; `_io` keeps the calls
         # in order on the run.
@@ -314,15 +317,38 @@ class WandbSink(Sink):
             before = len(table.data)
             for r in group:
                 table.add_data(*record_row(r))
+            if self._tail is not None and name not in self._known:
+                self._known[name] = self._table_files(name)
             try:
                 self._log({name: table, self.step_metric: group[-1].step})
             except BaseException:
                 # Not logged: the retry adds these rows again, so they must not stay behind.
                 del table.data[before:]
                 raise
-            n = self._increments[name] = self._increments.get(name, 0) + 1
+            files = self._files.setdefault(name, [])
+            files.append(self._new_table_file(name) if self._tail is not None else None)
             for r in group:
-                self._logged[r.id] = (name, n)
+                self._logged[r.id] = (name, len(files))
+
+    def _table_files(self, name: str) -> set[str]:
+        """The table files W&B stored for `name` so far, as its history names them (relative
+        to the run's files directory, where `run.log` copies each one before returning)."""
+        root = Path(self.wandb_run.dir)
+        folder, _, stem = f"media/table/{name}".rpartition("/")
+        try:
+            return {
+                p.relative_to(root).as_posix()
+                for p in (root / folder).glob(f"{glob.escape(stem)}_*.table.json")
+            }
+        except OSError:
+            return set()
+
+    def _new_table_file(self, name: str) -> str | None:
+        """The file of the increment just logged under `name`; None if it cannot be told apart."""
+        now = self._table_files(name)
+        new = now - self._known[name]
+        self._known[name] = now
+        return new.pop() if len(new) == 1 else None
 
     def _probe(self) -> None:
         """A call on the run that fails when its service process is gone (defining a metric
@@ -374,14 +400,26 @@ class WandbSink(Sink):
         pause = _POLL_FIRST
         probe_at = time.monotonic() + _PROBE_EVERY
         while True:
-            reached = await run_sync_daemon(tail.poll)
-            if all(reached.get(name, 0) >= n for name, n in need.items()):
+            await run_sync_daemon(tail.poll)
+            if all(self._in_log(tail, name, n) for name, n in need.items()):
                 return
             if time.monotonic() >= probe_at:
                 await self._io.run(self._probe)
                 probe_at = time.monotonic() + _PROBE_EVERY
             await anyio.sleep(pause)
             pause = min(pause * 2, _POLL_MAX)
+
+    def _in_log(self, tail: LogTail, name: str, n: int) -> bool:
+        """Whether the `.wandb` file holds the sink's `n`-th log of `name`: its history record,
+        or a later one of the same key (logs of one step that W&B merged keep the last increment,
+        which lists the earlier ones)."""
+        files = self._files[name]
+        if any(f is not None and f in tail.files for f in files[n - 1 :]):
+            return True
+        if files[n - 1] is None:
+            # Its file could not be told apart: the file's increments of the key, counted.
+            return tail.reached.get(name, 0) >= n
+        return False
 
     async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         data = {**metrics, self.step_metric: step}

@@ -13,6 +13,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 __all__ = ["LogTail"]
 
 # A LevelDB log: 32 KiB blocks of framed chunks (CRC, length, kind), after a 7-byte W&B header
@@ -23,8 +25,9 @@ _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 
 
 class LogTail:
-    """Follows a `.wandb` file as wandb-core appends to it; `reached[key]` is how many increments
-    of the incremental table logged under `key` the file holds (its highest ``increment_num`` + 1).
+    """Follows a `.wandb` file as wandb-core appends to it: `files` holds the table file of every
+    table increment whose history record it holds, `reached[key]` how many increments of the
+    incremental table logged under `key` it holds (its highest ``increment_num`` + 1).
 
     `poll` does blocking file I/O: call it off the event loop. Calls are serialised, so a poll
     abandoned by a deadline and the next one never interleave.
@@ -33,22 +36,22 @@ class LogTail:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.reached: dict[str, int] = {}
+        self.files: set[str] = set()
         self._pos = _HEADER
         self._pending = b""
         self._lock = threading.Lock()
         self._record: Any = None
 
-    def poll(self) -> dict[str, int]:
-        """Read what wandb-core appended since the last poll; returns `reached`."""
+    def poll(self) -> None:
+        """Read what wandb-core appended since the last poll."""
         with self._lock:
             try:
                 with self.path.open("rb") as f:
                     f.seek(self._pos)
                     data = f.read()
             except FileNotFoundError:
-                return dict(self.reached)
+                return
             self._parse(data)
-            return dict(self.reached)
 
     def _parse(self, data: bytes) -> None:
         at = 0  # offset in `data`; the file offset is self._pos + at
@@ -94,7 +97,13 @@ class LogTail:
             return
         for item in record.history.item:
             nested = item.nested_key
-            if len(nested) == 2 and nested[1] == "increment_num":
+            if len(nested) != 2:
+                continue
+            if nested[1] == "increment_num":
                 reached = int(item.value_json) + 1
                 if reached > self.reached.get(nested[0], 0):
                     self.reached[nested[0]] = reached
+            elif nested[1] == "path":
+                path = orjson.loads(item.value_json)
+                if isinstance(path, str):
+                    self.files.add(path)

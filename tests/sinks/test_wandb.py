@@ -278,6 +278,33 @@ async def test_commit_decides_whether_writes_wait_for_the_log(offline_wandb: Pat
     assert increments(log) == 1
 
 
+async def test_a_second_sink_on_a_run_waits_for_its_own_rows(offline_wandb: Path) -> None:
+    """Two sessions one after the other on the trainer's run, logging the same table key: the
+    second's rows count once the log holds them, not because the first's are there."""
+    import wandb
+
+    settings = wandb.Settings(**_SETTINGS, x_transaction_log_flush_interval=0.05)  # type: ignore[arg-type]
+    run = await anyio.to_thread.run_sync(
+        lambda: wandb.init(project="p", name="shared", dir=str(offline_wandb), settings=settings)
+    )
+    try:
+        async with at.TraceSession("p", run="a", sinks=[at.WandbSink(attach=run, commit=True)]) as s:
+            await s.log_samples([sample(i) for i in range(4)], step=0)
+            assert await s.flush(timeout=30) and s.stats().written == 4
+        core = _service()
+        async with at.TraceSession("p", run="b", sinks=[at.WandbSink(attach=run, commit=True)]) as s:
+            os.kill(core.pid, signal.SIGSTOP)
+            try:
+                await s.log_samples([sample(i) for i in range(4)], step=1)
+                assert not await s.flush(timeout=1.0), "the stopped service has not written them"
+                assert s.stats().written == 0
+            finally:
+                os.kill(core.pid, signal.SIGCONT)
+            assert await s.flush(timeout=30) and s.stats().written == 4
+    finally:
+        await anyio.to_thread.run_sync(run.finish)
+
+
 async def test_a_stopped_service_bounds_finish_and_the_run_is_finished_after(offline_wandb: Path) -> None:
     """With the service stopped, finish returns within its budget and counts nothing logged since
     as written; the close it walked away from finishes the run once the service goes on."""
