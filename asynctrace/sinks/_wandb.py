@@ -2,22 +2,39 @@
 
 from __future__ import annotations
 
+import glob
 import importlib.util
+import logging
 import math
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+import anyio
 import orjson
 
+from .._abandon import run_sync_daemon
 from .._checks import check_bool, check_seconds, check_type, int64_or_none
 from .._records.types import TraceRecord
 from .._security import check_name, check_text, describe
 from ..exceptions import PermanentSinkError
 from ._base import Sink
 from ._guard import Serial
+from ._wandb_txlog import LogTail
 
 __all__ = ["WANDB_COLUMNS", "WandbSink"]
+
+logger = logging.getLogger("asynctrace")
+
+# While a write waits for its rows to reach the `.wandb` file: how often the file is read, and
+# how often the service is asked whether it is still there (a killed one never writes them).
+_POLL_FIRST = 0.01
+_POLL_MAX = 0.1
+_PROBE_EVERY = 1.0
+# An attached run that flushes its log less often than this makes every write wait as long.
+_SLOW_FLUSH = 5.0
 
 _MISSING = 'WandbSink needs the wandb package: pip install "asynctrace[wandb]"'
 
@@ -125,7 +142,9 @@ class WandbSink(Sink):
     """Logs traces to Weights & Biases as one incremental table per trace key, and metrics with `run.log`.
 
     The sink opens (and finishes) a run of its own unless ``attach=True`` (`wandb.run`) or
-    ``attach=<run>`` names the trainer's. Tables, columns, steps and attached runs: docs/sinks.md.
+    ``attach=<run>`` names the trainer's. When its logs commit W&B steps (on a run it opens, by
+    default) or with ``wait_for_log=True``, a write returns once the run's `.wandb` file holds
+    its rows. Tables, columns, steps, acknowledgements and attached runs: docs/sinks.md.
     """
 
     def __init__(
@@ -139,6 +158,8 @@ class WandbSink(Sink):
         final_table: bool = True,
         commit: bool | None = None,
         finish_timeout: float = 5.0,
+        log_flush_interval: float = 0.2,
+        wait_for_log: bool | None = None,
         init_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         try:
@@ -160,6 +181,9 @@ class WandbSink(Sink):
         if commit is not None:
             check_bool("commit", commit)
         check_seconds("finish_timeout", finish_timeout)
+        check_seconds("log_flush_interval", log_flush_interval)
+        if wait_for_log is not None:
+            check_bool("wait_for_log", wait_for_log)
         check_type("init_kwargs", init_kwargs, Mapping, "a mapping of wandb.init arguments")
         if attach is not False and init_kwargs:
             raise ValueError("init_kwargs configure a run the sink opens; an attached run is already open")
@@ -172,6 +196,8 @@ class WandbSink(Sink):
         self.final_table = final_table
         self.commit = commit
         self.finish_timeout = float(finish_timeout)
+        self.log_flush_interval = float(log_flush_interval)
+        self.wait_for_log = wait_for_log
         self.init_kwargs = dict(init_kwargs or {})
         #: The W&B run written to, once open.
         self.wandb_run: Any = None
@@ -180,9 +206,15 @@ class WandbSink(Sink):
         self._owns = False
         self._tables: dict[str, Any] = {}
         self._defined: set[str] = set()
-        # Ids of the rows logged: a retry after an attempt that was given up on (its timeout)
-        # but did land in the end adds nothing twice.
-        self._logged: set[str] = set()
+        # Each row logged, by id: its table's key and which of the sink's logs of that key
+        # carried it (1, 2, ...). A retry after an attempt that was given up on (its timeout) but
+        # did land in the end adds nothing twice.
+        self._logged: dict[str, tuple[str, int]] = {}
+        # Per table key, the file W&B stored each of those logs' rows in (its history names it),
+        # and the table files of the key already there before the log.
+        self._files: dict[str, list[str | None]] = {}
+        self._known: dict[str, set[str]] = {}
+        self._tail: LogTail | None = None
         # A deadline walks away from a call a stalled W&B service blocks; `_io` keeps the calls
         # in order on the run.
         self._io = Serial("WandbSink", _permanent)
@@ -194,8 +226,17 @@ class WandbSink(Sink):
     # -- in the worker thread ------------------------------------------------------------------
 
     def _open_run(self) -> None:
-        if self.wandb_run is not None:
-            return  # an earlier attempt, given up on, did open it in the end
+        if self.wandb_run is None:  # else an earlier attempt, given up on, did open it in the end
+            self._start_run()
+        self.wandb_run.define_metric(self.step_metric, hidden=True)
+        # Rows logged without a commit (an attached run's default) are written with the trainer's
+        # step, when the trainer moves on: waiting for that would hold each write for a training
+        # step, so there it is opt-in.
+        waits = self._commits() if self.wait_for_log is None else self.wait_for_log
+        if waits and self._tail is None:
+            self._tail = self._log_tail(self.wandb_run)
+
+    def _start_run(self) -> None:
         wandb = _import_wandb()
         if self.attach is not False:
             run = wandb.run if self.attach is True else self.attach
@@ -209,14 +250,41 @@ class WandbSink(Sink):
             kwargs.setdefault("name", self.run_name)
             # Another run of this process (the trainer's) stays open and current.
             kwargs.setdefault("reinit", "create_new")
+            # wandb-core writes the run's `.wandb` file every flush interval (15 s by default):
+            # a write is acknowledged once its rows are there, so this bounds its latency.
+            ours = {
+                "finish_timeout": self.finish_timeout,
+                "x_transaction_log_flush_interval": self.log_flush_interval,
+            }
             settings = kwargs.get("settings")
             if settings is None:
-                kwargs["settings"] = wandb.Settings(finish_timeout=self.finish_timeout)
+                kwargs["settings"] = wandb.Settings(**ours)
             elif isinstance(settings, Mapping):
-                kwargs["settings"] = {"finish_timeout": self.finish_timeout, **settings}
+                kwargs["settings"] = {**ours, **settings}
+            elif isinstance(getattr(settings, "model_fields_set", None), set):
+                # A wandb.Settings object: what it does not set itself.
+                missing = {k: v for k, v in ours.items() if k not in settings.model_fields_set}
+                kwargs["settings"] = settings.model_copy(update=missing)
             self.wandb_run = wandb.init(**kwargs)
             self._owns = True
-        self.wandb_run.define_metric(self.step_metric, hidden=True)
+
+    def _log_tail(self, run: Any) -> LogTail:
+        settings = run.settings
+        path = getattr(settings, "sync_file", None)
+        if not path or getattr(settings, "x_skip_transaction_log", False):
+            raise PermanentSinkError(
+                "this W&B run keeps no .wandb transaction log (mode='disabled' or x_skip_transaction_log): "
+                "the sink cannot tell that a row was persisted"
+            )
+        interval = getattr(settings, "x_transaction_log_flush_interval", None)
+        if not self._owns and (not interval or interval > _SLOW_FLUSH):
+            logger.warning(
+                "asynctrace: the attached W&B run writes its .wandb file every %s; rows count as "
+                "written only once there, so each write waits as long: set "
+                "x_transaction_log_flush_interval (seconds) lower in its wandb.Settings",
+                f"{interval:g} s" if interval else "32 KiB block",
+            )
+        return LogTail(Path(path))
 
     def _define(self, keys: Sequence[str]) -> None:
         for key in keys:
@@ -229,7 +297,11 @@ class WandbSink(Sink):
         if run is None:
             raise RuntimeError("WandbSink is not open")
         self._define([k for k in data if k != self.step_metric])
-        run.log(data, commit=self._owns if self.commit is None else self.commit)
+        run.log(data, commit=self._commits())
+
+    def _commits(self) -> bool:
+        """Whether the sink's logs commit W&B steps of their own."""
+        return self._owns if self.commit is None else self.commit
 
     def _write_rows(self, records: Sequence[TraceRecord]) -> None:
         wandb = _import_wandb()
@@ -238,19 +310,50 @@ class WandbSink(Sink):
             if r.id not in self._logged:
                 by_key.setdefault(r.key, []).append(r)
         for key, group in by_key.items():
+            name = f"{self.table_prefix}{key}-incr"
             table = self._tables.get(key)
             if table is None:
                 table = self._tables[key] = wandb.Table(columns=list(WANDB_COLUMNS), log_mode="INCREMENTAL")
             before = len(table.data)
             for r in group:
                 table.add_data(*record_row(r))
+            if self._tail is not None and name not in self._known:
+                self._known[name] = self._table_files(name)
             try:
-                self._log({f"{self.table_prefix}{key}-incr": table, self.step_metric: group[-1].step})
+                self._log({name: table, self.step_metric: group[-1].step})
             except BaseException:
                 # Not logged: the retry adds these rows again, so they must not stay behind.
                 del table.data[before:]
                 raise
-            self._logged.update(r.id for r in group)
+            files = self._files.setdefault(name, [])
+            files.append(self._new_table_file(name) if self._tail is not None else None)
+            for r in group:
+                self._logged[r.id] = (name, len(files))
+
+    def _table_files(self, name: str) -> set[str]:
+        """The table files W&B stored for `name` so far, as its history names them (relative
+        to the run's files directory, where `run.log` copies each one before returning)."""
+        root = Path(self.wandb_run.dir)
+        folder, _, stem = f"media/table/{name}".rpartition("/")
+        try:
+            return {
+                p.relative_to(root).as_posix()
+                for p in (root / folder).glob(f"{glob.escape(stem)}_*.table.json")
+            }
+        except OSError:
+            return set()
+
+    def _new_table_file(self, name: str) -> str | None:
+        """The file of the increment just logged under `name`; None if it cannot be told apart."""
+        now = self._table_files(name)
+        new = now - self._known[name]
+        self._known[name] = now
+        return new.pop() if len(new) == 1 else None
+
+    def _probe(self) -> None:
+        """A call on the run that fails when its service process is gone (defining a metric
+        again changes nothing)."""
+        self.wandb_run.define_metric(self.step_metric, hidden=True)
 
     def _close(self) -> None:
         run = self.wandb_run
@@ -277,6 +380,46 @@ class WandbSink(Sink):
 
     async def write(self, records: Sequence[TraceRecord]) -> None:
         await self._io.run(self._write_rows, records)
+        if self._tail is not None:
+            await self._persisted(records)
+
+    async def _persisted(self, records: Sequence[TraceRecord]) -> None:
+        """Return once the run's `.wandb` file holds every row of `records`.
+
+        The wait has no deadline of its own: the session's `attempt_timeout` cancels it, and the
+        retry waits again for the same rows (logged once). A service process that is gone
+        raises `PermanentSinkError`: what it had not written is lost, and counts as failed.
+        """
+        tail = self._tail
+        assert tail is not None  # write() waits only with a log to read
+        need: dict[str, int] = {}
+        for r in records:
+            name, n = self._logged[r.id]
+            if n > need.get(name, 0):
+                need[name] = n
+        pause = _POLL_FIRST
+        probe_at = time.monotonic() + _PROBE_EVERY
+        while True:
+            await run_sync_daemon(tail.poll)
+            if all(self._in_log(tail, name, n) for name, n in need.items()):
+                return
+            if time.monotonic() >= probe_at:
+                await self._io.run(self._probe)
+                probe_at = time.monotonic() + _PROBE_EVERY
+            await anyio.sleep(pause)
+            pause = min(pause * 2, _POLL_MAX)
+
+    def _in_log(self, tail: LogTail, name: str, n: int) -> bool:
+        """Whether the `.wandb` file holds the sink's `n`-th log of `name`: its history record,
+        or a later one of the same key (logs of one step that W&B merged keep the last increment,
+        which lists the earlier ones)."""
+        files = self._files[name]
+        if any(f is not None and f in tail.files for f in files[n - 1 :]):
+            return True
+        if files[n - 1] is None:
+            # Its file could not be told apart: the file's increments of the key, counted.
+            return tail.reached.get(name, 0) >= n
+        return False
 
     async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         data = {**metrics, self.step_metric: step}

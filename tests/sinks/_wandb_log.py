@@ -88,3 +88,18 @@ def table_rows(files_dir: Path, key: str) -> list[dict[str, Any]]:
         data = json.loads(path.read_text())
         rows += [dict(zip(data["columns"], row, strict=True)) for row in data["data"]]
     return rows
+
+
+def increments(log: Path, key: str = "train/traces-incr") -> int:
+    """How many increments of the incremental table logged under `key` the `.wandb` file `log`
+    holds now (whole records only): its highest ``increment_num`` + 1."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    reached = 0
+    for raw in _records(log):
+        record = pb.Record.FromString(raw)
+        if record.WhichOneof("record_type") == "history":
+            for item in record.history.item:
+                if list(item.nested_key) == [key, "increment_num"]:
+                    reached = max(reached, int(item.value_json) + 1)
+    return reached

@@ -22,7 +22,7 @@ from asynctrace._runtime.lifecycle import finish_bound
 from asynctrace.sinks._wandb import WANDB_COLUMNS
 from tests._util import sample
 from tests.sinks._contract import CONTRACT, Backend, run_contract
-from tests.sinks._wandb_log import history, table_rows
+from tests.sinks._wandb_log import history, increments, table_rows
 
 pytestmark = pytest.mark.anyio
 
@@ -188,12 +188,13 @@ async def test_attached_run_keeps_the_trainers_steps_and_stays_open(offline_wand
     """Attached to the trainer's run, the sink never moves its step counter and never finishes it."""
     import wandb
 
-    settings = wandb.Settings(**_SETTINGS)  # type: ignore[arg-type]
+    # The trainer's run writes its `.wandb` file often: the sink's rows count once there.
+    settings = wandb.Settings(**_SETTINGS, x_transaction_log_flush_interval=0.1)  # type: ignore[arg-type]
     run = await anyio.to_thread.run_sync(
         lambda: wandb.init(project="p", name="trainer", dir=str(offline_wandb), settings=settings)
     )
     try:
-        sink = at.WandbSink(attach=True)
+        sink = at.WandbSink(attach=True, wait_for_log=True)
         async with at.TraceSession("p", run="attached", sinks=[sink], batch_size=4) as s:
             for step in range(3):
                 # The trainer passes its own step, as verl does: a step W&B had already passed
@@ -201,20 +202,112 @@ async def test_attached_run_keeps_the_trainers_steps_and_stays_open(offline_wand
                 run.log({"trainer/loss": float(step)}, step=step)
                 await s.log_samples([sample(i, step=step) for i in range(4)], step=step)
                 await s.log_metrics({"asynctrace/queue": float(step)}, step=step)
-                assert await s.flush(timeout=30)
+            # The rows join the trainer's current step, and W&B writes that step when the
+            # trainer moves on: they count as written once it has, as the trainer goes on.
+            last = 2
+            with anyio.fail_after(60):
+                while s.stats().sinks["wandb"].written < 12:
+                    last += 1
+                    run.log({"trainer/loss": float(last)}, step=last)
+                    await anyio.sleep(0.05)
+            assert await s.flush(timeout=30)
         assert sink.wandb_run is run and not sink.finished
-        run.log({"trainer/loss": 3.0}, step=3)
     finally:
         await anyio.to_thread.run_sync(run.finish)
     rows = history(Path(run.dir).parent)
-    assert [row["trainer/loss"] for row in rows if "trainer/loss" in row] == [0.0, 1.0, 2.0, 3.0]
+    assert [row["trainer/loss"] for row in rows if "trainer/loss" in row] == [
+        float(i) for i in range(last + 1)
+    ]
     ids = [row["id"] for row in table_rows(Path(run.dir), "train/traces-incr")]
     assert len(ids) == len(set(ids)) == 12
 
 
+async def test_an_attached_run_counts_rows_handed_to_its_service(offline_wandb: Path) -> None:
+    """Attached, by default a row counts as written once handed to wandb-core: W&B writes it with
+    the trainer's step, in its log only once the trainer has moved on."""
+    import wandb
+
+    settings = wandb.Settings(**_SETTINGS, x_transaction_log_flush_interval=0.05)  # type: ignore[arg-type]
+    run = await anyio.to_thread.run_sync(
+        lambda: wandb.init(project="p", name="handed", dir=str(offline_wandb), settings=settings)
+    )
+    log = Path(run.settings.sync_file)
+    try:
+        async with at.TraceSession("p", run="handed", sinks=[at.WandbSink(attach=run)], batch_size=4) as s:
+            run.log({"trainer/loss": 0.0}, step=0)
+            await s.log_samples([sample(i) for i in range(4)], step=0)
+            assert await s.flush(timeout=30) and s.stats().written == 4
+            # Ten of the run's flush intervals: the trainer's step is still open, so W&B has not
+            # written the rows counted written.
+            await anyio.sleep(0.5)
+            assert increments(log) == 0
+            run.log({"trainer/loss": 1.0}, step=1)
+            with anyio.fail_after(30):
+                while increments(log) < 1:
+                    await anyio.sleep(0.02)
+    finally:
+        await anyio.to_thread.run_sync(run.finish)
+
+
+async def test_commit_decides_whether_writes_wait_for_the_log(offline_wandb: Path) -> None:
+    """Logs that commit their own W&B steps (`commit=True` on an attached run) are in the log when
+    the write returns; logs that do not (`commit=False` on a run the sink opens) count once
+    handed over, and W&B writes them at the run's finish."""
+    import wandb
+
+    settings = wandb.Settings(**_SETTINGS, x_transaction_log_flush_interval=0.05)  # type: ignore[arg-type]
+    run = await anyio.to_thread.run_sync(
+        lambda: wandb.init(project="p", name="committed", dir=str(offline_wandb), settings=settings)
+    )
+    try:
+        async with at.TraceSession("p", run="c", sinks=[at.WandbSink(attach=run, commit=True)]) as s:
+            await s.log_samples([sample(i) for i in range(4)], step=0)
+            assert await s.flush(timeout=30) and s.stats().written == 4
+            assert increments(Path(run.settings.sync_file)) == 1
+    finally:
+        await anyio.to_thread.run_sync(run.finish)
+
+    sink = _sink(offline_wandb, commit=False, log_flush_interval=0.05)
+    async with at.TraceSession("p", run="uncommitted", sinks=[sink]) as s:
+        await s.log_samples([sample(i) for i in range(4)], step=0)
+        assert await s.flush(timeout=30) and s.stats().written == 4
+        log = Path(sink.wandb_run.settings.sync_file)
+        await anyio.sleep(0.5)  # ten flush intervals: no commit, nothing written
+        assert increments(log) == 0
+    history(log.parent)  # waits for the finished run's exit record
+    assert increments(log) == 1
+
+
+async def test_a_second_sink_on_a_run_waits_for_its_own_rows(offline_wandb: Path) -> None:
+    """Two sessions one after the other on the trainer's run, logging the same table key: the
+    second's rows count once the log holds them, not because the first's are there."""
+    import wandb
+
+    settings = wandb.Settings(**_SETTINGS, x_transaction_log_flush_interval=0.05)  # type: ignore[arg-type]
+    run = await anyio.to_thread.run_sync(
+        lambda: wandb.init(project="p", name="shared", dir=str(offline_wandb), settings=settings)
+    )
+    try:
+        async with at.TraceSession("p", run="a", sinks=[at.WandbSink(attach=run, commit=True)]) as s:
+            await s.log_samples([sample(i) for i in range(4)], step=0)
+            assert await s.flush(timeout=30) and s.stats().written == 4
+        core = _service()
+        async with at.TraceSession("p", run="b", sinks=[at.WandbSink(attach=run, commit=True)]) as s:
+            os.kill(core.pid, signal.SIGSTOP)
+            try:
+                await s.log_samples([sample(i) for i in range(4)], step=1)
+                assert not await s.flush(timeout=1.0), "the stopped service has not written them"
+                assert s.stats().written == 0
+            finally:
+                os.kill(core.pid, signal.SIGCONT)
+            assert await s.flush(timeout=30) and s.stats().written == 4
+    finally:
+        await anyio.to_thread.run_sync(run.finish)
+
+
 async def test_a_stopped_service_bounds_finish_and_the_run_is_finished_after(offline_wandb: Path) -> None:
-    """With the service stopped, finish returns within its budget; the close it walked away from
-    finishes the run once the service goes on."""
+    """With the service stopped, finish returns within its budget and counts nothing logged since
+    as written; the close it walked away from finishes the run once the service goes on."""
     sink = _sink(offline_wandb)
     core = _service()
     s = at.TraceSession("p", run="stop", sinks=[sink], batch_size=4, finish_timeout=1.0)
@@ -235,8 +328,33 @@ async def test_a_stopped_service_bounds_finish_and_the_run_is_finished_after(off
     with anyio.fail_after(30):
         while not sink.finished:
             await anyio.sleep(0.02)
+    # Written: only what the service had put in the run's log before it stopped. The close it
+    # walked away from logged the rest in the end: at least once, never claimed before.
+    assert stats.sinks["wandb"].written == 4 and stats.pending == 4, stats.summary()
     ids = [row["id"] for row in table_rows(_files(sink), "train/traces")]
-    assert len(ids) == len(set(ids)) == stats.sinks["wandb"].written
+    assert len(ids) == len(set(ids)) == 8
+
+
+async def test_the_runs_it_opens_write_their_log_at_its_interval(offline_wandb: Path) -> None:
+    """A run the sink opens writes its `.wandb` file every `log_flush_interval`, given settings as a
+    mapping or a `wandb.Settings` object, unless those set W&B's interval themselves."""
+    import wandb
+
+    given = [
+        dict(_SETTINGS),
+        wandb.Settings(**_SETTINGS),  # type: ignore[arg-type]
+        wandb.Settings(**_SETTINGS, x_transaction_log_flush_interval=3.0),  # type: ignore[arg-type]
+    ]
+    intervals = []
+    for settings in given:
+        sink = at.WandbSink(
+            init_kwargs={"dir": str(offline_wandb), "settings": settings}, log_flush_interval=0.3
+        )
+        sink.bind("p", "interval")
+        await sink.open()
+        intervals.append(sink.wandb_run.settings.x_transaction_log_flush_interval)
+        await sink.close()
+    assert intervals == [0.3, 0.3, 3.0]
 
 
 def test_missing_wandb_names_the_extra() -> None:
@@ -277,6 +395,8 @@ def test_bad_arguments_are_refused_with_their_name() -> None:
     """Arguments the sink cannot use are refused when it is made, naming the argument."""
     with pytest.raises(ValueError, match="finish_timeout"):
         at.WandbSink(finish_timeout=0)
+    with pytest.raises(ValueError, match="log_flush_interval"):
+        at.WandbSink(log_flush_interval=-1)
     with pytest.raises(ValueError, match="table_prefix"):
         at.WandbSink(table_prefix=" ")
     with pytest.raises(ValueError, match="init_kwargs"):
