@@ -62,7 +62,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _records(bodies: list[dict[str, Any]], step: int) -> list[Any]:
     import orjson
 
-    from asynctrace._record import TraceRecord
+    from asynctrace._records.types import TraceRecord
 
     tag = uuid.uuid4().hex[:8]
     return [

@@ -15,9 +15,9 @@ from typing import Any
 import anyio
 import orjson
 
-from .._abandon import run_sync_daemon
 from .._checks import check_bool, check_seconds, check_type, int64_or_none
 from .._records.types import TraceRecord
+from .._runtime.abandon import run_sync_daemon
 from .._security import check_name, check_text, describe
 from ..exceptions import PermanentSinkError
 from ._base import Sink
