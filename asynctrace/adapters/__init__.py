@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from . import (
     areal_adapter,
+    nemo_rl_adapter,
     open_instruct_adapter,
+    prime_rl_adapter,
     skyrl_adapter,
     torchforge_adapter,
     trl_adapter,
@@ -16,7 +18,9 @@ from . import (
 
 __all__ = [
     "areal_adapter",
+    "nemo_rl_adapter",
     "open_instruct_adapter",
+    "prime_rl_adapter",
     "skyrl_adapter",
     "torchforge_adapter",
     "trl_adapter",
