@@ -113,6 +113,56 @@ def _row_tokens(
     return ids, mask, logprobs
 
 
+def _trained_segments(message_log: Sequence[Mapping[str, Any]]) -> tuple[int, list[tuple[int, int, Any]]]:
+    """A sample's token count, and `(start, end, mask)` of each message that trains.
+
+    `mask` is the message's own `token_loss_mask`, or None where NeMo's rule trains every token
+    (an assistant message the rollout generated, with `generation_logprobs`). Nothing is turned
+    into lists: a summary needs only the lengths.
+    """
+    segments: list[tuple[int, int, Any]] = []
+    start = 0
+    for message in message_log:
+        n = len(message["token_ids"])
+        generated = message.get("generation_logprobs")
+        own = message.get("token_loss_mask")
+        if (own is not None and len(own) != n) or (generated is not None and len(generated) != n):
+            raise ValueError(
+                f"message {role_name(message.get('role'))!r}: masks or log-probs do not match its tokens"
+            )
+        if own is not None:
+            segments.append((start, start + n, own))
+        elif role_name(message.get("role")) == "assistant" and generated is not None:
+            segments.append((start, start + n, None))
+        start += n
+    return start, segments
+
+
+def _mean_advantage(row: Any, total: int, segments: list[tuple[int, int, Any]]) -> float | None:
+    """The mean of a row's advantages over its trained tokens (None where none trains)."""
+    if len(row) < total:
+        raise ValueError(f"advantages: {len(row)} values for {total} tokens")
+    total_value, count = 0.0, 0
+    for start, end, mask in segments:
+        part = row[start:end]
+        if _is_array(part) and (mask is None or _is_array(mask)):
+            # Tensors or arrays: summed where they live, two numbers cross over.
+            kept = part if mask is None else part[mask != 0]
+            total_value += float(kept.sum())
+            count += end - start if mask is None else int((mask != 0).sum())
+            continue
+        flags = [1] * (end - start) if mask is None else token_list(mask)
+        values = [v for v, m in zip(_floats(part), flags, strict=True) if m]
+        total_value += sum(values)
+        count += len(values)
+    return total_value / count if count else None
+
+
+def _is_array(value: Any) -> bool:
+    """A tensor or an array (sliced, masked and summed in place), not a list."""
+    return hasattr(value, "sum") and hasattr(value, "shape")
+
+
 def _row(
     i: int,
     message_log: Any,
@@ -124,35 +174,28 @@ def _row(
     if not isinstance(message_log, Sequence) or not all(isinstance(m, Mapping) for m in message_log):
         raise ValueError(f"message_log[{i}]: expected a list of message dicts")
     n_prompt = _prompt_count(message_log, length)
-    ids, mask, logprobs = _row_tokens(message_log)
+    total, segments = _trained_segments(message_log)
     prompt_tokens = tuple(t for m in message_log[:n_prompt] for t in token_list(m["token_ids"]))
     metadata: dict[str, Any] = {
         "prompt_len": len(prompt_tokens),
-        "response_len": len(ids) - len(prompt_tokens),
+        "response_len": total - len(prompt_tokens),
         "num_turns": sum(
             1
             for m in message_log[n_prompt:]
             if role_name(m.get("role")) == "assistant" and m.get("generation_logprobs") is not None
         ),
     }
-    row_advantages: list[float] | None = None
     if advantages is not None:
-        row_advantages = _floats(advantages[i])[: len(ids)]
-        if len(row_advantages) != len(ids):
-            raise ValueError(f"advantages[{i}]: has {len(row_advantages)} values for {len(ids)} tokens")
-        trained = [a for a, m in zip(row_advantages, mask, strict=True) if m]
-        if trained:
-            metadata["advantage"] = sum(trained) / len(trained)
+        advantage = _mean_advantage(advantages[i], total, segments)
+        if advantage is not None and math.isfinite(advantage):
+            metadata["advantage"] = advantage
     tokens: dict[str, Any] = {}
-    for name in token_fields:
-        if name == "token_ids":
-            tokens[name] = ids
-        elif name == "loss_mask":
-            tokens[name] = mask
-        elif name == "logprobs":
-            tokens[name] = logprobs
-        elif row_advantages is not None:
-            tokens[name] = row_advantages
+    if token_fields:
+        ids, mask, logprobs = _row_tokens(message_log)
+        columns = {"token_ids": ids, "loss_mask": mask, "logprobs": logprobs}
+        if advantages is not None:
+            columns["advantages"] = _floats(advantages[i][:total])
+        tokens = {name: columns[name] for name in token_fields}
     sample = Sample(messages=[_message(m) for m in message_log], metadata=metadata, tokens=tokens or None)
     return sample, prompt_tokens
 

@@ -267,3 +267,25 @@ def test_nan_rewards_are_left_out(step: dict[str, Any]) -> None:
     samples = nemo_rl_adapter.to_samples(batch)
     assert "reward" not in samples[0].metadata and samples[1].metadata["reward"] == 0.0
     assert all("advantage" not in s.metadata for s in samples)
+
+
+def test_plain_lists_give_the_same_samples_as_tensors(step: dict[str, Any]) -> None:
+    """A batch of lists (as a JSON round trip leaves it) converts exactly as the tensors do."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value.tolist()
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [plain(v) for v in value]
+        return value
+
+    fields = ("token_ids", "loss_mask", "logprobs", "advantages")
+    batch, train_data = step["repeated_batch"], step["train_data"]
+    tensors = nemo_rl_adapter.to_samples(batch, train_data, token_fields=fields)
+    lists = nemo_rl_adapter.to_samples(plain(dict(batch)), plain(dict(train_data)), token_fields=fields)
+    assert [s.messages for s in lists] == [s.messages for s in tensors]
+    for got, want in zip(lists, tensors, strict=True):
+        assert got.metadata == {**want.metadata, "advantage": pytest.approx(want.metadata["advantage"])}
+    assert [s.tokens for s in lists] == [s.tokens for s in tensors]
