@@ -258,3 +258,28 @@ def test_unreadable_traces_are_counted_not_raised(
     warned = [r for r in caplog.records if "prime_rl_adapter.TraceMonitor" in r.getMessage()]
     assert len(warned) == 1
     assert not [r for r in caplog.records if r.name == "prime_rl"]  # prime-rl's fan-out saw no error
+
+
+def test_the_file_monitors_records_convert_as_the_live_episodes(
+    tokenizer: Any, monitors: Any, tmp_path: Path
+) -> None:
+    """Episodes read back from prime-rl's own traces.jsonl (vf.WireEpisode) give the same samples."""
+    sink = at.testing.MemorySink()
+    fields = ("token_ids", "loss_mask", "logprobs", "advantages")
+    with at.TraceSession("prime", run="wire", sinks=[sink], max_traces_per_step=None) as session:
+        monitors.MONITORS.append(prime_rl_adapter.TraceMonitor(session, token_fields=fields))
+        asyncio.run(orchestrate(tokenizer, tmp_path))
+    path = tmp_path / "rollouts" / f"step_{STEP}" / "train" / "effective" / "traces.jsonl"
+    wire = [vf.WireEpisode.model_validate_json(line) for line in path.read_text().splitlines()]
+    read_back = prime_rl_adapter.to_samples(wire, token_fields=fields)
+    live = sorted(sink.samples, key=lambda s: s.metadata["sample_index"])
+    assert [s.messages for s in read_back] == [s.messages for s in live]
+    for got, want in zip(read_back, live, strict=True):
+        # verifiers' records round advantages to 4 decimals (Episode.to_record).
+        advantage = pytest.approx(want.metadata["advantage"], abs=1e-4)
+        assert got.metadata == {**want.metadata, "advantage": advantage}
+    for got, want in zip(read_back, live, strict=True):
+        assert got.tokens is not None and want.tokens is not None
+        for name in fields:
+            want_values = [float(v) for v in want.tokens[name]]
+            assert [float(v) for v in got.tokens[name]] == pytest.approx(want_values, abs=1e-4), name
