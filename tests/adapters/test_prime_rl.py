@@ -283,3 +283,20 @@ def test_the_file_monitors_records_convert_as_the_live_episodes(
         for name in fields:
             want_values = [float(v) for v in want.tokens[name]]
             assert [float(v) for v in got.tokens[name]] == pytest.approx(want_values, abs=1e-4), name
+
+
+def test_cohorts_are_chosen_by_kind_and_subset(tokenizer: Any, monitors: Any, tmp_path: Path) -> None:
+    """Evaluations are logged as split "eval" at their step; `subsets` can add the arrivals, which
+    have no advantage yet."""
+    sink = at.testing.MemorySink()
+    subsets = {("train", "all"), ("eval", "effective")}
+    with at.TraceSession("prime", run="cohorts", sinks=[sink], max_traces_per_step=None) as session:
+        monitors.MONITORS.append(prime_rl_adapter.TraceMonitor(session, subsets=subsets))
+        asyncio.run(orchestrate(tokenizer, tmp_path))
+        evaluated = [episode(tokenizer, "g-add", 0)]
+        asyncio.run(monitors.log(evaluated, 2, "eval", "effective"))  # finalize_eval_batch
+        asyncio.run(monitors.log({"reward/mean": 0.5}, step=2))  # scalar metrics are not traces
+    train = [s for s, r in zip(sink.samples, sink.records, strict=True) if r.split == "train"]
+    evals = [(s, r) for s, r in zip(sink.samples, sink.records, strict=True) if r.split == "eval"]
+    assert len(train) == 6 and all("advantage" not in s.metadata for s in train)
+    assert [(s.metadata["trace_id"], r.step) for s, r in evals] == [(evaluated[0].traces[0].id, 2)]
