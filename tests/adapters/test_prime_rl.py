@@ -300,3 +300,16 @@ def test_cohorts_are_chosen_by_kind_and_subset(tokenizer: Any, monitors: Any, tm
     evals = [(s, r) for s, r in zip(sink.samples, sink.records, strict=True) if r.split == "eval"]
     assert len(train) == 6 and all("advantage" not in s.metadata for s in train)
     assert [(s.metadata["trace_id"], r.step) for s, r in evals] == [(evaluated[0].traces[0].id, 2)]
+
+
+def test_an_async_session_on_the_orchestrators_loop(tokenizer: Any, monitors: Any, tmp_path: Path) -> None:
+    """A session opened with `async with` on the orchestrator's event loop gets the cohort too."""
+    sink = at.testing.MemorySink()
+
+    async def run() -> list[Any]:
+        async with at.TraceSession("prime", run="async", sinks=[sink], max_traces_per_step=None) as session:
+            monitors.MONITORS.append(prime_rl_adapter.TraceMonitor(session))
+            return await orchestrate(tokenizer, tmp_path)
+
+    effective = asyncio.run(run())
+    _check_against_prime(effective, sink.samples)
