@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from . import (
     areal_adapter,
+    nemo_rl_adapter,
     open_instruct_adapter,
     openrlhf_adapter,
+    prime_rl_adapter,
     skyrl_adapter,
     slime_adapter,
     torchforge_adapter,
@@ -18,8 +20,10 @@ from . import (
 
 __all__ = [
     "areal_adapter",
+    "nemo_rl_adapter",
     "open_instruct_adapter",
     "openrlhf_adapter",
+    "prime_rl_adapter",
     "skyrl_adapter",
     "slime_adapter",
     "torchforge_adapter",

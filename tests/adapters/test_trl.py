@@ -257,13 +257,14 @@ def test_rows_follow_trl_on_two_processes(tmp_path: Path) -> None:
 
 
 def test_importing_the_adapter_needs_no_transformers_and_keeps_trl() -> None:
-    """`asynctrace.adapters` imports without transformers, and importing its TRL module does
-    not bind the name `trl` (the user's own `import trl` stays TRL)."""
+    """`asynctrace.adapters` imports without transformers or any framework, and importing its
+    TRL module does not bind the name `trl` (the user's own `import trl` stays TRL)."""
     code = (
         "import sys\n"
         "from asynctrace.adapters import *\n"
-        "from asynctrace.adapters import trl_adapter\n"
-        "assert not {'transformers', 'trl', 'accelerate'} & set(sys.modules)\n"
+        "from asynctrace.adapters import nemo_rl_adapter, prime_rl_adapter, trl_adapter\n"
+        "frameworks = {'transformers', 'trl', 'accelerate', 'verifiers', 'prime_rl', 'nemo_rl'}\n"
+        "assert not frameworks & {m.split('.')[0] for m in sys.modules}\n"
         "assert 'trl' not in dir() and trl_adapter.__name__ == 'asynctrace.adapters.trl_adapter'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
