@@ -19,10 +19,12 @@ from .._durable.journal import Journal, ReplayPlan, replay_backlog
 from .._durable.segments import DirScan
 from .._durable.spool import Spool
 from .._runtime.lifecycle import Lifecycle
+from .._security import logger
 from .._select.gate import Gate
 from .._select.watch import WatchCounter
 from .._stats import SessionStats
 from ..sinks._base import Sink
+from ..sinks._selected import Selected
 from .buffer import Buffer, Room
 from .encoder import Encoder
 from .finish import after_drain, close_sinks, flush_until, report_finish
@@ -90,9 +92,14 @@ class Engine:
             life,
             batch_size=s.batch_size,
             wake_writer=self._wake_writer,
-            watch=WatchCounter(s.watch) if s.watch is not None and k is not None else None,
+            watch=WatchCounter(s.watch) if s.watch is not None else None,
             groups=self.groups,
         )
+        if s.watch is not None and k is None and not any(isinstance(sink, Selected) for sink in self.sinks):
+            logger.warning(
+                "asynctrace: watch= changes nothing in this session: it passes watched samples by "
+                "max_traces_per_step and by Selected sinks' selections, and there are none"
+            )
         self.life = life
         self.plan = plan or ReplayPlan((s.project, s.run_name))
         self.writer: Writer | None = None

@@ -17,7 +17,6 @@ import anyio
 import anyio.lowlevel
 
 from .._checks import check_step, checked_metrics
-from .._records.encode import as_list
 from .._records.types import MetricsItem, SampleLike, TraceRecord
 from .._runtime.lifecycle import Lifecycle, State
 from .._select.base import Entry
@@ -248,19 +247,35 @@ class Intake:
         nowait: bool,
         ticket: int | None = None,
     ) -> tuple[int, Admission, int]:
-        """Watch, encode and admit one call's samples; returns how many watched ones were
-        accepted, the admission, and how many samples were encoded or found invalid."""
-        watched = 0
-        if self.watch is not None:
-            samples, watched = self._log_watched(samples, step, split)
+        """Admit one call's samples, the one way every entry takes: validate and encode (the
+        watched ones past the cap, the others as the cap would keep them), then count them for
+        the group metrics, then admit. A call that raises has counted nothing anywhere.
+
+        Returns how many watched ones were accepted, the admission of the others, and how many
+        of those were encoded or found invalid."""
         items, key = self.encoder.prepare(samples, step, split)
+        watched: list[TraceRecord] = []
+        invalid_watched = 0
+        if self.watch is not None:
+            chosen, items_rest = self.watch.split(items, split, step)
+            try:
+                if chosen:
+                    watched, invalid_watched = self.encoder.encode(chosen, step, split)
+                submitted = self.encoder.submit(items_rest, step, split, key)
+            except BaseException:
+                self.watch.give_back(split, step, len(chosen))
+                raise
+        else:
+            submitted = self.encoder.submit(items, step, split, key)
         if self.groups is not None:
-            # Every sample the caller submitted, before the cap, counts for the group metrics
-            # (log_rollouts' decoded rows, which come through `encode`, are only the kept ones).
+            # Every sample the caller submitted, watched or not, before the cap (log_rollouts'
+            # rows the cap refused are never decoded, so they are not seen).
             self.push_items(self.groups.observe(items, step, split, time.monotonic()))
-        submitted = self.encoder.submit(items, step, split, key)
+        accepted_watched = (
+            self._admit_watched(watched, invalid_watched, step, split) if watched or invalid_watched else 0
+        )
         if submitted is None:  # the cap refused it whole, and the buffer counted it
-            return watched, _REFUSED, 0
+            return accepted_watched, _REFUSED, 0
         records, invalid, refused, gaps = submitted
         adm = self.buffer.admit(
             records,
@@ -273,25 +288,17 @@ class Intake:
             gaps=gaps,
         )
         self._after_admit(adm, blocking=not nowait)
-        return watched, adm, len(records) + invalid
+        return accepted_watched, adm, len(records) + invalid
 
-    def _log_watched(
-        self, samples: SampleLike | Iterable[SampleLike], step: int, split: str
-    ) -> tuple[list[Any], int]:
-        """Queue the call's watched samples past the cap (never waiting for room: under "block"
-        a full queue drops them as "queue_full"); returns the other samples and how many
-        watched ones were accepted."""
-        assert self.watch is not None
-        check_step(step, split)
-        items = samples if type(samples) is list else list(as_list(samples))
-        watched, rest = self.watch.split(items, split, step)
-        if not watched:
-            return rest, 0
-        records, invalid = self.encoder.encode(watched, step, split)
+    def _admit_watched(self, records: list[TraceRecord], invalid: int, step: int, split: str) -> int:
+        """Queue watched records past every selection (never waiting for room: under "block" a
+        full queue drops them as "queue_full"); returns how many were accepted."""
+        for r in records:
+            r.watched = True
         adm = self.buffer.admit(records, split=split, step=step, nowait=True, invalid=invalid, gated=False)
         if adm.wake:
             self.wake()
-        return rest, adm.accepted
+        return adm.accepted
 
     async def replay(self, records: Sequence[TraceRecord]) -> None:
         """Records replayed from a spool, ahead of new ones; they wait for room, never dropped."""
@@ -370,6 +377,18 @@ class Intake:
         # `rows` picks (and orders) the rows to log, as in decode_rollouts; the cap chooses
         # among those.
         candidates = check_rows(decode_kwargs.pop("rows", None), n)
+        if self.watch is not None:
+            # A watched row may be any row: decode them all and take log_samples' one path, so
+            # the watch, the group metrics and the cap decide as they do for log_samples.
+            decode = functools.partial(
+                decode_rollouts,
+                input_ids,
+                tokenizer=tokenizer,
+                rewards=rewards,
+                rows=candidates,
+                **decode_kwargs,
+            )
+            return await self.log(await anyio.to_thread.run_sync(decode), step, split, None)
         # Taken before reserving, so a flush() from now on waits until these rows are queued.
         ticket = self.buffer.take_ticket()
         try:

@@ -46,7 +46,18 @@ class TraceRecord:
     already holds (as `TrackioSink` does) skips those.
     """
 
-    __slots__ = ("id", "key", "payload", "replayed", "score", "split", "spool_slot", "step", "timestamp")
+    __slots__ = (
+        "id",
+        "key",
+        "payload",
+        "replayed",
+        "score",
+        "split",
+        "spool_slot",
+        "step",
+        "timestamp",
+        "watched",
+    )
 
     def __init__(
         self,
@@ -70,6 +81,8 @@ class TraceRecord:
         # The spool's bookkeeping: where it holds this record, None when it does not (see
         # _durable/spool.py). `records_for` sets the same slots without this call; keep the two alike.
         self.spool_slot: int | None = None
+        # On the watch list: past the session's cap and every `Selected` sink's selection.
+        self.watched = False
 
     @property
     def sample(self) -> Sample:
@@ -136,6 +149,7 @@ def records_for(
         r.score = score
         r.replayed = False
         r.spool_slot = None
+        r.watched = False
         out.append(r)
     return out
 

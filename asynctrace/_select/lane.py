@@ -60,7 +60,14 @@ class LaneSelection:
         late: set[int] = set()
         for (split, step), run in groupby(records, key=lambda r: (r.split, r.step)):
             entries = []
+            offered = False
             for r in run:
+                if r.watched:
+                    # The watch list passes every selection by, and never opens or closes a
+                    # step of one: a watched record is no sign that older steps are complete.
+                    picked.write.append(r)
+                    continue
+                offered = True
                 self._seq += 1
                 if r.score is None and self.gate.sampler.needs_score:
                     # Ranking needs a score: a record without one cannot be placed in the
@@ -68,6 +75,8 @@ class LaneSelection:
                     picked.skipped["unscored"] += 1
                     continue
                 entries.append(Entry(r.score, self._seq, r))
+            if not offered:
+                continue
             result = self.gate.offer(split, step, entries, now)
             if result.late:
                 late.update(id(e) for e in entries)

@@ -89,3 +89,11 @@ class WatchCounter:
                     del self._counts[min(self._counts, key=lambda k: k[1])]
         chosen = set(take)
         return [items[i] for i in take], [obj for i, obj in enumerate(items) if i not in chosen]
+
+    def give_back(self, split: str, step: int, n: int) -> None:
+        """Return `n` places of a step's watch cap that a call which then raised had taken."""
+        if n:
+            with self._lock:
+                key = (split, step)
+                if key in self._counts:
+                    self._counts[key] = max(0, self._counts[key] - n)
