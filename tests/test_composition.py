@@ -306,3 +306,25 @@ async def test_a_call_that_raises_counts_nothing_anywhere() -> None:
     groups = {step: m for step, m in mem.metrics if any(k.startswith("asynctrace/groups/") for k in m)}
     assert groups[0]["asynctrace/groups/train/count"] == 1.0  # the raising call's group "g" is not there
     assert [r.step for r in mem.records] == [0] and mem.records[0].watched  # its watch place was given back
+
+
+@pytest.mark.anyio
+async def test_the_choosing_page_snippet_runs_as_written(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/choosing.md's archive + tracker tier + watch snippet, executed as written, keeps the
+    watched prompt's samples in the tracker beside the tier's 16."""
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "docs" / "choosing.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+    (snippet,) = [b for b in blocks if "at.Selected(at.TrackioSink()" in b]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
+    scope: dict[str, Any] = {"at": at}
+    exec(compile(__import__("textwrap").dedent(snippet), "choosing.md", "exec"), scope)
+    rows = [Row(f"r{i}", "gsm8k-0042" if i < 3 else f"p{i % 4}", float(i)) for i in range(40)]
+    async with scope["session"] as s:
+        await s.log_samples([_sample(r) for r in rows], step=0)
+    stats = s.stats()
+    assert stats.sinks["trackio"].written == 16 + 3 and stats.sinks["parquet"].written == 40
