@@ -213,9 +213,11 @@ class TrackioWriter:
         space_id: str | None = None,
         server_url: str | None = None,
         init_kwargs: Mapping[str, Any] | None = None,
+        run_id: str | None = None,
     ) -> None:
         self.project = project
         self.run_name = run
+        self.run_id = run_id
         self.space_id = space_id
         self.server_url = server_url
         self.init_kwargs = dict(init_kwargs or {})
@@ -261,6 +263,13 @@ class TrackioWriter:
             server_url=self.server_url,
             **kwargs,
         )
+        if self.run_id is not None:
+            # Joining a run another process opened (TRL's own, say): Trackio resumes a run by
+            # name only once it has logged something, so two processes opening one name at the
+            # same moment would make two runs. By id, this one writes where the other does;
+            # the run's config stays its owner's.
+            self.run.id = self.run_id
+            self.run._config_logged = True
 
     def _commit(self, metrics_list: list[dict[str, Any]], steps: list[int], log_ids: list[str]) -> None:
         """Commit log entries to the local store, with the run's config while it is not stored yet."""
