@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from ..exceptions import PermanentSinkError
+from ._trackio_spans import dashboard_spans
 from ._trackio_versions import check_trackio_version
 
 __all__ = [
@@ -194,11 +195,12 @@ def dashboard_metadata(record_id: str, metadata: Mapping[str, Any]) -> dict[str,
 def _trace(record_id: str, payload: bytes) -> dict[str, Any]:
     sample = orjson.loads(payload)
     metadata = sample.get("metadata")
+    metadata = metadata if isinstance(metadata, dict) else {}
     return {
         "_type": TRACE_TYPE,
         "messages": sample["messages"],
-        "metadata": dashboard_metadata(record_id, metadata if isinstance(metadata, dict) else {}),
-        "spans": sample.get("spans") or [],
+        "metadata": dashboard_metadata(record_id, metadata),
+        "spans": dashboard_spans(sample, metadata),
     }
 
 
