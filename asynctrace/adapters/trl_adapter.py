@@ -267,6 +267,21 @@ class GRPOTracer:
             columns, tables = self._drain()
             completion = columns["completion"]
             if not completion:
+                if rows:
+                    # TRL generated rows but added none to `_logs["completion"]`: a version that
+                    # fills its logs differently. Counted, never dropped silently.
+                    error = TypeError(
+                        f"GRPOTrainer._logs['completion'] got no rows for a batch of {rows} "
+                        f"(tested with {_TESTED})"
+                    )
+                    deliver(
+                        session,
+                        functools.partial(_raise, error),
+                        rows=rows,
+                        step=step,
+                        split=split,
+                        where=_HOOK,
+                    )
                 return
             batch = self.batches[split] = self.batches.get(split, 0) + 1
             deliver(

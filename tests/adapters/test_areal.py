@@ -311,6 +311,21 @@ def test_log_batch_hook_never_raises(
     assert sorted(r.sample.metadata["group_id"] for r in sink.records) == [0, 0, 1, 1]
 
 
+def test_a_renamed_field_is_counted_row_by_row(
+    hf_tokenizer: PreTrainedTokenizerFast, warnings_seen: list[str]
+) -> None:
+    """Groups whose `input_ids` and `attention_mask` another AReaL version renamed are counted
+    by their other per-row tensors, every row of them, not one per group."""
+    batch = grpo_actor().compute_advantages(prepare_batch(hf_tokenizer))
+    renamed = [
+        {f"{k}_v2" if k in ("input_ids", "attention_mask") else k: v for k, v in g.items()} for g in batch
+    ]
+    with at.TraceSession("p", sinks=[at.testing.MemorySink()]) as session:
+        assert areal_adapter.log_batch(session, renamed, tokenizer=hf_tokenizer, step=3) == 0
+    stats = session.stats()
+    assert stats.dropped["invalid"] == 4 and stats.written == 0 and stats.check()
+
+
 def test_rows_pick_samples_before_decoding(hf_tokenizer: PreTrainedTokenizerFast) -> None:
     """`rows` indexes the concatenated batch and decodes only those rows, in that order."""
     samples = areal_adapter.to_samples(prepare_batch(hf_tokenizer), tokenizer=hf_tokenizer, rows=[3, 0])

@@ -8,6 +8,7 @@ does before its logging point: `process_group` per prompt, `make_batch_from_grou
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 
 import asynctrace as at
-from asynctrace.adapters import open_instruct_adapter
+from asynctrace.adapters import _hooks, open_instruct_adapter
 from asynctrace.adapters._sessions import session_for
 from tests._util import read_traces
 from tests.adapters._upstream.open_instruct_data_loader import (
@@ -269,6 +270,25 @@ def test_log_batch_never_raises_into_training(tokenizer: Any, caplog: pytest.Log
     assert stats.written == 4 and stats.dropped["invalid"] == 4 and stats.check()
     assert {record.step for record in sink.records} == {8}
     assert any("open_instruct_adapter.log_batch" in r.getMessage() for r in caplog.records)
+
+
+def test_a_renamed_field_is_counted_row_by_row(
+    tokenizer: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A result whose `responses` another open-instruct version renamed (`response_ids`) cannot be
+    converted: each of its rows is counted as invalid, with a warning naming the field."""
+    monkeypatch.setattr(_hooks, "_warned", set())  # warnings are once per hook and process
+    batch, result, advantages, _ = prepared(tokenizer, ALL_STOP, mask_truncated=False)
+    columns = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
+    columns["response_ids"] = columns.pop("responses")
+    renamed = SimpleNamespace(**columns)
+    caplog.set_level(logging.WARNING, logger="asynctrace")
+    with at.TraceSession("p", sinks=[at.testing.MemorySink()]) as session:
+        assert open_instruct_adapter.log_batch(session, batch, renamed, advantages, step=8) == 0
+    stats = session.stats()
+    assert stats.dropped["invalid"] == 6 and stats.written == 0 and stats.check()
+    (warning,) = [r.getMessage() for r in caplog.records if "open_instruct_adapter" in r.getMessage()]
+    assert "6 rows" in warning and "result.responses" in warning
 
 
 def test_end_to_end_into_trackio(tokenizer: Any, project: str) -> None:
