@@ -15,8 +15,13 @@ pieces in the order `RayPPOTrainer.train` and `FullyAsyncRayPPOTrainer.train` do
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
+import sys
+import types
+import uuid
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -25,6 +30,7 @@ import pytest
 
 import asynctrace as at
 from asynctrace.adapters import _hooks, skyrl_adapter
+from asynctrace.rollouts import toy_tokenizer
 from tests._util import read_traces
 from tests.adapters._upstream.skyrl_source import (
     BatchMetadata,
@@ -842,3 +848,73 @@ def test_attach_handles_skyrl_train_03_trainers(tokenizer: Any) -> None:
         (2, "q1"),
         (2, "q1"),
     ]
+
+
+class _BasePPOExp:
+    """skyrl.train.entrypoints.main_base.BasePPOExp as far as a subclass sees it: `run` builds
+    the trainer with `get_trainer` (keyword arguments, as `_setup_trainer` passes them) and runs
+    `asyncio.run(trainer.train())`. Its trainer is the tests' RayPPOTrainer on SkyRL's code, with
+    two batches of two prompts; the real class needs Ray workers and inference engines."""
+
+    trainer_class: type[Trainer] = Trainer
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+
+    def get_trainer(self, **kwargs: Any) -> Trainer:
+        trainer = self.trainer_class(kwargs["cfg"], kwargs["tokenizer"], kwargs["generator"])
+        trainer.batches = [dataset_rows(list("ab")), dataset_rows(list("cd"), 2)]
+        return trainer
+
+    def run(self) -> None:
+        tokenizer = toy_tokenizer()
+        generator = ToyGenerator(tokenizer, lambda q, k: float(k))
+        trainer = self.get_trainer(cfg=self.cfg, tokenizer=tokenizer, generator=generator)
+        asyncio.run(trainer.train())
+
+
+class _FullyAsyncPPOExp(_BasePPOExp):
+    trainer_class = AsyncTrainer
+
+
+@contextlib.contextmanager
+def doc_snippet(request: pytest.FixtureRequest) -> Iterator[tuple[dict[str, Any], Callable[..., None]]]:
+    """What docs/frameworks/skyrl.md's lines find: SkyRL's `main_base` module (its BasePPOExp as
+    above), main_fully_async.py's experiment class, and a step's generator input and output."""
+    from trackio.sqlite_storage import SQLiteStorage
+
+    monkeypatch = request.getfixturevalue("monkeypatch")
+    for name in ("skyrl", "skyrl.train", "skyrl.train.entrypoints"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    main_base = types.ModuleType("skyrl.train.entrypoints.main_base")
+    main_base.BasePPOExp = _BasePPOExp  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, main_base.__name__, main_base)
+    tokenizer = toy_tokenizer()
+    gi, uids = prepare_generator_input(dataset_rows(["q0", "q1"]), 2, {}, "gsm8k", "train", 1)  # type: ignore[arg-type]
+    go = asyncio.run(ToyGenerator(tokenizer, lambda q, k: float(k)).generate(gi))
+    project = f"skyrl-{uuid.uuid4().hex[:8]}"
+    cfg = config(2, 2)
+    cfg.trainer.project_name = project
+    names = {
+        "FullyAsyncPPOExp": _FullyAsyncPPOExp,
+        "generator_input": gi,
+        "generator_output": go,
+        "tokenizer": tokenizer,
+        "uids": uids,
+    }
+
+    def check(namespace: dict[str, Any]) -> None:
+        assert callable(namespace["skyrl_entrypoint"].remote)
+        namespace["MyExp"](cfg).run()  # what the entrypoint runs in its Ray task
+        traces = SQLiteStorage.get_traces(project, run="skyrl-run")
+        assert sorted(t["step"] for t in traces) == [1] * 4 + [2] * 4
+        assert all(t["metadata"]["trajectory_id"] for t in traces)
+        trainer = namespace["MyFullyAsyncExp"](cfg).get_trainer(
+            cfg=cfg, tokenizer=tokenizer, generator=ToyGenerator(tokenizer, lambda q, k: 0.0)
+        )
+        assert isinstance(trainer, AsyncTrainer) and hasattr(
+            trainer.postprocess_generator_output, "__wrapped__"
+        )
+        assert [question_of(s) for s in namespace["samples"]] == ["q0", "q0", "q1", "q1"]
+
+    yield names, check

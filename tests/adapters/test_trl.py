@@ -7,6 +7,7 @@ reward functions, what they returned, and the advantages and mean reward TRL com
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import uuid
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -399,3 +401,42 @@ def test_converter_refuses_columns_that_disagree() -> None:
         trl_adapter.to_samples(["q"], ["a"], rewards={"a": [1.0]}, extra={"reward": [0.0]})
     with pytest.raises(ValueError, match=r"prompt\[1\]: expected a string"):
         trl_adapter.to_samples(["q", None], ["a", "b"])
+
+
+@contextlib.contextmanager
+def doc_snippet(request: pytest.FixtureRequest) -> Iterator[tuple[dict[str, Any], Callable[..., None]]]:
+    """What docs/frameworks/trl.md's lines find in a training script: the model (saved with its
+    tokenizer, as a hub model would be named), reward functions, GRPOConfig and dataset."""
+    tmp_path = request.getfixturevalue("tmp_path")
+    tokenizer = hf_tokenizer()
+    model_dir = tmp_path / "model"
+    tiny_model(len(tokenizer)).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    project = f"t-{uuid.uuid4().hex[:10]}"
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        project=project,
+        run_name="grpo-1",
+        use_cpu=True,
+        report_to="none",
+        disable_tqdm=True,
+        save_strategy="no",
+        max_steps=1,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=2,
+    )
+    names = {
+        "GRPOTrainer": GRPOTrainer,
+        "model": str(model_dir),
+        "reward_funcs": [Recorder().length],
+        "args": args,
+        "dataset": conversations(2, "What is"),
+    }
+
+    def check(namespace: dict[str, Any]) -> None:
+        session = namespace["trainer"]._asynctrace_tracer.session
+        assert session is not None and not session.is_open
+        assert len(read_traces(project, "grpo-1")) == 2
+
+    yield names, check
