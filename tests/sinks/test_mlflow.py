@@ -310,7 +310,7 @@ async def test_the_first_open_is_not_bound_by_the_attempt_timeout(tmp_path: Path
     """Making a new tracking store (MLflow's migrations, seconds on a loaded machine) runs under
     the sink's own `open_timeout`: attempts far shorter than it no longer fail the sink."""
     uri = _uri(tmp_path / "new.db")  # not migrated yet
-    quick = at.RetryPolicy(max_attempts=2, initial_backoff=0.01, max_backoff=0.01, attempt_timeout=1.0)
+    quick = at.RetryPolicy(max_attempts=2, initial_backoff=0.01, max_backoff=0.01, attempt_timeout=1.5)
     sink = at.MlflowSink(tracking_uri=uri, experiment="slow-open")
     async with at.TraceSession("slow-open", sinks=[sink], retry=quick) as s:
         await s.log_samples([sample(i) for i in range(2)], step=0)
