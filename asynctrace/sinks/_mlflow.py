@@ -7,12 +7,14 @@ import hashlib
 import importlib.util
 import re
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import orjson
 
 from .._checks import check_bool, check_seconds, check_type
@@ -83,6 +85,29 @@ def _permanent(exc: Exception) -> str | None:
     return None
 
 
+# Seconds between looks at whether MLflow's first open has finished.
+_PREPARE_POLL = 0.05
+
+
+class _Preparation:
+    """`fn()` on a daemon thread of its own, started at once; `done` is set when it returns."""
+
+    def __init__(self, fn: Callable[[], None], give_up: float) -> None:
+        self.give_up = give_up
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # handed to the open that waits for it
+                self.error = exc
+            finally:
+                self.done.set()
+
+        threading.Thread(target=run, name="asynctrace-mlflow-open", daemon=True).start()
+
+
 class MlflowSink(Sink):
     """Logs each record as one MLflow trace, linked to a run; metrics go to the run's metrics.
 
@@ -140,6 +165,8 @@ class MlflowSink(Sink):
         self._client: Any = None
         self._tracing: Any = None
         self._prepared: tuple[Any, Any] | None = None
+        self._prep: _Preparation | None = None
+        self._prep_lock = threading.Lock()
         self._metrics_key: tuple[object, int] | None = None
         self._metrics_ms = 0
         # A timeout abandons a call stuck on a locked database or a server that stopped answering.
@@ -218,13 +245,37 @@ class MlflowSink(Sink):
         return str(run.info.run_id)
 
     async def open(self) -> None:
-        # Importing MLflow and making its store take seconds, more on a loaded machine: done
-        # once, under `open_timeout`, not under the retry policy's attempt timeout, whose
-        # attempts could all run out while the first one was still importing.
         if self._prepared is None:
-            with anyio.fail_after(self.open_timeout, shield=True):
-                await self._io.run(self._prepare)
+            await self._await_prepared()
         await self._io.run(self._open)
+
+    async def _await_prepared(self) -> None:
+        """Wait for MLflow's import and store creation, started once on a thread of its own.
+
+        They take seconds, more on a loaded machine, so the retry policy's attempt deadline does
+        not end this wait (its attempts could all run out while the first one still imports);
+        `open_timeout` bounds it instead. Any other cancel (the session finishing) ends it at once.
+        """
+        with self._prep_lock:
+            prep = self._prep
+            if prep is None:
+                prep = self._prep = _Preparation(self._prepare, anyio.current_time() + self.open_timeout)
+        attempt_deadline = anyio.current_effective_deadline()
+        while not prep.done.is_set():
+            if anyio.current_time() >= prep.give_up:
+                raise PermanentSinkError(
+                    f"MlflowSink: importing MLflow and making its tracking store took over "
+                    f"{self.open_timeout:g} s (open_timeout)"
+                )
+            if anyio.current_time() < attempt_deadline:
+                await anyio.lowlevel.checkpoint()  # a cancel other than the attempt's deadline
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(_PREPARE_POLL)
+        if prep.error is not None:
+            with self._prep_lock:
+                if self._prep is prep:
+                    self._prep = None  # a retry starts afresh
+            raise prep.error
 
     # -- traces ------------------------------------------------------------------------------
 

@@ -322,3 +322,17 @@ def test_open_timeout_is_checked() -> None:
     """`open_timeout` must be a positive number of seconds."""
     with pytest.raises(ValueError, match="open_timeout"):
         at.MlflowSink(open_timeout=0)
+
+
+async def test_a_finish_during_the_first_open_does_not_wait_for_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first open's wait ignores only the attempt deadline: a session finished while MLflow
+    still makes a new store stops waiting at once, instead of leaving a call it cannot cancel."""
+    sink = at.MlflowSink(tracking_uri=_uri(tmp_path / "new.db"), experiment="early")
+    with caplog.at_level("ERROR", logger="asynctrace"):
+        async with at.TraceSession("early", sinks=[sink], retry=RETRY) as s:
+            await s.log_samples([sample(0)], step=0)
+            stats = await s.finish(timeout=0.2)
+    assert stats.written == 0 and stats.submitted == 1 and stats.check(), stats.summary()
+    assert not [r for r in caplog.records if "still running" in r.getMessage()]
