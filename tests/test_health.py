@@ -86,6 +86,16 @@ async def test_health_counts_a_sinks_selection_and_failures() -> None:
     assert final["asynctrace/sinks/broken/failed"] == 6 and final["asynctrace/failed"] == 6
 
 
+async def test_a_sink_name_keeps_its_letters_of_any_script_in_metric_names() -> None:
+    """As health.md says, only characters other than letters, digits and `_.-` become `_`:
+    letters outside ASCII stay, so sinks named in other scripts do not all become `_`."""
+    archive = at.testing.MemorySink("archive")
+    async with at.TraceSession("p", sinks=[archive, at.testing.MemorySink("évals/日本 x")]) as s:
+        await s.log_samples([sample(0)], step=0)
+    final = _health(archive)[-1][1]
+    assert final["asynctrace/sinks/évals_日本_x/written"] == 1
+
+
 async def test_health_metrics_can_be_switched_off() -> None:
     """health_metrics=False logs no asynctrace/ metrics; the caller's own metrics still go."""
     sink = at.testing.MemorySink()

@@ -10,7 +10,6 @@ need.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 from .._records.types import MetricsItem
@@ -20,13 +19,14 @@ __all__ = ["PREFIX", "Health", "health_metrics"]
 
 PREFIX = "asynctrace/"
 
-# Sink names become part of a metric name: anything a tracker might read as a separator or
-# refuse in a key is replaced.
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
-
 
 def _part(name: str) -> str:
-    return _UNSAFE.sub("_", name) or "_"
+    """A sink name as part of a metric name: anything but letters, digits and `_.-` becomes `_`.
+
+    A tracker might read other characters as separators or refuse them in a key; letters and
+    digits of any script are kept (Trackio, W&B and MLflow's word characters all take them).
+    """
+    return "".join(c if c.isalnum() or c in "_.-" else "_" for c in name) or "_"
 
 
 def health_metrics(stats: SessionStats) -> dict[str, float]:

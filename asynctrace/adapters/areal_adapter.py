@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 import sys
 from collections.abc import Mapping, Sequence
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from .._records.types import Sample
 from ..rollouts._decode import decode_rollouts
 from ..rollouts._rows import is_tensor
-from ._hooks import deliver, every_row
+from ._hooks import count_rows, deliver, every_row
 
 if TYPE_CHECKING:
     from .._session import TraceSession
@@ -246,23 +247,26 @@ def to_samples(
     )
 
 
-def _row_count(batch: Any) -> int:
+def _row_count(batch: Any) -> int | None:
+    """The rows of a batch, from any per-row tensor of each group; None when a group has none
+    (a renamed field must not make a batch that then fails count as fewer rows)."""
     try:
         groups, _ = _groups(batch)
     except ValueError:
-        return 1
+        return None
     total = 0
     for group in groups:
-        rows = 1
-        for name in ("input_ids", "attention_mask"):
-            try:
-                # An RTensor's shape is its metadata's: counting rows never fetches.
-                rows = int(_get(group, name).shape[0])
-                break
-            except Exception:
-                continue
+        # An RTensor's shape is its metadata's: counting rows never fetches.
+        rows = count_rows(*(functools.partial(_shape_rows, group, name) for name in _NEEDED))
+        if rows is None:
+            return None
         total += rows
     return total
+
+
+def _shape_rows(group: Any, name: str) -> int | None:
+    shape = getattr(_get(group, name), "shape", None)
+    return int(shape[0]) if shape is not None and len(shape) else None
 
 
 def log_batch(

@@ -16,7 +16,7 @@ from ..rollouts._align import MISSING, Shortfall
 from ..rollouts._mapping import prompt_indices
 from ..rollouts._turns import mask_runs, split_turns
 from ._common import Message, SampleBuilder, as_sequence, field, jsonable, token_list
-from ._hooks import deliver, every_row
+from ._hooks import count_rows, deliver, every_row
 from ._sessions import session_for
 
 if TYPE_CHECKING:
@@ -55,12 +55,16 @@ def log_batch(
     target = session_for(session, on_full="block", where=where)
     if target is None:
         return 0
-    try:
-        responses = field(result, "responses")
-        rows = 0 if responses is None else len(responses)
-    except Exception:  # an unreadable result: the conversion reports it
-        rows = 0
-
+    # Any per-response column sizes the batch, so that one whose `responses` field is missing
+    # (renamed in another open-instruct version) is still counted in full when it fails.
+    rows = count_rows(
+        lambda: field(result, "responses"),
+        lambda: field(result, "masks"),
+        lambda: field(result, "finish_reasons"),
+        lambda: field(result, "logprobs"),
+        lambda: advantages,
+        lambda: field(batch, "queries"),
+    )
     convert = every_row(
         to_samples,
         batch,

@@ -11,7 +11,7 @@ import functools
 import inspect
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._records.types import Sample
@@ -21,7 +21,7 @@ from ..rollouts._mapping import instance_key, prompt_indices, trajectory_label
 from ..rollouts._stepwise import merge_step_wise, trajectory_groups
 from ..rollouts._turns import mask_runs, split_turns
 from ._common import Message, SampleBuilder, as_sequence, chat_messages, field, jsonable
-from ._hooks import deliver, every_row
+from ._hooks import count_rows, deliver, every_row
 
 if TYPE_CHECKING:
     from .._session import TraceSession
@@ -46,13 +46,16 @@ class _Origin(NamedTuple):
     prompt: Any
     env_class: Any
     step: Any
+    trajectory_ids: list[Any]
+    """The uid's trajectory ids in input order: its k-th row is its k-th repetition."""
 
 
 def _origins(generator_inputs: Iterable[Any]) -> dict[str, _Origin]:
-    """Each uid's prompt, env class and generation step, from the inputs' `trajectory_ids`.
+    """Each uid's prompt, env class, generation step and trajectory ids, from the inputs'
+    `trajectory_ids`.
 
     SkyRL's uid is the `instance_id` of a row's trajectory id; every repetition of a uid has the
-    same prompt, so the first row named by it is enough.
+    same prompt, so the first input naming it is enough.
     """
     out: dict[str, _Origin] = {}
     for generator_input in generator_inputs:
@@ -62,12 +65,48 @@ def _origins(generator_inputs: Iterable[Any]) -> dict[str, _Origin]:
             continue
         env_classes = field(generator_input, "env_classes")
         step = field(field(generator_input, "batch_metadata"), "global_step")
+        here: set[str] = set()
         for i, tid in enumerate(tids):
             uid = field(tid, "instance_id")
-            if uid is None or str(uid) in out or i >= len(prompts):
+            if uid is None or i >= len(prompts):
                 continue
-            env = env_classes[i] if env_classes is not None and i < len(env_classes) else None
-            out[str(uid)] = _Origin(prompts[i], env, step)
+            key = str(uid)
+            if key not in out:
+                env = env_classes[i] if env_classes is not None and i < len(env_classes) else None
+                out[key] = _Origin(prompts[i], env, step, [])
+                here.add(key)
+            if key in here:
+                out[key].trajectory_ids.append(tid)
+    return out
+
+
+def _tids_by_uid(
+    uids: Sequence[Any], in_place: Sequence[Any] | None, origins: Mapping[str, _Origin] | None
+) -> list[Any]:
+    """Each row's trajectory id: the input's where the row is still in place, else the k-th
+    trajectory of its uid for the uid's k-th row.
+
+    Dynamic sampling keeps a uid's rows in order ("filter" drops whole groups and concatenates
+    batches; a fully async step concatenates whole groups), so a uid's k-th row is its k-th
+    repetition. A uid with more rows than repetitions holds copies ("replace"): those rows get
+    no id, as nothing tells which repetition a copy came from.
+    """
+    n = len(uids)
+    placed = list(in_place) if in_place is not None else [None] * n
+    rows_of: dict[str, int] = {}
+    for u in uids:
+        rows_of[str(u)] = rows_of.get(str(u), 0) + 1
+    seen: dict[str, int] = {}
+    out: list[Any] = []
+    for i, u in enumerate(uids):
+        key = str(u)
+        k = seen.get(key, 0)
+        seen[key] = k + 1
+        tid = placed[i]
+        origin = (origins or {}).get(key)
+        if tid is None and origin is not None and rows_of[key] <= len(origin.trajectory_ids):
+            tid = origin.trajectory_ids[k]
+        out.append(tid)
     return out
 
 
@@ -302,11 +341,13 @@ def _collect(
         if uids is not None:
             # After dynamic sampling an input row's id still names an output row where both
             # carry the same uid: "replace" leaves every row it does not overwrite in place.
+            in_place = None
             if in_tids is not None and len(in_tids) == n:
-                row_tids = [
+                in_place = [
                     tid if str(field(tid, "instance_id")) == str(u) else None
                     for tid, u in zip(in_tids, uids, strict=True)
                 ]
+            row_tids = _tids_by_uid(uids, in_place, origins)
         elif in_tids is not None and len(in_tids) == n:
             row_tids = in_tids
         elif in_tids is None and uid is not None:
@@ -451,6 +492,7 @@ class _Tracer:
         # A uid is a dataset row, so its prompt never changes: what an older step kept stays
         # right, and the bound only drops the oldest uids of a run whose data never repeats.
         self._origins: OrderedDict[str, _Origin] = OrderedDict()
+        self._last_input: Any = None
 
     def remember(self, generator_input: Any) -> bool:
         """Keep a training batch's prompts; True for an evaluation batch."""
@@ -461,6 +503,9 @@ class _Tracer:
         except Exception:  # an input this version cannot read: its rows fall back to prompt tokens
             return False
         with self._lock:
+            # The sync trainer trains on the last input it generated (rows in place unless
+            # dynamic sampling moved them); a row takes an id from it only where the uids agree.
+            self._last_input = generator_input
             for uid, origin in found.items():
                 self._origins[uid] = origin
                 self._origins.move_to_end(uid)
@@ -469,32 +514,33 @@ class _Tracer:
         return False
 
     def log_eval(self, generator_input: Any, generator_output: Any, default_step: int) -> None:
-        """Deliver one evaluation batch, rows in input order as SkyRL's generators return them."""
+        """Deliver one evaluation batch, rows in input order as SkyRL's generators return them;
+        never raises."""
+        rows = _row_count(generator_output, lambda: field(generator_input, "prompts"))
         try:
-            rows = len(field(generator_output, "response_ids"))
             step = step_and_split(generator_input, default_step=default_step)[0]
-        except Exception:  # not an output this version knows: nothing to count rows by
-            return
-
+        except Exception:  # metadata this version lays out differently: the trainer's step
+            step = default_step
         convert = every_row(
             to_samples, generator_input, generator_output, tokenizer=self.tokenizer, env_role=self.env_role
         )
-        deliver(self.session, convert, rows=rows, step=step or 0, split="eval", where=_HOOK)
+        # Step-wise rows merge into fewer samples: the count of samples is not that of rows.
+        deliver(
+            self.session, convert, rows=rows, step=step or 0, split="eval", where=_HOOK, one_per_row=False
+        )
 
     def log(self, generator_output: Any, uids: Any, step: int) -> None:
         """Deliver one training step's rows and their uids; never raises."""
-        try:
-            rows = len(field(generator_output, "response_ids"))
-        except Exception:  # not an output this version knows: nothing to count rows by
-            return
+        rows = _row_count(generator_output, lambda: uids)
 
         def convert() -> list[Sample]:
             with self._lock:
                 origins = {str(u): self._origins[str(u)] for u in set(uids) if str(u) in self._origins}
+                last_input = self._last_input
             return _samples(
                 _HOOK,
                 self.tokenizer,
-                None,
+                last_input,
                 generator_output,
                 env_role=self.env_role,
                 step_wise=None,
@@ -502,7 +548,26 @@ class _Tracer:
                 origins=origins,
             )
 
-        deliver(self.session, every_row(convert), rows=rows, step=step, split="train", where=_HOOK)
+        deliver(
+            self.session,
+            every_row(convert),
+            rows=rows,
+            step=step,
+            split="train",
+            where=_HOOK,
+            one_per_row=False,
+        )
+
+
+def _row_count(generator_output: Any, *more: Callable[[], Any]) -> int | None:
+    """The rows of a generator output, from any per-row column it has."""
+    return count_rows(
+        *more,
+        lambda: field(generator_output, "response_ids"),
+        lambda: field(generator_output, "prompt_token_ids"),
+        lambda: field(generator_output, "loss_masks"),
+        lambda: field(generator_output, "rewards"),
+    )
 
 
 def _step(trainer: Any) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import threading
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -185,7 +186,8 @@ class GRPOTracer:
 
     @property
     def session(self) -> TraceSession | SyncTraceSession | None:
-        """The session batches go to (None on processes other than the main one)."""
+        """The session batches go to (None on processes other than the main one, and, when TRL
+        reports to Trackio, until training begins)."""
         return self._session
 
     def finish(self, timeout: float | None = None) -> None:
@@ -208,12 +210,13 @@ class GRPOTracer:
     def _current(self) -> TraceSession | SyncTraceSession:
         with self._lock:
             session = self._session
-            assert session is not None
-            if (
+            if session is None or (
                 self._open_session is not None
                 and isinstance(session, SyncTraceSession)
                 and not session.is_open
             ):
+                if self._open_session is None:
+                    raise RuntimeError("no session on this process")
                 session = self._session = self._open_session()
             return session
 
@@ -264,6 +267,21 @@ class GRPOTracer:
             columns, tables = self._drain()
             completion = columns["completion"]
             if not completion:
+                if rows:
+                    # TRL generated rows but added none to `_logs["completion"]`: a version that
+                    # fills its logs differently. Counted, never dropped silently.
+                    error = TypeError(
+                        f"GRPOTrainer._logs['completion'] got no rows for a batch of {rows} "
+                        f"(tested with {_TESTED})"
+                    )
+                    deliver(
+                        session,
+                        functools.partial(_raise, error),
+                        rows=rows,
+                        step=step,
+                        split=split,
+                        where=_HOOK,
+                    )
                 return
             batch = self.batches[split] = self.batches.get(split, 0) + 1
             deliver(
@@ -331,7 +349,9 @@ def attach(
     On the main process, opens a session (`TraceSession(project, run, **session_kwargs)`,
     started for synchronous use) on the project `args.project` and run `args.run_name` unless
     given, with the training arguments as the Trackio run's config, and finishes it at the end
-    of training and at exit. Pass `session=` to log to a session of your own instead (it is
+    of training and at exit. When TRL reports to Trackio itself (``report_to="trackio"``), the
+    session opens as training begins, right after TRL's own run, and joins that run by id.
+    Pass `session=` to log to a session of your own instead (it is
     then yours to finish). Unscorable rows are left out and counted when the sampler ranks by
     reward. Raises here on a misconfiguration; once training runs, nothing raises into it.
     """
@@ -356,12 +376,16 @@ def attach(
         # Every process holds the gathered batch; the main one alone logs it, once.
         return GRPOTracer(trainer, None, None)
     args = trainer.args
-    project = project or args.project
-    run = run or args.run_name
     open_session: Callable[[], SyncTraceSession] | None = None
+    joining = False
     if session is None:
-        open_session = functools.partial(_open, project, run, _config(args), dict(session_kwargs))
-        session = open_session()
+        # TRL's own Trackio run is opened at the start of training (TrackioCallback): the
+        # session then opens right after it, to join that run by id (see `_TrlRun`).
+        joining = "sinks" not in session_kwargs and _reports_to_trackio(trainer)
+        names = _TrlRun(project or args.project, run or args.run_name, explicit_run=run is not None)
+        open_session = functools.partial(_open, names, _config(args), dict(session_kwargs))
+        if not joining:
+            session = open_session()
     tracer = GRPOTracer(trainer, open_session, session)
 
     generate_and_score = trainer._generate_and_score_completions
@@ -382,7 +406,15 @@ def attach(
         return output
 
     class AsyncTraceCallback(TrainerCallback):  # type: ignore[misc]
-        """Finishes the session when training ends."""
+        """Opens the session once TRL's Trackio run is open; finishes it when training ends."""
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            # Added after TRL's callbacks, so TrackioCallback.on_train_begin has run.
+            if joining:
+                try:
+                    tracer._current()
+                except Exception as exc:  # telemetry must never stop training
+                    warn_once(_HOOK, f"could not open the session ({type(exc).__name__}: {exc})")
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             tracer.finish()
@@ -397,14 +429,58 @@ def _raise(error: Exception) -> tuple[list[Sample], int]:
     raise error
 
 
-def _open(project: str, run: str | None, config: dict[str, Any], kwargs: dict[str, Any]) -> SyncTraceSession:
+class _TrlRun:
+    """The project and run a tracer logs to, and the id of TRL's own Trackio run once known.
+
+    Trackio resumes a run by name only once the run has logged something, so TRL's process
+    and the sink's writer opening one name at the same moment made two runs. Instead, the
+    session opens after TRL's `trackio.init` (on this thread, whose context holds TRL's run)
+    and its sink joins that run by id; the id is kept for sessions reopened after training.
+    """
+
+    def __init__(self, project: str, run: str | None, *, explicit_run: bool) -> None:
+        self.project = project
+        self.run = run
+        self.run_id: str | None = None
+        self._explicit_run = explicit_run
+
+    def find_trackio_run(self) -> None:
+        """Take the id (and, without a run name, the name) of TRL's current Trackio run."""
+        if self.run_id is not None:
+            return
+        trackio = sys.modules.get("trackio")
+        context = getattr(trackio, "context_vars", None)
+        current = getattr(context, "current_run", None)
+        found = current.get() if current is not None else None
+        if found is None or getattr(found, "project", None) != self.project:
+            return
+        name, run_id = getattr(found, "name", None), getattr(found, "id", None)
+        if not isinstance(name, str) or not isinstance(run_id, str):
+            return
+        if self.run is None and not self._explicit_run:
+            self.run = name
+        if name == self.run:
+            self.run_id = run_id
+
+
+def _reports_to_trackio(trainer: Any) -> bool:
+    """Whether `trainer` logs its metrics to Trackio itself (``report_to`` names "trackio")."""
+    for callback in getattr(getattr(trainer, "callback_handler", None), "callbacks", ()):
+        if type(callback).__name__ == "TrackioCallback":
+            return True
+    return False
+
+
+def _open(names: _TrlRun, config: dict[str, Any], kwargs: dict[str, Any]) -> SyncTraceSession:
     from ..sinks import TrackioSink
 
+    kwargs = dict(kwargs)
     if "sinks" not in kwargs:
-        kwargs["sinks"] = [TrackioSink(init_kwargs={"config": config})]
+        names.find_trackio_run()
+        kwargs["sinks"] = [TrackioSink(init_kwargs={"config": config}, run_id=names.run_id)]
     # One bad row is counted and skipped, not the batch around it.
     kwargs.setdefault("on_invalid", "skip")
-    return TraceSession(project, run, **kwargs).start()
+    return TraceSession(names.project, names.run, **kwargs).start()
 
 
 def _config(args: Any) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from .._records.types import Sample
 from .._sync import SyncTraceSession
 from ..rollouts._decode import decode_rollouts
 from ._common import jsonable
-from ._hooks import count_invalid, deliver, every_row, warn_once
+from ._hooks import count_invalid, count_rows, deliver, every_row, warn_once
 
 __all__ = ["log_batch", "open_session", "to_samples"]
 
@@ -263,19 +263,22 @@ def log_batch(
     counted in ``session.stats().dropped["invalid"]``, with one warning. `token_fields`: as in
     `to_samples`.
     """
-    rows = 0
+    rows: int | None = None
     try:
         if session is None:
             session = _session_of(trainer)
         if session is _FAILED:
             return 0
-        rows = len(batch)
+        rows = count_rows(
+            lambda: len(batch), lambda: batch.batch["responses"], lambda: batch.batch["input_ids"]
+        )
         at_step = int(trainer.global_steps if step is None else step)
         tokenizer = trainer.tokenizer
     except Exception as exc:  # telemetry must never stop training
         warn_once(_WHERE, f"could not start logging ({type(exc).__name__}: {exc})")
         if session is not None and session is not _FAILED:
-            count_invalid(session, rows)
+            # Rows that cannot be counted are at least one.
+            count_invalid(session, 1 if rows is None else rows)
         return 0
     convert = every_row(
         to_samples,

@@ -7,15 +7,19 @@ import hashlib
 import importlib.util
 import re
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import anyio
+import anyio.lowlevel
 import orjson
 
-from .._checks import check_bool, check_type
+from .._checks import check_bool, check_seconds, check_type
 from .._records.types import TraceRecord
+from .._security import logger
 from ..exceptions import PermanentSinkError
 from ._base import Sink
 from ._guard import Serial
@@ -51,7 +55,8 @@ _METRICS_PER_BATCH = 1000
 
 
 def _tag_value(value: Any) -> str | None:
-    """A scalar metadata value as the text a trace tag holds; None for what is not a scalar."""
+    """A scalar metadata value as the text a trace tag holds (a string longer than MLflow's
+    limit cut to it); None for what is not a scalar."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
@@ -59,6 +64,10 @@ def _tag_value(value: Any) -> str | None:
     if isinstance(value, str):
         return value[:_MAX_TAG_VALUE]
     return None
+
+
+# Tag naming the metadata keys whose tag value was cut to MLflow's limit (the span keeps them whole).
+TRUNCATED_TAG = "asynctrace.truncated"
 
 
 def _text(message: Any) -> str:
@@ -76,6 +85,29 @@ def _permanent(exc: Exception) -> str | None:
     return None
 
 
+# Seconds between looks at whether MLflow's first open has finished.
+_PREPARE_POLL = 0.05
+
+
+class _Preparation:
+    """`fn()` on a daemon thread of its own, started at once; `done` is set when it returns."""
+
+    def __init__(self, fn: Callable[[], None], give_up: float) -> None:
+        self.give_up = give_up
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # handed to the open that waits for it
+                self.error = exc
+            finally:
+                self.done.set()
+
+        threading.Thread(target=run, name="asynctrace-mlflow-open", daemon=True).start()
+
+
 class MlflowSink(Sink):
     """Logs each record as one MLflow trace, linked to a run; metrics go to the run's metrics.
 
@@ -91,8 +123,10 @@ class MlflowSink(Sink):
         run_id: str | None = None,
         run_name: str | None = None,
         attach_active: bool = True,
+        open_timeout: float = 300.0,
     ) -> None:
         check_type("tracking_uri", tracking_uri, str, "a str")
+        check_seconds("open_timeout", open_timeout)
         check_type("experiment", experiment, str, "a str")
         check_type("run_id", run_id, str, "a str")
         check_type("run_name", run_name, str, "a str")
@@ -104,6 +138,9 @@ class MlflowSink(Sink):
         self.experiment = experiment
         self.run_name = run_name
         self.run_id = run_id
+        self.open_timeout = open_timeout
+        #: Tag values cut to MLflow's limit of 4,096 characters (their span keeps them whole).
+        self.truncated_tags = 0
         self.experiment_id: str | None = None
         # Whether the run is this sink's own, which it ends at close.
         self.owns_run = False
@@ -127,6 +164,9 @@ class MlflowSink(Sink):
         self._token = uuid.uuid4().hex
         self._client: Any = None
         self._tracing: Any = None
+        self._prepared: tuple[Any, Any] | None = None
+        self._prep: _Preparation | None = None
+        self._prep_lock = threading.Lock()
         self._metrics_key: tuple[object, int] | None = None
         self._metrics_ms = 0
         # A timeout abandons a call stuck on a locked database or a server that stopped answering.
@@ -138,9 +178,10 @@ class MlflowSink(Sink):
 
     # -- opening -----------------------------------------------------------------------------
 
-    def _open(self) -> None:
-        if self._tracing is not None:
-            return  # an earlier attempt, given up on, finished the job
+    def _prepare(self) -> None:
+        """Import MLflow and make its tracking store (a `sqlite:` store runs its migrations)."""
+        if self._prepared is not None:
+            return  # an earlier call, given up on, finished the job
         try:
             from mlflow.tracing.client import TracingClient
             from mlflow.tracking import MlflowClient
@@ -149,11 +190,21 @@ class MlflowSink(Sink):
         try:
             client = MlflowClient(self.tracking_uri)
             tracing = TracingClient(client.tracking_uri)
+            # The store is made on its first use: this cheap call makes it here.
+            client.search_experiments(max_results=1)
         except ImportError as exc:
             # A `sqlite:` store needs SQLAlchemy and Alembic, which only the full package brings.
             raise PermanentSinkError(
                 f"MLflow's tracking store needs a package that is missing ({exc}): pip install mlflow"
             ) from exc
+        self._prepared = (client, tracing)
+
+    def _open(self) -> None:
+        if self._tracing is not None:
+            return  # an earlier attempt, given up on, finished the job
+        if self._prepared is None:
+            raise RuntimeError("MlflowSink: MLflow is not prepared")
+        client, tracing = self._prepared
         if self.run_id is not None:
             run = client.get_run(self.run_id)
             if run.info.lifecycle_stage != "active":
@@ -194,7 +245,37 @@ class MlflowSink(Sink):
         return str(run.info.run_id)
 
     async def open(self) -> None:
+        if self._prepared is None:
+            await self._await_prepared()
         await self._io.run(self._open)
+
+    async def _await_prepared(self) -> None:
+        """Wait for MLflow's import and store creation, started once on a thread of its own.
+
+        They take seconds, more on a loaded machine, so the retry policy's attempt deadline does
+        not end this wait (its attempts could all run out while the first one still imports);
+        `open_timeout` bounds it instead. Any other cancel (the session finishing) ends it at once.
+        """
+        with self._prep_lock:
+            prep = self._prep
+            if prep is None:
+                prep = self._prep = _Preparation(self._prepare, anyio.current_time() + self.open_timeout)
+        attempt_deadline = anyio.current_effective_deadline()
+        while not prep.done.is_set():
+            if anyio.current_time() >= prep.give_up:
+                raise PermanentSinkError(
+                    f"MlflowSink: importing MLflow and making its tracking store took over "
+                    f"{self.open_timeout:g} s (open_timeout)"
+                )
+            if anyio.current_time() < attempt_deadline:
+                await anyio.lowlevel.checkpoint()  # a cancel other than the attempt's deadline
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(_PREPARE_POLL)
+        if prep.error is not None:
+            with self._prep_lock:
+                if self._prep is prep:
+                    self._prep = None  # a retry starts afresh
+            raise prep.error
 
     # -- traces ------------------------------------------------------------------------------
 
@@ -232,6 +313,7 @@ class MlflowSink(Sink):
                 "mlflow.traceName": r.key,
             }
             # A metadata key equal to a record tag, or in MLflow's own namespace, stays in the span.
+            cut = []
             for name, value in metadata.items():
                 text = _tag_value(value)
                 if (
@@ -241,6 +323,11 @@ class MlflowSink(Sink):
                     and _TAG_NAME.fullmatch(name)
                 ):
                     tags[name] = text
+                    if isinstance(value, str) and len(value) > len(text):
+                        cut.append(name)
+            if cut:
+                tags[TRUNCATED_TAG] = ",".join(cut)[:_MAX_TAG_VALUE]
+                self._note_truncated(len(cut), cut[0])
             start_ms = int(r.timestamp * 1000)
             self._tracing.start_trace(
                 TraceInfo(
@@ -284,6 +371,17 @@ class MlflowSink(Sink):
                 )
             )
         self._tracing.log_spans(experiment_id, spans)
+
+    def _note_truncated(self, n: int, name: str) -> None:
+        if not self.truncated_tags:
+            logger.warning(
+                "asynctrace: MlflowSink: metadata %r is longer than MLflow's %d-character tag limit: "
+                "its tag is cut (named in the trace's %r tag); the span keeps the whole value",
+                name,
+                _MAX_TAG_VALUE,
+                TRUNCATED_TAG,
+            )
+        self.truncated_tags += n
 
     async def write(self, records: Sequence[TraceRecord]) -> None:
         await self._io.run(self._write, records)

@@ -180,6 +180,7 @@ class TrackioSink(Sink):
         server_url: str | None = None,
         process: bool = True,
         init_kwargs: Mapping[str, Any] | None = None,
+        run_id: str | None = None,
     ) -> None:
         # Read from the installed package's metadata: Trackio itself is imported by the writer.
         check_trackio_version()
@@ -192,6 +193,9 @@ class TrackioSink(Sink):
         check_type("server_url", server_url, str, "a str")
         check_bool("process", process)
         check_type("init_kwargs", init_kwargs, Mapping, "a mapping of trackio.init arguments")
+        check_type("run_id", run_id, str, "a str (a Trackio run's id)")
+        if run_id is not None:
+            check_name("run_id", run_id)
         if init_kwargs is not None:
             check_storable(init_kwargs, "init_kwargs")
         self.name = "trackio"
@@ -201,6 +205,7 @@ class TrackioSink(Sink):
         self.server_url = server_url
         self.process = process
         self.init_kwargs = dict(init_kwargs or {})
+        self.run_id = run_id
         self.finished = False
         self._writer: TrackioWriter | None = None
         self._proc: anyio.abc.Process | None = None
@@ -229,6 +234,7 @@ class TrackioSink(Sink):
             "space_id": self.space_id,
             "server_url": self.server_url,
             "init_kwargs": self.init_kwargs,
+            "run_id": self.run_id,
         }
 
     async def open(self) -> None:

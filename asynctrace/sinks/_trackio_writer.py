@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from ..exceptions import PermanentSinkError
+from ._trackio_spans import dashboard_spans
 from ._trackio_versions import check_trackio_version
 
 __all__ = [
@@ -194,11 +195,12 @@ def dashboard_metadata(record_id: str, metadata: Mapping[str, Any]) -> dict[str,
 def _trace(record_id: str, payload: bytes) -> dict[str, Any]:
     sample = orjson.loads(payload)
     metadata = sample.get("metadata")
+    metadata = metadata if isinstance(metadata, dict) else {}
     return {
         "_type": TRACE_TYPE,
         "messages": sample["messages"],
-        "metadata": dashboard_metadata(record_id, metadata if isinstance(metadata, dict) else {}),
-        "spans": sample.get("spans") or [],
+        "metadata": dashboard_metadata(record_id, metadata),
+        "spans": dashboard_spans(sample, metadata),
     }
 
 
@@ -213,9 +215,11 @@ class TrackioWriter:
         space_id: str | None = None,
         server_url: str | None = None,
         init_kwargs: Mapping[str, Any] | None = None,
+        run_id: str | None = None,
     ) -> None:
         self.project = project
         self.run_name = run
+        self.run_id = run_id
         self.space_id = space_id
         self.server_url = server_url
         self.init_kwargs = dict(init_kwargs or {})
@@ -261,6 +265,13 @@ class TrackioWriter:
             server_url=self.server_url,
             **kwargs,
         )
+        if self.run_id is not None:
+            # Joining a run another process opened (TRL's own, say): Trackio resumes a run by
+            # name only once it has logged something, so two processes opening one name at the
+            # same moment would make two runs. By id, this one writes where the other does;
+            # the run's config stays its owner's.
+            self.run.id = self.run_id
+            self.run._config_logged = True
 
     def _commit(self, metrics_list: list[dict[str, Any]], steps: list[int], log_ids: list[str]) -> None:
         """Commit log entries to the local store, with the run's config while it is not stored yet."""

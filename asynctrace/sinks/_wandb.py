@@ -122,9 +122,11 @@ def record_row(record: TraceRecord) -> list[Any]:
 
     columns = [column(name, _number) for name in ("reward", "advantage")]
     columns += [column("policy_version", int64_or_none), column("stop_reason", _str)]
+    # The sample's score and spans go in the `metadata` column, under their names; where the
+    # metadata has a key of that name already, under `sample.<name>`, so neither hides the other.
     for extra in ("score", "spans"):
         if data.get(extra) is not None:
-            metadata[extra] = data[extra]
+            metadata[f"sample.{extra}" if extra in metadata else extra] = data[extra]
     return [
         record.id,
         record.step,
@@ -241,7 +243,10 @@ class WandbSink(Sink):
         if self.attach is not False:
             run = wandb.run if self.attach is True else self.attach
             if run is None:
-                raise PermanentSinkError("WandbSink(attach=True): no W&B run is open; call wandb.init first")
+                raise PermanentSinkError(
+                    "WandbSink(attach=True): wandb.run is None (no run is open, or it was made with "
+                    "reinit='create_new', which leaves wandb.run unset): pass the run, attach=run"
+                )
             self.wandb_run = run
             self._owns = False
         else:

@@ -11,9 +11,11 @@ inference server (SGLang / vLLM cannot run here): `ScriptedServer.agenerate` ans
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import areal.infra.rpc.rtensor as rtensor
@@ -62,6 +64,11 @@ def _keep_logging() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def hf_tokenizer() -> PreTrainedTokenizerFast:
     """AReaL's trainer holds a transformers tokenizer: the in-process BPE one, with a chat template."""
+    return make_hf_tokenizer()
+
+
+def make_hf_tokenizer() -> PreTrainedTokenizerFast:
+    """The in-process BPE tokenizer as a transformers tokenizer with a chat template."""
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=toy_tokenizer(), eos_token="<|im_end|>", pad_token="<pad>"
     )
@@ -311,6 +318,21 @@ def test_log_batch_hook_never_raises(
     assert sorted(r.sample.metadata["group_id"] for r in sink.records) == [0, 0, 1, 1]
 
 
+def test_a_renamed_field_is_counted_row_by_row(
+    hf_tokenizer: PreTrainedTokenizerFast, warnings_seen: list[str]
+) -> None:
+    """Groups whose `input_ids` and `attention_mask` another AReaL version renamed are counted
+    by their other per-row tensors, every row of them, not one per group."""
+    batch = grpo_actor().compute_advantages(prepare_batch(hf_tokenizer))
+    renamed = [
+        {f"{k}_v2" if k in ("input_ids", "attention_mask") else k: v for k, v in g.items()} for g in batch
+    ]
+    with at.TraceSession("p", sinks=[at.testing.MemorySink()]) as session:
+        assert areal_adapter.log_batch(session, renamed, tokenizer=hf_tokenizer, step=3) == 0
+    stats = session.stats()
+    assert stats.dropped["invalid"] == 4 and stats.written == 0 and stats.check()
+
+
 def test_rows_pick_samples_before_decoding(hf_tokenizer: PreTrainedTokenizerFast) -> None:
     """`rows` indexes the concatenated batch and decodes only those rows, in that order."""
     samples = areal_adapter.to_samples(prepare_batch(hf_tokenizer), tokenizer=hf_tokenizer, rows=[3, 0])
@@ -392,3 +414,57 @@ def test_token_fields_round_trip_through_the_parquet_archive(
         )
     with pytest.raises(ValueError, match="token_fields"):
         areal_adapter.to_samples(batch, tokenizer=hf_tokenizer, token_fields=("advantages",))
+
+
+class _ScriptedPPOTrainer(PPOTrainer):
+    """AReaL's PPOTrainer whose servers and data loader are scripted (they cannot run here): its
+    `train` runs PPOTrainer.train's step as far as the hook, `self.actor.compute_advantages
+    (rollout_batch)` on AReaL's real PPOActor, for two steps."""
+
+    def __init__(self, config: Any, train_dataset: Any = None, valid_dataset: Any = None) -> None:
+        self.actor = grpo_actor()
+        self.tokenizer = config.tokenizer
+
+    def __enter__(self) -> _ScriptedPPOTrainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def train(self, workflow: Any = None, eval_workflow: Any = None, **kwargs: Any) -> None:
+        for _ in range(2):
+            rollout_batch = prepare_batch(self.tokenizer)
+            self.actor.compute_advantages(rollout_batch)
+
+
+@contextlib.contextmanager
+def doc_snippet(request: pytest.FixtureRequest) -> Iterator[tuple[dict[str, Any], Callable[..., None]]]:
+    """What docs/frameworks/areal.md's lines find: the training script's PPOTrainer and its
+    arguments, and inside `PPOTrainer.train` an open session, the step's batch and step."""
+    from trackio.sqlite_storage import SQLiteStorage
+
+    tokenizer = make_hf_tokenizer()
+    trainer = _ScriptedPPOTrainer(SimpleNamespace(tokenizer=tokenizer))
+    sink = at.testing.MemorySink()
+    with at.TraceSession("p", sinks=[sink]) as session:
+        names = {
+            "PPOTrainer": _ScriptedPPOTrainer,
+            "config": SimpleNamespace(tokenizer=tokenizer),
+            "train_dataset": [p for p, _ in PROBLEMS],
+            "valid_dataset": None,
+            "workflow": None,
+            "eval_workflow": None,
+            "session": session,
+            "self": trainer,
+            "adv_batch": trainer.actor.compute_advantages(prepare_batch(tokenizer)),
+            "global_step": 5,
+        }
+
+        def check(namespace: dict[str, Any]) -> None:
+            (run,) = SQLiteStorage.get_run_records("gsm8k-grpo")
+            traced = SQLiteStorage.get_traces("gsm8k-grpo", run_id=run["id"])
+            assert sorted(t["step"] for t in traced) == [0] * 4 + [1] * 4
+            assert session.flush(timeout=30)
+            assert [r.step for r in sink.records] == [5] * 4
+
+        yield names, check

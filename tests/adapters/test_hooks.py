@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 import asynctrace as at
-from asynctrace.adapters._hooks import Converted, deliver
+from asynctrace.adapters._hooks import Converted, count_rows, deliver
 
 
 def _good(n: int) -> Converted:
@@ -69,3 +69,32 @@ async def test_async_session_from_the_trainer_thread() -> None:
     assert deliver(session, lambda: _good(1), rows=1, step=1, where="test.async") == 0
     stats = session.stats()
     assert stats.written == 2 and stats.dropped["closed"] == 1 and stats.check()
+
+
+def test_rows_a_conversion_returned_nothing_for_are_counted() -> None:
+    """Rows a conversion neither turned into samples nor reported skipped are counted as invalid;
+    a batch whose rows could not be counted counts as one row when it fails."""
+
+    def quietly_short() -> Converted:
+        return _good(2)
+
+    def broken() -> Converted:
+        raise KeyError("response_ids")
+
+    with at.TraceSession("p", sinks=[at.testing.MemorySink()]) as session:
+        assert deliver(session, quietly_short, rows=5, step=0, where="test.short") == 2
+        assert deliver(session, quietly_short, rows=5, step=0, where="test.merged", one_per_row=False) == 2
+        assert deliver(session, broken, rows=None, step=0, where="test.uncounted") == 0
+    stats = session.stats()
+    assert stats.written == 4 and stats.dropped["invalid"] == 3 + 1 and stats.check()
+
+
+def test_count_rows_takes_the_first_column_it_can_size() -> None:
+    """A missing or unsized column is passed over for the next; a count given as an int is used."""
+    import torch
+
+    missing: dict[str, list[int]] = {}
+    assert count_rows(lambda: missing["responses"], lambda: None, lambda: [1, 2, 3]) == 3
+    assert count_rows(lambda: torch.zeros(4, 2), lambda: [1]) == 4
+    assert count_rows(lambda: 7) == 7
+    assert count_rows(lambda: "text", lambda: missing["x"]) is None

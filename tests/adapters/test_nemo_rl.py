@@ -27,6 +27,10 @@ from asynctrace.adapters._sessions import session_for
 from tests._util import read_traces
 from tests.adapters._upstream import nemo_rl_source as nemo
 
+# The tests that run docs/frameworks/nemo_rl.md's lines as written, in the framework's own code
+# (tests/test_doc_snippets.py checks they are here).
+RUNS_PAGE_SNIPPETS = ("test_documented_lines_run_in_grpo_train",)
+
 DOC = Path(__file__).resolve().parents[2] / "docs" / "frameworks" / "nemo_rl.md"
 PAD = 0
 GENERATIONS = 2

@@ -8,9 +8,11 @@ does before its logging point: `process_group` per prompt, `make_batch_from_grou
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -18,8 +20,9 @@ from typing import Any
 import pytest
 
 import asynctrace as at
-from asynctrace.adapters import open_instruct_adapter
+from asynctrace.adapters import _hooks, open_instruct_adapter
 from asynctrace.adapters._sessions import session_for
+from asynctrace.rollouts import toy_tokenizer
 from tests._util import read_traces
 from tests.adapters._upstream.open_instruct_data_loader import (
     GROUND_TRUTHS_KEY,
@@ -29,6 +32,7 @@ from tests.adapters._upstream.open_instruct_data_loader import (
     VERIFIER_SOURCE_KEY,
     data_preparation_step,
     make_batch_from_groups,
+    maybe_mask_truncated_completions,
     process_group,
 )
 from tests.adapters._upstream.open_instruct_data_types import (
@@ -123,6 +127,21 @@ def prepared(
     Returns the batch, the combined result and the advantages after masking, and the finish
     reasons taken just before `maybe_mask_truncated_completions`.
     """
+    result, batch = generated(tokenizer, finish_reasons)
+    before = list(result.finish_reasons)
+    actor = SimpleNamespace(
+        config=SimpleNamespace(
+            mask_truncated_completions=mask_truncated,
+            num_samples_per_prompt_rollout=N,
+            advantage_normalization_type="standard",
+        )
+    )
+    batch, advantages = data_preparation_step(actor, result, batch)
+    return batch, result, advantages, before
+
+
+def generated(tokenizer: Any, finish_reasons: list[str]) -> tuple[GenerationResult, Batch]:
+    """A step's combined result and batch of three prompts, before truncation masking."""
     hf = HFTokenizer(tokenizer)
     config = SimpleNamespace(n=N)  # vllm.SamplingParams: process_group reads only `n`
     groups = [
@@ -142,16 +161,7 @@ def prepared(
         for index in range(len(QUESTIONS))
     ]
     result, batch, _, _ = make_batch_from_groups(groups, config, training_step=8)
-    before = list(result.finish_reasons)
-    actor = SimpleNamespace(
-        config=SimpleNamespace(
-            mask_truncated_completions=mask_truncated,
-            num_samples_per_prompt_rollout=N,
-            advantage_normalization_type="standard",
-        )
-    )
-    batch, advantages = data_preparation_step(actor, result, batch)
-    return batch, result, advantages, before
+    return result, batch
 
 
 TRUNCATED = ["stop", "length", "stop", "stop", "length", "stop"]
@@ -271,6 +281,25 @@ def test_log_batch_never_raises_into_training(tokenizer: Any, caplog: pytest.Log
     assert any("open_instruct_adapter.log_batch" in r.getMessage() for r in caplog.records)
 
 
+def test_a_renamed_field_is_counted_row_by_row(
+    tokenizer: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A result whose `responses` another open-instruct version renamed (`response_ids`) cannot be
+    converted: each of its rows is counted as invalid, with a warning naming the field."""
+    monkeypatch.setattr(_hooks, "_warned", set())  # warnings are once per hook and process
+    batch, result, advantages, _ = prepared(tokenizer, ALL_STOP, mask_truncated=False)
+    columns = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
+    columns["response_ids"] = columns.pop("responses")
+    renamed = SimpleNamespace(**columns)
+    caplog.set_level(logging.WARNING, logger="asynctrace")
+    with at.TraceSession("p", sinks=[at.testing.MemorySink()]) as session:
+        assert open_instruct_adapter.log_batch(session, batch, renamed, advantages, step=8) == 0
+    stats = session.stats()
+    assert stats.dropped["invalid"] == 6 and stats.written == 0 and stats.check()
+    (warning,) = [r.getMessage() for r in caplog.records if "open_instruct_adapter" in r.getMessage()]
+    assert "6 rows" in warning and "result.responses" in warning
+
+
 def test_end_to_end_into_trackio(tokenizer: Any, project: str) -> None:
     """Given a project name, the hook opens a session; masked train rows keep their own tool output."""
     batch, result, advantages, before = prepared(tokenizer, TRUNCATED, mask_truncated=True)
@@ -289,3 +318,38 @@ def test_end_to_end_into_trackio(tokenizer: Any, project: str) -> None:
     assert sorted(t["metadata"]["tool_outputs"] for t in train) == outputs
     for trace in train:
         assert trace["metadata"]["tool_outputs"] in trace["messages"][-1]["content"]
+
+
+@contextlib.contextmanager
+def doc_snippet(request: pytest.FixtureRequest) -> Iterator[tuple[dict[str, Any], Callable[..., None]]]:
+    """What docs/frameworks/open_instruct.md's lines find in `_data_preparation_loop` (a step's
+    result and batch before masking, the actor as `self`, the advantages the elided lines
+    compute) and in `maybe_evaluate`."""
+    tokenizer = toy_tokenizer()
+    result, batch = generated(tokenizer, TRUNCATED)
+    advantages = prepared(tokenizer, TRUNCATED, mask_truncated=True)[2]
+    eval_batch, eval_result, _, _ = prepared(tokenizer, ALL_STOP, mask_truncated=False)
+    config = SimpleNamespace(mask_truncated_completions=True, num_samples_per_prompt_rollout=N)
+    actor = SimpleNamespace(config=config, training_step=8, tokenizer=HFTokenizer(tokenizer))
+    names = {
+        "self": actor,
+        "result": result,
+        "batch": batch,
+        "advantages": advantages,
+        "maybe_mask_truncated_completions": maybe_mask_truncated_completions,
+        "eval_batch": eval_batch,
+        "eval_result": eval_result,
+        "training_step": 8,
+        "eval_generation_config": SimpleNamespace(n=N),
+    }
+
+    def check(namespace: dict[str, Any]) -> None:
+        session = session_for("my-project", on_full="block", where="test")
+        assert isinstance(session, at.SyncTraceSession) and session.flush(timeout=60)
+        traces = [t for t in read_traces("my-project", session.run) if t["step"] == 8]
+        train = [t for t in traces if t["key"] == "train/traces"]
+        assert len(train) == 4 and sum(t["key"] == "eval/traces" for t in traces) == 6
+        outputs = [f"<output>{row}</output>" for row in (0, 2, 3, 5)]
+        assert sorted(t["metadata"]["tool_outputs"] for t in train) == outputs
+
+    yield names, check

@@ -23,6 +23,13 @@ from asynctrace.rollouts import toy_tokenizer
 from tests.adapters import _openrlhf_setup as setup
 from tests.adapters._snippets import code_block, hook_lines, patched
 
+# The tests that run docs/frameworks/openrlhf.md's lines as written, in the framework's own code
+# (tests/test_doc_snippets.py checks they are here).
+RUNS_PAGE_SNIPPETS = (
+    "test_train_step_logs_each_rollout_with_its_prompt_group_and_reward",
+    "test_evaluate_logs_its_samples_as_eval",
+)
+
 ROOT = Path(__file__).resolve().parents[2]
 N = 3
 PROMPTS = [

@@ -28,6 +28,10 @@ from asynctrace.adapters._sessions import session_for
 from tests._util import read_traces
 from tests.adapters._upstream import prime_rl_source as prime
 
+# The tests that run docs/frameworks/prime_rl.md's lines as written, in the framework's own code
+# (tests/test_doc_snippets.py checks they are here).
+RUNS_PAGE_SNIPPETS = ("test_documented_lines_register_the_monitor",)
+
 DOC = Path(__file__).resolve().parents[2] / "docs" / "frameworks" / "prime_rl.md"
 STEP = 4
 SYSTEM = "Answer with a number. You may call the python tool."

@@ -15,7 +15,13 @@ pieces in the order `RayPPOTrainer.train` and `FullyAsyncRayPPOTrainer.train` do
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import logging
+import sys
+import types
+import uuid
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -23,7 +29,8 @@ import numpy as np
 import pytest
 
 import asynctrace as at
-from asynctrace.adapters import skyrl_adapter
+from asynctrace.adapters import _hooks, skyrl_adapter
+from asynctrace.rollouts import toy_tokenizer
 from tests._util import read_traces
 from tests.adapters._upstream.skyrl_source import (
     BatchMetadata,
@@ -430,6 +437,76 @@ def test_attach_never_raises_into_training(tokenizer: Any, caplog: pytest.LogCap
     assert any("skyrl_adapter.attach" in r.getMessage() for r in caplog.records)
 
 
+def test_a_renamed_field_is_counted_row_by_row(
+    tokenizer: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step whose output lacks `response_ids` (renamed in another SkyRL version) is counted in
+    full, by the trainer's uids, with a warning naming the field; training goes on."""
+    monkeypatch.setattr(_hooks, "_warned", set())  # warnings are once per hook and process
+    trainer = Trainer(config(2, 2), tokenizer, ToyGenerator(tokenizer, lambda q, k: float(k)))
+    postprocess = trainer.postprocess_generator_output
+
+    def renamed(generator_output: Any, uids: Any) -> Any:
+        generator_output, uids = postprocess(generator_output, uids)
+        generator_output["response_token_ids"] = generator_output.pop("response_ids")
+        return generator_output, uids
+
+    trainer.postprocess_generator_output = renamed  # type: ignore[method-assign]
+    caplog.set_level(logging.WARNING, logger="asynctrace")
+    with at.TraceSession("p", sinks=[at.testing.MemorySink()]) as session:
+        skyrl_adapter.attach(trainer, session)
+        go, uids = asyncio.run(trainer.train_step(dataset_rows(["q", "r"])))
+    assert len(uids) == 4 and "response_token_ids" in go
+    stats = session.stats()
+    assert stats.dropped["invalid"] == 4 and stats.written == 0 and stats.check()
+    (warning,) = [r.getMessage() for r in caplog.records if "skyrl_adapter.attach" in r.getMessage()]
+    assert "4 rows" in warning and "response_ids" in warning
+
+
+@pytest.mark.parametrize("sampling", [None, "filter", "replace"])
+def test_attach_gives_training_traces_their_trajectory_ids(tokenizer: Any, sampling: str | None) -> None:
+    """Non-step-wise training traces carry `instance_id:repetition_id`, as the mapping says: rows in
+    place, rows "filter" collected from several batches, and never a guess for "replace" copies."""
+    # b has no reward spread: "filter" drops it and samples c and d; "replace" overwrites it.
+    rewards = {"a": [1.0, 0.0], "b": [1.0, 1.0], "c": [0.0, 1.0], "d": [0.5, 0.0]}
+    trainer = Trainer(
+        config(2, 2, sampling=sampling), tokenizer, ToyGenerator(tokenizer, by_question(rewards))
+    )
+    trainer.batches = [dataset_rows(list("ab")), dataset_rows(list("cd"), 2)]
+    sink = at.testing.MemorySink()
+    np.random.seed(0)
+    with at.TraceSession("p", sinks=[sink]) as session:
+        skyrl_adapter.attach(trainer, session)
+        asyncio.run(trainer.train())
+    first = [r.sample for r in sink.records if r.step == 1]
+    tids = [(question_of(s), s.metadata.get("trajectory_id")) for s in first]
+    if sampling is None:
+        assert tids == [("a", "0:0"), ("a", "0:1"), ("b", "1:0"), ("b", "1:1")]
+    elif sampling == "filter":
+        assert tids == [("a", "0:0"), ("a", "0:1"), ("c", "2:0"), ("c", "2:1")]
+    else:
+        assert tids == [("a", "0:0"), ("a", "0:1"), ("a", None), ("a", None)]
+    assert [answered(s) for s in first] == [q for q, _ in tids]
+
+
+def test_fully_async_training_traces_have_trajectory_ids(tokenizer: Any) -> None:
+    """The fully async trainer's groups, generated one by one, give each row its trajectory id."""
+    trainer = AsyncTrainer(config(2, 2), tokenizer, ToyGenerator(tokenizer, lambda q, k: float(k)))
+    sink = at.testing.MemorySink()
+    with at.TraceSession("p", sinks=[sink]) as session:
+        skyrl_adapter.attach(trainer, session)
+        groups = [
+            asyncio.run(trainer.generate_group(dataset_rows([q], 7 + i)[0])) for i, q in enumerate("xy")
+        ]
+        trainer.convert_generation_group_mini_batch_to_training_input(groups[::-1])
+    assert [s.metadata.get("trajectory_id") for s in (r.sample for r in sink.records)] == [
+        "8:0",
+        "8:1",
+        "7:0",
+        "7:1",
+    ]
+
+
 def test_evaluation_batches_are_logged_as_eval(tokenizer: Any) -> None:
     """Eval batches are logged as they come back, split "eval"; their uids never name training prompts."""
     generator = ToyGenerator(tokenizer, lambda q, k: float(k))
@@ -771,3 +848,73 @@ def test_attach_handles_skyrl_train_03_trainers(tokenizer: Any) -> None:
         (2, "q1"),
         (2, "q1"),
     ]
+
+
+class _BasePPOExp:
+    """skyrl.train.entrypoints.main_base.BasePPOExp as far as a subclass sees it: `run` builds
+    the trainer with `get_trainer` (keyword arguments, as `_setup_trainer` passes them) and runs
+    `asyncio.run(trainer.train())`. Its trainer is the tests' RayPPOTrainer on SkyRL's code, with
+    two batches of two prompts; the real class needs Ray workers and inference engines."""
+
+    trainer_class: type[Trainer] = Trainer
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+
+    def get_trainer(self, **kwargs: Any) -> Trainer:
+        trainer = self.trainer_class(kwargs["cfg"], kwargs["tokenizer"], kwargs["generator"])
+        trainer.batches = [dataset_rows(list("ab")), dataset_rows(list("cd"), 2)]
+        return trainer
+
+    def run(self) -> None:
+        tokenizer = toy_tokenizer()
+        generator = ToyGenerator(tokenizer, lambda q, k: float(k))
+        trainer = self.get_trainer(cfg=self.cfg, tokenizer=tokenizer, generator=generator)
+        asyncio.run(trainer.train())
+
+
+class _FullyAsyncPPOExp(_BasePPOExp):
+    trainer_class = AsyncTrainer
+
+
+@contextlib.contextmanager
+def doc_snippet(request: pytest.FixtureRequest) -> Iterator[tuple[dict[str, Any], Callable[..., None]]]:
+    """What docs/frameworks/skyrl.md's lines find: SkyRL's `main_base` module (its BasePPOExp as
+    above), main_fully_async.py's experiment class, and a step's generator input and output."""
+    from trackio.sqlite_storage import SQLiteStorage
+
+    monkeypatch = request.getfixturevalue("monkeypatch")
+    for name in ("skyrl", "skyrl.train", "skyrl.train.entrypoints"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    main_base = types.ModuleType("skyrl.train.entrypoints.main_base")
+    main_base.BasePPOExp = _BasePPOExp  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, main_base.__name__, main_base)
+    tokenizer = toy_tokenizer()
+    gi, uids = prepare_generator_input(dataset_rows(["q0", "q1"]), 2, {}, "gsm8k", "train", 1)  # type: ignore[arg-type]
+    go = asyncio.run(ToyGenerator(tokenizer, lambda q, k: float(k)).generate(gi))
+    project = f"skyrl-{uuid.uuid4().hex[:8]}"
+    cfg = config(2, 2)
+    cfg.trainer.project_name = project
+    names = {
+        "FullyAsyncPPOExp": _FullyAsyncPPOExp,
+        "generator_input": gi,
+        "generator_output": go,
+        "tokenizer": tokenizer,
+        "uids": uids,
+    }
+
+    def check(namespace: dict[str, Any]) -> None:
+        assert callable(namespace["skyrl_entrypoint"].remote)
+        namespace["MyExp"](cfg).run()  # what the entrypoint runs in its Ray task
+        traces = SQLiteStorage.get_traces(project, run="skyrl-run")
+        assert sorted(t["step"] for t in traces) == [1] * 4 + [2] * 4
+        assert all(t["metadata"]["trajectory_id"] for t in traces)
+        trainer = namespace["MyFullyAsyncExp"](cfg).get_trainer(
+            cfg=cfg, tokenizer=tokenizer, generator=ToyGenerator(tokenizer, lambda q, k: 0.0)
+        )
+        assert isinstance(trainer, AsyncTrainer) and hasattr(
+            trainer.postprocess_generator_output, "__wrapped__"
+        )
+        assert [question_of(s) for s in namespace["samples"]] == ["q0", "q0", "q1", "q1"]
+
+    yield names, check

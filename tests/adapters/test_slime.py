@@ -32,6 +32,13 @@ from tests.adapters._upstream.slime_rollout import RolloutDataSource, RolloutMan
 from tests.adapters._upstream.slime_rollout_metrics import log_eval_rollout_data, log_rollout_data
 from tests.adapters._upstream.slime_types import Sample
 
+# The tests that run docs/frameworks/slime.md's lines as written, in the framework's own code
+# (tests/test_doc_snippets.py checks they are here).
+RUNS_PAGE_SNIPPETS = (
+    "test_the_rollout_plugin_logs_what_slime_trains_on",
+    "test_eval_plugin_logs_each_dataset",
+)
+
 ROOT = Path(__file__).resolve().parents[2]
 N = 3
 PROMPTS = [

@@ -9,7 +9,9 @@ the fields `_to_completions` reads.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,6 +20,7 @@ import pytest
 import asynctrace as at
 from asynctrace.adapters import torchforge_adapter
 from asynctrace.adapters._sessions import session_for
+from asynctrace.rollouts import toy_tokenizer
 from tests._util import read_traces
 from tests.adapters._upstream import torchforge_generator as generator
 from tests.adapters._upstream.torchforge_completion import Completion
@@ -195,3 +198,28 @@ async def test_end_to_end_into_trackio(tokenizer: Any, project: str) -> None:
     traces = read_traces(project, opened.run)
     assert len(traces) == 6 and {t["step"] for t in traces} == {VERSION}
     assert all(t["messages"][0] == {"role": "user", "content": REQUEST} for t in traces)
+
+
+@contextlib.contextmanager
+def doc_snippet(request: pytest.FixtureRequest) -> Iterator[tuple[dict[str, Any], Callable[..., None]]]:
+    """What docs/frameworks/torchforge.md's lines find in `continuous_rollouts`: a scored group
+    of episodes, its advantages (not yet set) and the replay buffer actor."""
+    group = episodes(toy_tokenizer())
+    advantages = [episode.advantage for episode in group]
+    for episode in group:
+        episode.advantage = None
+    buffered: list[Any] = []
+
+    async def call_one(episode: Any) -> None:
+        buffered.append(episode)
+
+    replay_buffer = SimpleNamespace(add=SimpleNamespace(call_one=call_one))
+
+    def check(namespace: dict[str, Any]) -> None:
+        assert buffered == group
+        opened = session_for("my-project", on_full="drop_newest", where="test")
+        assert isinstance(opened, at.SyncTraceSession) and opened.flush(timeout=60)
+        traces = read_traces("my-project", opened.run)
+        assert sorted(t["metadata"]["advantage"] for t in traces[-3:]) == sorted(advantages)
+
+    yield {"episodes": group, "advantages": advantages, "replay_buffer": replay_buffer}, check

@@ -7,6 +7,7 @@ reward functions, what they returned, and the advantages and mean reward TRL com
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -15,19 +16,30 @@ import subprocess
 import sys
 import uuid
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trl
-from trl import GRPOTrainer
+from transformers import TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
 
 import asynctrace as at
 from asynctrace.adapters import trl_adapter
 from asynctrace.adapters.trl_adapter import attach
 from tests._util import as_logged, read_traces
-from tests.adapters._trl_setup import WEIGHTS, Recorder, build_trainer, expected_rows, nanmean
+from tests.adapters._trl_setup import (
+    WEIGHTS,
+    Recorder,
+    build_trainer,
+    conversations,
+    expected_rows,
+    hf_tokenizer,
+    nanmean,
+    tiny_model,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -256,6 +268,73 @@ def test_rows_follow_trl_on_two_processes(tmp_path: Path) -> None:
     assert ranks[0]["batches_logged"] == {"train": 2, "eval": 3}
 
 
+def _reporting_to_trackio(tmp_path: Path, project: str, run: str) -> GRPOTrainer:
+    """One step of GRPO with `report_to="trackio"`: TRL opens its own Trackio run too."""
+    tokenizer = hf_tokenizer()
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        project=project,
+        run_name=run,
+        use_cpu=True,
+        report_to="trackio",
+        disable_tqdm=True,
+        save_strategy="no",
+        seed=0,
+        max_steps=1,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=2,
+        logging_steps=1,
+    )
+    return GRPOTrainer(
+        model=tiny_model(len(tokenizer)),
+        reward_funcs=[Recorder().length],
+        args=args,
+        train_dataset=conversations(2, "What is"),
+        processing_class=tokenizer,
+    )
+
+
+class _TracesFirst(TrainerCallback):  # type: ignore[misc]
+    """Writes a trace as training begins, before TRL has logged anything: the order in which
+    Trackio made two runs of one name, one for TRL's metrics and one for the traces."""
+
+    def __init__(self, tracer: trl_adapter.GRPOTracer) -> None:
+        self.tracer = tracer
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        session = self.tracer.session
+        assert isinstance(session, at.SyncTraceSession)
+        session.log_samples([at.Sample(messages=[{"role": "user", "content": "first"}])], step=0)
+        assert session.flush(timeout=60)
+
+
+@pytest.mark.timeout(300)  # about 20 s on 2 idle cores
+def test_trl_reporting_to_trackio_shares_one_run_every_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With `report_to="trackio"`, TRL's metrics and the traces land in one Trackio run, in
+    10 runs of 10, half of them with a trace written before TRL logs anything."""
+    from trackio.sqlite_storage import SQLiteStorage
+
+    runs = []
+    for k in range(10):
+        project = f"t-{uuid.uuid4().hex[:10]}"
+        trainer = _reporting_to_trackio(tmp_path / str(k), project, "shared")
+        tracer = attach(trainer)
+        if k % 2:
+            trainer.add_callback(_TracesFirst(tracer))
+        trainer.train()
+        assert tracer.session is not None
+        written = tracer.session.stats().written
+        records = SQLiteStorage.get_run_records(project)
+        names = SQLiteStorage.get_all_metrics_for_run(project, run_id=records[0]["id"])
+        traces = SQLiteStorage.get_traces(project, run_id=records[0]["id"])
+        runs.append((len(records), records[0]["name"], "train/reward" in names, len(traces) == written))
+    capsys.readouterr()  # Trackio's console lines
+    assert runs == [(1, "shared", True, True)] * 10
+
+
 def test_importing_the_adapter_needs_no_transformers_and_keeps_trl() -> None:
     """`asynctrace.adapters` imports without transformers or any framework, and importing its
     TRL module does not bind the name `trl` (the user's own `import trl` stays TRL)."""
@@ -323,3 +402,42 @@ def test_converter_refuses_columns_that_disagree() -> None:
         trl_adapter.to_samples(["q"], ["a"], rewards={"a": [1.0]}, extra={"reward": [0.0]})
     with pytest.raises(ValueError, match=r"prompt\[1\]: expected a string"):
         trl_adapter.to_samples(["q", None], ["a", "b"])
+
+
+@contextlib.contextmanager
+def doc_snippet(request: pytest.FixtureRequest) -> Iterator[tuple[dict[str, Any], Callable[..., None]]]:
+    """What docs/frameworks/trl.md's lines find in a training script: the model (saved with its
+    tokenizer, as a hub model would be named), reward functions, GRPOConfig and dataset."""
+    tmp_path = request.getfixturevalue("tmp_path")
+    tokenizer = hf_tokenizer()
+    model_dir = tmp_path / "model"
+    tiny_model(len(tokenizer)).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    project = f"t-{uuid.uuid4().hex[:10]}"
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        project=project,
+        run_name="grpo-1",
+        use_cpu=True,
+        report_to="none",
+        disable_tqdm=True,
+        save_strategy="no",
+        max_steps=1,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=2,
+    )
+    names = {
+        "GRPOTrainer": GRPOTrainer,
+        "model": str(model_dir),
+        "reward_funcs": [Recorder().length],
+        "args": args,
+        "dataset": conversations(2, "What is"),
+    }
+
+    def check(namespace: dict[str, Any]) -> None:
+        session = namespace["trainer"]._asynctrace_tracer.session
+        assert session is not None and not session.is_open
+        assert len(read_traces(project, "grpo-1")) == 2
+
+    yield names, check

@@ -11,8 +11,9 @@ The generation output is laid out as verl's agent loop `_postprocess` lays it ou
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -32,6 +33,7 @@ from verl.trainer.ppo.reward import extract_reward
 
 import asynctrace as at
 from asynctrace.adapters import verl_adapter
+from asynctrace.rollouts import toy_tokenizer
 from asynctrace.rollouts._toy import encode_turns
 from tests.rollouts._helpers import pad
 
@@ -345,3 +347,25 @@ def test_first_call_opens_a_session_named_after_the_run(tokenizer: Any) -> None:
     finally:
         session.finish()
     assert len(sink.records) == len(batch) and {r.step for r in sink.records} == {2}
+
+
+@contextlib.contextmanager
+def doc_snippet(request: pytest.FixtureRequest) -> Iterator[tuple[dict[str, Any], Callable[..., None]]]:
+    """What docs/frameworks/verl.md's lines find in `RayPPOTrainer.fit` and `_validate`: the
+    trainer as `self`, fit's batch after `compute_advantage`, and _validate's batch and scores."""
+    tokenizer = toy_tokenizer()
+    sink = at.testing.MemorySink()
+    with at.TraceSession("p", sinks=[sink]) as session:
+        trainer = _trainer(tokenizer, step=3, session=session)
+        batch, _, _ = _train_batch(tokenizer)
+        test_batch = _prompt_batch(["v-a", "v-b", "v-c"]).repeat(repeat_times=N, interleave=True)
+        test_batch = test_batch.union(_gen_output(tokenizer, validate=True)[0])
+        reward_tensor, _ = extract_reward(test_batch)
+        names = {"self": trainer, "batch": batch, "test_batch": test_batch, "reward_tensor": reward_tensor}
+
+        def check(namespace: dict[str, Any]) -> None:
+            assert session.flush(timeout=30)
+            splits = [r.split for r in sink.records]
+            assert splits.count("train") == len(batch) and splits.count("eval") == len(test_batch)
+
+        yield names, check

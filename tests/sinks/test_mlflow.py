@@ -282,3 +282,57 @@ async def test_metadata_mlflow_cannot_take_as_tags_stays_in_the_span(store: Path
     assert span.get_attribute("asynctrace.metadata") == meta
     assert span.inputs == {"messages": prompt_only["messages"]} and span.outputs is None
     assert trace.info.request_preview == "unanswered"
+
+
+async def test_a_tag_value_cut_to_mlflows_limit_is_named_and_warned(
+    store: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A string longer than MLflow's 4,096-character tag limit is cut in its tag, never silently:
+    the trace's `asynctrace.truncated` tag names it, the sink counts it, one warning says so, and
+    the span keeps the whole value."""
+    from mlflow.tracking import MlflowClient
+
+    uri = _uri(store)
+    meta = {"long": "y" * 5000, "short": "z"}
+    sink = at.MlflowSink(tracking_uri=uri, experiment="cut")
+    with caplog.at_level("WARNING", logger="asynctrace"):
+        async with at.TraceSession("cut", sinks=[sink], retry=RETRY) as s:
+            await s.log_samples([{"prompt": "q", "response": "a", **meta}], step=0)
+    assert s.stats().sinks["mlflow"].written == 1, s.stats().summary()
+    (trace,) = MlflowClient(uri).search_traces(locations=[sink.experiment_id], run_id=sink.run_id)
+    assert trace.info.tags["long"] == "y" * 4096 and trace.info.tags["asynctrace.truncated"] == "long"
+    assert trace.data.spans[0].get_attribute("asynctrace.metadata")["long"] == "y" * 5000
+    assert sink.truncated_tags == 1
+    assert sum("tag limit" in r.getMessage() for r in caplog.records) == 1
+
+
+async def test_the_first_open_is_not_bound_by_the_attempt_timeout(tmp_path: Path) -> None:
+    """Making a new tracking store (MLflow's migrations, seconds on a loaded machine) runs under
+    the sink's own `open_timeout`: attempts far shorter than it no longer fail the sink."""
+    uri = _uri(tmp_path / "new.db")  # not migrated yet
+    quick = at.RetryPolicy(max_attempts=2, initial_backoff=0.01, max_backoff=0.01, attempt_timeout=1.5)
+    sink = at.MlflowSink(tracking_uri=uri, experiment="slow-open")
+    async with at.TraceSession("slow-open", sinks=[sink], retry=quick) as s:
+        await s.log_samples([sample(i) for i in range(2)], step=0)
+    assert s.stats().sinks["mlflow"].written == 2, s.stats().summary()
+    assert len(_traces(uri, "slow-open")) == 2
+
+
+def test_open_timeout_is_checked() -> None:
+    """`open_timeout` must be a positive number of seconds."""
+    with pytest.raises(ValueError, match="open_timeout"):
+        at.MlflowSink(open_timeout=0)
+
+
+async def test_a_finish_during_the_first_open_does_not_wait_for_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first open's wait ignores only the attempt deadline: a session finished while MLflow
+    still makes a new store stops waiting at once, instead of leaving a call it cannot cancel."""
+    sink = at.MlflowSink(tracking_uri=_uri(tmp_path / "new.db"), experiment="early")
+    with caplog.at_level("ERROR", logger="asynctrace"):
+        async with at.TraceSession("early", sinks=[sink], retry=RETRY) as s:
+            await s.log_samples([sample(0)], step=0)
+            stats = await s.finish(timeout=0.2)
+    assert stats.written == 0 and stats.submitted == 1 and stats.check(), stats.summary()
+    assert not [r for r in caplog.records if "still running" in r.getMessage()]

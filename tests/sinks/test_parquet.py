@@ -100,6 +100,23 @@ def _files(directory: Path) -> list[Path]:
     return sorted(directory.glob("*.parquet"))
 
 
+async def test_duckdb_fetches_whole_rows_with_their_timestamps(tmp_path: Path) -> None:
+    """`SELECT *` on the archive, fetched as Python values (DuckDB converts the UTC timestamp
+    column through pytz, which the parquet extra installs), gives aware submission times."""
+    memory = at.testing.MemorySink("memory")
+    async with at.TraceSession("p", run="r", sinks=[at.ParquetSink(tmp_path), memory]) as s:
+        await s.log_samples([sample(i) for i in range(3)], step=0)
+    rows = duckdb.sql(f"SELECT * FROM '{tmp_path}/*.parquet' ORDER BY id").fetchall()
+    columns = [c[0] for c in duckdb.sql(f"SELECT * FROM '{tmp_path}/*.parquet'").description]
+    stamps = {r[columns.index("id")]: r[columns.index("timestamp")] for r in rows}
+    assert len(stamps) == 3
+    for record in memory.records:
+        stamp = stamps[record.id]
+        assert stamp.utcoffset() is not None and stamp.timestamp() == pytest.approx(
+            record.timestamp, abs=1e-5
+        )
+
+
 async def test_duckdb_reads_every_record_with_typed_columns(tmp_path: Path) -> None:
     """DuckDB reads the directory back: one row per record under the id other sinks got, typed columns."""
     memory = at.testing.MemorySink("memory")

@@ -157,6 +157,43 @@ async def test_rows_carry_readable_columns_and_the_full_messages(offline_wandb: 
     assert second["reward"] is None and "reward" in orjson.loads(second["metadata"])
 
 
+async def test_score_and_spans_are_in_the_metadata_column(offline_wandb: Path) -> None:
+    """A sample's `score` and `spans` are in the `metadata` column under their names, and under
+    `sample.score` / `sample.spans` where the metadata has such a key itself: neither is lost."""
+    sink = _sink(offline_wandb)
+    spans = [{"id": "g", "name": "generate", "kind": "generation"}]
+    plain = at.Sample(messages=[{"role": "user", "content": "q"}], score=0.5, spans=spans)
+    both = at.Sample(messages=[{"role": "user", "content": "r"}], metadata={"score": "mine"}, score=0.25)
+    async with at.TraceSession("p", run="extras", sinks=[sink]) as s:
+        await s.log_samples([plain, both], step=0)
+    rows = [orjson.loads(row["metadata"]) for row in table_rows(_files(sink), "train/traces-incr")]
+    assert rows == [{"score": 0.5, "spans": spans}, {"score": "mine", "sample.score": 0.25}]
+
+
+async def test_attach_names_the_run_object_when_wandb_run_is_unset(offline_wandb: Path) -> None:
+    """A run made with `reinit="create_new"` is not `wandb.run`: `attach=True` fails saying to pass
+    the run, and `attach=run` logs to it."""
+    import wandb
+
+    settings = wandb.Settings(**_SETTINGS)  # type: ignore[arg-type]
+    run = await anyio.to_thread.run_sync(
+        lambda: wandb.init(
+            project="p", name="new", dir=str(offline_wandb), settings=settings, reinit="create_new"
+        )
+    )
+    try:
+        assert wandb.run is None
+        async with at.TraceSession("p", run="a", sinks=[at.WandbSink(attach=True)]) as s:
+            await s.log_samples([sample(0)], step=0)
+        assert "attach=run" in str(s.stats().sinks["wandb"].last_error)
+        sink = at.WandbSink(attach=run)
+        async with at.TraceSession("p", run="a", sinks=[sink]) as s:
+            await s.log_samples([sample(0)], step=0)
+        assert s.stats().sinks["wandb"].written == 1 and sink.wandb_run is run
+    finally:
+        await anyio.to_thread.run_sync(run.finish)
+
+
 async def test_a_batch_written_again_adds_no_rows(offline_wandb: Path) -> None:
     """A write repeated with the same records (a retry after an attempt that did land) adds nothing."""
     sink = _sink(offline_wandb)
