@@ -206,3 +206,25 @@ def test_the_engine_imports_nothing_above_it() -> None:
         if _part(dep) in above
     ]
     assert offences == []
+
+
+def test_the_step_closing_rule_is_written_once() -> None:
+    """Every holder of per-step state closes steps through `_select/window.StepWindow`: no other
+    module keeps its own closed prefix (`_closed_upto`) or computes `step - max_open_steps`."""
+    modules = _modules()
+    owners = {
+        "asynctrace._select.gate",
+        "asynctrace._engine.group_metrics",
+        "asynctrace.ray._merge",
+        "asynctrace.ray._local",
+    }
+    offences = []
+    for name, (path, _) in modules.items():
+        text = path.read_text()
+        if name == "asynctrace._select.window":
+            continue
+        if "_closed_upto" in text or "- self.max_open_steps" in text or "- max_open_steps" in text:
+            offences.append(name)
+    assert offences == []
+    for name in owners:
+        assert "StepWindow" in modules[name][0].read_text(), name

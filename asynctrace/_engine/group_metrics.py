@@ -18,6 +18,7 @@ from typing import Any
 from .._records.encode import UNKNOWN, preview_score, sample_from
 from .._records.groups import GroupKey, GroupSummary, group_of
 from .._records.types import MetricsItem, Sample
+from .._select.window import Step, StepWindow
 from .health import PREFIX
 
 __all__ = ["GroupMetrics", "group_metrics"]
@@ -68,13 +69,11 @@ class GroupMetrics:
 
     def __init__(self, key: GroupKey, *, max_open_steps: int, step_timeout: float | None) -> None:
         self.key = key
-        self.max_open_steps = max_open_steps
         self.step_timeout = step_timeout
         self._lock = threading.Lock()
-        # (split, step) -> (group -> [count, mean, m2]), and when it last saw a sample.
-        self._open: dict[tuple[str, int], dict[Hashable, list[float]]] = {}
-        self._seen: dict[tuple[str, int], float] = {}
-        self._closed_upto: dict[str, int] = {}
+        # (split, step) -> (group -> [count, mean, m2]); which steps are open is the window's.
+        self._open: dict[Step, dict[Hashable, list[float]]] = {}
+        self._window = StepWindow(max_open_steps, step_timeout)
 
     def observe(self, items: Sequence[Any], step: int, split: str, now: float) -> list[MetricsItem]:
         """Count a submission's samples; returns the metrics of the steps it closes."""
@@ -94,12 +93,10 @@ class GroupMetrics:
             if score is not None and math.isfinite(score):
                 rewards.append((group, score))
         with self._lock:
-            closed = self._closed_upto.get(split)
-            if closed is not None and step <= closed:
+            if self._window.is_late(split, step):
                 return []
-            out = self._close(split, step - self.max_open_steps - 1)
+            out = self._close(self._window.arrive(split, step, now))
             groups = self._open.setdefault((split, step), {})
-            self._seen[(split, step)] = now
             for group, x in rewards:
                 try:
                     stat = groups.get(group)
@@ -116,31 +113,18 @@ class GroupMetrics:
 
     def close_all(self) -> list[MetricsItem]:
         with self._lock:
-            out: list[MetricsItem] = []
-            for split in sorted({sp for sp, _ in self._open}):
-                out += self._close(split, max(st for sp, st in self._open if sp == split))
-            return out
+            return self._close(self._window.close_all())
 
     def close_idle(self, now: float) -> list[MetricsItem]:
-        if self.step_timeout is None:
-            return []
         with self._lock:
-            out: list[MetricsItem] = []
-            for split, step in sorted(k for k, t in self._seen.items() if now - t >= self.step_timeout):
-                if (split, step) in self._open:
-                    out += self._close(split, step)
-            return out
+            return self._close(self._window.close_idle(now))
 
-    def _close(self, split: str, upto: int) -> list[MetricsItem]:
-        """Lock held: close the open steps of `split` up to `upto`."""
-        if upto < 0:
-            return []
+    def _close(self, steps: list[Step]) -> list[MetricsItem]:
+        """Lock held: the metrics of the steps the window closed."""
         out = []
-        for key in sorted(k for k in self._open if k[0] == split and k[1] <= upto):
-            groups = self._open.pop(key)
-            del self._seen[key]
+        for split, step in steps:
+            groups = self._open.pop((split, step), {})
             summary = GroupSummary.of([math.sqrt(max(m2, 0.0) / n) for n, _, m2 in groups.values()])
             if summary.groups:
-                out.append(MetricsItem(key[1], group_metrics(split, summary)))
-        self._closed_upto[split] = max(self._closed_upto.get(split, upto), upto)
+                out.append(MetricsItem(step, group_metrics(split, summary)))
         return out

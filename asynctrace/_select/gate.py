@@ -8,6 +8,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .base import EVICTED, HELD, RELEASED, Entry, Sampler, StepSelection
+from .window import Step, StepWindow
 
 __all__ = ["COUNTER_WINDOW", "Gate", "GateResult"]
 
@@ -15,12 +16,6 @@ logger = logging.getLogger("asynctrace")
 
 # Steps a non-holding sampler keeps counting before the oldest is closed.
 COUNTER_WINDOW = 4096
-
-
-@dataclass(slots=True)
-class _OpenStep:
-    selection: StepSelection
-    last_seen: float
 
 
 @dataclass(slots=True)
@@ -50,16 +45,16 @@ class Gate:
         self.sampler = sampler
         self.max_open_steps = max_open_steps
         self.step_timeout = step_timeout
-        self._open: dict[tuple[str, int], _OpenStep] = {}
-        self._closed_upto: dict[str, int] = {}
+        # The selection of each open step; which steps are open, closed or late is the window's.
+        self._open: dict[Step, StepSelection] = {}
+        self.window = StepWindow(max_open_steps, step_timeout)
         self._warned = False
         # A selection `keeps` started for a step not open yet (one at most).
         self._fresh: dict[tuple[str, int], StepSelection] = {}
 
     def is_closed(self, split: str, step: int) -> bool:
         """True when samples for this step are late."""
-        closed_upto = self._closed_upto.get(split)
-        return closed_upto is not None and step <= closed_upto
+        return self.window.is_late(split, step)
 
     def keeps(
         self,
@@ -78,7 +73,7 @@ class Gate:
             return [False] * len(scores)
         opened = self._open.get((split, step))
         if opened is not None:
-            return self._ask(opened.selection, scores, first_seq, groups)
+            return self._ask(opened, scores, first_seq, groups)
         if self.sampler.starts_cheaply:
             # The fresh selection is kept for the offer that opens the step, so a seeded
             # generator that drew ahead here is the one that decides there.
@@ -106,14 +101,13 @@ class Gate:
         go through the buffer's bound when they are filled."""
         if not self.sampler.holds:
             return 0, 0
-        upto = step - self.max_open_steps - 1
-        closed_upto = self._closed_upto.get(split)
-        if upto < 0 or (closed_upto is not None and upto <= closed_upto):
+        upto = self.window.behind(split, step)
+        if upto is None:
             return 0, 0
         n = nbytes = 0
         for (sp, st), opened in self._open.items():
             if sp == split and st <= upto:
-                for e in opened.selection.held():
+                for e in opened.held():
                     if e.state != EVICTED and e.record is not None:
                         n += 1
                         nbytes += e.record.nbytes
@@ -122,8 +116,7 @@ class Gate:
     def offer(self, split: str, step: int, entries: Iterable[Entry], now: float) -> GateResult:
         result = GateResult()
         entries = list(entries)
-        closed_upto = self._closed_upto.get(split)
-        if (closed_upto is not None and step <= closed_upto) or self._close_older(split, step, result):
+        if self.window.is_late(split, step) or self._arrive(split, step, now, result):
             result.late = len(entries)
             for e in entries:
                 e.state = EVICTED
@@ -132,11 +125,11 @@ class Gate:
         opened = self._open.get(key)
         if opened is None:
             fresh = self._fresh.pop(key, None)
-            selection = fresh if fresh is not None else self.sampler.new_step(split, step, self.k)
-            opened = self._open[key] = _OpenStep(selection, now)
-        opened.last_seen = now
+            opened = self._open[key] = (
+                fresh if fresh is not None else self.sampler.new_step(split, step, self.k)
+            )
         holds = self.sampler.holds
-        flags, pushed_out = opened.selection.offer_all(entries)
+        flags, pushed_out = opened.offer_all(entries)
         for e, kept in zip(entries, flags, strict=True):
             if not kept:
                 e.state = EVICTED
@@ -162,16 +155,13 @@ class Gate:
                 )
         return result
 
-    def _close_older(self, split: str, step: int, result: GateResult) -> bool:
-        """Close the steps an offer for `step` pushes out; True when `step` itself is one."""
+    def _arrive(self, split: str, step: int, now: float, result: GateResult) -> bool:
+        """Open `step` and close the steps its arrival closes; True when `step` itself is late."""
+        window = self.window
         if self.sampler.holds:
-            # Everything more than max_open_steps behind the newest step is closed, open or
-            # not: a straggler for a step that far behind is late, and cannot open it again.
-            upto = step - self.max_open_steps - 1
-            closed_upto = self._closed_upto.get(split)
-            if upto >= 0 and (closed_upto is None or upto > closed_upto):
-                self._close(split, upto, result.released)
-        elif len(self._open) >= COUNTER_WINDOW and (split, step) not in self._open:
+            self._release(window.arrive(split, step, now), result.released)
+            return False
+        if len(self._open) >= COUNTER_WINDOW and (split, step) not in self._open:
             # A sampler that holds nothing needs only a counter per step, so stragglers many
             # steps behind are still capped exactly; the window just bounds the memory, per
             # split, so that a sparse split (eval) is never pushed out by a busy one (train).
@@ -181,23 +171,25 @@ class Gate:
                 # that is this step, its samples are late: counting it too would let stragglers
                 # arriving in descending step order grow the window without bound.
                 oldest = min(mine)
-                self._close(split, min(oldest, step), result.released)
-                return step < oldest
+                self._release(window.close_upto(split, min(oldest, step)), result.released)
+                if step < oldest:
+                    return True
+        window.touch(split, step, now)
         return False
 
-    def _close(self, split: str, upto: int, out: list[Entry]) -> None:
-        """Close every open step of `split` up to `upto`; later samples for them are late."""
-        for key in sorted(k for k in self._open if k[0] == split and k[1] <= upto):
-            for e in self._open.pop(key).selection.held():
+    def _release(self, steps: list[Step], out: list[Entry]) -> None:
+        """The selections of closed steps hand on what they hold; later samples for them are late."""
+        for key in steps:
+            for e in self._open.pop(key).held():
                 if e.state != EVICTED:  # withdrawn (a selection that keeps their places)
                     e.state = RELEASED
                     out.append(e)
-        self._closed_upto[split] = max(self._closed_upto.get(split, upto), upto)
 
     def skip(self, split: str, step: int, n: int) -> None:
         """`n` samples of (split, step) that `keeps` refused were passed over (see `StepSelection.skip`)."""
-        opened = self._open.get((split, step))
-        selection = opened.selection if opened is not None else self._fresh.get((split, step))
+        selection = self._open.get((split, step))
+        if selection is None:
+            selection = self._fresh.get((split, step))
         if selection is not None and n:
             selection.skip(n)
 
@@ -205,24 +197,19 @@ class Gate:
         """Give back the places of kept entries that will never be filled."""
         opened = self._open.get((split, step))
         if opened is not None and entries:
-            opened.selection.withdraw(entries)
+            opened.withdraw(entries)
 
     def close_all(self, *, holding_only: bool = True) -> list[Entry]:
         """Close every open step (flush/finish). Samplers that hold nothing keep counting their caps."""
         out: list[Entry] = []
         if holding_only and not self.sampler.holds:
             return out
-        for split in sorted({sp for sp, _ in self._open}):
-            self._close(split, max(s for sp, s in self._open if sp == split), out)
+        self._release(self.window.close_all(), out)
         return out
 
     def close_idle(self, now: float) -> list[Entry]:
         """Close steps that saw no sample for `step_timeout` seconds."""
         out: list[Entry] = []
-        if self.step_timeout is None or not self.sampler.holds:
-            return out
-        idle = [k for k, o in self._open.items() if now - o.last_seen >= self.step_timeout]
-        for split, step in sorted(idle):
-            if (split, step) in self._open:
-                self._close(split, step, out)
+        if self.sampler.holds:
+            self._release(self.window.close_idle(now), out)
         return out

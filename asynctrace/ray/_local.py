@@ -7,15 +7,14 @@ bytes, never exactness (docs/distributed.md). Not thread-safe: the client holds 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from collections.abc import Sequence
 
 from .._select.base import Entry, Sampler
 from .._select.parts import PartStep, PartSteps, Row
+from .._select.window import Step, StepWindow
 
-__all__ = ["LocalSelection", "Released", "Step", "idle_steps", "next_due"]
+__all__ = ["LocalSelection", "Released"]
 
-Step = tuple[str, int]  # (split, step)
 
 # (split, step, part, encoded candidates, their rows) in arrival order: what one part ships, and
 # the wire format of `TraceCollector.ingest_parts`.
@@ -32,8 +31,10 @@ class LocalSelection:
         self.sampler = sampler
         self.max_open_steps = max_open_steps
         self.step_timeout = step_timeout
-        # The engine's selection of one part; a step closed here and seen again is a new round.
+        # The engine's selection of one part; a step closed here and seen again is a new round,
+        # so the window that says when steps close never calls one late.
         self._steps = PartSteps(sampler, k, part, reopen=True)
+        self._window = StepWindow(max_open_steps, step_timeout, reopen=True)
 
     @property
     def held(self) -> int:
@@ -50,7 +51,7 @@ class LocalSelection:
         """Offer one call's candidates in order. Returns how many of them are kept for now, how
         many this call refused or evicted, and what to ship: the steps this offer closed, and the
         picks of a sampler that holds nothing, which it passes on at once."""
-        released = self._close_older(split, step)
+        released = _released(self._steps.end_keys(self._window.arrive(split, step, now)))
         kept, capped, _ = self._steps.offer(split, step, encoded, now)
         passed = [] if self.sampler.holds else self._steps.take((split, step))
         if passed:
@@ -58,52 +59,29 @@ class LocalSelection:
             released.append((split, step, part, *_unzip(passed)))
         return kept, capped, released
 
-    def _close_older(self, split: str, step: int) -> list[Released]:
-        upto = step - self.max_open_steps - 1
-        if upto < 0:
-            return []
-        return _released(
-            self._steps.end_keys([k for k in self._steps.open if k[0] == split and k[1] <= upto])
-        )
-
     def end_step(self, step: int, split: str | None) -> list[Released]:
         """Close every open step up to `step` (of `split`, or of every split)."""
-        return _released(self._steps.end(step, split))
+        ended = self._steps.end(step, split)
+        self._window.close([key for key, _ in ended])
+        return _released(ended)
 
     def close_idle(self, now: float) -> list[Released]:
         """Close steps that saw no sample for `step_timeout` seconds."""
-        return _released(self._steps.end_keys(idle_steps(self._steps.open, now, self.step_timeout)))
+        return _released(self._steps.end_keys(self._window.close_idle(now)))
 
     def close_all(self) -> list[Released]:
         """Close every open step (flush, close)."""
+        self._window.close_all()
         return _released(self._steps.end(None, None))
 
     def next_due(self, now: float) -> float | None:
         """Seconds until `close_idle` has a step to close; None when no step is open."""
-        return next_due(self._steps.open, now, self.step_timeout)
+        return self._window.next_due(now)
 
     def discard(self) -> int:
         """Forget every open step; returns how many held candidates that drops."""
+        self._window.close_all()
         return sum(len(opened.kept) for _, opened in self._steps.end(None, None))
-
-
-class _Open(Protocol):
-    last_seen: float  # when the step last got samples (or parts)
-
-
-def idle_steps(opened: Mapping[Step, _Open], now: float, timeout: float | None) -> list[Step]:
-    """The open steps that got nothing for `timeout` seconds (none without a timeout): the idle
-    rule a client's selection and the collector's merge share."""
-    if timeout is None:
-        return []
-    return [key for key, o in opened.items() if now - o.last_seen >= timeout]
-
-
-def next_due(opened: Mapping[Step, _Open], now: float, timeout: float | None) -> float | None:
-    """Seconds until `idle_steps` has a step; None when none is open or there is no timeout."""
-    if timeout is None or not opened:
-        return None
-    return max(0.0, min(o.last_seen for o in opened.values()) + timeout - now)
 
 
 def _released(ended: list[tuple[Step, PartStep]]) -> list[Released]:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from .._records.groups import payload_group
 from .._select.base import Entry, Sampler
 from .._select.parts import Row, group_key_of, merge_parts
-from ._local import Step, idle_steps, next_due
+from .._select.window import Step, StepWindow
 
 __all__ = ["Merged", "StepMerge"]
 
@@ -22,11 +22,10 @@ Merged = tuple[str, int, list[bytes]]
 
 
 class _Parts:
-    __slots__ = ("by_part", "last_seen", "n")
+    __slots__ = ("by_part", "n")
 
-    def __init__(self, now: float) -> None:
+    def __init__(self) -> None:
         self.by_part: dict[int, list[tuple[Entry, bytes]]] = {}
-        self.last_seen = now
         self.n = 0
 
 
@@ -40,8 +39,9 @@ class StepMerge:
         self.max_open_steps = max_open_steps
         self.step_timeout = step_timeout
         self._group_key = group_key_of(sampler)
+        # Each open step's parts; which steps are open, closed or late is the window's.
         self._open: dict[Step, _Parts] = {}
-        self._closed_upto: dict[str, int] = {}
+        self._window = StepWindow(max_open_steps, step_timeout)
         self.held = 0
         self.capped = 0
         self.late = 0
@@ -53,14 +53,13 @@ class StepMerge:
         """Take candidates of one part; returns the steps this closed, merged."""
         if len(rows) != len(payloads):
             raise ValueError(f"a part needs one row per payload, got {len(rows)} for {len(payloads)}")
-        merged = self._close_older(split, step)
-        if step <= self._closed_upto.get(split, -1):
+        if self._window.is_late(split, step):
             self.late += len(payloads)
-            return merged
+            return []
+        merged = self._merge(self._window.arrive(split, step, now))
         parts = self._open.get((split, step))
         if parts is None:
-            parts = self._open[(split, step)] = _Parts(now)
-        parts.last_seen = now
+            parts = self._open[(split, step)] = _Parts()
         mine = parts.by_part.setdefault(part, [])
         for payload, (seq, score, key) in zip(payloads, rows, strict=True):
             group = payload_group(payload, self._group_key)
@@ -69,36 +68,22 @@ class StepMerge:
         self.held += len(payloads)
         return merged
 
-    def _close_older(self, split: str, step: int) -> list[Merged]:
-        # As in the session: everything more than max_open_steps behind the newest step is
-        # closed, open or not, so a straggler that far behind is late.
-        upto = step - self.max_open_steps - 1
-        if upto <= self._closed_upto.get(split, -1):
-            return []
-        self._closed_upto[split] = upto
-        return self._close([key for key in self._open if key[0] == split and key[1] <= upto])
-
     def close_idle(self, now: float) -> list[Merged]:
         """Merge the steps that got no part for `step_timeout` seconds."""
-        return self._close(idle_steps(self._open, now, self.step_timeout))
+        return self._merge(self._window.close_idle(now))
 
     def close_all(self) -> list[Merged]:
         """Merge every open step (flush, finish)."""
-        return self._close(list(self._open))
+        return self._merge(self._window.close_all())
 
     def next_due(self, now: float) -> float | None:
         """Seconds until `close_idle` has a step to merge; None when no step is open."""
-        return next_due(self._open, now, self.step_timeout)
+        return self._window.next_due(now)
 
-    def _close(self, keys: list[Step]) -> list[Merged]:
-        # Closing a step closes the earlier open steps of its split too, as in the session:
-        # a split's closed steps are always a prefix, so lateness is one number per split.
-        upto: dict[str, int] = {}
-        for split, step in keys:
-            upto[split] = max(upto.get(split, step), step)
-        keys = [key for key in self._open if key[0] in upto and key[1] <= upto[key[0]]]
+    def _merge(self, keys: list[Step]) -> list[Merged]:
+        """Merge the parts of the steps the window closed, oldest first."""
         out: list[Merged] = []
-        for split, step in sorted(keys):
+        for split, step in keys:
             parts = self._open.pop((split, step))
             # Parts in the order their first candidates arrived here (part numbers follow the
             # order clients started, which says nothing of the step): `first` keeps the first
@@ -107,6 +92,5 @@ class StepMerge:
             chosen = merge_parts(self.sampler, split, step, self.k, ordered)
             self.held -= parts.n
             self.capped += parts.n - len(chosen)
-            self._closed_upto[split] = max(self._closed_upto.get(split, step), step)
             out.append((split, step, chosen))
         return out
