@@ -1,0 +1,50 @@
+"""`asynctrace view`: a local web page over a run's archive (Parquet, or JSONL), read with DuckDB.
+
+Needs the ``view`` extra (``pip install "asynctrace[view]"``): DuckDB, Starlette and uvicorn are
+imported only when a viewer is made, never by ``import asynctrace``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["make_app", "require", "serve"]
+
+_NEEDED = ("duckdb", "starlette", "uvicorn")
+
+
+def require() -> None:
+    """Raise an `ImportError` naming the extra when a package the viewer needs is missing."""
+    import importlib.util
+
+    missing = [name for name in _NEEDED if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ImportError(
+            f"asynctrace view needs {', '.join(missing)}: pip install \"asynctrace[view]\""
+        )
+
+
+def make_app(source: str | os.PathLike[str], *, watch: Sequence[str] = ()) -> Any:
+    """The viewer's ASGI app (Starlette) over the archive at `source`: a Parquet directory or JSONL."""
+    require()
+    from ._app import build_app
+    from ._archive import Archive
+
+    return build_app(Archive(source), watch=watch)
+
+
+def serve(
+    source: str | os.PathLike[str],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8321,
+    watch: Sequence[str] = (),
+    ready: Any = None,
+) -> None:
+    """Serve the viewer on `host`:`port` until interrupted; `ready(url)` is called once it listens."""
+    require()
+    from ._app import run
+
+    run(source, host=host, port=port, watch=watch, ready=ready)

@@ -1,0 +1,559 @@
+"""The archive as the viewer reads it: DuckDB over the finished files, one small index in memory.
+
+The index holds a few typed values of every record (step, split, group, prompt id, reward,
+advantage, policy version, stop reason, response length) so that the overview and the rankings
+never parse the metadata JSON again; texts and token arrays are read from the files, for the
+rows a page shows only. Parquet files are complete once they have their name (a sink writes
+them under a hidden one and renames them), so a file indexed once never changes: new files of
+a running trainer are indexed as they appear.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import glob
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import orjson
+
+from .._groups import DEFAULT_GROUP_KEYS
+from .._tokens import decode_token_fields
+from .._watch import DEFAULT_WATCH_KEYS
+
+__all__ = [
+    "TRUNCATED",
+    "Archive",
+    "Completion",
+    "GroupRow",
+    "PromptStep",
+    "StepRow",
+    "Tokens",
+]
+
+# Stop reasons that mean the completion hit its token budget (vLLM and SGLang say "length").
+TRUNCATED: tuple[str, ...] = ("length", "max_tokens", "truncated")
+# Metadata keys of a completion's length in tokens, tried in order.
+LENGTH_KEYS: tuple[str, ...] = ("response_len", "response_length")
+_RESCAN_SECONDS = 2.0
+_TOKEN_COLUMNS = ("token_ids", "loss_mask", "logprobs", "advantages")
+_JSONL_COLUMNS = (
+    "{id: 'VARCHAR', step: 'BIGINT', split: 'VARCHAR', key: 'VARCHAR', timestamp: 'DOUBLE', sample: 'JSON'}"
+)
+
+
+def _path(key: str) -> str:
+    return '$."' + key.replace('"', "") + '"'
+
+
+_PATHS = [_path(k) for k in (*DEFAULT_GROUP_KEYS, *DEFAULT_WATCH_KEYS, *LENGTH_KEYS)]
+_G, _P = len(DEFAULT_GROUP_KEYS), len(DEFAULT_WATCH_KEYS)
+
+
+def _coalesce(start: int, count: int) -> str:
+    return "coalesce(" + ", ".join(f"j[{start + i + 1}]" for i in range(count)) + ")"
+
+
+_TRUNCATED_SQL = "(" + ", ".join(f"'{s}'" for s in TRUNCATED) + ")"
+
+
+@dataclass(frozen=True, slots=True)
+class StepRow:
+    """One step of one split, as the overview shows it."""
+
+    split: str
+    step: int
+    samples: int
+    reward_mean: float | None
+    reward_std: float | None
+    groups: int
+    zero_signal: int
+    mean_spread: float | None
+    truncated: float | None
+    length_mean: float | None
+    lag_mean: float | None
+    lag_max: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRow:
+    """One prompt group of a step: its size, reward mean and spread (population standard deviation)."""
+
+    group: str
+    prompt: str | None
+    samples: int
+    reward_mean: float | None
+    spread: float | None
+    truncated: int
+    first_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One record with its texts: the prompt (every message before the last) and the completion."""
+
+    id: str
+    step: int
+    split: str
+    group: str | None
+    prompt_id: str | None
+    reward: float | None
+    advantage: float | None
+    policy_version: int | None
+    stop_reason: str | None
+    length: int | None
+    has_tokens: bool
+    prompt: str
+    text: str
+    messages: list[dict[str, Any]]
+    metadata: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class PromptStep:
+    """One prompt at one step: how many completions, their rewards and policy versions."""
+
+    step: int
+    group: str | None
+    samples: int
+    reward_mean: float | None
+    reward_min: float | None
+    reward_max: float | None
+    spread: float | None
+    versions: str
+
+
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    """A record's token-level fields (any of them may be absent)."""
+
+    token_ids: list[int] | None
+    loss_mask: list[int] | None
+    logprobs: list[float | None] | None
+    advantages: list[float | None] | None
+
+    def __len__(self) -> int:
+        return max((len(v) for v in (self.token_ids, self.loss_mask, self.logprobs, self.advantages) if v), default=0)
+
+
+def _content(message: dict[str, Any]) -> str:
+    """A message's text: its content (the text parts of a list of parts), else its tool calls as JSON."""
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
+    if not content and message.get("tool_calls"):
+        return "[tool_calls] " + orjson.dumps(message["tool_calls"]).decode()
+    return content if isinstance(content, str) else ""
+
+
+def split_messages(messages: list[dict[str, Any]]) -> tuple[str, str]:
+    """(prompt, completion): the last message is the completion when the assistant wrote it."""
+    if messages and isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant":
+        head, last = messages[:-1], _content(messages[-1])
+    else:
+        head, last = messages, ""
+    prompt = "\n\n".join(f"{m.get('role', '?')}: {_content(m)}" for m in head if isinstance(m, dict))
+    return prompt, last
+
+
+def _mask_count(b64: str | None) -> int | None:
+    """The tokens a JSONL record's encoded loss mask (int8 values) keeps in the loss."""
+    if b64 is None:
+        return None
+    try:
+        raw = base64.b64decode(b64, validate=True)
+    except binascii.Error:
+        return None
+    return len(raw) - raw.count(0)
+
+
+def _loads(raw: Any, default: Any) -> Any:
+    if raw is None:
+        return default
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return default
+
+
+class Archive:
+    """A Parquet archive directory (of `ParquetSink` files), a JSONL file, or a directory of JSONL files."""
+
+    def __init__(self, source: str | os.PathLike[str]) -> None:
+        self.path = Path(source)
+        if not self.path.exists():
+            raise FileNotFoundError(f"no archive at {self.path}")
+        if self.path.is_dir():
+            parquet = bool(glob.glob(glob.escape(str(self.path)) + "/*.parquet"))
+            jsonl = bool(glob.glob(glob.escape(str(self.path)) + "/*.jsonl"))
+            self.kind = "jsonl" if jsonl and not parquet else "parquet"
+        elif self.path.suffix == ".jsonl":
+            self.kind = "jsonl"
+        else:
+            raise ValueError(f"{self.path}: expected a directory of .parquet files or a .jsonl file")
+        self._con = duckdb.connect(":memory:")
+        self._con.execute(f"SET threads = {max(1, min(8, os.cpu_count() or 1))}")
+        self._lock = threading.Lock()
+        self.files: list[str] = []
+        self._scanned = 0.0
+        self._cache: dict[Any, Any] = {}
+        self._udf = False
+        self._con.execute(
+            "CREATE TABLE idx (id VARCHAR, step BIGINT, split VARCHAR, grp VARCHAR, prompt VARCHAR, "
+            "reward DOUBLE, advantage DOUBLE, policy_version BIGINT, stop_reason VARCHAR, rlen BIGINT, "
+            "tok BOOLEAN, src INTEGER)"
+        )
+        with self._lock:
+            self._scan()
+
+    # -- loading -----------------------------------------------------------------------------
+
+    def _listing(self) -> list[str]:
+        if self.path.is_file():
+            return [str(self.path)]
+        pattern = "*.jsonl" if self.kind == "jsonl" else "*.parquet"
+        # Hidden names are a sink's temporaries and journals: never read.
+        return sorted(glob.glob(os.path.join(glob.escape(str(self.path)), pattern)))
+
+    def _scan(self) -> None:
+        """Index the files that appeared since the last scan (at most one listing every 2 s)."""
+        now = time.monotonic()
+        if self.files and now - self._scanned < _RESCAN_SECONDS:
+            return
+        self._scanned = now
+        new = [f for f in self._listing() if f not in set(self.files)]
+        if not new:
+            return
+        first = len(self.files)
+        self.files.extend(new)
+        if self.kind == "parquet":
+            self._index_parquet(new, first)
+        else:
+            self._index_jsonl(new, first)
+        self._cache.clear()
+
+    def _index_select(self, relation: str, tokens: str, token_count: str) -> str:
+        """The index's columns from `relation` (a table with the Parquet archive's columns)."""
+        return (
+            f"SELECT id, step, split, {_coalesce(0, _G)}, {_coalesce(_G, _P)}, reward, advantage, "
+            f"policy_version, stop_reason, coalesce({_coalesce(_G + _P, len(LENGTH_KEYS))}::BIGINT, "
+            f"{token_count}), {tokens}, src FROM (SELECT *, json_extract_string(metadata, "
+            f"{_PATHS!r}) AS j FROM {relation})"
+        )
+
+    def _index_parquet(self, files: list[str], first: int) -> None:
+        self._con.execute("CREATE OR REPLACE TEMP TABLE new_files (filename VARCHAR, src INTEGER)")
+        self._con.executemany("INSERT INTO new_files VALUES (?, ?)", [(f, first + i) for i, f in enumerate(files)])
+        names = set(self._con.execute("SELECT name FROM parquet_schema(?)", [files[:1]]).fetchall())
+        have = {n[0] for n in names}
+        present = [c for c in _TOKEN_COLUMNS if c in have]
+        tokens = " OR ".join(f"{c} IS NOT NULL" for c in present) or "false"
+        count = (
+            "list_sum(loss_mask)"
+            if "loss_mask" in have
+            else ("len(token_ids)" if "token_ids" in have else "NULL")
+        )
+        relation = (
+            "(SELECT * FROM read_parquet($files, filename = true, union_by_name = true) "
+            "JOIN new_files USING (filename))"
+        )
+        self._con.execute("INSERT INTO idx " + self._index_select(relation, tokens, count), {"files": files})
+
+    def _index_jsonl(self, files: list[str], first: int) -> None:
+        """JSONL files are loaded whole into a table with the Parquet archive's columns."""
+        self._con.execute("CREATE OR REPLACE TEMP TABLE new_files (filename VARCHAR, src INTEGER)")
+        self._con.executemany("INSERT INTO new_files VALUES (?, ?)", [(f, first + i) for i, f in enumerate(files)])
+        number = "json_type(m->'{k}') IN ('DOUBLE', 'BIGINT', 'UBIGINT')"
+        integer = "json_type(m->'{k}') IN ('BIGINT', 'UBIGINT')"
+        select = f"""
+            SELECT id, step, split, key, to_timestamp(timestamp) AS timestamp,
+                coalesce(CAST(sample->'messages' AS VARCHAR), '[]') AS messages,
+                CAST(m AS VARCHAR) AS metadata,
+                CASE WHEN {number.format(k="reward")} THEN (m->>'reward')::DOUBLE END AS reward,
+                CASE WHEN {number.format(k="advantage")} THEN (m->>'advantage')::DOUBLE END AS advantage,
+                CASE WHEN {integer.format(k="policy_version")} THEN (m->>'policy_version')::BIGINT
+                     WHEN {integer.format(k="policy_version_max")} THEN (m->>'policy_version_max')::BIGINT
+                END AS policy_version,
+                CASE WHEN json_type(m->'stop_reason') = 'VARCHAR' THEN m->>'stop_reason' END AS stop_reason,
+                TRY_CAST(sample->>'score' AS DOUBLE) AS score,
+                CAST(sample->'spans' AS VARCHAR) AS spans,
+                CAST(sample->'tokens' AS VARCHAR) AS tokens,
+                src
+            FROM (SELECT *, coalesce(sample->'metadata', '{{}}'::JSON) AS m
+                  FROM read_json($files, format = 'newline_delimited', columns = {_JSONL_COLUMNS},
+                                 filename = true)
+                  JOIN new_files USING (filename))
+            WHERE id IS NOT NULL
+        """
+        exists = self._con.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'records'"
+        ).fetchone()
+        verb = "INSERT INTO records " if exists and exists[0] else "CREATE TABLE records AS "
+        self._con.execute(verb + select, {"files": files})
+        if not self._udf:
+            self._con.create_function("mask_count", _mask_count, ["VARCHAR"], "BIGINT", null_handling="special")
+            self._udf = True
+        self._con.execute(
+            "INSERT INTO idx "
+            + self._index_select(
+                f"(SELECT * FROM records WHERE src >= {int(first)})",
+                "tokens IS NOT NULL",
+                "mask_count(tokens->'loss_mask'->>'b64')",
+            )
+        )
+
+    @contextmanager
+    def _query(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """The connection, for one page's queries at a time, after picking up new files."""
+        with self._lock:
+            self._scan()
+            yield self._con
+
+    def _rows(self, con: duckdb.DuckDBPyConnection, where: str, params: dict[str, Any], srcs: Sequence[int]) -> list[Any]:
+        """Full records matching `where`, read from the files that hold them (`srcs`)."""
+        columns = "id, messages, metadata"
+        if self.kind == "jsonl":
+            return con.execute(f"SELECT {columns} FROM records WHERE {where}", params).fetchall()
+        files = [self.files[s] for s in sorted(set(srcs))]
+        if not files:
+            return []
+        return con.execute(
+            f"SELECT {columns} FROM read_parquet($files, union_by_name = true) WHERE {where}",
+            {**params, "files": files},
+        ).fetchall()
+
+    # -- pages' questions --------------------------------------------------------------------
+
+    def size(self) -> int:
+        with self._query() as con:
+            row = con.execute("SELECT count(*) FROM idx").fetchone()
+        return int(row[0]) if row else 0
+
+    def overview(self) -> list[StepRow]:
+        """Every (split, step): samples, reward mean and spread, groups, zero-signal groups, truncation
+        share, mean response length and policy-version lag (step - policy_version)."""
+        with self._query() as con:
+            if "overview" in self._cache:
+                return list(self._cache["overview"])
+            rows = con.execute(
+                f"""
+                WITH s AS (
+                    SELECT split, step, count(*) AS samples, avg(reward) AS reward_mean,
+                        stddev_pop(reward) AS reward_std,
+                        avg(CASE WHEN stop_reason IS NOT NULL
+                            THEN (stop_reason IN {_TRUNCATED_SQL})::INT END) AS truncated,
+                        avg(rlen) AS length_mean, avg(step - policy_version) AS lag_mean,
+                        max(step - policy_version) AS lag_max
+                    FROM idx GROUP BY split, step),
+                g AS (
+                    SELECT split, step, stddev_pop(reward) AS spread
+                    FROM idx WHERE grp IS NOT NULL AND reward IS NOT NULL GROUP BY split, step, grp),
+                gs AS (
+                    SELECT split, step, count(*) AS groups, count(*) FILTER (WHERE spread = 0) AS zero,
+                        avg(spread) AS mean_spread
+                    FROM g GROUP BY split, step)
+                SELECT s.split, s.step, samples, reward_mean, reward_std, coalesce(groups, 0),
+                    coalesce(zero, 0), mean_spread, truncated, length_mean, lag_mean, lag_max
+                FROM s LEFT JOIN gs USING (split, step) ORDER BY s.split, s.step
+                """
+            ).fetchall()
+            out = [StepRow(*r) for r in rows]
+            self._cache["overview"] = out
+            return list(out)
+
+    def splits(self) -> list[str]:
+        return sorted({r.split for r in self.overview()})
+
+    def step_groups(self, split: str, step: int, order: str = "spread") -> list[GroupRow]:
+        """A step's prompt groups, ranked: `spread`/`mean` (highest first), `-spread`/`-mean` (lowest)."""
+        column, direction = order.lstrip("-"), "ASC" if order.startswith("-") else "DESC"
+        if column not in ("spread", "mean"):
+            raise ValueError(f"order: expected spread, -spread, mean or -mean, got {order!r}")
+        key = "spread" if column == "spread" else "reward_mean"
+        with self._query() as con:
+            rows = con.execute(
+                f"""
+                SELECT grp, any_value(prompt), count(*), avg(reward), stddev_pop(reward),
+                    count(*) FILTER (WHERE stop_reason IN {_TRUNCATED_SQL}), min(id)
+                FROM idx WHERE split = $split AND step = $step AND grp IS NOT NULL GROUP BY grp
+                """,
+                {"split": split, "step": step},
+            ).fetchall()
+        groups = [GroupRow(*r) for r in rows]
+        attr = {"spread": "spread", "reward_mean": "reward_mean"}[key]
+        present = [g for g in groups if getattr(g, attr) is not None]
+        absent = [g for g in groups if getattr(g, attr) is None]
+        present.sort(key=lambda g: (getattr(g, attr), g.group), reverse=direction == "DESC")
+        return present + sorted(absent, key=lambda g: g.group)
+
+    def prompts_of(self, ids: Sequence[str]) -> dict[str, str]:
+        """The prompt text of each of these records (found in the index first, then read)."""
+        if not ids:
+            return {}
+        with self._query() as con:
+            found = con.execute(
+                "SELECT id, step, src FROM idx WHERE id IN (SELECT unnest($ids))", {"ids": list(ids)}
+            ).fetchall()
+            steps = sorted({r[1] for r in found})
+            rows = self._rows(
+                con,
+                "step IN (SELECT unnest($steps)) AND id IN (SELECT unnest($ids))",
+                {"steps": steps, "ids": list(ids)},
+                [r[2] for r in found],
+            )
+        return {r[0]: split_messages(_loads(r[1], []))[0] for r in rows}
+
+    def _completions(self, where: str, params: dict[str, Any], order: str) -> list[Completion]:
+        with self._query() as con:
+            index = con.execute(
+                "SELECT id, step, split, grp, prompt, reward, advantage, policy_version, stop_reason, "
+                f"rlen, tok, src FROM idx WHERE {where} ORDER BY {order}",
+                params,
+            ).fetchall()
+            if not index:
+                return []
+            steps = sorted({r[1] for r in index})
+            texts = {
+                r[0]: r
+                for r in self._rows(
+                    con,
+                    "step IN (SELECT unnest($steps)) AND id IN (SELECT unnest($ids))",
+                    {"steps": steps, "ids": [r[0] for r in index]},
+                    [r[11] for r in index],
+                )
+            }
+        out = []
+        for r in index:
+            _, raw_messages, raw_metadata = texts.get(r[0], (r[0], None, None))
+            messages = _loads(raw_messages, [])
+            prompt, text = split_messages(messages)
+            out.append(Completion(*r[:11], prompt, text, messages, _loads(raw_metadata, {})))
+        return out
+
+    def group(self, split: str, step: int, group: str) -> list[Completion]:
+        """A group's completions, best reward first."""
+        return self._completions(
+            "split = $split AND step = $step AND grp = $group",
+            {"split": split, "step": step, "group": group},
+            "reward DESC NULLS LAST, id",
+        )
+
+    def record(self, record_id: str) -> Completion | None:
+        found = self._completions("id = $id", {"id": record_id}, "id")
+        return found[0] if found else None
+
+    def prompt_steps(self, prompt: str, split: str) -> list[PromptStep]:
+        """One prompt id at every step it occurs in."""
+        with self._query() as con:
+            rows = con.execute(
+                """
+                SELECT step, min(grp), count(*), avg(reward), min(reward), max(reward), stddev_pop(reward),
+                    string_agg(DISTINCT policy_version::VARCHAR, ', ' ORDER BY policy_version::VARCHAR)
+                FROM idx WHERE prompt = $prompt AND split = $split GROUP BY step ORDER BY step
+                """,
+                {"prompt": prompt, "split": split},
+            ).fetchall()
+        return [PromptStep(*r[:7], r[7] or "") for r in rows]
+
+    def prompt_splits(self, prompt: str) -> list[str]:
+        """The splits in which this prompt id occurs."""
+        with self._query() as con:
+            rows = con.execute(
+                "SELECT DISTINCT split FROM idx WHERE prompt = $prompt ORDER BY split", {"prompt": prompt}
+            ).fetchall()
+        return [r[0] for r in rows]
+
+    def prompt_completions(self, prompt: str, split: str) -> list[Completion]:
+        """Every completion of one prompt id, by policy version, then step, best reward first."""
+        return self._completions(
+            "prompt = $prompt AND split = $split",
+            {"prompt": prompt, "split": split},
+            "policy_version DESC NULLS LAST, step DESC, reward DESC NULLS LAST, id",
+        )
+
+    def frequent_prompts(self, limit: int = 10) -> list[tuple[str, int, int]]:
+        """The prompt ids seen at the most steps: (prompt, steps, samples)."""
+        with self._query() as con:
+            if "frequent" not in self._cache:
+                self._cache["frequent"] = con.execute(
+                    """
+                    SELECT prompt, count(DISTINCT step) AS steps, count(*) FROM idx
+                    WHERE prompt IS NOT NULL GROUP BY prompt ORDER BY steps DESC, prompt LIMIT 50
+                    """
+                ).fetchall()
+            return list(self._cache["frequent"][:limit])
+
+    def prompt_counts(self, prompts: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """(steps, samples) of each of these prompt ids that the archive holds."""
+        with self._query() as con:
+            rows = con.execute(
+                "SELECT prompt, count(DISTINCT step), count(*) FROM idx "
+                "WHERE prompt IN (SELECT unnest($p)) GROUP BY prompt",
+                {"p": list(prompts)},
+            ).fetchall()
+        return {r[0]: (r[1], r[2]) for r in rows}
+
+    def tokens(self, record_id: str) -> Tokens | None:
+        """The record's token-level fields; None when it has none (or no such record)."""
+        with self._query() as con:
+            found = con.execute("SELECT step, src FROM idx WHERE id = $id AND tok", {"id": record_id}).fetchone()
+            if found is None:
+                return None
+            if self.kind == "jsonl":
+                raw = con.execute("SELECT tokens FROM records WHERE id = $id", {"id": record_id}).fetchone()
+                held = decode_token_fields(_loads(raw[0] if raw else None, {}))
+                return Tokens(*(held.get(n) for n in _TOKEN_COLUMNS))
+            row = con.execute(
+                f"SELECT {', '.join(_TOKEN_COLUMNS)} FROM read_parquet($files, union_by_name = true) "
+                "WHERE step = $step AND id = $id",
+                {"files": [self.files[found[1]]], "step": found[0], "id": record_id},
+            ).fetchone()
+        return Tokens(*row) if row else None
+
+    def find(
+        self,
+        *,
+        text: str | None = None,
+        low: float | None = None,
+        high: float | None = None,
+        split: str | None = None,
+        limit: int = 100,
+    ) -> list[Completion]:
+        """Records whose messages contain `text` (any case) and whose reward is within [low, high]."""
+        conditions, params = [], {}
+        if low is not None:
+            conditions.append("reward >= $low")
+            params["low"] = low
+        if high is not None:
+            conditions.append("reward <= $high")
+            params["high"] = high
+        if split:
+            conditions.append("split = $split")
+            params["split"] = split
+        where = " AND ".join(conditions) or "true"
+        if not text:
+            return self._completions(where, params, f"step, id LIMIT {int(limit)}")
+        with self._query() as con:
+            if self.kind == "jsonl":
+                relation, extra = "records", {}
+            else:
+                relation, extra = "read_parquet($files, union_by_name = true)", {"files": self.files}
+            hits = con.execute(
+                f"SELECT id FROM {relation} WHERE contains(lower(messages), lower($text)) LIMIT 10000",
+                {"text": text, **extra},
+            ).fetchall()
+        if not hits:
+            return []
+        return self._completions(
+            f"{where} AND id IN (SELECT unnest($hits))",
+            {**params, "hits": [h[0] for h in hits]},
+            f"step, id LIMIT {int(limit)}",
+        )
