@@ -94,9 +94,13 @@ def recover(spool_dir: str, project: str | None, run: str | None, dead_letters: 
 
 @main.command()
 @click.argument("archive", type=click.Path(exists=True))
-@click.option("--port", type=click.IntRange(0, 65535), default=8321, show_default=True, help="Port (0: any free one).")
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=8321, show_default=True, help="Port (0: any free one)."
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--watch", "watch", multiple=True, help="A prompt id to list first on the overview (repeatable).")
+@click.option(
+    "--watch", "watch", multiple=True, help="A prompt id to list first on the overview (repeatable)."
+)
 def view(archive: str, port: int, host: str, watch: tuple[str, ...]) -> None:
     """Browse a run's archive in a local web page: steps, GRPO groups, prompts across steps, tokens.
 

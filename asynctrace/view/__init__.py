@@ -21,9 +21,7 @@ def require() -> None:
 
     missing = [name for name in _NEEDED if importlib.util.find_spec(name) is None]
     if missing:
-        raise ImportError(
-            f"asynctrace view needs {', '.join(missing)}: pip install \"asynctrace[view]\""
-        )
+        raise ImportError(f'asynctrace view needs {", ".join(missing)}: pip install "asynctrace[view]"')
 
 
 def make_app(source: str | os.PathLike[str], *, watch: Sequence[str] = ()) -> Any:

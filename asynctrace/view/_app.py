@@ -115,7 +115,9 @@ def build_app(archive: Archive, *, watch: Sequence[str] = ()) -> Starlette:
         if not steps:
             raise LookupError(f"no prompt {prompt_id!r} in split {split!r}")
         completions = archive.prompt_completions(prompt_id, split)
-        return pages.prompt_page(prompt_id, split, archive.prompt_splits(prompt_id), steps, completions, archive=label)
+        return pages.prompt_page(
+            prompt_id, split, archive.prompt_splits(prompt_id), steps, completions, archive=label
+        )
 
     def tokens(request: Request) -> str:
         record_id = _text(request, "id")

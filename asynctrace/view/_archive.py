@@ -24,6 +24,7 @@ from typing import Any
 
 import duckdb
 import orjson
+from duckdb.func import SPECIAL
 
 from .._groups import DEFAULT_GROUP_KEYS
 from .._tokens import decode_token_fields
@@ -141,7 +142,9 @@ class Tokens:
     advantages: list[float | None] | None
 
     def __len__(self) -> int:
-        return max((len(v) for v in (self.token_ids, self.loss_mask, self.logprobs, self.advantages) if v), default=0)
+        return max(
+            (len(v) for v in (self.token_ids, self.loss_mask, self.logprobs, self.advantages) if v), default=0
+        )
 
 
 def _content(message: dict[str, Any]) -> str:
@@ -251,7 +254,9 @@ class Archive:
 
     def _index_parquet(self, files: list[str], first: int) -> None:
         self._con.execute("CREATE OR REPLACE TEMP TABLE new_files (filename VARCHAR, src INTEGER)")
-        self._con.executemany("INSERT INTO new_files VALUES (?, ?)", [(f, first + i) for i, f in enumerate(files)])
+        self._con.executemany(
+            "INSERT INTO new_files VALUES (?, ?)", [(f, first + i) for i, f in enumerate(files)]
+        )
         names = set(self._con.execute("SELECT name FROM parquet_schema(?)", [files[:1]]).fetchall())
         have = {n[0] for n in names}
         present = [c for c in _TOKEN_COLUMNS if c in have]
@@ -270,7 +275,9 @@ class Archive:
     def _index_jsonl(self, files: list[str], first: int) -> None:
         """JSONL files are loaded whole into a table with the Parquet archive's columns."""
         self._con.execute("CREATE OR REPLACE TEMP TABLE new_files (filename VARCHAR, src INTEGER)")
-        self._con.executemany("INSERT INTO new_files VALUES (?, ?)", [(f, first + i) for i, f in enumerate(files)])
+        self._con.executemany(
+            "INSERT INTO new_files VALUES (?, ?)", [(f, first + i) for i, f in enumerate(files)]
+        )
         number = "json_type(m->'{k}') IN ('DOUBLE', 'BIGINT', 'UBIGINT')"
         integer = "json_type(m->'{k}') IN ('BIGINT', 'UBIGINT')"
         select = f"""
@@ -299,7 +306,7 @@ class Archive:
         verb = "INSERT INTO records " if exists and exists[0] else "CREATE TABLE records AS "
         self._con.execute(verb + select, {"files": files})
         if not self._udf:
-            self._con.create_function("mask_count", _mask_count, ["VARCHAR"], "BIGINT", null_handling="special")
+            self._con.create_function("mask_count", _mask_count, ["VARCHAR"], "BIGINT", null_handling=SPECIAL)
             self._udf = True
         self._con.execute(
             "INSERT INTO idx "
@@ -317,7 +324,9 @@ class Archive:
             self._scan()
             yield self._con
 
-    def _rows(self, con: duckdb.DuckDBPyConnection, where: str, params: dict[str, Any], srcs: Sequence[int]) -> list[Any]:
+    def _rows(
+        self, con: duckdb.DuckDBPyConnection, where: str, params: dict[str, Any], srcs: Sequence[int]
+    ) -> list[Any]:
         """Full records matching `where`, read from the files that hold them (`srcs`)."""
         columns = "id, messages, metadata"
         if self.kind == "jsonl":
@@ -435,7 +444,25 @@ class Archive:
             _, raw_messages, raw_metadata = texts.get(r[0], (r[0], None, None))
             messages = _loads(raw_messages, [])
             prompt, text = split_messages(messages)
-            out.append(Completion(*r[:11], prompt, text, messages, _loads(raw_metadata, {})))
+            out.append(
+                Completion(
+                    id=r[0],
+                    step=r[1],
+                    split=r[2],
+                    group=r[3],
+                    prompt_id=r[4],
+                    reward=r[5],
+                    advantage=r[6],
+                    policy_version=r[7],
+                    stop_reason=r[8],
+                    length=r[9],
+                    has_tokens=bool(r[10]),
+                    prompt=prompt,
+                    text=text,
+                    messages=messages,
+                    metadata=_loads(raw_metadata, {}),
+                )
+            )
         return out
 
     def group(self, split: str, step: int, group: str) -> list[Completion]:
@@ -461,7 +488,19 @@ class Archive:
                 """,
                 {"prompt": prompt, "split": split},
             ).fetchall()
-        return [PromptStep(*r[:7], r[7] or "") for r in rows]
+        return [
+            PromptStep(
+                step=r[0],
+                group=r[1],
+                samples=r[2],
+                reward_mean=r[3],
+                reward_min=r[4],
+                reward_max=r[5],
+                spread=r[6],
+                versions=r[7] or "",
+            )
+            for r in rows
+        ]
 
     def prompt_splits(self, prompt: str) -> list[str]:
         """The splits in which this prompt id occurs."""
@@ -504,7 +543,9 @@ class Archive:
     def tokens(self, record_id: str) -> Tokens | None:
         """The record's token-level fields; None when it has none (or no such record)."""
         with self._query() as con:
-            found = con.execute("SELECT step, src FROM idx WHERE id = $id AND tok", {"id": record_id}).fetchone()
+            found = con.execute(
+                "SELECT step, src FROM idx WHERE id = $id AND tok", {"id": record_id}
+            ).fetchone()
             if found is None:
                 return None
             if self.kind == "jsonl":
@@ -528,7 +569,8 @@ class Archive:
         limit: int = 100,
     ) -> list[Completion]:
         """Records whose messages contain `text` (any case) and whose reward is within [low, high]."""
-        conditions, params = [], {}
+        conditions: list[str] = []
+        params: dict[str, Any] = {}
         if low is not None:
             conditions.append("reward >= $low")
             params["low"] = low

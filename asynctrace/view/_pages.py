@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import itertools
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -51,8 +52,8 @@ def _cell(key: str, text: str, cls: str = "") -> str:
 
 
 def _layout(title: str, body: str, *, archive: str, crumbs: Sequence[tuple[str, str]] = ()) -> str:
-    trail = " › ".join(
-        [f'<a href="/">overview</a>'] + [f'<a href="{escape(h)}">{escape(t)}</a>' for t, h in crumbs]
+    trail = " / ".join(
+        ['<a href="/">overview</a>'] + [f'<a href="{escape(h)}">{escape(t)}</a>' for t, h in crumbs]
     )
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">
@@ -88,7 +89,10 @@ def overview_page(
         parts.append(f'<h2>split <code>{escape(split)}</code></h2><div class="charts">')
         parts.append(
             line_chart(
-                [("mean", [(r.step, r.reward_mean) for r in mine]), ("std", [(r.step, r.reward_std) for r in mine])],
+                [
+                    ("mean", [(r.step, r.reward_mean) for r in mine]),
+                    ("std", [(r.step, r.reward_std) for r in mine]),
+                ],
                 title="reward",
                 link=link,
             )
@@ -101,10 +105,14 @@ def overview_page(
             )
         )
         parts.append(
-            line_chart([("mean", [(r.step, r.length_mean) for r in mine])], title="response length", link=link)
+            line_chart(
+                [("mean", [(r.step, r.length_mean) for r in mine])], title="response length", link=link
+            )
         )
         parts.append(
-            line_chart([("mean", [(r.step, r.lag_mean) for r in mine])], title="policy-version lag", link=link)
+            line_chart(
+                [("mean", [(r.step, r.lag_mean) for r in mine])], title="policy-version lag", link=link
+            )
         )
         parts.append("</div>")
         parts.append(
@@ -163,7 +171,7 @@ def step_page(
     here = url("/step", split=split, step=step)
     orders = " · ".join(
         f'<a href="{escape(url("/step", split=split, step=step, order=o))}"'
-        f'{" class=on" if o == order else ""}>{label}</a>'
+        f"{' class=on' if o == order else ''}>{label}</a>"
         for o, label in (
             ("spread", "spread, highest first"),
             ("-spread", "spread, lowest first"),
@@ -234,7 +242,7 @@ def _completion_card(c: Completion, *, show_step: bool = False) -> str:
     truncated = " truncated" if c.stop_reason in ("length", "max_tokens", "truncated") else ""
     return (
         f'<article class="completion{truncated}" data-id="{escape(c.id)}">'
-        f'<header><code>{escape(c.id)}</code> {" · ".join(links)}</header><dl>{dl}</dl>'
+        f"<header><code>{escape(c.id)}</code> {' · '.join(links)}</header><dl>{dl}</dl>"
         f'<pre class="text">{escape(c.text)}</pre></article>'
     )
 
@@ -256,12 +264,13 @@ def group_page(split: str, step: int, group: str, completions: Sequence[Completi
         if prompt_id
         else ""
     )
+    cards = "".join(_completion_card(c) for c in completions)
     body = (
         f'<p class="summary"><span data-k="samples">{len(completions)}</span> completions · reward mean '
         f'<span data-k="reward_mean">{num(mean)}</span> · spread <span data-k="spread">{num(spread)}</span>'
         f" · {history}</p>{banner}"
         f'<h2>Prompt</h2><pre class="prompt">{escape(completions[0].prompt if completions else "")}</pre>'
-        f'<h2>Completions</h2><div class="side-by-side">{"".join(_completion_card(c) for c in completions)}</div>'
+        f'<h2>Completions</h2><div class="side-by-side">{cards}</div>'
     )
     crumbs = [(f"step {step}", url("/step", split=split, step=step)), (f"group {group}", "")]
     crumbs[-1] = (crumbs[-1][0], url("/group", split=split, step=step, group=group))
@@ -303,12 +312,16 @@ def prompt_page(
 ) -> str:
     here = url("/prompt", id=prompt, split=split)
     other = " · ".join(
-        f'<a href="{escape(url("/prompt", id=prompt, split=s))}">{escape(s)}</a>' for s in splits if s != split
+        f'<a href="{escape(url("/prompt", id=prompt, split=s))}">{escape(s)}</a>'
+        for s in splits
+        if s != split
     )
     chart = line_chart(
         [("mean", [(s.step, s.reward_mean) for s in steps])],
         title="reward over steps (dots: every completion)",
-        link=lambda x: url("/group", split=split, step=x, group=next(s.group for s in steps if s.step == x) or ""),
+        link=lambda x: url(
+            "/group", split=split, step=x, group=next(s.group for s in steps if s.step == x) or ""
+        ),
         dots=[(c.step, c.reward) for c in completions if c.reward is not None],
     )
     table = "".join(
@@ -333,11 +346,15 @@ def prompt_page(
         blocks.append(
             f'<section class="version" data-version="{escape(label)}"><h3>policy version {escape(label)} '
             f'<span class="muted">{len(items)} completions, {len(shown)} shown</span></h3>'
-            f'<div class="side-by-side">{"".join(_completion_card(c, show_step=True) for c in shown)}</div></section>'
+            f'<div class="side-by-side">{"".join(_completion_card(c, show_step=True) for c in shown)}</div>'
+            "</section>"
         )
     # Consecutive steps compared by their best completion: where the text changed, and how.
-    best = [(step, items[0]) for step, items in sorted(_by_step(completions).items())]
-    pairs = list(zip(best, best[1:], strict=False))[-diffs:]
+    best = [
+        (step, max(items, key=lambda c: -math.inf if c.reward is None else c.reward))
+        for step, items in sorted(_by_step(completions).items())
+    ]
+    pairs = list(itertools.pairwise(best))[-diffs:]
     diff_blocks = "".join(
         f'<section class="diff" data-from="{a[1].id}" data-to="{b[1].id}"><h3>step {a[0]} → step {b[0]} '
         f'<span class="muted">reward {num(a[1].reward)} → {num(b[1].reward)}</span></h3>'
@@ -371,7 +388,9 @@ def tokens_page(c: Completion, tokens: Tokens, *, archive: str) -> str:
         scale = max(finite, default=0.0)
         bands.append(("advantage", [signed_color(at(tokens.advantages, i), scale) for i in range(count)]))
     if tokens.loss_mask is not None:
-        bands.append(("loss mask", ["#111827" if at(tokens.loss_mask, i) else "#e5e7eb" for i in range(count)]))
+        bands.append(
+            ("loss mask", ["#111827" if at(tokens.loss_mask, i) else "#e5e7eb" for i in range(count)])
+        )
     titles = []
     for i in range(count):
         parts = [f"token {i}"]
@@ -388,7 +407,9 @@ def tokens_page(c: Completion, tokens: Tokens, *, archive: str) -> str:
     masked = [i for i in range(count) if tokens.loss_mask is None or at(tokens.loss_mask, i)]
     lps = [at(tokens.logprobs, i) for i in masked]
     finite = [v for v in lps if v is not None and math.isfinite(v)]
-    lowest = sorted((i for i in masked if at(tokens.logprobs, i) is not None), key=lambda i: at(tokens.logprobs, i))
+    lowest = sorted(
+        (i for i in masked if at(tokens.logprobs, i) is not None), key=lambda i: at(tokens.logprobs, i)
+    )
     facts = [
         ("tokens", str(count)),
         ("in the loss", str(sum(1 for v in tokens.loss_mask if v)) if tokens.loss_mask is not None else "—"),
@@ -397,7 +418,8 @@ def tokens_page(c: Completion, tokens: Tokens, *, archive: str) -> str:
     ]
     keys = ["tokens", "in_loss", "mean_logprob", "min_logprob"]
     dl = "".join(
-        f'<dt>{escape(k)}</dt><dd data-k="{key}">{escape(v)}</dd>' for (k, v), key in zip(facts, keys, strict=True)
+        f'<dt>{escape(k)}</dt><dd data-k="{key}">{escape(v)}</dd>'
+        for (k, v), key in zip(facts, keys, strict=True)
     )
     low = "".join(
         f"<li>token {i}: {num(at(tokens.logprobs, i))}"
@@ -407,7 +429,7 @@ def tokens_page(c: Completion, tokens: Tokens, *, archive: str) -> str:
     )
     legend = (
         '<p class="legend">log-prob: <span class="sw" style="background:#ffffff"></span> 0 … '
-        '<span class="sw" style="background:#991b1b"></span> ≤ −5 · advantage: '
+        '<span class="sw" style="background:#991b1b"></span> ≤ -5 · advantage: '
         '<span class="sw" style="background:#1d4ed8"></span> negative · '
         '<span class="sw" style="background:#b91c1c"></span> positive · loss mask: '
         '<span class="sw" style="background:#111827"></span> trained on · '
@@ -427,12 +449,21 @@ def tokens_page(c: Completion, tokens: Tokens, *, archive: str) -> str:
     return _layout(f"Tokens of {c.id}", body, archive=archive, crumbs=crumbs)
 
 
+def _message_text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    return content if isinstance(content, str) else repr(content)
+
+
 def record_page(c: Completion, *, archive: str) -> str:
     links = []
     if c.group is not None:
-        links.append(f'<a href="{escape(url("/group", split=c.split, step=c.step, group=c.group))}">its group</a>')
+        links.append(
+            f'<a href="{escape(url("/group", split=c.split, step=c.step, group=c.group))}">its group</a>'
+        )
     if c.prompt_id is not None:
-        links.append(f'<a href="{escape(url("/prompt", id=c.prompt_id, split=c.split))}">its prompt history</a>')
+        links.append(
+            f'<a href="{escape(url("/prompt", id=c.prompt_id, split=c.split))}">its prompt history</a>'
+        )
     if c.has_tokens:
         links.append(f'<a href="{escape(url("/tokens", id=c.id))}">its tokens</a>')
     meta = "".join(
@@ -441,7 +472,7 @@ def record_page(c: Completion, *, archive: str) -> str:
     )
     messages = "".join(
         f'<div class="message"><b>{escape(str(m.get("role", "?")))}</b><pre class="text">'
-        f"{escape(m.get('content') if isinstance(m.get('content'), str) else repr(m.get('content')))}</pre></div>"
+        f"{escape(_message_text(m))}</pre></div>"
         for m in c.messages
         if isinstance(m, dict)
     )
@@ -450,7 +481,9 @@ def record_page(c: Completion, *, archive: str) -> str:
         f"{_completion_card(c, show_step=True)}<h2>Messages</h2>{messages}"
         f'<h2>Metadata</h2><table class="meta">{meta}</table>'
     )
-    return _layout(f"Record {c.id}", body, archive=archive, crumbs=[(f"record {c.id}", url("/record", id=c.id))])
+    return _layout(
+        f"Record {c.id}", body, archive=archive, crumbs=[(f"record {c.id}", url("/record", id=c.id))]
+    )
 
 
 def find_page(
@@ -476,7 +509,8 @@ def find_page(
     if found is None:
         return _layout("Find", form, archive=archive)
     rows = "".join(
-        f'<tr data-id="{escape(c.id)}"><td><a href="{escape(url("/record", id=c.id))}">{escape(c.id)}</a></td>'
+        f'<tr data-id="{escape(c.id)}">'
+        f'<td><a href="{escape(url("/record", id=c.id))}">{escape(c.id)}</a></td>'
         f'<td data-k="step">{c.step}</td>'
         + _cell("split", c.split)
         + _cell("reward", num(c.reward))

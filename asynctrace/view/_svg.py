@@ -64,7 +64,9 @@ def line_chart(
     for tick in _ticks(y0, y1):
         y = py(tick)
         out.append(f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>')
-        out.append(f'<text x="{left - 4}" y="{y + 3:.1f}" class="axis" text-anchor="end">{_label(tick)}</text>')
+        out.append(
+            f'<text x="{left - 4}" y="{y + 3:.1f}" class="axis" text-anchor="end">{_label(tick)}</text>'
+        )
     for tick in _ticks(x0, x1, 6):
         if tick != int(tick):
             continue
@@ -146,9 +148,7 @@ def heat_strip(
                 f'<text x="{label - 4}" y="{y_line + b * band + band - 2}" class="axis" '
                 f'text-anchor="end">{escape(name)}</text>'
             )
-        out.append(
-            f'<text x="0" y="{y_line + band - 2}" class="axis">{line * per_line}</text>'
-        )
+        out.append(f'<text x="0" y="{y_line + band - 2}" class="axis">{line * per_line}</text>')
         for i in range(line * per_line, min(count, (line + 1) * per_line)):
             x = label + (i - line * per_line) * cell
             out.append(f'<g class="tok" data-i="{i}"><title>{escape(titles[i])}</title>')

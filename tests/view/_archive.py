@@ -29,7 +29,9 @@ def _completion(prompt: str, step: int, i: int) -> tuple[str, float, str]:
         return f"The answer is 4. (try {i})", 1.0, "stop"
     if prompt == "p-alpha":
         right = i < step
-        text = f"Step {step} work: 6 * 7 = {42 if right else 40 + i}. The answer is {42 if right else 40 + i}."
+        text = (
+            f"Step {step} work: 6 * 7 = {42 if right else 30 + i}. The answer is {42 if right else 30 + i}."
+        )
         return text, (1.0 if right else 0.0) + 0.1 * i, "stop"
     truncated = i == 3
     return f"Let me think {'at length ' * (i + 1)}about {step}", 0.25 * i, "length" if truncated else "stop"

@@ -10,7 +10,7 @@ from html.parser import HTMLParser
 
 @dataclass
 class Block:
-    """An element marked with data-step/-group/-id/-version/-split, and the data-k values inside it."""
+    """An element marked with data-step/-split/-group/-id/-version, and the data-k values inside it."""
 
     attrs: dict[str, str]
     tag: str
@@ -37,7 +37,11 @@ class _Parser(HTMLParser):
             self.assets.append(a.get("href") or a.get("src") or "")
         if tag in ("meta", "link", "input", "br", "img", "circle", "rect", "line", "path"):
             return
-        marked = {k: v for k, v in a.items() if k in ("data-step", "data-group", "data-id", "data-version")}
+        marked = {
+            k: v
+            for k, v in a.items()
+            if k in ("data-step", "data-split", "data-group", "data-id", "data-version")
+        }
         block = Block(marked, tag, classes=a.get("class", "")) if marked else None
         if block is not None:
             self.blocks.append(block)

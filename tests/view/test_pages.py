@@ -57,7 +57,8 @@ def test_overview_numbers_equal_a_duckdb_query(base: str, files: str) -> None:
                (SELECT count(*) FROM groups WHERE groups.split = r.split AND groups.step = r.step),
                (SELECT count(*) FROM groups WHERE groups.split = r.split AND groups.step = r.step AND s = 0),
                (SELECT avg(s) FROM groups WHERE groups.split = r.split AND groups.step = r.step),
-               avg((stop_reason = 'length')::INT), avg(n), avg(step - policy_version), max(step - policy_version)
+               avg((stop_reason = 'length')::INT), avg(n),
+               avg(step - policy_version), max(step - policy_version)
         FROM r GROUP BY split, step ORDER BY split, step
         """
     )
@@ -65,9 +66,10 @@ def test_overview_numbers_equal_a_duckdb_query(base: str, files: str) -> None:
     assert page.status == 200
     shown = [b for b in page.blocks if "data-step" in b.attrs and b.tag == "tr"]
     assert len(shown) == len(expected) == _archive.STEPS + 2
-    got = {(b.values["step"], b.values["samples"]): b.values for b in shown}
+    got = {(b.attrs["data-split"], b.values["step"]): b.values for b in shown}
     for split, step, n, mean, std, groups, zero, spread, trunc, length, lag, lag_max in expected:
-        row = got[(str(step), str(n))]
+        row = got[(split, str(step))]
+        assert row["samples"] == str(n)
         assert row["reward_mean"] == f4(mean)
         assert row["reward_std"] == f4(std)
         assert row["groups"] == str(groups)
@@ -103,8 +105,10 @@ def test_step_ranks_groups_as_a_query_does(base: str, files: str, order: str) ->
     expected = q(
         f"""
         SELECT json_extract_string(metadata, '$.group_uid') AS g, count(*), avg(reward), stddev_pop(reward),
-               count(*) FILTER (WHERE stop_reason = 'length'), any_value(json_extract_string(metadata, '$.prompt_id'))
-        FROM '{files}' WHERE step = 2 AND split = 'train' GROUP BY g ORDER BY {column} {direction}, g {direction}
+               count(*) FILTER (WHERE stop_reason = 'length'),
+               any_value(json_extract_string(metadata, '$.prompt_id'))
+        FROM '{files}' WHERE step = 2 AND split = 'train'
+        GROUP BY g ORDER BY {column} {direction}, g {direction}
         """
     )
     page = get(base, "/step?" + urlencode({"split": "train", "step": 2, "order": order}))
@@ -122,7 +126,9 @@ def test_step_ranks_groups_as_a_query_does(base: str, files: str, order: str) ->
 
 
 def _group(base: str, step: int, prompt: str, split: str = "train") -> Page:
-    return get(base, "/group?" + urlencode({"split": split, "step": step, "group": f"{split}-{step}-{prompt}"}))
+    return get(
+        base, "/group?" + urlencode({"split": split, "step": step, "group": f"{split}-{step}-{prompt}"})
+    )
 
 
 def test_group_shows_completions_side_by_side(base: str, files: str) -> None:
@@ -150,8 +156,12 @@ def test_group_shows_completions_side_by_side(base: str, files: str) -> None:
         assert f'<pre class="text">{text}</pre>' in page.html
     assert ["truncated" in c.classes for c in cards] == [r[3] == "length" for r in expected]
     assert any(r[3] == "length" for r in expected)
-    assert page.values["spread"] == f4(q(f"SELECT stddev_pop(reward) FROM '{files}' WHERE id IN "
-                                         f"({', '.join(repr(r[0]) for r in expected)})")[0][0])
+    assert page.values["spread"] == f4(
+        q(
+            f"SELECT stddev_pop(reward) FROM '{files}' WHERE id IN "
+            f"({', '.join(repr(r[0]) for r in expected)})"
+        )[0][0]
+    )
     assert "zero spread" not in page.html
     assert page.html.count('class="tokens-link"') == len(expected)
 
@@ -190,7 +200,8 @@ def test_prompt_history_follows_one_prompt_across_steps(base: str, files: str) -
     by_version = dict(
         q(
             f"""SELECT policy_version, count(*) FROM '{files}'
-                WHERE json_extract_string(metadata, '$.prompt_id') = 'p-alpha' AND split = 'train' GROUP BY 1"""
+                WHERE json_extract_string(metadata, '$.prompt_id') = 'p-alpha' AND split = 'train'
+                GROUP BY 1"""
         )
     )
     sections = [b for b in page.blocks if "data-version" in b.attrs]
@@ -200,7 +211,10 @@ def test_prompt_history_follows_one_prompt_across_steps(base: str, files: str) -
     # One diff per pair of consecutive steps: the best completion of each, word by word.
     assert page.html.count('<section class="diff"') == _archive.STEPS - 1
     first = page.html.split("step 0 → step 1")[1].split("</section>")[0]
-    assert "Step <del>0</del><ins>1</ins> work: 6 * 7 = <del>43.</del><ins>42.</ins>" in first
+    assert (
+        "Step <del>0</del><ins>1</ins> work: 6 * 7 = <del>33.</del><ins>42.</ins> "
+        "The answer is <del>33.</del><ins>42.</ins>" in first
+    )
     assert "/group?split=train&step=0&group=train-0-p-alpha" in page.links
     assert "/prompt?id=p-alpha&split=eval" in page.links  # the same prompt in the other split
 
@@ -222,8 +236,8 @@ def test_tokens_strip_shows_logprobs_advantages_and_mask(base: str, files: str) 
     assert page.values["min_logprob"] == f4(min(trained))
     last = len(ids) - 1
     assert (
-        f"token {last}, id {ids[last]}, log-prob {logprobs[last]:.4g}, advantage {advantages[last]:.4g}, mask 1"
-        in page.html
+        f"token {last}, id {ids[last]}, log-prob {logprobs[last]:.4g}, "
+        f"advantage {advantages[last]:.4g}, mask 1" in page.html
     )
     assert "token 0, id" in page.html and "mask 0</title>" in page.html
     # Three bands: log-prob, advantage, loss mask; masked-out cells drawn light, trained ones dark.
@@ -240,7 +254,7 @@ def test_tokens_of_a_record_without_them_is_not_found(base: str, files: str) -> 
 
 def test_find_by_id_text_and_reward_range(base: str, files: str) -> None:
     """The id a tracker shows leads to the record; text and reward searches list what a query finds."""
-    record_id, text = q(f"SELECT id, messages FROM '{files}' WHERE step = 2 ORDER BY id LIMIT 1")[0]
+    record_id = q(f"SELECT id FROM '{files}' WHERE step = 2 ORDER BY id LIMIT 1")[0][0]
     page = get(base, "/find?" + urlencode({"id": record_id}))
     assert page.status == 303 and page.location == "/record?" + urlencode({"id": record_id})
     record = get(base, page.location)
@@ -252,7 +266,8 @@ def test_find_by_id_text_and_reward_range(base: str, files: str) -> None:
 
     ranged = get(base, "/find?" + urlencode({"low": 0.5, "high": 1.0, "split": "train"}))
     expected = q(
-        f"SELECT id, reward FROM '{files}' WHERE reward BETWEEN 0.5 AND 1.0 AND split = 'train' ORDER BY step, id"
+        f"SELECT id, reward FROM '{files}' WHERE reward BETWEEN 0.5 AND 1.0 AND split = 'train' "
+        "ORDER BY step, id"
     )
     rows = ranged.rows("data-id")
     assert list(rows) == [r[0] for r in expected]
@@ -285,7 +300,9 @@ def test_every_link_on_every_view_answers(base: str) -> None:
         seen.add(path)
         page = get(base, path)
         assert page.status == 200, path
-        todo += [link for link in page.links if link.startswith("/") and "step=" not in link or "step=4" in link]
+        todo += [
+            link for link in page.links if (link.startswith("/") and "step=" not in link) or "step=4" in link
+        ]
     assert any(p.startswith("/tokens") for p in seen) and any(p.startswith("/prompt") for p in seen)
 
 
@@ -331,7 +348,9 @@ def test_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     import asynctrace.view
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "uvicorn" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "uvicorn" else real(name, *a)
+    )
     with pytest.raises(ImportError, match=r'needs uvicorn: pip install "asynctrace\[view\]"'):
         asynctrace.view.require()
 
@@ -353,7 +372,9 @@ def test_cli_serves_and_refuses_what_it_cannot_read(archive: tuple[Path, Path], 
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
-        assert line.startswith("asynctrace view: http://127.0.0.1:"), line + (proc.stderr.read() if proc.stderr else "")
+        assert line.startswith("asynctrace view: http://127.0.0.1:"), line + (
+            proc.stderr.read() if proc.stderr else ""
+        )
         url = line.split()[2].rstrip("/")
         page = get(url, "/")
         assert page.status == 200 and "/prompt?id=p-beta" in page.links
@@ -368,4 +389,3 @@ def test_cli_serves_and_refuses_what_it_cannot_read(archive: tuple[Path, Path], 
         timeout=60,
     )
     assert bad.returncode == 1 and "expected a directory of .parquet files or a .jsonl file" in bad.stderr
-
