@@ -22,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +152,19 @@ def _shoot(url: str, chromium: str, out: Path) -> list[Path]:
     return shots
 
 
+def _wait_indexed(url: str) -> None:
+    """Until the viewer has indexed its archive (it answers 503 meanwhile)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(url + "/", timeout=5).close()
+            return
+        except urllib.error.HTTPError as exc:
+            if exc.code != 503 or time.monotonic() > deadline:
+                raise
+        time.sleep(0.1)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
@@ -159,7 +174,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="asynctrace-view-") as tmp:
         archive = Path(tmp) / "archive"
         write_archive(archive)
-        cmd = [sys.executable, "-m", "asynctrace", "view", str(archive), "--port", "0"]
+        cmd = [sys.executable, "-m", "asynctrace", "view", str(archive), "--port", "0", "--no-cache"]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         try:
             assert proc.stdout is not None
@@ -168,6 +183,7 @@ def main() -> int:
             if not found:
                 raise SystemExit(f"asynctrace view did not start: {line!r}")
             started = time.monotonic()
+            _wait_indexed(found.group(0))
             for path in _shoot(found.group(0), args.chromium, args.out):
                 print(path)
             print(f"shot in {time.monotonic() - started:.1f} s")

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-__all__ = ["make_app", "require", "serve"]
+__all__ = ["cache_dir", "make_app", "require", "serve"]
 
 _NEEDED = ("duckdb", "starlette", "uvicorn")
 
@@ -24,13 +25,31 @@ def require() -> None:
         raise ImportError(f'asynctrace view needs {", ".join(missing)}: pip install "asynctrace[view]"')
 
 
-def make_app(source: str | os.PathLike[str], *, watch: Sequence[str] = ()) -> Any:
-    """The viewer's ASGI app (Starlette) over the archive at `source`: a Parquet directory or JSONL."""
+def cache_dir() -> Path:
+    """Where the command keeps each Parquet file's index: $ASYNCTRACE_VIEW_CACHE, else
+    $XDG_CACHE_HOME/asynctrace/view, else ~/.cache/asynctrace/view."""
+    explicit = os.environ.get("ASYNCTRACE_VIEW_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "asynctrace" / "view"
+
+
+def make_app(
+    source: str | os.PathLike[str],
+    *,
+    watch: Sequence[str] = (),
+    cache: str | os.PathLike[str] | None = None,
+) -> Any:
+    """The viewer's ASGI app (Starlette) over the archive at `source` (a Parquet directory or
+    JSONL), indexed before this returns; `cache` keeps each Parquet file's index for the next start."""
     require()
     from ._app import build_app
     from ._archive import Archive
 
-    return build_app(Archive(source), watch=watch)
+    archive = Archive(source, cache=cache)
+    archive.load()
+    return build_app(archive, watch=watch)
 
 
 def serve(
@@ -39,10 +58,12 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8321,
     watch: Sequence[str] = (),
+    cache: str | os.PathLike[str] | None = None,
     ready: Any = None,
 ) -> None:
-    """Serve the viewer on `host`:`port` until interrupted; `ready(url)` is called once it listens."""
+    """Serve the viewer on `host`:`port` until interrupted; `ready(url)` is called once it listens
+    (it indexes the archive meanwhile, and says so on every page until it is done)."""
     require()
     from ._app import run
 
-    run(source, host=host, port=port, watch=watch, ready=ready)
+    run(source, host=host, port=port, watch=watch, cache=cache, ready=ready)

@@ -57,13 +57,42 @@ def _text(request: Request, name: str) -> str:
     return raw
 
 
-def build_app(archive: Archive, *, watch: Sequence[str] = ()) -> Starlette:
-    """The app over `archive`; `watch` lists prompt ids the overview links to first."""
+class Loading:
+    """An archive being indexed on a thread of its own, so the server answers from its start."""
+
+    def __init__(self, archive: Archive) -> None:
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.started = time.monotonic()
+        threading.Thread(
+            target=self._load, args=(archive,), name="asynctrace-view-index", daemon=True
+        ).start()
+
+    def _load(self, archive: Archive) -> None:
+        try:
+            archive.load()
+        except BaseException as exc:  # shown on every page: the server stays up to say what failed
+            self.error = exc
+        finally:
+            self.done.set()
+
+
+def build_app(archive: Archive, *, watch: Sequence[str] = (), loading: Loading | None = None) -> Starlette:
+    """The app over `archive`; `watch` lists prompt ids the overview links to first. With `loading`,
+    pages answer "indexing" (503, refreshed each second) until the archive is indexed."""
     label = str(archive.path)
     css = resources.files("asynctrace.view").joinpath("static/view.css").read_bytes()
 
     def page(view: Callable[[Request], Response | str]) -> Callable[[Request], Response]:
         def endpoint(request: Request) -> Response:
+            if loading is not None and not loading.done.wait(0.25):
+                seconds = time.monotonic() - loading.started
+                return HTMLResponse(
+                    pages.loading_page(seconds, archive=label), status_code=503, headers={"Retry-After": "1"}
+                )
+            if loading is not None and loading.error is not None:
+                message = f"the archive could not be read: {loading.error}"
+                return HTMLResponse(pages.error_page(message, archive=label), status_code=500)
             try:
                 answer = view(request)
             except BadRequest as exc:
@@ -171,13 +200,15 @@ def run(
     host: str = "127.0.0.1",
     port: int = 8321,
     watch: Sequence[str] = (),
+    cache: str | os.PathLike[str] | None = None,
     ready: Callable[[str], Any] | None = None,
 ) -> None:
-    """Index the archive, listen on `host`:`port` (0: any free port) and serve until interrupted."""
+    """Listen on `host`:`port` (0: any free port) and serve until interrupted, indexing the
+    archive meanwhile."""
     import uvicorn
 
-    archive = Archive(source)
-    app = build_app(archive, watch=watch)
+    archive = Archive(source, cache=cache)
+    app = build_app(archive, watch=watch, loading=Loading(archive))
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:

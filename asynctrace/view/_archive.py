@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import glob
+import hashlib
 import os
 import threading
 import time
@@ -45,6 +47,8 @@ TRUNCATED: tuple[str, ...] = ("length", "max_tokens", "truncated")
 # Metadata keys of a completion's length in tokens, tried in order.
 LENGTH_KEYS: tuple[str, ...] = ("response_len", "response_length")
 _RESCAN_SECONDS = 2.0
+# Bumped whenever the index's columns or their meaning change: older cached indexes are not read.
+_INDEX_VERSION = 1
 _TOKEN_COLUMNS = ("token_ids", "loss_mask", "logprobs", "advantages")
 _JSONL_COLUMNS = (
     "{id: 'VARCHAR', step: 'BIGINT', split: 'VARCHAR', key: 'VARCHAR', timestamp: 'DOUBLE', sample: 'JSON'}"
@@ -190,8 +194,12 @@ def _loads(raw: Any, default: Any) -> Any:
 class Archive:
     """A Parquet archive directory (of `ParquetSink` files), a JSONL file, or a directory of JSONL files."""
 
-    def __init__(self, source: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, source: str | os.PathLike[str], *, cache: str | os.PathLike[str] | None = None
+    ) -> None:
         self.path = Path(source)
+        # Where each Parquet file's index is kept for the next start (None: nowhere).
+        self.cache = Path(cache) if cache is not None else None
         if not self.path.exists():
             raise FileNotFoundError(f"no archive at {self.path}")
         if self.path.is_dir():
@@ -214,8 +222,13 @@ class Archive:
             "reward DOUBLE, advantage DOUBLE, policy_version BIGINT, stop_reason VARCHAR, rlen BIGINT, "
             "tok BOOLEAN, src INTEGER)"
         )
+
+    def load(self) -> None:
+        """Index every file there is now, and answer the overview's questions once (then kept)."""
         with self._lock:
-            self._scan()
+            self._scan(force=True)
+        self.overview()
+        self.frequent_prompts()
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -226,10 +239,10 @@ class Archive:
         # Hidden names are a sink's temporaries and journals: never read.
         return sorted(glob.glob(os.path.join(glob.escape(str(self.path)), pattern)))
 
-    def _scan(self) -> None:
+    def _scan(self, force: bool = False) -> None:
         """Index the files that appeared since the last scan (at most one listing every 2 s)."""
         now = time.monotonic()
-        if self.files and now - self._scanned < _RESCAN_SECONDS:
+        if not force and self.files and now - self._scanned < _RESCAN_SECONDS:
             return
         self._scanned = now
         new = [f for f in self._listing() if f not in set(self.files)]
@@ -270,7 +283,57 @@ class Archive:
             "(SELECT * FROM read_parquet($files, filename = true, union_by_name = true) "
             "JOIN new_files USING (filename))"
         )
-        self._con.execute("INSERT INTO idx " + self._index_select(relation, tokens, count), {"files": files})
+        kept = {f: self._cached(f) for f in files}
+        hits = {f: path for f, path in kept.items() if path is not None and path.is_file()}
+        if hits:
+            self._con.execute("CREATE OR REPLACE TEMP TABLE hit_files (filename VARCHAR, src INTEGER)")
+            self._con.executemany(
+                "INSERT INTO hit_files VALUES (?, ?)",
+                [(str(path), first + files.index(f)) for f, path in hits.items()],
+            )
+            self._con.execute(
+                "INSERT INTO idx SELECT * EXCLUDE (filename) FROM read_parquet($paths, filename = true) "
+                "JOIN hit_files USING (filename)",
+                {"paths": [str(p) for p in hits.values()]},
+            )
+        rest = [f for f in files if f not in hits]
+        if not rest:
+            return
+        self._con.execute(
+            "DELETE FROM new_files WHERE filename IN (SELECT unnest($hits))", {"hits": list(hits)}
+        )
+        self._con.execute("INSERT INTO idx " + self._index_select(relation, tokens, count), {"files": rest})
+        for f in rest:
+            path = kept[f]
+            if path is not None:
+                self._keep(path, first + files.index(f))
+
+    def _cached(self, file: str) -> Path | None:
+        """Where the index of `file` is kept: named after the file's path, size and time, so a
+        file that changed (it never does once a sink named it) is indexed again."""
+        if self.cache is None:
+            return None
+        try:
+            stat = os.stat(file)
+        except OSError:
+            return None
+        key = f"{_INDEX_VERSION}\0{os.path.abspath(file)}\0{stat.st_size}\0{stat.st_mtime_ns}"
+        return self.cache / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".parquet")
+
+    def _keep(self, path: Path, src: int) -> None:
+        """Write one file's index rows for the next start; a cache that cannot be written is skipped."""
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        quoted = str(temporary).replace("'", "''")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._con.execute(
+                f"COPY (SELECT * EXCLUDE (src) FROM idx WHERE src = {int(src)}) TO '{quoted}' "
+                "(FORMAT parquet, COMPRESSION zstd)"
+            )
+            os.replace(temporary, path)
+        except (OSError, duckdb.Error):
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
 
     def _index_jsonl(self, files: list[str], first: int) -> None:
         """JSONL files are loaded whole into a table with the Parquet archive's columns."""

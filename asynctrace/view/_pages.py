@@ -18,6 +18,7 @@ __all__ = [
     "error_page",
     "find_page",
     "group_page",
+    "loading_page",
     "overview_page",
     "prompt_page",
     "record_page",
@@ -64,6 +65,15 @@ def _layout(title: str, body: str, *, archive: str, crumbs: Sequence[tuple[str, 
 <nav class="crumbs">{trail}</nav><main><h1>{escape(title)}</h1>
 {body}
 </main></body></html>"""
+
+
+def loading_page(seconds: float, *, archive: str) -> str:
+    body = (
+        f'<p class="loading">Indexing the archive ({seconds:.0f} s so far): its first open reads every '
+        "record's metadata once; later starts read the kept index. This page reloads itself.</p>"
+    )
+    page = _layout("Indexing…", body, archive=archive)
+    return page.replace("<head>", '<head><meta http-equiv="refresh" content="1">', 1)
 
 
 def error_page(message: str, *, archive: str) -> str:

@@ -96,20 +96,31 @@ def write(root: Path) -> tuple[Path, Path]:
     return parquet, jsonl
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+@contextlib.contextmanager
+def served(source: Path, watch: tuple[str, ...] = (), cache: Path | None = None) -> Iterator[str]:
+    """The viewer over `source` (indexed first), served by uvicorn on a thread; yields its base URL."""
+    from asynctrace.view import make_app
+
+    with serving(make_app(source, watch=watch, cache=cache)) as base:
+        yield base
+
+
+def ready(base: str) -> Any:
+    """The overview once the viewer at `base` has indexed its archive (it answers 503 until then)."""
+    from ._html import get
+
+    deadline = time.monotonic() + 30
+    while (page := get(base, "/")).status == 503:
+        assert time.monotonic() < deadline, "the viewer did not finish indexing"
+        time.sleep(0.05)
+    return page
 
 
 @contextlib.contextmanager
-def served(source: Path, watch: tuple[str, ...] = ()) -> Iterator[str]:
-    """The viewer over `source`, served by uvicorn on a thread; yields its base URL."""
+def serving(app: Any) -> Iterator[str]:
+    """`app` served by uvicorn on a thread, on a free port; yields its base URL."""
     import uvicorn
 
-    from asynctrace.view import make_app
-
-    app = make_app(source, watch=watch)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))

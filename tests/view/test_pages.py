@@ -3,8 +3,10 @@ shown checked against a DuckDB query on the files."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -366,9 +368,11 @@ def test_importing_asynctrace_leaves_the_viewer_unloaded() -> None:
 
 
 def test_cli_serves_and_refuses_what_it_cannot_read(archive: tuple[Path, Path], tmp_path: Path) -> None:
-    """`asynctrace view DIR --port 0` prints its URL and serves; a path that is no archive exits 1."""
+    """`asynctrace view DIR --port 0` prints its URL and serves, keeping the index in its cache; a
+    path that is no archive exits 1."""
     cmd = [sys.executable, "-m", "asynctrace", "view", str(archive[0]), "--port", "0", "--watch", "p-beta"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = dict(os.environ, ASYNCTRACE_VIEW_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -376,8 +380,9 @@ def test_cli_serves_and_refuses_what_it_cannot_read(archive: tuple[Path, Path], 
             proc.stderr.read() if proc.stderr else ""
         )
         url = line.split()[2].rstrip("/")
-        page = get(url, "/")
+        page = _archive.ready(url)
         assert page.status == 200 and "/prompt?id=p-beta" in page.links
+        assert len(list((tmp_path / "cache").glob("*.parquet"))) == len(list(archive[0].glob("*.parquet")))
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -389,3 +394,59 @@ def test_cli_serves_and_refuses_what_it_cannot_read(archive: tuple[Path, Path], 
         timeout=60,
     )
     assert bad.returncode == 1 and "expected a directory of .parquet files or a .jsonl file" in bad.stderr
+
+
+def test_a_kept_index_is_read_instead_of_the_files(
+    archive: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second start with the same cache reads each file's index from it, and shows the same pages."""
+    from asynctrace.view import _archive as archive_module
+
+    cache = tmp_path / "cache"
+    with _archive.served(archive[0], cache=cache) as first:
+        pages = {path: get(first, path) for path in ("/", "/step?step=3", "/prompt?id=p-gamma")}
+    assert len(list(cache.glob("*.parquet"))) == 2
+
+    def no_indexing(*args: Any) -> str:
+        raise AssertionError("indexed the files again")
+
+    monkeypatch.setattr(archive_module.Archive, "_index_select", no_indexing)
+    with _archive.served(archive[0], cache=cache) as second:
+        for path, page in pages.items():
+            assert [b.values for b in get(second, path).blocks] == [b.values for b in page.blocks], path
+
+
+def test_pages_say_indexing_until_the_archive_is_read(
+    archive: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server answers from its start: "indexing" (503, reloading) until the index is built,
+    then the page; an archive that cannot be read is said on every page."""
+    from asynctrace.view import _app
+    from asynctrace.view import _archive as archive_module
+
+    release = threading.Event()
+    real_load = archive_module.Archive.load
+
+    def slow_load(self: Any) -> None:
+        assert release.wait(20)
+        real_load(self)
+
+    monkeypatch.setattr(archive_module.Archive, "load", slow_load)
+    store = archive_module.Archive(archive[0])
+    app = _app.build_app(store, loading=_app.Loading(store))
+    with _archive.serving(app) as base:
+        waiting = get(base, "/")
+        assert waiting.status == 503 and "Indexing the archive" in waiting.html
+        assert '<meta http-equiv="refresh" content="1">' in waiting.html
+        release.set()
+        assert _archive.ready(base).status == 200
+
+    def failing_load(self: Any) -> None:
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(archive_module.Archive, "load", failing_load)
+    broken = _app.Loading(store)
+    assert broken.done.wait(10)
+    with _archive.serving(_app.build_app(store, loading=broken)) as base:
+        page = get(base, "/step?step=1")
+        assert page.status == 500 and "the archive could not be read: disk on fire" in page.html
