@@ -125,7 +125,7 @@ def heat_strip(
     titles: Sequence[str],
     *,
     per_line: int = 64,
-    cell: int = 12,
+    cell: int = 16,
 ) -> str:
     """Bands of coloured cells, one cell per token: each line of `per_line` tokens shows every band
     (name, colours) stacked; `titles[i]` is token i's tooltip."""
@@ -148,7 +148,7 @@ def heat_strip(
                 f'<text x="{label - 4}" y="{y_line + b * band + band - 2}" class="axis" '
                 f'text-anchor="end">{escape(name)}</text>'
             )
-        out.append(f'<text x="0" y="{y_line + band - 2}" class="axis">{line * per_line}</text>')
+        out.append(f'<text x="0" y="{y_line + band * len(rows) - 2}" class="axis">{line * per_line}</text>')
         for i in range(line * per_line, min(count, (line + 1) * per_line)):
             x = label + (i - line * per_line) * cell
             out.append(f'<g class="tok" data-i="{i}"><title>{escape(titles[i])}</title>')

@@ -450,3 +450,23 @@ def test_pages_say_indexing_until_the_archive_is_read(
     with _archive.serving(_app.build_app(store, loading=broken)) as base:
         page = get(base, "/step?step=1")
         assert page.status == 500 and "the archive could not be read: disk on fire" in page.html
+
+
+def test_the_docs_snippets_run_as_written(
+    archive: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/view.md's Python: the archive setup it recommends, and an embedded app that serves."""
+    import re
+    import shutil
+
+    text = (Path(__file__).parents[2] / "docs" / "view.md").read_text()
+    setup, embed = re.findall(r"```python\n(.*?)```", text, re.S)
+    shutil.copytree(archive[0], tmp_path / "archive")
+    monkeypatch.chdir(tmp_path)
+    names: dict[str, Any] = {}
+    exec(setup, names)
+    assert [type(s).__name__ for s in names["session"].sinks] == ["ParquetSink", "Selected"]
+    exec(embed, names)
+    with _archive.serving(names["app"]) as base:
+        page = get(base, "/")
+    assert page.status == 200 and "/prompt?id=gsm8k-0042" in page.links
