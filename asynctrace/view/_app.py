@@ -112,7 +112,12 @@ def build_app(archive: Archive, *, watch: Sequence[str] = (), loading: Loading |
         counts = archive.prompt_counts(list(watch)) if watch else {}
         watched = [(p, *counts.get(p, (0, 0))) for p in watch]
         return pages.overview_page(
-            rows, watched, archive.frequent_prompts(), archive=label, total=sum(r.samples for r in rows)
+            rows,
+            watched,
+            archive.frequent_prompts(),
+            archive=label,
+            total=sum(r.samples for r in rows),
+            skipped={os.path.basename(f): why for f, why in archive.skipped.items()},
         )
 
     def step(request: Request) -> str:

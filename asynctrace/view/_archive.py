@@ -50,6 +50,10 @@ _RESCAN_SECONDS = 2.0
 # Bumped whenever the index's columns or their meaning change: older cached indexes are not read.
 _INDEX_VERSION = 1
 _TOKEN_COLUMNS = ("token_ids", "loss_mask", "logprobs", "advantages")
+# The columns every file of a ParquetSink archive has (docs/sinks.md); a file without them is skipped.
+_REQUIRED = frozenset(
+    ("id", "step", "split", "messages", "metadata", "reward", "advantage", "policy_version", "stop_reason")
+)
 _JSONL_COLUMNS = (
     "{id: 'VARCHAR', step: 'BIGINT', split: 'VARCHAR', key: 'VARCHAR', timestamp: 'DOUBLE', sample: 'JSON'}"
 )
@@ -214,6 +218,8 @@ class Archive:
         self._con.execute(f"SET threads = {max(1, min(8, os.cpu_count() or 1))}")
         self._lock = threading.Lock()
         self.files: list[str] = []
+        # Files of the directory that are not of the archive's schema, with the reason.
+        self.skipped: dict[str, str] = {}
         self._scanned = 0.0
         self._cache: dict[Any, Any] = {}
         self._udf = False
@@ -258,20 +264,42 @@ class Archive:
 
     def _index_select(self, relation: str, tokens: str, token_count: str) -> str:
         """The index's columns from `relation` (a table with the Parquet archive's columns)."""
+        length = f"TRY_CAST({_coalesce(_G + _P, len(LENGTH_KEYS))} AS BIGINT)"
         return (
             f"SELECT id, step, split, {_coalesce(0, _G)}, {_coalesce(_G, _P)}, reward, advantage, "
-            f"policy_version, stop_reason, coalesce({_coalesce(_G + _P, len(LENGTH_KEYS))}::BIGINT, "
+            f"policy_version, stop_reason, coalesce({length}, "
             f"{token_count}), {tokens}, src FROM (SELECT *, json_extract_string(metadata, "
             f"{_PATHS!r}) AS j FROM {relation})"
         )
 
-    def _index_parquet(self, files: list[str], first: int) -> None:
+    def _readable(self, files: list[str]) -> tuple[list[str], set[str]]:
+        """The files of the archive's schema, and their columns; any other is skipped with its reason."""
+        usable: list[str] = []
+        have: set[str] = set()
+        for f in files:
+            try:
+                columns = {
+                    r[0] for r in self._con.execute("SELECT name FROM parquet_schema(?)", [f]).fetchall()
+                }
+            except duckdb.Error as exc:
+                self.skipped[f] = f"not a Parquet file DuckDB can read: {str(exc).splitlines()[0]}"
+                continue
+            missing = sorted(_REQUIRED - columns)
+            if missing:
+                self.skipped[f] = f"not a ParquetSink file: no column {', '.join(missing)}"
+                continue
+            usable.append(f)
+            have |= columns
+        return usable, have
+
+    def _index_parquet(self, every: list[str], first: int) -> None:
+        files, have = self._readable(every)
+        if not files:
+            return
         self._con.execute("CREATE OR REPLACE TEMP TABLE new_files (filename VARCHAR, src INTEGER)")
         self._con.executemany(
-            "INSERT INTO new_files VALUES (?, ?)", [(f, first + i) for i, f in enumerate(files)]
+            "INSERT INTO new_files VALUES (?, ?)", [(f, first + every.index(f)) for f in files]
         )
-        names = set(self._con.execute("SELECT name FROM parquet_schema(?)", [files[:1]]).fetchall())
-        have = {n[0] for n in names}
         present = [c for c in _TOKEN_COLUMNS if c in have]
         tokens = " OR ".join(f"{c} IS NOT NULL" for c in present) or "false"
         count = (
@@ -289,7 +317,7 @@ class Archive:
             self._con.execute("CREATE OR REPLACE TEMP TABLE hit_files (filename VARCHAR, src INTEGER)")
             self._con.executemany(
                 "INSERT INTO hit_files VALUES (?, ?)",
-                [(str(path), first + files.index(f)) for f, path in hits.items()],
+                [(str(path), first + every.index(f)) for f, path in hits.items()],
             )
             self._con.execute(
                 "INSERT INTO idx SELECT * EXCLUDE (filename) FROM read_parquet($paths, filename = true) "
@@ -306,7 +334,7 @@ class Archive:
         for f in rest:
             path = kept[f]
             if path is not None:
-                self._keep(path, first + files.index(f))
+                self._keep(path, first + every.index(f))
 
     def _cached(self, file: str) -> Path | None:
         """Where the index of `file` is kept: named after the file's path, size and time, so a
@@ -647,18 +675,19 @@ class Archive:
         if not text:
             return self._completions(where, params, f"step, id LIMIT {int(limit)}")
         with self._query() as con:
+            files = [f for f in self.files if f not in self.skipped]
             if self.kind == "jsonl":
                 relation, extra = "records", {}
+            elif files:
+                relation, extra = "read_parquet($files, union_by_name = true)", {"files": files}
             else:
-                relation, extra = "read_parquet($files, union_by_name = true)", {"files": self.files}
+                return []
+            # The typed conditions are columns of the files too: one pass over them finds the hits.
             hits = con.execute(
-                f"SELECT id FROM {relation} WHERE contains(lower(messages), lower($text)) LIMIT 10000",
-                {"text": text, **extra},
+                f"SELECT id FROM {relation} WHERE {where} AND contains(lower(messages), lower($text)) "
+                f"ORDER BY step, id LIMIT {int(limit)}",
+                {"text": text, **params, **extra},
             ).fetchall()
         if not hits:
             return []
-        return self._completions(
-            f"{where} AND id IN (SELECT unnest($hits))",
-            {**params, "hits": [h[0] for h in hits]},
-            f"step, id LIMIT {int(limit)}",
-        )
+        return self._completions("id IN (SELECT unnest($hits))", {"hits": [h[0] for h in hits]}, "step, id")

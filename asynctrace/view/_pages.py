@@ -87,8 +87,12 @@ def overview_page(
     *,
     archive: str,
     total: int,
+    skipped: dict[str, str] | None = None,
 ) -> str:
     parts = [f'<p class="muted">{total:,} records, {len(rows):,} steps. Click a step to open its groups.</p>']
+    if skipped:
+        items = "".join(f"<li><code>{escape(f)}</code>: {escape(why)}</li>" for f, why in skipped.items())
+        parts.append(f'<div class="skipped"><p>Files left out:</p><ul>{items}</ul></div>')
     for split in sorted({r.split for r in rows}):
         mine = [r for r in rows if r.split == split]
 

@@ -470,3 +470,22 @@ def test_the_docs_snippets_run_as_written(
     with _archive.serving(names["app"]) as base:
         page = get(base, "/")
     assert page.status == 200 and "/prompt?id=gsm8k-0042" in page.links
+
+
+def test_files_of_another_kind_are_left_out_and_named(archive: tuple[Path, Path], tmp_path: Path) -> None:
+    """A file that is not Parquet, or not of the archive's schema, is named on the overview with
+    the reason, and the rest of the archive is shown."""
+    import shutil
+
+    directory = tmp_path / "archive"
+    shutil.copytree(archive[0], directory)
+    (directory / "notes.parquet").write_bytes(b"not parquet at all")
+    duckdb.execute(f"COPY (SELECT 1 AS step, 'x' AS id) TO '{directory / 'other.parquet'}' (FORMAT parquet)")
+    with _archive.served(directory) as base, _archive.served(archive[0]) as plain:
+        page, reference = get(base, "/"), get(plain, "/")
+        found = get(base, "/find?q=at+length")
+    assert page.status == 200
+    assert [b.values for b in page.blocks] == [b.values for b in reference.blocks]
+    assert "notes.parquet</code>: not a Parquet file DuckDB can read" in page.html
+    assert "other.parquet</code>: not a ParquetSink file: no column " in page.html
+    assert found.status == 200 and len(found.rows("data-id")) == _archive.STEPS * _archive.GROUP
