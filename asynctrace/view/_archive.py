@@ -15,10 +15,11 @@ import binascii
 import contextlib
 import glob
 import hashlib
+import math
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,12 +64,13 @@ def _path(key: str) -> str:
     return '$."' + key.replace('"', "") + '"'
 
 
-_PATHS = [_path(k) for k in (*DEFAULT_GROUP_KEYS, *DEFAULT_WATCH_KEYS, *LENGTH_KEYS)]
-_G, _P = len(DEFAULT_GROUP_KEYS), len(DEFAULT_WATCH_KEYS)
+# Each metadata key is parsed once per record, whichever roles (group, prompt id, length) share it.
+_KEYS = list(dict.fromkeys((*DEFAULT_GROUP_KEYS, *DEFAULT_WATCH_KEYS, *LENGTH_KEYS)))
+_PATHS = [_path(k) for k in _KEYS]
 
 
-def _coalesce(start: int, count: int) -> str:
-    return "coalesce(" + ", ".join(f"j[{start + i + 1}]" for i in range(count)) + ")"
+def _coalesce(keys: Sequence[str]) -> str:
+    return "coalesce(" + ", ".join(f"j[{_KEYS.index(k) + 1}]" for k in keys) + ")"
 
 
 _TRUNCATED_SQL = "(" + ", ".join(f"'{s}'" for s in TRUNCATED) + ")"
@@ -124,6 +126,7 @@ class Completion:
     text: str
     messages: list[dict[str, Any]]
     metadata: dict[str, Any]
+    loaded: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +176,25 @@ def split_messages(messages: list[dict[str, Any]]) -> tuple[str, str]:
         head, last = messages, ""
     prompt = "\n\n".join(f"{m.get('role', '?')}: {_content(m)}" for m in head if isinstance(m, dict))
     return prompt, last
+
+
+def _highlights(rows: list[Any]) -> set[str]:
+    """Ids of each step's best completion and each policy version's best and worst (index rows:
+    id, step, ..., reward at 5, policy_version at 7)."""
+
+    def reward(r: Any) -> float:
+        return -math.inf if r[5] is None else float(r[5])
+
+    picked: set[str] = set()
+    for position in (1, 7):
+        by: dict[Any, list[Any]] = {}
+        for r in rows:
+            by.setdefault(r[position], []).append(r)
+        for items in by.values():
+            picked.add(max(items, key=reward)[0])
+            if position == 7:
+                picked.add(min(items, key=reward)[0])
+    return picked
 
 
 def _mask_count(b64: str | None) -> int | None:
@@ -264,9 +286,10 @@ class Archive:
 
     def _index_select(self, relation: str, tokens: str, token_count: str) -> str:
         """The index's columns from `relation` (a table with the Parquet archive's columns)."""
-        length = f"TRY_CAST({_coalesce(_G + _P, len(LENGTH_KEYS))} AS BIGINT)"
+        length = f"TRY_CAST({_coalesce(LENGTH_KEYS)} AS BIGINT)"
         return (
-            f"SELECT id, step, split, {_coalesce(0, _G)}, {_coalesce(_G, _P)}, reward, advantage, "
+            f"SELECT id, step, split, {_coalesce(DEFAULT_GROUP_KEYS)}, {_coalesce(DEFAULT_WATCH_KEYS)}, "
+            "reward, advantage, "
             f"policy_version, stop_reason, coalesce({length}, "
             f"{token_count}), {tokens}, src FROM (SELECT *, json_extract_string(metadata, "
             f"{_PATHS!r}) AS j FROM {relation})"
@@ -416,10 +439,16 @@ class Archive:
             yield self._con
 
     def _rows(
-        self, con: duckdb.DuckDBPyConnection, where: str, params: dict[str, Any], srcs: Sequence[int]
+        self,
+        con: duckdb.DuckDBPyConnection,
+        where: str,
+        params: dict[str, Any],
+        srcs: Sequence[int],
+        metadata: bool = True,
     ) -> list[Any]:
-        """Full records matching `where`, read from the files that hold them (`srcs`)."""
-        columns = "id, messages, metadata"
+        """Records matching `where` (id, messages, metadata), read from the files that hold them
+        (`srcs`); without `metadata` that column is not read (it is a large part of a file)."""
+        columns = "id, messages, " + ("metadata" if metadata else "NULL")
         if self.kind == "jsonl":
             return con.execute(f"SELECT {columns} FROM records WHERE {where}", params).fetchall()
         files = [self.files[s] for s in sorted(set(srcs))]
@@ -511,7 +540,17 @@ class Archive:
             )
         return {r[0]: split_messages(_loads(r[1], []))[0] for r in rows}
 
-    def _completions(self, where: str, params: dict[str, Any], order: str) -> list[Completion]:
+    def _completions(
+        self,
+        where: str,
+        params: dict[str, Any],
+        order: str,
+        *,
+        metadata: bool = False,
+        shown: Callable[[list[Any]], set[str]] | None = None,
+    ) -> list[Completion]:
+        """The index rows matching `where`, with the texts (and with `metadata`, the metadata) of
+        those `shown` picks, every one by default; the others have `loaded` False."""
         with self._query() as con:
             index = con.execute(
                 "SELECT id, step, split, grp, prompt, reward, advantage, policy_version, stop_reason, "
@@ -520,14 +559,17 @@ class Archive:
             ).fetchall()
             if not index:
                 return []
-            steps = sorted({r[1] for r in index})
+            wanted = shown(index) if shown is not None else {r[0] for r in index}
+            chosen = [r for r in index if r[0] in wanted]
+            steps = sorted({r[1] for r in chosen})
             texts = {
                 r[0]: r
                 for r in self._rows(
                     con,
                     "step IN (SELECT unnest($steps)) AND id IN (SELECT unnest($ids))",
-                    {"steps": steps, "ids": [r[0] for r in index]},
-                    [r[11] for r in index],
+                    {"steps": steps, "ids": [r[0] for r in chosen]},
+                    [r[11] for r in chosen],
+                    metadata,
                 )
             }
         out = []
@@ -552,6 +594,7 @@ class Archive:
                     text=text,
                     messages=messages,
                     metadata=_loads(raw_metadata, {}),
+                    loaded=r[0] in texts,
                 )
             )
         return out
@@ -565,7 +608,7 @@ class Archive:
         )
 
     def record(self, record_id: str) -> Completion | None:
-        found = self._completions("id = $id", {"id": record_id}, "id")
+        found = self._completions("id = $id", {"id": record_id}, "id", metadata=True)
         return found[0] if found else None
 
     def prompt_steps(self, prompt: str, split: str) -> list[PromptStep]:
@@ -602,11 +645,14 @@ class Archive:
         return [r[0] for r in rows]
 
     def prompt_completions(self, prompt: str, split: str) -> list[Completion]:
-        """Every completion of one prompt id, by policy version, then step, best reward first."""
+        """Every completion of one prompt id, by policy version, then step, best reward first; the
+        texts are read for each step's best and each policy version's best and worst only (a
+        prompt's completions lie in every file of the run: each text read costs)."""
         return self._completions(
             "prompt = $prompt AND split = $split",
             {"prompt": prompt, "split": split},
             "policy_version DESC NULLS LAST, step DESC, reward DESC NULLS LAST, id",
+            shown=_highlights,
         )
 
     def frequent_prompts(self, limit: int = 10) -> list[tuple[str, int, int]]:

@@ -162,6 +162,8 @@ def _prompt_list(title: str, prompts: Sequence[tuple[str, int, int]], cls: str) 
     items = "".join(
         f'<li><a href="{escape(url("/prompt", id=p))}">{escape(p)}</a> '
         f'<span class="muted">{steps} steps, {samples} samples</span></li>'
+        if steps
+        else f'<li>{escape(p)} <span class="muted">not in the archive</span></li>'
         for p, steps, samples in prompts
     )
     return f'<h2>{escape(title)}</h2><ul class="prompts {cls}">{items}</ul>'
@@ -306,6 +308,10 @@ def word_diff(old: str, new: str) -> str:
     return "".join(out)
 
 
+def _reward(c: Completion) -> float:
+    return -math.inf if c.reward is None else c.reward
+
+
 def _by_step(completions: Iterable[Completion]) -> dict[int, list[Completion]]:
     out: dict[int, list[Completion]] = {}
     for c in completions:
@@ -321,7 +327,6 @@ def prompt_page(
     completions: Sequence[Completion],
     *,
     archive: str,
-    per_version: int = 8,
     diffs: int = 20,
 ) -> str:
     here = url("/prompt", id=prompt, split=split)
@@ -355,19 +360,21 @@ def prompt_page(
         versions.setdefault(c.policy_version, []).append(c)
     blocks = []
     for version, items in versions.items():
-        shown = items[:per_version]
+        # The best and the worst of each version: the archive read their texts.
+        top, bottom = max(items, key=_reward), min(items, key=_reward)
+        shown = [top] if top is bottom else [top, bottom]
+        rewards = [c.reward for c in items if c.reward is not None]
+        mean = sum(rewards) / len(rewards) if rewards else None
         label = "unknown" if version is None else str(version)
         blocks.append(
             f'<section class="version" data-version="{escape(label)}"><h3>policy version {escape(label)} '
-            f'<span class="muted">{len(items)} completions, {len(shown)} shown</span></h3>'
+            f'<span class="muted">{len(items)} completions at {len({c.step for c in items})} steps, '
+            f"reward mean {num(mean)}; the best and the worst:</span></h3>"
             f'<div class="side-by-side">{"".join(_completion_card(c, show_step=True) for c in shown)}</div>'
             "</section>"
         )
     # Consecutive steps compared by their best completion: where the text changed, and how.
-    best = [
-        (step, max(items, key=lambda c: -math.inf if c.reward is None else c.reward))
-        for step, items in sorted(_by_step(completions).items())
-    ]
+    best = [(step, max(items, key=_reward)) for step, items in sorted(_by_step(completions).items())]
     pairs = list(itertools.pairwise(best))[-diffs:]
     diff_blocks = "".join(
         f'<section class="diff" data-from="{a[1].id}" data-to="{b[1].id}"><h3>step {a[0]} → step {b[0]} '

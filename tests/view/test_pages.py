@@ -96,7 +96,7 @@ def test_overview_links_steps_and_watched_prompts(base: str) -> None:
     assert "/prompt?id=p-alpha" in page.links
     watched = page.html.split('class="prompts watched"')[1].split("</ul>")[0]
     assert "p-alpha" in watched and "5 steps, 28 samples" in watched  # train and eval
-    assert "p-unknown" in watched and "0 steps" in watched
+    assert "p-unknown" in watched and "not in the archive" in watched and "id=p-unknown" not in watched
 
 
 @pytest.mark.parametrize("order", ["spread", "-spread", "mean", "-mean"])
@@ -199,17 +199,23 @@ def test_prompt_history_follows_one_prompt_across_steps(base: str, files: str) -
             "spread": f4(std),
             "versions": versions,
         }
-    by_version = dict(
-        q(
-            f"""SELECT policy_version, count(*) FROM '{files}'
+    by_version = {
+        r[0]: r[1:]
+        for r in q(
+            f"""SELECT policy_version, count(*), count(DISTINCT step), avg(reward), max(reward), min(reward)
+                FROM '{files}'
                 WHERE json_extract_string(metadata, '$.prompt_id') = 'p-alpha' AND split = 'train'
                 GROUP BY 1"""
         )
-    )
+    }
     sections = [b for b in page.blocks if "data-version" in b.attrs]
     assert [int(s.attrs["data-version"]) for s in sections] == sorted(by_version, reverse=True)
-    for section in sections:
-        assert f"{by_version[int(section.attrs['data-version'])]} completions" in page.html
+    for version, (n, steps_seen, mean, best, worst) in by_version.items():
+        html = page.html.split(f'data-version="{version}">')[1].split("</section>")[0]
+        assert f"{n} completions at {steps_seen} steps, reward mean {f4(mean)}" in html
+        # The best and the worst of the version side by side, best first.
+        shown = [part.split("</dd>")[0] for part in html.split('<dd data-k="reward">')[1:]]
+        assert shown == ([f4(best), f4(worst)] if n > 1 else [f4(best)])
     # One diff per pair of consecutive steps: the best completion of each, word by word.
     assert page.html.count('<section class="diff"') == _archive.STEPS - 1
     first = page.html.split("step 0 → step 1")[1].split("</section>")[0]
@@ -469,7 +475,7 @@ def test_the_docs_snippets_run_as_written(
     exec(embed, names)
     with _archive.serving(names["app"]) as base:
         page = get(base, "/")
-    assert page.status == 200 and "/prompt?id=gsm8k-0042" in page.links
+    assert page.status == 200 and "gsm8k-0042 <span class=\"muted\">not in the archive" in page.html
 
 
 def test_files_of_another_kind_are_left_out_and_named(archive: tuple[Path, Path], tmp_path: Path) -> None:
