@@ -49,7 +49,7 @@ TRUNCATED: tuple[str, ...] = ("length", "max_tokens", "truncated")
 LENGTH_KEYS: tuple[str, ...] = ("response_len", "response_length")
 _RESCAN_SECONDS = 2.0
 # Bumped whenever the index's columns or their meaning change: older cached indexes are not read.
-_INDEX_VERSION = 1
+_INDEX_VERSION = 2
 _TOKEN_COLUMNS = ("token_ids", "loss_mask", "logprobs", "advantages")
 # The columns every file of a ParquetSink archive has (docs/sinks.md); a file without them is skipped.
 _REQUIRED = frozenset(
@@ -248,7 +248,7 @@ class Archive:
         self._con.execute(
             "CREATE TABLE idx (id VARCHAR, step BIGINT, split VARCHAR, grp VARCHAR, prompt VARCHAR, "
             "reward DOUBLE, advantage DOUBLE, policy_version BIGINT, stop_reason VARCHAR, rlen BIGINT, "
-            "tok BOOLEAN, src INTEGER)"
+            "tok BOOLEAN, rn BIGINT, src INTEGER)"
         )
 
     def load(self) -> None:
@@ -284,14 +284,14 @@ class Archive:
             self._index_jsonl(new, first)
         self._cache.clear()
 
-    def _index_select(self, relation: str, tokens: str, token_count: str) -> str:
+    def _index_select(self, relation: str, tokens: str, token_count: str, row: str) -> str:
         """The index's columns from `relation` (a table with the Parquet archive's columns)."""
         length = f"TRY_CAST({_coalesce(LENGTH_KEYS)} AS BIGINT)"
         return (
             f"SELECT id, step, split, {_coalesce(DEFAULT_GROUP_KEYS)}, {_coalesce(DEFAULT_WATCH_KEYS)}, "
             "reward, advantage, "
             f"policy_version, stop_reason, coalesce({length}, "
-            f"{token_count}), {tokens}, src FROM (SELECT *, json_extract_string(metadata, "
+            f"{token_count}), {tokens}, {row}, src FROM (SELECT *, json_extract_string(metadata, "
             f"{_PATHS!r}) AS j FROM {relation})"
         )
 
@@ -331,8 +331,8 @@ class Archive:
             else ("len(token_ids)" if "token_ids" in have else "NULL")
         )
         relation = (
-            "(SELECT * FROM read_parquet($files, filename = true, union_by_name = true) "
-            "JOIN new_files USING (filename))"
+            "(SELECT * FROM read_parquet($files, filename = true, file_row_number = true, "
+            "union_by_name = true) JOIN new_files USING (filename))"
         )
         kept = {f: self._cached(f) for f in files}
         hits = {f: path for f, path in kept.items() if path is not None and path.is_file()}
@@ -353,7 +353,10 @@ class Archive:
         self._con.execute(
             "DELETE FROM new_files WHERE filename IN (SELECT unnest($hits))", {"hits": list(hits)}
         )
-        self._con.execute("INSERT INTO idx " + self._index_select(relation, tokens, count), {"files": rest})
+        self._con.execute(
+            "INSERT INTO idx " + self._index_select(relation, tokens, count, "file_row_number"),
+            {"files": rest},
+        )
         for f in rest:
             path = kept[f]
             if path is not None:
@@ -428,6 +431,7 @@ class Archive:
                 f"(SELECT * FROM records WHERE src >= {int(first)})",
                 "tokens IS NOT NULL",
                 "mask_count(tokens->'loss_mask'->>'b64')",
+                "NULL",
             )
         )
 
@@ -441,23 +445,31 @@ class Archive:
     def _rows(
         self,
         con: duckdb.DuckDBPyConnection,
-        where: str,
-        params: dict[str, Any],
-        srcs: Sequence[int],
-        metadata: bool = True,
+        picks: Sequence[tuple[str, int, int | None]],
+        columns: str = "messages, metadata",
     ) -> list[Any]:
-        """Records matching `where` (id, messages, metadata), read from the files that hold them
-        (`srcs`); without `metadata` that column is not read (it is a large part of a file)."""
-        columns = "id, messages, " + ("metadata" if metadata else "NULL")
-        if self.kind == "jsonl":
-            return con.execute(f"SELECT {columns} FROM records WHERE {where}", params).fetchall()
-        files = [self.files[s] for s in sorted(set(srcs))]
-        if not files:
+        """(id, *columns) of the records `picks` names (id, src, row number in its file).
+
+        Parquet rows are read by their row number in their file: DuckDB then skips to them, where
+        a filter on the id would read that column of every file the rows are in."""
+        if not picks:
             return []
-        return con.execute(
-            f"SELECT {columns} FROM read_parquet($files, union_by_name = true) WHERE {where}",
-            {**params, "files": files},
-        ).fetchall()
+        if self.kind == "jsonl":
+            return con.execute(
+                f"SELECT id, {columns} FROM records WHERE id IN (SELECT unnest($ids))",
+                {"ids": [p[0] for p in picks]},
+            ).fetchall()
+        by_file: dict[int, list[int]] = {}
+        for _, src, row in picks:
+            by_file.setdefault(src, []).append(int(row if row is not None else -1))
+        parts, params = [], {}
+        for i, (src, rows) in enumerate(sorted(by_file.items())):
+            params[f"f{i}"] = self.files[src]
+            parts.append(
+                f"SELECT id, {columns} FROM read_parquet($f{i}, file_row_number = true) "
+                f"WHERE file_row_number IN ({', '.join(str(r) for r in sorted(set(rows)))})"
+            )
+        return con.execute(" UNION ALL ".join(parts), params).fetchall()
 
     # -- pages' questions --------------------------------------------------------------------
 
@@ -529,15 +541,9 @@ class Archive:
             return {}
         with self._query() as con:
             found = con.execute(
-                "SELECT id, step, src FROM idx WHERE id IN (SELECT unnest($ids))", {"ids": list(ids)}
+                "SELECT id, src, rn FROM idx WHERE id IN (SELECT unnest($ids))", {"ids": list(ids)}
             ).fetchall()
-            steps = sorted({r[1] for r in found})
-            rows = self._rows(
-                con,
-                "step IN (SELECT unnest($steps)) AND id IN (SELECT unnest($ids))",
-                {"steps": steps, "ids": list(ids)},
-                [r[2] for r in found],
-            )
+            rows = self._rows(con, found, "messages")
         return {r[0]: split_messages(_loads(r[1], []))[0] for r in rows}
 
     def _completions(
@@ -554,24 +560,15 @@ class Archive:
         with self._query() as con:
             index = con.execute(
                 "SELECT id, step, split, grp, prompt, reward, advantage, policy_version, stop_reason, "
-                f"rlen, tok, src FROM idx WHERE {where} ORDER BY {order}",
+                f"rlen, tok, src, rn FROM idx WHERE {where} ORDER BY {order}",
                 params,
             ).fetchall()
             if not index:
                 return []
             wanted = shown(index) if shown is not None else {r[0] for r in index}
-            chosen = [r for r in index if r[0] in wanted]
-            steps = sorted({r[1] for r in chosen})
-            texts = {
-                r[0]: r
-                for r in self._rows(
-                    con,
-                    "step IN (SELECT unnest($steps)) AND id IN (SELECT unnest($ids))",
-                    {"steps": steps, "ids": [r[0] for r in chosen]},
-                    [r[11] for r in chosen],
-                    metadata,
-                )
-            }
+            picks = [(r[0], r[11], r[12]) for r in index if r[0] in wanted]
+            columns = "messages, " + ("metadata" if metadata else "NULL")
+            texts = {r[0]: r for r in self._rows(con, picks, columns)}
         out = []
         for r in index:
             _, raw_messages, raw_metadata = texts.get(r[0], (r[0], None, None))
@@ -681,20 +678,25 @@ class Archive:
         """The record's token-level fields; None when it has none (or no such record)."""
         with self._query() as con:
             found = con.execute(
-                "SELECT step, src FROM idx WHERE id = $id AND tok", {"id": record_id}
-            ).fetchone()
-            if found is None:
+                "SELECT id, src, rn FROM idx WHERE id = $id AND tok", {"id": record_id}
+            ).fetchall()
+            if not found:
                 return None
             if self.kind == "jsonl":
-                raw = con.execute("SELECT tokens FROM records WHERE id = $id", {"id": record_id}).fetchone()
-                held = decode_token_fields(_loads(raw[0] if raw else None, {}))
+                raw = self._rows(con, found, "tokens")
+                held = decode_token_fields(_loads(raw[0][1] if raw else None, {}))
                 return Tokens(*(held.get(n) for n in _TOKEN_COLUMNS))
-            row = con.execute(
-                f"SELECT {', '.join(_TOKEN_COLUMNS)} FROM read_parquet($files, union_by_name = true) "
-                "WHERE step = $step AND id = $id",
-                {"files": [self.files[found[1]]], "step": found[0], "id": record_id},
-            ).fetchone()
-        return Tokens(*row) if row else None
+            columns = self._token_columns(self.files[found[0][1]])
+            rows = self._rows(con, found, ", ".join(columns))
+        if not rows:
+            return None
+        values = dict(zip(columns, rows[0][1:], strict=True))
+        return Tokens(*(values.get(n) for n in _TOKEN_COLUMNS))
+
+    def _token_columns(self, file: str) -> list[str]:
+        """The token-level columns `file` has (an older file may lack some): NULL stands for the others."""
+        names = {r[0] for r in self._con.execute("SELECT name FROM parquet_schema(?)", [file]).fetchall()}
+        return [c if c in names else f"NULL AS {c}" for c in _TOKEN_COLUMNS]
 
     def find(
         self,
