@@ -16,7 +16,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from . import _pages as pages
-from ._archive import Archive
+from ._archive import Archive, prompt_steps
 
 __all__ = ["build_app", "run"]
 
@@ -145,10 +145,10 @@ def build_app(archive: Archive, *, watch: Sequence[str] = (), loading: Loading |
     def prompt(request: Request) -> str:
         prompt_id = _text(request, "id")
         split = request.query_params.get("split") or default_split()
-        steps = archive.prompt_steps(prompt_id, split)
-        if not steps:
-            raise LookupError(f"no prompt {prompt_id!r} in split {split!r}")
         completions = archive.prompt_completions(prompt_id, split)
+        if not completions:
+            raise LookupError(f"no prompt {prompt_id!r} in split {split!r}")
+        steps = prompt_steps(completions)
         return pages.prompt_page(
             prompt_id, split, archive.prompt_splits(prompt_id), steps, completions, archive=label
         )

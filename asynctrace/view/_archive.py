@@ -36,6 +36,7 @@ from .._watch import DEFAULT_WATCH_KEYS
 __all__ = [
     "TRUNCATED",
     "Archive",
+    "prompt_steps",
     "Completion",
     "GroupRow",
     "PromptStep",
@@ -178,6 +179,36 @@ def split_messages(messages: list[dict[str, Any]]) -> tuple[str, str]:
     return prompt, last
 
 
+def prompt_steps(completions: Sequence[Completion]) -> list[PromptStep]:
+    """One prompt's completions summed up per step (from the index's values: no text needed)."""
+    by_step: dict[int, list[Completion]] = {}
+    for c in completions:
+        by_step.setdefault(c.step, []).append(c)
+    out = []
+    for step, items in sorted(by_step.items()):
+        rewards = [c.reward for c in items if c.reward is not None]
+        mean = math.fsum(rewards) / len(rewards) if rewards else None
+        spread = (
+            math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / len(rewards))
+            if mean is not None
+            else None
+        )
+        versions = sorted({c.policy_version for c in items if c.policy_version is not None})
+        out.append(
+            PromptStep(
+                step=step,
+                group=min((c.group for c in items if c.group is not None), default=None),
+                samples=len(items),
+                reward_mean=mean,
+                reward_min=min(rewards, default=None),
+                reward_max=max(rewards, default=None),
+                spread=spread,
+                versions=", ".join(str(v) for v in versions),
+            )
+        )
+    return out
+
+
 def _highlights(rows: list[Any]) -> set[str]:
     """Ids of each step's best completion and each policy version's best and worst (index rows:
     id, step, ..., reward at 5, policy_version at 7)."""
@@ -238,6 +269,8 @@ class Archive:
             raise ValueError(f"{self.path}: expected a directory of .parquet files or a .jsonl file")
         self._con = duckdb.connect(":memory:")
         self._con.execute(f"SET threads = {max(1, min(8, os.cpu_count() or 1))}")
+        # A sink's file never changes once named: its footer is read once, not at every page.
+        self._con.execute("SET parquet_metadata_cache = true")
         self._lock = threading.Lock()
         self.files: list[str] = []
         # Files of the directory that are not of the archive's schema, with the reason.
@@ -607,31 +640,6 @@ class Archive:
     def record(self, record_id: str) -> Completion | None:
         found = self._completions("id = $id", {"id": record_id}, "id", metadata=True)
         return found[0] if found else None
-
-    def prompt_steps(self, prompt: str, split: str) -> list[PromptStep]:
-        """One prompt id at every step it occurs in."""
-        with self._query() as con:
-            rows = con.execute(
-                """
-                SELECT step, min(grp), count(*), avg(reward), min(reward), max(reward), stddev_pop(reward),
-                    string_agg(DISTINCT policy_version::VARCHAR, ', ' ORDER BY policy_version::VARCHAR)
-                FROM idx WHERE prompt = $prompt AND split = $split GROUP BY step ORDER BY step
-                """,
-                {"prompt": prompt, "split": split},
-            ).fetchall()
-        return [
-            PromptStep(
-                step=r[0],
-                group=r[1],
-                samples=r[2],
-                reward_mean=r[3],
-                reward_min=r[4],
-                reward_max=r[5],
-                spread=r[6],
-                versions=r[7] or "",
-            )
-            for r in rows
-        ]
 
     def prompt_splits(self, prompt: str) -> list[str]:
         """The splits in which this prompt id occurs."""

@@ -181,7 +181,7 @@ def test_prompt_history_follows_one_prompt_across_steps(base: str, files: str) -
     expected = q(
         f"""
         SELECT step, count(*), avg(reward), min(reward), max(reward), stddev_pop(reward),
-               string_agg(DISTINCT policy_version::VARCHAR, ', ' ORDER BY policy_version::VARCHAR)
+               array_to_string(list_sort(list(DISTINCT policy_version)), ', ')
         FROM '{files}' WHERE json_extract_string(metadata, '$.prompt_id') = 'p-alpha' AND split = 'train'
         GROUP BY step ORDER BY step
         """
@@ -475,7 +475,7 @@ def test_the_docs_snippets_run_as_written(
     exec(embed, names)
     with _archive.serving(names["app"]) as base:
         page = get(base, "/")
-    assert page.status == 200 and "gsm8k-0042 <span class=\"muted\">not in the archive" in page.html
+    assert page.status == 200 and 'gsm8k-0042 <span class="muted">not in the archive' in page.html
 
 
 def test_files_of_another_kind_are_left_out_and_named(archive: tuple[Path, Path], tmp_path: Path) -> None:
