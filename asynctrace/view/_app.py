@@ -70,11 +70,13 @@ class Loading:
 
     def _load(self, archive: Archive) -> None:
         try:
-            archive.load()
+            archive.load(keep=False)
         except BaseException as exc:  # shown on every page: the server stays up to say what failed
             self.error = exc
         finally:
             self.done.set()
+        if self.error is None:
+            archive.keep()  # after the pages are ready: the cache saves the next start, not this one
 
 
 def build_app(archive: Archive, *, watch: Sequence[str] = (), loading: Loading | None = None) -> Starlette:

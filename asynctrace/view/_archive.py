@@ -278,18 +278,30 @@ class Archive:
         self._scanned = 0.0
         self._cache: dict[Any, Any] = {}
         self._udf = False
+        self._loading = False
+        # Cache files to write: (path, src) of files indexed but not yet kept.
+        self._unkept: list[tuple[Path, int]] = []
+        self._keep_lock = threading.Lock()
         self._con.execute(
             "CREATE TABLE idx (id VARCHAR, step BIGINT, split VARCHAR, grp VARCHAR, prompt VARCHAR, "
             "reward DOUBLE, advantage DOUBLE, policy_version BIGINT, stop_reason VARCHAR, rlen BIGINT, "
             "tok BOOLEAN, rn BIGINT, src INTEGER)"
         )
 
-    def load(self) -> None:
-        """Index every file there is now, and answer the overview's questions once (then kept)."""
+    def load(self, keep: bool = True) -> None:
+        """Index every file there is now, answer the overview's questions once (then kept), and
+        with `keep` write the cache (else the caller calls `keep()` when it likes: after
+        the server says it is ready, as `asynctrace view` does)."""
         with self._lock:
-            self._scan(force=True)
+            self._loading = True
+            try:
+                self._scan(force=True)
+            finally:
+                self._loading = False
         self.overview()
         self.frequent_prompts()
+        if keep:
+            self.keep()
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -393,7 +405,9 @@ class Archive:
         for f in rest:
             path = kept[f]
             if path is not None:
-                self._keep(path, first + every.index(f))
+                self._unkept.append((path, first + every.index(f)))
+        if not self._loading:
+            self.keep()
 
     def _cached(self, file: str) -> Path | None:
         """Where the index of `file` is kept: named after the file's path, size and time, so a
@@ -407,13 +421,28 @@ class Archive:
         key = f"{_INDEX_VERSION}\0{os.path.abspath(file)}\0{stat.st_size}\0{stat.st_mtime_ns}"
         return self.cache / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".parquet")
 
-    def _keep(self, path: Path, src: int) -> None:
-        """Write one file's index rows for the next start; a cache that cannot be written is skipped."""
+    def keep(self) -> None:
+        """Write the index of each file indexed since the last call into the cache, for the next start.
+
+        It reads the index through a cursor of its own, so that pages can be answered meanwhile."""
+        with self._keep_lock:
+            pending, self._unkept = self._unkept, []
+        if not pending:
+            return
+        cursor = self._con.cursor()
+        try:
+            for path, src in pending:
+                self._keep(cursor, path, src)
+        finally:
+            cursor.close()
+
+    def _keep(self, con: duckdb.DuckDBPyConnection, path: Path, src: int) -> None:
+        """Write one file's index rows; a cache that cannot be written is skipped (it only saves time)."""
         temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         quoted = str(temporary).replace("'", "''")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._con.execute(
+            con.execute(
                 f"COPY (SELECT * EXCLUDE (src) FROM idx WHERE src = {int(src)}) TO '{quoted}' "
                 "(FORMAT parquet, COMPRESSION zstd)"
             )

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -388,7 +389,11 @@ def test_cli_serves_and_refuses_what_it_cannot_read(archive: tuple[Path, Path], 
         url = line.split()[2].rstrip("/")
         page = _archive.ready(url)
         assert page.status == 200 and "/prompt?id=p-beta" in page.links
-        assert len(list((tmp_path / "cache").glob("*.parquet"))) == len(list(archive[0].glob("*.parquet")))
+        # The index is kept once the pages are ready, beside them.
+        deadline = time.monotonic() + 20
+        while len(list((tmp_path / "cache").glob("*.parquet"))) < len(list(archive[0].glob("*.parquet"))):
+            assert time.monotonic() < deadline, "the index was not kept"
+            time.sleep(0.05)
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -433,9 +438,9 @@ def test_pages_say_indexing_until_the_archive_is_read(
     release = threading.Event()
     real_load = archive_module.Archive.load
 
-    def slow_load(self: Any) -> None:
+    def slow_load(self: Any, keep: bool = True) -> None:
         assert release.wait(20)
-        real_load(self)
+        real_load(self, keep)
 
     monkeypatch.setattr(archive_module.Archive, "load", slow_load)
     store = archive_module.Archive(archive[0])
@@ -447,7 +452,7 @@ def test_pages_say_indexing_until_the_archive_is_read(
         release.set()
         assert _archive.ready(base).status == 200
 
-    def failing_load(self: Any) -> None:
+    def failing_load(self: Any, keep: bool = True) -> None:
         raise OSError("disk on fire")
 
     monkeypatch.setattr(archive_module.Archive, "load", failing_load)
