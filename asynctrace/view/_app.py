@@ -147,12 +147,11 @@ def build_app(archive: Archive, *, watch: Sequence[str] = (), loading: Loading |
     def prompt(request: Request) -> str:
         prompt_id = _text(request, "id")
         split = request.query_params.get("split") or default_split()
-        completions = archive.prompt_completions(prompt_id, split)
+        completions, splits = archive.prompt_history(prompt_id, split)
         if not completions:
             raise LookupError(f"no prompt {prompt_id!r} in split {split!r}")
-        steps = prompt_steps(completions)
         return pages.prompt_page(
-            prompt_id, split, archive.prompt_splits(prompt_id), steps, completions, archive=label
+            prompt_id, split, splits, prompt_steps(completions), completions, archive=label
         )
 
     def tokens(request: Request) -> str:

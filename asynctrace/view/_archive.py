@@ -670,24 +670,18 @@ class Archive:
         found = self._completions("id = $id", {"id": record_id}, "id", metadata=True)
         return found[0] if found else None
 
-    def prompt_splits(self, prompt: str) -> list[str]:
-        """The splits in which this prompt id occurs."""
-        with self._query() as con:
-            rows = con.execute(
-                "SELECT DISTINCT split FROM idx WHERE prompt = $prompt ORDER BY split", {"prompt": prompt}
-            ).fetchall()
-        return [r[0] for r in rows]
-
-    def prompt_completions(self, prompt: str, split: str) -> list[Completion]:
-        """Every completion of one prompt id, by policy version, then step, best reward first; the
-        texts are read for each step's best and each policy version's best and worst only (a
-        prompt's completions lie in every file of the run: each text read costs)."""
-        return self._completions(
-            "prompt = $prompt AND split = $split",
-            {"prompt": prompt, "split": split},
+    def prompt_history(self, prompt: str, split: str) -> tuple[list[Completion], list[str]]:
+        """Every completion of one prompt id in `split` (by policy version, then step, best reward
+        first), and the splits the prompt occurs in. Texts are read for each step's best and each
+        policy version's best and worst only: a prompt's completions lie in every file of the run,
+        and each text read costs."""
+        every = self._completions(
+            "prompt = $prompt",
+            {"prompt": prompt},
             "policy_version DESC NULLS LAST, step DESC, reward DESC NULLS LAST, id",
-            shown=_highlights,
+            shown=lambda rows: _highlights([r for r in rows if r[2] == split]),
         )
+        return [c for c in every if c.split == split], sorted({c.split for c in every})
 
     def frequent_prompts(self, limit: int = 10) -> list[tuple[str, int, int]]:
         """The prompt ids seen at the most steps: (prompt, steps, samples)."""
