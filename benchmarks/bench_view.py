@@ -265,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
 
         cache = scratch / "cache"
         cold = Server(archive, cache)
+        # The index is kept once the pages are ready; the second start needs all of it.
+        while len(list(cache.glob("*.parquet"))) < len(parts):
+            time.sleep(0.05)
         cold.close()
         warm = Server(archive, cache)
         try:

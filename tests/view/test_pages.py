@@ -269,6 +269,7 @@ def test_find_by_id_text_and_reward_range(base: str, files: str) -> None:
     record = get(base, page.location)
     assert record.status == 200 and record_id in record.html and "its prompt history" in record.html
 
+    assert get(base, "/find?" + urlencode({"q": "6 * 7 = (4"})).status == 200  # a literal, not a pattern
     found = get(base, "/find?q=AT+LENGTH")
     expected = q(f"SELECT id FROM '{files}' WHERE contains(lower(messages), 'at length') ORDER BY step, id")
     assert [b.attrs["data-id"] for b in found.blocks if "data-id" in b.attrs] == [r[0] for r in expected]
