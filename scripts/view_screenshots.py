@@ -65,8 +65,15 @@ def _samples(step: int, rng: random.Random) -> list[Any]:
             stop = "length" if ramble else "stop"
             reward = (1.0 if solved and not ramble else 0.0) + (0.1 if not ramble else -0.2)
             rewards.append(reward)
-            n = len(text.split()) + 12
-            logprobs = [-abs(rng.gauss(0.3 if solved else 1.2, 0.6)) for _ in range(n)]
+            # 12 prompt tokens (masked out) and a response of 60 to 200 tokens, with a few
+            # unlikely tokens where sampling drifted.
+            n = 12 + rng.randint(60, 200)
+            logprobs = [
+                -rng.uniform(2.0, 6.0)
+                if rng.random() < 0.03
+                else -abs(rng.gauss(0.05 if solved else 0.4, 0.3))
+                for _ in range(n)
+            ]
             out.append((prompt_id, question, text, reward, stop, version, n, logprobs, i))
     samples = []
     for k in range(0, len(out), 8):
