@@ -476,7 +476,7 @@ class Archive:
                 src
             FROM (SELECT *, coalesce(sample->'metadata', '{{}}'::JSON) AS m
                   FROM read_json($files, format = 'newline_delimited', columns = {_JSONL_COLUMNS},
-                                 filename = true)
+                                 filename = true, ignore_errors = true)
                   JOIN new_files USING (filename))
             WHERE id IS NOT NULL
         """

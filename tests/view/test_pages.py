@@ -501,3 +501,12 @@ def test_files_of_another_kind_are_left_out_and_named(archive: tuple[Path, Path]
     assert "notes.parquet</code>: not a Parquet file DuckDB can read" in page.html
     assert "other.parquet</code>: not a ParquetSink file: no column " in page.html
     assert found.status == 200 and len(found.rows("data-id")) == _archive.STEPS * _archive.GROUP
+
+
+def test_a_jsonl_line_cut_short_is_skipped(archive: tuple[Path, Path], tmp_path: Path) -> None:
+    """A JSONL file still being written (its last line cut short) shows every whole line."""
+    path = tmp_path / "run.jsonl"
+    whole = archive[1].read_bytes()
+    path.write_bytes(whole + whole.splitlines(keepends=True)[0][:40])
+    with _archive.served(path) as base, _archive.served(archive[1]) as reference:
+        assert [b.values for b in get(base, "/").blocks] == [b.values for b in get(reference, "/").blocks]
