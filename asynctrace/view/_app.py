@@ -16,7 +16,8 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from . import _pages as pages
-from ._archive import Archive, prompt_steps
+from ._archive import Archive
+from ._model import prompt_steps
 
 __all__ = ["build_app", "run"]
 

@@ -11,7 +11,7 @@ from html import escape
 from typing import Any
 from urllib.parse import urlencode
 
-from ._archive import Completion, GroupRow, PromptStep, StepRow, Tokens
+from ._model import TRUNCATED, Completion, GroupRow, PromptStep, StepRow, Tokens
 from ._svg import heat_strip, line_chart, logprob_color, signed_color
 
 __all__ = [
@@ -255,7 +255,7 @@ def _completion_card(c: Completion, *, show_step: bool = False) -> str:
     links = [f'<a href="{escape(url("/record", id=c.id))}">record</a>']
     if c.has_tokens:
         links.append(f'<a class="tokens-link" href="{escape(url("/tokens", id=c.id))}">tokens</a>')
-    truncated = " truncated" if c.stop_reason in ("length", "max_tokens", "truncated") else ""
+    truncated = " truncated" if c.stop_reason in TRUNCATED else ""
     return (
         f'<article class="completion{truncated}" data-id="{escape(c.id)}">'
         f"<header><code>{escape(c.id)}</code> {' · '.join(links)}</header><dl>{dl}</dl>"
