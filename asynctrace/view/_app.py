@@ -29,16 +29,19 @@ class BadRequest(ValueError):
     """A query parameter that is missing or malformed: answered with 400 and the reason."""
 
 
-def _int(request: Request, name: str, default: int | None = None) -> int:
+def _int(request: Request, name: str, default: int | None = None, minimum: int = -(2**63)) -> int:
     raw = request.query_params.get(name)
     if raw is None or raw == "":
         if default is None:
             raise BadRequest(f"missing parameter {name!r}")
         return default
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise BadRequest(f"{name}: expected an integer, got {raw!r}") from None
+    if not minimum <= value < 2**63:  # a step is an int64 in the archive
+        raise BadRequest(f"{name}: expected an integer from {minimum} to {2**63 - 1}, got {raw!r}")
+    return value
 
 
 def _float(request: Request, name: str) -> float | None:
@@ -95,13 +98,18 @@ def build_app(archive: Archive, *, watch: Sequence[str] = (), loading: Loading |
                 )
             if loading is not None and loading.error is not None:
                 message = f"the archive could not be read: {loading.error}"
-                return HTMLResponse(pages.error_page(message, archive=label), status_code=500)
+                return HTMLResponse(pages.error_page(message, archive=label, title="Error"), status_code=500)
             try:
                 answer = view(request)
             except BadRequest as exc:
-                return HTMLResponse(pages.error_page(str(exc), archive=label), status_code=400)
+                return HTMLResponse(
+                    pages.error_page(str(exc), archive=label, title="Bad request"), status_code=400
+                )
             except LookupError as exc:
                 return HTMLResponse(pages.error_page(str(exc.args[0]), archive=label), status_code=404)
+            except Exception as exc:  # a file that went away, a query DuckDB refused: said, not hidden
+                message = f"this page could not be made: {type(exc).__name__}: {exc}"
+                return HTMLResponse(pages.error_page(message, archive=label, title="Error"), status_code=500)
             return HTMLResponse(answer) if isinstance(answer, str) else answer
 
         return endpoint
@@ -129,7 +137,7 @@ def build_app(archive: Archive, *, watch: Sequence[str] = (), loading: Loading |
         order = request.query_params.get("order") or "spread"
         if order not in ("spread", "-spread", "mean", "-mean"):
             raise BadRequest(f"order: expected spread, -spread, mean or -mean, got {order!r}")
-        limit = _int(request, "limit", _STEP_LIMIT)
+        limit = _int(request, "limit", _STEP_LIMIT, minimum=1)
         groups = archive.step_groups(split, number, order)
         if not groups and not any(r.step == number and r.split == split for r in archive.overview()):
             raise LookupError(f"no records at step {number} of split {split!r}")

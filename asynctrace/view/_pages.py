@@ -76,8 +76,8 @@ def loading_page(seconds: float, *, archive: str) -> str:
     return page.replace("<head>", '<head><meta http-equiv="refresh" content="1">', 1)
 
 
-def error_page(message: str, *, archive: str) -> str:
-    return _layout("Not found", f'<p class="error">{escape(message)}</p>', archive=archive)
+def error_page(message: str, *, archive: str, title: str = "Not found") -> str:
+    return _layout(title, f'<p class="error">{escape(message)}</p>', archive=archive)
 
 
 def overview_page(

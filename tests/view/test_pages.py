@@ -289,6 +289,8 @@ def test_bad_and_unknown_requests_say_what_is_wrong(base: str) -> None:
     assert get(base, "/step?step=x").status == 400
     assert "step: expected an integer" in get(base, "/step?step=x").html
     assert get(base, "/step?step=2&order=best").status == 400
+    assert get(base, "/step?step=99999999999999999999").status == 400
+    assert "limit: expected an integer from 1" in get(base, "/step?step=2&limit=0").html
     assert get(base, "/find?low=abc").status == 400
     assert get(base, "/group?step=1").status == 400
     assert get(base, "/step?step=99").status == 404
@@ -510,3 +512,17 @@ def test_a_jsonl_line_cut_short_is_skipped(archive: tuple[Path, Path], tmp_path:
     path.write_bytes(whole + whole.splitlines(keepends=True)[0][:40])
     with _archive.served(path) as base, _archive.served(archive[1]) as reference:
         assert [b.values for b in get(base, "/").blocks] == [b.values for b in get(reference, "/").blocks]
+
+
+def test_a_file_gone_after_indexing_is_an_error_page(archive: tuple[Path, Path], tmp_path: Path) -> None:
+    """Texts read from a file removed since the start: a 500 page naming the error, the rest served."""
+    import shutil
+
+    directory = tmp_path / "archive"
+    shutil.copytree(archive[0], directory)
+    with _archive.served(directory) as base:
+        for path in directory.glob("*.parquet"):
+            path.unlink()
+        page = get(base, "/group?split=train&step=1&group=train-1-p-alpha")
+        assert page.status == 500 and "this page could not be made: IOException" in page.html
+        assert get(base, "/").status == 200  # the overview needs only the index
