@@ -353,18 +353,15 @@ def test_new_files_of_a_running_trainer_are_picked_up(
     assert total(after) == 2 * total(before)
 
 
-def test_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without the view extra's packages the viewer names the extra to install."""
-    import importlib.util
-
-    import asynctrace.view
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "uvicorn" else real(name, *a)
+def test_missing_extra_is_named(archive: tuple[Path, Path]) -> None:
+    """Without a package of the view extra, `asynctrace view` exits 1 naming it and the extra."""
+    code = (
+        "import sys; sys.modules['uvicorn'] = None; from asynctrace.cli import main; "
+        f"main(['view', {str(archive[0])!r}])"
     )
-    with pytest.raises(ImportError, match=r'needs uvicorn: pip install "asynctrace\[view\]"'):
-        asynctrace.view.require()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert 'asynctrace view needs uvicorn: pip install "asynctrace[view]"' in out.stderr
 
 
 def test_importing_asynctrace_leaves_the_viewer_unloaded() -> None:
