@@ -90,3 +90,41 @@ def recover(spool_dir: str, project: str | None, run: str | None, dead_letters: 
     raise SystemExit(
         run_recover(spool_dir, project=project, run=run, dead_letters=dead_letters, progress=progress)
     )
+
+
+@main.command()
+@click.argument("archive", type=click.Path(exists=True))
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=8321, show_default=True, help="Port (0: any free one)."
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--watch", "watch", multiple=True, help="A prompt id to list first on the overview (repeatable)."
+)
+@click.option(
+    "--no-cache", is_flag=True, help="Index the archive afresh and keep no index for the next start."
+)
+def view(archive: str, port: int, host: str, watch: tuple[str, ...], no_cache: bool) -> None:
+    """Browse a run's archive in a local web page: steps, GRPO groups, prompts across steps, tokens.
+
+    ARCHIVE is a ParquetSink directory, or a JsonlSink file (or a directory of them). Needs the
+    `view` extra: pip install "asynctrace[view]". Everything is served from this machine. Each
+    Parquet file's index is kept under $ASYNCTRACE_VIEW_CACHE (default: ~/.cache/asynctrace/view)
+    so that the next start does not read the metadata again.
+    """
+    from .view import cache_dir, require, serve
+
+    try:
+        require()
+    except ImportError as exc:
+        raise click.ClickException(str(exc)) from None
+
+    def ready(url: str) -> None:
+        click.echo(f"asynctrace view: {url}  (Ctrl-C to stop)")
+
+    try:
+        serve(
+            archive, host=host, port=port, watch=watch, cache=None if no_cache else cache_dir(), ready=ready
+        )
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None

@@ -154,7 +154,7 @@ LAYERS: list[set[str]] = [
     {"_engine"},
     {"_sync"},
     {"_session"},
-    {"ray", "distributed", "adapters"},
+    {"ray", "distributed", "adapters", "view"},
     {"_demo", "_recover"},
     {""},  # the public face, asynctrace/__init__.py
     {"cli"},

@@ -1,0 +1,251 @@
+"""The viewer's web app (Starlette) and its server (uvicorn): one route per view, state in the URL."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from importlib import resources
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from . import _pages as pages
+from ._archive import Archive
+from ._model import prompt_steps
+
+__all__ = ["build_app", "run"]
+
+_STEP_LIMIT = 200
+_FIND_LIMIT = 100
+
+
+class BadRequest(ValueError):
+    """A query parameter that is missing or malformed: answered with 400 and the reason."""
+
+
+def _int(request: Request, name: str, default: int | None = None, minimum: int = -(2**63)) -> int:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        if default is None:
+            raise BadRequest(f"missing parameter {name!r}")
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"{name}: expected an integer, got {raw!r}") from None
+    if not minimum <= value < 2**63:  # a step is an int64 in the archive
+        raise BadRequest(f"{name}: expected an integer from {minimum} to {2**63 - 1}, got {raw!r}")
+    return value
+
+
+def _float(request: Request, name: str) -> float | None:
+    raw = request.query_params.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise BadRequest(f"{name}: expected a number, got {raw!r}") from None
+
+
+def _text(request: Request, name: str) -> str:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        raise BadRequest(f"missing parameter {name!r}")
+    return raw
+
+
+class Loading:
+    """An archive being indexed on a thread of its own, so the server answers from its start."""
+
+    def __init__(self, archive: Archive) -> None:
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.started = time.monotonic()
+        threading.Thread(
+            target=self._load, args=(archive,), name="asynctrace-view-index", daemon=True
+        ).start()
+
+    def _load(self, archive: Archive) -> None:
+        try:
+            archive.load(keep=False)
+        except BaseException as exc:  # shown on every page: the server stays up to say what failed
+            self.error = exc
+        finally:
+            self.done.set()
+        if self.error is None:
+            archive.keep()  # after the pages are ready: the cache saves the next start, not this one
+
+
+def build_app(archive: Archive, *, watch: Sequence[str] = (), loading: Loading | None = None) -> Starlette:
+    """The app over `archive`; `watch` lists prompt ids the overview links to first. With `loading`,
+    pages answer "indexing" (503, refreshed each second) until the archive is indexed."""
+    label = str(archive.path)
+    css = resources.files("asynctrace.view").joinpath("static/view.css").read_bytes()
+
+    def page(view: Callable[[Request], Response | str]) -> Callable[[Request], Response]:
+        def endpoint(request: Request) -> Response:
+            if loading is not None and not loading.done.wait(0.25):
+                seconds = time.monotonic() - loading.started
+                return HTMLResponse(
+                    pages.loading_page(seconds, archive=label), status_code=503, headers={"Retry-After": "1"}
+                )
+            if loading is not None and loading.error is not None:
+                message = f"the archive could not be read: {loading.error}"
+                return HTMLResponse(pages.error_page(message, archive=label, title="Error"), status_code=500)
+            try:
+                answer = view(request)
+            except BadRequest as exc:
+                return HTMLResponse(
+                    pages.error_page(str(exc), archive=label, title="Bad request"), status_code=400
+                )
+            except LookupError as exc:
+                return HTMLResponse(pages.error_page(str(exc.args[0]), archive=label), status_code=404)
+            except Exception as exc:  # a file that went away, a query DuckDB refused: said, not hidden
+                message = f"this page could not be made: {type(exc).__name__}: {exc}"
+                return HTMLResponse(pages.error_page(message, archive=label, title="Error"), status_code=500)
+            return HTMLResponse(answer) if isinstance(answer, str) else answer
+
+        return endpoint
+
+    def default_split() -> str:
+        splits = archive.splits()
+        return "train" if "train" in splits or not splits else splits[0]
+
+    def overview(request: Request) -> str:
+        rows = archive.overview()
+        counts = archive.prompt_counts(list(watch)) if watch else {}
+        watched = [(p, *counts.get(p, (0, 0))) for p in watch]
+        return pages.overview_page(
+            rows,
+            watched,
+            archive.frequent_prompts(),
+            archive=label,
+            total=sum(r.samples for r in rows),
+            skipped={os.path.basename(f): why for f, why in archive.skipped.items()},
+        )
+
+    def step(request: Request) -> str:
+        split = request.query_params.get("split") or default_split()
+        number = _int(request, "step")
+        order = request.query_params.get("order") or "spread"
+        if order not in ("spread", "-spread", "mean", "-mean"):
+            raise BadRequest(f"order: expected spread, -spread, mean or -mean, got {order!r}")
+        limit = _int(request, "limit", _STEP_LIMIT, minimum=1)
+        groups = archive.step_groups(split, number, order)
+        if not groups and not any(r.step == number and r.split == split for r in archive.overview()):
+            raise LookupError(f"no records at step {number} of split {split!r}")
+        prompts = archive.prompts_of([g.first_id for g in groups[:limit]])
+        return pages.step_page(split, number, order, groups, prompts, archive=label, limit=limit)
+
+    def group(request: Request) -> str:
+        split = request.query_params.get("split") or default_split()
+        number = _int(request, "step")
+        name = _text(request, "group")
+        completions = archive.group(split, number, name)
+        if not completions:
+            raise LookupError(f"no group {name!r} at step {number} of split {split!r}")
+        return pages.group_page(split, number, name, completions, archive=label)
+
+    def prompt(request: Request) -> str:
+        prompt_id = _text(request, "id")
+        split = request.query_params.get("split") or default_split()
+        completions, splits = archive.prompt_history(prompt_id, split)
+        if not completions:
+            raise LookupError(f"no prompt {prompt_id!r} in split {split!r}")
+        return pages.prompt_page(
+            prompt_id, split, splits, prompt_steps(completions), completions, archive=label
+        )
+
+    def tokens(request: Request) -> str:
+        record_id = _text(request, "id")
+        held = archive.tokens(record_id)
+        record = archive.record(record_id) if held is not None else None
+        if held is None or record is None:
+            raise LookupError(f"no token fields archived for record {record_id!r}")
+        return pages.tokens_page(record, held, archive=label)
+
+    def record(request: Request) -> str:
+        record_id = _text(request, "id")
+        found = archive.record(record_id)
+        if found is None:
+            raise LookupError(f"no record {record_id!r}")
+        return pages.record_page(found, archive=label)
+
+    def find(request: Request) -> Response | str:
+        query = {k: request.query_params.get(k, "").strip() for k in ("id", "q", "low", "high", "split")}
+        if query["id"]:
+            if archive.record(query["id"]) is None:
+                raise LookupError(f"no record {query['id']!r}")
+            return RedirectResponse(pages.url("/record", id=query["id"]), status_code=303)
+        low, high = _float(request, "low"), _float(request, "high")
+        searched = bool(query["q"]) or low is not None or high is not None
+        found = (
+            archive.find(text=query["q"] or None, low=low, high=high, split=query["split"], limit=_FIND_LIMIT)
+            if searched
+            else None
+        )
+        return pages.find_page(found, archive=label, query=query, splits=archive.splits(), limit=_FIND_LIMIT)
+
+    def static(request: Request) -> Response:
+        return Response(css, media_type="text/css", headers={"Cache-Control": "max-age=3600"})
+
+    routes = [
+        Route("/", page(overview)),
+        Route("/step", page(step)),
+        Route("/group", page(group)),
+        Route("/prompt", page(prompt)),
+        Route("/tokens", page(tokens)),
+        Route("/record", page(record)),
+        Route("/find", page(find)),
+        Route("/static/view.css", static),
+    ]
+    return Starlette(routes=routes)
+
+
+def run(
+    source: str | os.PathLike[str],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8321,
+    watch: Sequence[str] = (),
+    cache: str | os.PathLike[str] | None = None,
+    ready: Callable[[str], Any] | None = None,
+) -> None:
+    """Listen on `host`:`port` (0: any free port) and serve until interrupted, indexing the
+    archive meanwhile."""
+    import uvicorn
+
+    archive = Archive(source, cache=cache)
+    app = build_app(archive, watch=watch, loading=Loading(archive))
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    bound = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    if ready is not None:
+        where = f"http://{'[' + host + ']' if ':' in host else host}:{bound}/"
+
+        def announce() -> None:
+            # uvicorn says it listens by setting `started`; the deadline keeps this thread bounded.
+            deadline = time.monotonic() + 30
+            while not server.started and not server.should_exit and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if server.started:
+                ready(where)
+
+        threading.Thread(target=announce, name="asynctrace-view-ready", daemon=True).start()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()

@@ -1,0 +1,313 @@
+"""`asynctrace view` on a large archive: start time and the time each page takes to answer.
+
+Builds a Parquet archive of ``--rows`` records (default 1,000,000) through a real
+``TraceSession`` with a ``ParquetSink``: GRPO-style groups of 8 completions, 512 groups a step,
+prompt ids drawn from a pool of 5,000 (so each prompt recurs across steps), policy-version lag,
+truncations, and token-level fields (512 tokens of ids, loss mask, log-probs and advantages) on
+one record in 64. ``--archive DIR`` keeps it there and reuses it on the next run.
+
+Then runs ``asynctrace view`` itself (the command, in a subprocess) twice: with an empty index
+cache (the first open of an archive) and with the cache the first run left (every later
+start). Each time: seconds until it listens, and until the overview answers. On the second
+server it times every view over HTTP, ``--repeat`` times each, after one untimed request;
+the figure is the median, and the slowest is printed too. Side by side, in the same run, it
+answers the overview's, a step's and a prompt's questions with one DuckDB query each straight
+on the files (what one would type without the viewer) and prints the ratios.
+
+    python benchmarks/bench_view.py --archive /tmp/view-1m
+    python benchmarks/bench_view.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+GOAL_MS = 300.0
+START_GOAL_S = 2.0
+GROUP = 8
+GROUPS_PER_STEP = 512
+PROMPTS = 5_000
+_WORDS = (  # noqa: SIM905 - a readable word list
+    "the of and to in is that for it as with was on be by this are or at from which an not have has all "
+    "reward policy gradient token sequence value advantage rollout prompt answer step proof therefore "
+    "compute integer prime divisor equation solve check result let because hence first then so we get"
+).split()
+
+
+def _fragments(rng: random.Random, count: int, words: int) -> list[str]:
+    return [" ".join(rng.choice(_WORDS) for _ in range(words)) + "." for _ in range(count)]
+
+
+def build(directory: Path, rows: int, seed: int = 0) -> None:
+    """Write `rows` records (rounded down to whole steps) through a session into `directory`."""
+    import anyio
+
+    import asynctrace as at
+
+    rng = random.Random(seed)
+    pieces = _fragments(rng, 4096, 24)  # three of these make one completion of about 0.5 KB
+    questions = [f"Problem {i}: " + " ".join(rng.sample(pieces, 2)) for i in range(PROMPTS)]
+    per_step = GROUP * GROUPS_PER_STEP
+    steps = max(1, rows // per_step)
+
+    async def main() -> None:
+        sink = at.ParquetSink(directory)
+        async with at.TraceSession("bench-view", run="grpo", sinks=[sink], health_metrics=False) as session:
+            for step in range(steps):
+                batch = []
+                for g in range(GROUPS_PER_STEP):
+                    prompt = rng.randrange(PROMPTS)
+                    version = step - rng.choice((0, 0, 1, 2))
+                    p = 1 / (1 + 2.0 ** (-(step / steps * 6 - 3 + (prompt % 7 - 3) / 2)))
+                    rewards = [float(rng.random() < p) for _ in range(GROUP)]
+                    mean = sum(rewards) / GROUP
+                    std = (sum((r - mean) ** 2 for r in rewards) / GROUP) ** 0.5
+                    for i, reward in enumerate(rewards):
+                        truncated = rng.random() < 0.05
+                        text = " ".join(rng.sample(pieces, 3)) + (" The answer is 42." if reward else "")
+                        length = 512 if truncated else rng.randrange(60, 400)
+                        advantage = round((reward - mean) / (std + 1e-4), 4)
+                        tokens = None
+                        if (g * GROUP + i) % 64 == 0:
+                            tokens = {
+                                "token_ids": [rng.randrange(50_000) for _ in range(512)],
+                                "loss_mask": [0] * 64 + [1] * 448,
+                                "logprobs": [-rng.expovariate(3.0) for _ in range(512)],
+                                "advantages": [advantage] * 512,
+                            }
+                        batch.append(
+                            at.Sample(
+                                messages=[
+                                    {"role": "system", "content": "You are a careful math tutor."},
+                                    {"role": "user", "content": questions[prompt]},
+                                    {"role": "assistant", "content": text},
+                                ],
+                                metadata={
+                                    "prompt_id": f"p{prompt:05d}",
+                                    "group_uid": f"{step}-{g}",
+                                    "sample_index": i,
+                                    "reward": reward,
+                                    "advantage": advantage,
+                                    "policy_version": version,
+                                    "stop_reason": "length" if truncated else "stop",
+                                    "response_len": length,
+                                    "prompt_len": 96,
+                                    "dataset": "gsm8k",
+                                    "reward_breakdown": {"correct": reward, "format": 0.1},
+                                },
+                                tokens=tokens,
+                            )
+                        )
+                for k in range(0, len(batch), 256):
+                    await session.log_samples(batch[k : k + 256], step=step)
+        assert session.stats().check()
+
+    anyio.run(main)
+
+
+class Server:
+    """`asynctrace view` in a subprocess: seconds until it listens, and until it has indexed."""
+
+    def __init__(self, archive: Path, cache: Path) -> None:
+        env = dict(os.environ, ASYNCTRACE_VIEW_CACHE=str(cache))
+        started = time.perf_counter()
+        cmd = [sys.executable, "-m", "asynctrace", "view", str(archive), "--port", "0"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        found = re.search(r"(http://\S+?)/?\s", line)
+        if not found:
+            self.close()
+            raise SystemExit(f"asynctrace view did not start: {line!r}")
+        self.url = found.group(1)
+        self.listening = time.perf_counter() - started
+        while fetch(self.url + "/")[0] == 503:
+            time.sleep(0.01)
+        self.indexed = time.perf_counter() - started
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def fetch(url: str) -> tuple[int, bytes]:
+    request = urllib.request.Request(url)
+    opener = urllib.request.build_opener(_NoRedirect)
+    try:
+        with opener.open(request, timeout=60) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def timed(call: Callable[[], Any], repeat: int) -> tuple[float, float]:
+    """(median, slowest) milliseconds of `repeat` calls, after one untimed call."""
+    call()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times), max(times)
+
+
+def one(sql: str, *params: Any) -> Any:
+    """The first value of a DuckDB query's first row."""
+    import duckdb
+
+    return duckdb.execute(sql, list(params)).fetchall()[0][0]
+
+
+def _pages(archive: Path) -> dict[str, str]:
+    """One address of each view, picked from the archive with DuckDB."""
+    files = str(archive / "*.parquet")
+    step = one(f"SELECT median(step)::BIGINT FROM '{files}'")
+    group = one(
+        f"SELECT json_extract_string(metadata, '$.group_uid') FROM '{files}' WHERE step = ? LIMIT 1", step
+    )
+    prompt = one(
+        f"SELECT json_extract_string(metadata, '$.prompt_id') AS p FROM '{files}' "
+        "GROUP BY p ORDER BY count(*) DESC LIMIT 1"
+    )
+    with_tokens = one(f"SELECT id FROM '{files}' WHERE step = ? AND token_ids IS NOT NULL LIMIT 1", step)
+    record = one(f"SELECT id FROM '{files}' WHERE step = ? LIMIT 1 OFFSET 7", step)
+    lowest_mean = {"split": "train", "step": step, "order": "-mean"}
+    return {
+        "overview": "/",
+        "step, by spread": "/step?" + urlencode({"split": "train", "step": step}),
+        "step, by mean (lowest first)": "/step?" + urlencode(lowest_mean),
+        "group": "/group?" + urlencode({"split": "train", "step": step, "group": group}),
+        "prompt history": "/prompt?" + urlencode({"id": prompt}),
+        "tokens": "/tokens?" + urlencode({"id": with_tokens}),
+        "record": "/record?" + urlencode({"id": record}),
+        "find by id": "/find?" + urlencode({"id": record}),
+        "find by reward range": "/find?" + urlencode({"low": 0.5, "high": 1.0}),
+        "find by text (no match: every text read)": "/find?" + urlencode({"q": "zebra crossing"}),
+    }
+
+
+def direct_queries(archive: Path, page: dict[str, str]) -> dict[str, Callable[[], Any]]:
+    """The overview's, a step's and a prompt's questions as one DuckDB query each on the files."""
+    import duckdb
+
+    files = str(archive / "*.parquet")
+    con = duckdb.connect()
+    step = int(re.search(r"step=(\d+)", page["step, by spread"]).group(1))  # type: ignore[union-attr]
+    prompt = re.search(r"id=([^&]+)", page["prompt history"]).group(1)  # type: ignore[union-attr]
+    overview = f"""
+        WITH r AS (SELECT split, step, reward, stop_reason, policy_version,
+                          json_extract(metadata, '$.response_len')::BIGINT AS n,
+                          json_extract_string(metadata, '$.group_uid') AS g FROM '{files}'),
+        s AS (SELECT split, step, g, stddev_pop(reward) AS sd FROM r GROUP BY ALL)
+        SELECT split, step, count(*), avg(reward), stddev_pop(reward), avg((stop_reason = 'length')::INT),
+               avg(n), avg(step - policy_version),
+               (SELECT count(*) FILTER (WHERE sd = 0) FROM s WHERE s.step = r.step AND s.split = r.split)
+        FROM r GROUP BY split, step"""
+    groups = f"""
+        SELECT json_extract_string(metadata, '$.group_uid') AS g, count(*), avg(reward), stddev_pop(reward)
+        FROM '{files}' WHERE step = {step} AND split = 'train' GROUP BY g ORDER BY 4 DESC"""
+    history = f"""
+        SELECT step, policy_version, reward, messages FROM '{files}'
+        WHERE json_extract_string(metadata, '$.prompt_id') = '{prompt}' ORDER BY step"""
+    return {
+        "overview": lambda: con.sql(overview).fetchall(),
+        "step, by spread": lambda: con.sql(groups).fetchall(),
+        "prompt history": lambda: con.sql(history).fetchall(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--archive", type=Path, help="keep the archive here (built when it holds none)")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="20,480 rows, 3 repeats")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a goal is not met")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rows, args.repeat = 20_480, 3
+    scratch = Path(tempfile.mkdtemp(prefix="asynctrace-bench-view-"))
+    try:
+        archive = args.archive or scratch / "archive"
+        if not list(archive.glob("*.parquet")):
+            started = time.perf_counter()
+            build(archive, args.rows)
+            print(f"built the archive in {time.perf_counter() - started:.1f} s")
+        import duckdb
+
+        files = str(archive / "*.parquet")
+        rows = one(f"SELECT count(*) FROM '{files}'")
+        parts = list(archive.glob("*.parquet"))
+        size = sum(p.stat().st_size for p in parts) / 2**20
+        print(f"archive: {rows:,} rows in {len(parts)} files, {size:.0f} MiB")
+        load = os.getloadavg()[0]
+        print(f"machine: {os.cpu_count()} CPUs, load average {load:.1f}, duckdb {duckdb.__version__}")
+
+        cache = scratch / "cache"
+        cold = Server(archive, cache)
+        # The index is kept once the pages are ready; the second start needs all of it.
+        while len(list(cache.glob("*.parquet"))) < len(parts):
+            time.sleep(0.05)
+        cold.close()
+        warm = Server(archive, cache)
+        try:
+            page = _pages(archive)
+            results = {
+                name: timed(lambda path=path: fetch(warm.url + path), args.repeat)
+                for name, path in page.items()
+            }
+            direct = {name: timed(call, args.repeat) for name, call in direct_queries(archive, page).items()}
+        finally:
+            warm.close()
+        failed = False
+        print()
+        print("| start | listening | overview answers | goal |")
+        print("|---|---|---|---|")
+        for label, server in (("first open (empty cache)", cold), ("later start (cache kept)", warm)):
+            met = server.indexed < START_GOAL_S
+            print(
+                f"| {label} | {server.listening:.2f} s | {server.indexed:.2f} s | "
+                f"< {START_GOAL_S:.0f} s: {'met' if met else 'not met'} |"
+            )
+        failed |= warm.indexed >= START_GOAL_S
+        print()
+        print("| page | median | slowest | goal | one DuckDB query on the files | ratio |")
+        print("|---|---|---|---|---|---|")
+        for name, (median, slowest) in results.items():
+            met = median < GOAL_MS
+            failed |= not met and "text" not in name
+            base = direct.get(name)
+            extra = f"{base[0]:.0f} ms | {base[0] / median:.1f}x" if base else "— | —"
+            print(
+                f"| {name} | {median:.0f} ms | {slowest:.0f} ms | < {GOAL_MS:.0f} ms: "
+                f"{'met' if met else 'not met'} | {extra} |"
+            )
+        for name, (median, _) in direct.items():
+            print(f"ratio {name}: direct query / page = {median / results[name][0]:.2f}")
+        return 1 if failed and args.strict else 0
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
