@@ -8,6 +8,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -15,6 +16,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from asynctrace import Sink, TraceRecord  # noqa: E402
 from asynctrace.ray import ClientStats, TraceClient, start_collector  # noqa: E402
 from asynctrace.testing import MemorySink  # noqa: E402
 from tests.distributed._helpers import make_samples, read_traces, top_bottom_uids, uids_by_step  # noqa: E402
@@ -513,3 +515,50 @@ def test_collector_refuses_a_factory_session_that_raises_on_invalid() -> None:
         session_factory=lambda: TraceSession("p", sinks=[MemorySink()], on_invalid="skip")
     )
     assert collector.finish(5.0).check()
+
+
+class _LockedSink(Sink):
+    """A user's own sink that cannot be pickled (it holds a lock): it appends the ids it gets to a file."""
+
+    def __init__(self, path: str) -> None:
+        self.name = "locked"
+        self.path = path
+        self._lock = threading.Lock()
+
+    async def write(self, records: Sequence[TraceRecord]) -> None:
+        with self._lock, open(self.path, "a") as f:
+            f.writelines(r.id + "\n" for r in records)
+
+
+def test_start_collector_takes_sinks_that_hold_locks(project: str, tmp_path: Any) -> None:
+    """JsonlSink and ParquetSink passed to start_collector, and a user's sink given as a SinkSpec,
+    are built in the collector and get every record; an unpicklable sink given as it is is a
+    TypeError naming it and SinkSpec, before any actor starts."""
+    import pyarrow.parquet as pq
+
+    from asynctrace.ray import SinkSpec
+    from asynctrace.sinks import JsonlSink, ParquetSink
+
+    with pytest.raises(TypeError, match=r"_LockedSink cannot be sent.*SinkSpec"):
+        start_collector(project, sinks=[_LockedSink(str(tmp_path / "x"))], finish_at_exit=False)
+    collector = start_collector(
+        project,
+        "sinks",
+        sinks=[
+            JsonlSink(tmp_path / "traces.jsonl"),
+            ParquetSink(tmp_path / "parquet"),
+            SinkSpec(_LockedSink, str(tmp_path / "ids.txt")),
+        ],
+        finish_at_exit=False,
+    )
+    with TraceClient(collector) as client:
+        for step in range(3):
+            client.log_samples_nowait(make_samples("a", step, 4, seed=0), step=step)
+    stats = ray.get(collector.finish.remote(30.0))
+    assert stats.written == 12 and stats.check()
+    rows = [orjson.loads(line) for line in (tmp_path / "traces.jsonl").read_text().splitlines()]
+    traces = [r for r in rows if "metrics" not in r]  # the session's health metrics share the file
+    ids = {r["id"] for r in traces}
+    assert len(traces) == 12 and len(ids) == 12
+    assert set(pq.read_table(tmp_path / "parquet").column("id").to_pylist()) == ids
+    assert set((tmp_path / "ids.txt").read_text().split()) == ids
