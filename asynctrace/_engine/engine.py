@@ -184,7 +184,11 @@ class Engine:
 
 def _selection_group_keys(sampler: object, sinks: Sequence[Sink]) -> list[GroupKey]:
     """The keys the session's group samplers (its cap's, its `Selected` tiers') read groups by."""
-    samplers = [sampler, *(sink.sampler for sink in sinks if isinstance(sink, Selected))]
+    samplers = [sampler]
+    for sink in sinks:
+        while isinstance(sink, Selected):  # a tier may wrap another
+            samplers.append(sink.sampler)
+            sink = sink.sink
     keys: list[GroupKey] = []
     for each in samplers:
         key = getattr(each, "group_key", None)
