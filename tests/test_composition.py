@@ -328,3 +328,22 @@ async def test_the_choosing_page_snippet_runs_as_written(
         await s.log_samples([_sample(r) for r in rows], step=0)
     stats = s.stats()
     assert stats.sinks["trackio"].written == 16 + 3 and stats.sinks["parquet"].written == 40
+
+
+@pytest.mark.anyio
+async def test_a_record_error_names_the_callers_index_when_the_watch_split_the_call() -> None:
+    """With a watch list, RecordError names the sample's place in the caller's list, whether the
+    bad sample is watched or not."""
+    ok = {"prompt": "q", "response": "a", "reward": 1.0}
+    async with at.TraceSession(
+        "p", sinks=[MemorySink()], max_traces_per_step=4, watch=at.Watch(ids=[WATCHED])
+    ) as s:
+        calls = [
+            [dict(ok, prompt_id=WATCHED), ok, dict(ok, bad=object())],
+            [ok, dict(ok, prompt_id=WATCHED, bad=object()), ok],
+        ]
+        for where, call in zip((2, 1), calls, strict=True):
+            with pytest.raises(at.RecordError) as info:
+                await s.log_samples(call, step=0)
+            assert info.value.index == where and str(info.value).startswith(f"sample {where}:")
+        assert s.stats().submitted == 0

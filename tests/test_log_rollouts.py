@@ -77,8 +77,9 @@ async def test_rows_beyond_a_filled_first_cap_are_counted_capped() -> None:
     assert s.stats().dropped == {"capped": 11} and s.stats().written == 5
 
 
-async def test_decode_failure_releases_reserved_rows() -> None:
-    """If decoding fails, the reserved rows are counted as invalid and the error reaches the caller."""
+async def test_a_batch_that_does_not_fit_together_raises_before_counting() -> None:
+    """A loss mask with fewer rows than input_ids is a problem of the whole batch: a ValueError
+    naming it, raised before anything is counted (a call that raises counts nothing)."""
     sink = at.testing.MemorySink()
     async with at.TraceSession("p", sinks=[sink], max_traces_per_step=2, sampler="top_bottom") as s:
         with pytest.raises(ValueError, match="loss_mask"):
@@ -91,7 +92,7 @@ async def test_decode_failure_releases_reserved_rows() -> None:
             )
         await anyio.sleep(0)
     st = s.stats()
-    assert st.dropped.get("invalid") == 2 and st.check() and st.pending == 0
+    assert st.submitted == 0 and st.dropped == {} and st.check() and st.pending == 0
 
 
 async def test_rows_without_a_score_are_skipped_as_invalid_when_asked() -> None:
@@ -203,9 +204,9 @@ async def test_an_overflowing_reward_is_one_invalid_row(sampler: str) -> None:
 
 
 @pytest.mark.parametrize("sampler", ["top_bottom", "first", "reservoir"])
-async def test_rows_whose_decoding_failed_give_their_places_back(sampler: str) -> None:
-    """Reserved rows whose decoding failed leave the step's selection: later rows take their
-    places, and nothing is counted twice."""
+async def test_a_batch_that_raised_takes_no_places(sampler: str) -> None:
+    """A call that raised on a bad batch takes no places in the step's selection: later rows
+    take them, and nothing of the failed call is counted."""
     tok = rollouts.toy_tokenizer()
     mem = at.testing.MemorySink()
     async with at.TraceSession("p", sinks=[mem], max_traces_per_step=2, sampler=sampler) as s:  # type: ignore[arg-type]
@@ -216,7 +217,7 @@ async def test_rows_whose_decoding_failed_give_their_places_back(sampler: str) -
         await s.log_rollouts([[5, 6], [8, 9]], tokenizer=tok, step=0, rewards=[15.0, 1.0])
     st = s.stats()
     assert st.written == 2 and len(mem.records) == 2
-    assert st.dropped == {"invalid": 2} and st.pending == 0 and st.check()
+    assert st.submitted == 2 and st.dropped == {} and st.pending == 0 and st.check()
 
 
 def test_check_fails_on_a_negative_count() -> None:

@@ -259,7 +259,11 @@ class Buffer(Queue):
         the caller waits for room and asks again."""
         with self.lock:
             if self.closed:
-                raise SessionClosedError(_CLOSED)
+                # finish() ran while these rows were decoded: nothing would deliver them now.
+                self.ledger.submitted += len(scores) + invalid
+                self.ledger.drop("invalid", invalid)
+                self.ledger.drop("closed", len(scores))
+                return [None] * len(scores), False
             if self.gated is not None:
                 return self.gated.reserve(scores, split, step, invalid, self.on_full)
             self.ledger.submitted += len(scores) + invalid

@@ -11,7 +11,7 @@ from typing import Any
 
 from .._checks import MAX_STEP, check_split, check_step
 from .._records.encode import UNKNOWN, as_list, encode_checked, encode_samples, missing_score, preview_score
-from .._records.groups import GroupKey, group_of
+from .._records.groups import GroupKey, GroupKeyError, group_of, group_value
 from .._records.types import Sample, SampleLike, TraceRecord, records_for
 from .._security import shown
 from ..exceptions import RecordError
@@ -42,6 +42,7 @@ class Encoder:
         keeps: Keeps,
         id_prefix: str,
         group_key: GroupKey | None = None,
+        group_keys: Sequence[GroupKey] = (),
     ) -> None:
         self.trace_key = trace_key
         self.redact = redact
@@ -54,6 +55,9 @@ class Encoder:
         self._ids = itertools.count()
         self._id_prefix = id_prefix
         self._group_key = group_key  # a group sampler's: its `keeps` ranks by each sample's group
+        # Every key a selection of the session reads groups by (its own, its tiers'): a sample
+        # whose group none of them can name is invalid.
+        self.group_keys = tuple(group_keys)
 
     def key_for(self, split: str) -> str:
         key = self._keys.get(split)
@@ -101,6 +105,7 @@ class Encoder:
             max_bytes=self.max_bytes,
             score_needed_by=self.score_needed_by,
             skipped=skipped,
+            group_keys=self.group_keys,
         )
         return records_for(encoded, self._ids, self._id_prefix, step, split, key, time.time()), invalid
 
@@ -158,9 +163,17 @@ class Encoder:
             scores = [None] * n
         else:
             return None  # an unusual item gets the full path, and its error if it is wrong
+        groups: list[Hashable | None] | None = None
+        if self._group_key is not None:
+            groups, bad = self.groups_of(items)
+            if bad:
+                if not skip:  # (a missing score was raised above)
+                    first = min(bad)
+                    path = bad[first].path
+                    raise RecordError(f"sample {first}: {path}: {bad[first]}", index=first, path=path)
+                invalid |= bad.keys()
         candidates = [i for i in range(n) if i not in invalid] if invalid else range(n)
         encoded: dict[int, tuple[bytes, float | None]] = {}
-        groups = self.groups_of(items) if self._group_key is not None else None
         while candidates:
             keeps = self._keeps(
                 scores if not invalid else [scores[i] for i in candidates],
@@ -179,7 +192,9 @@ class Encoder:
                 if not keep or i in encoded:
                     continue
                 try:
-                    pair = encode_checked(items[i], i, None, self.max_bytes, "max_queue_bytes", None)
+                    pair = encode_checked(
+                        items[i], i, None, self.max_bytes, "max_queue_bytes", None, self.group_keys
+                    )
                 except RecordError:
                     if not skip:
                         raise
@@ -209,22 +224,32 @@ class Encoder:
                     gap += 1
         return [encoded[i] for i in sorted(encoded)], len(invalid), n - len(invalid) - len(encoded), gaps
 
-    def groups_of(self, items: Sequence[Any]) -> list[Hashable | None]:
-        """Each sample's prompt group, read from its metadata (a group sampler's `keeps` ranks by it)."""
+    def groups_of(self, items: Sequence[Any]) -> tuple[list[Hashable | None], dict[int, GroupKeyError]]:
+        """Each sample's prompt group, read from its metadata (a group sampler's `keeps` ranks by
+        it), and the samples whose group value cannot name one (they are invalid)."""
         key = self._group_key
         assert key is not None
         out: list[Hashable | None] = []
-        for obj in items:
+        bad: dict[int, GroupKeyError] = {}
+        for i, obj in enumerate(items):
             metadata = obj.metadata if type(obj) is Sample else obj.get("metadata", obj)
-            if type(metadata) is dict and type(key) is tuple:
-                # The common case inline (a call per sample is a measurable part of this path).
-                for name in key:
-                    value = metadata.get(name)
-                    if value is not None:
-                        out.append(tuple(value) if type(value) is list else value)
-                        break
+            try:
+                if type(metadata) is dict and type(key) is tuple:
+                    # The common case inline (a call per sample is a measurable part of this path).
+                    for name in key:
+                        value = metadata.get(name)
+                        if value is not None:
+                            out.append(
+                                value
+                                if type(value) is str or type(value) is int
+                                else group_value(value, f"metadata.{name}")
+                            )
+                            break
+                    else:
+                        out.append(None)
                 else:
-                    out.append(None)
-            else:
-                out.append(group_of(metadata, key) if isinstance(metadata, Mapping) else None)
-        return out
+                    out.append(group_of(metadata, key) if isinstance(metadata, Mapping) else None)
+            except GroupKeyError as exc:
+                bad[i] = exc
+                out.append(None)
+        return out, bad

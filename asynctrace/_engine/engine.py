@@ -18,6 +18,7 @@ import anyio.abc
 from .._durable.journal import Journal, ReplayPlan, replay_backlog
 from .._durable.segments import DirScan
 from .._durable.spool import Spool
+from .._records.groups import GroupKey
 from .._runtime.lifecycle import Lifecycle
 from .._security import logger
 from .._select.gate import Gate
@@ -85,6 +86,7 @@ class Engine:
             keeps=self.buffer.keeps,
             id_prefix=id_prefix,
             group_key=getattr(sampler, "group_key", None),
+            group_keys=_selection_group_keys(sampler if gate is not None else None, self.sinks),
         )
         self.intake = Intake(
             self.buffer,
@@ -184,6 +186,21 @@ class Engine:
             return snapshot
         duplicates = sum(int(getattr(sink, "duplicates_skipped", 0)) for sink in self.sinks)
         return dataclasses.replace(snapshot, spool=spool.stats(duplicates))
+
+
+def _selection_group_keys(sampler: object, sinks: Sequence[Sink]) -> list[GroupKey]:
+    """The keys the session's group samplers (its cap's, its `Selected` tiers') read groups by."""
+    samplers = [sampler]
+    for sink in sinks:
+        while isinstance(sink, Selected):  # a tier may wrap another
+            samplers.append(sink.sampler)
+            sink = sink.sink
+    keys: list[GroupKey] = []
+    for each in samplers:
+        key = getattr(each, "group_key", None)
+        if key is not None and key not in keys:
+            keys.append(key)
+    return keys
 
 
 def _bind_sinks(sinks: Sequence[Sink], project: str, run: str) -> list[str]:

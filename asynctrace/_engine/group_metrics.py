@@ -85,7 +85,7 @@ class GroupMetrics:
                 continue
             try:
                 group = group_of(meta, key)
-            except Exception:  # a caller's key function failing is no reason to lose the sample
+            except TypeError:  # GroupKeyError: no group to count it in (validation names it)
                 continue
             if group is None:
                 continue
@@ -98,10 +98,7 @@ class GroupMetrics:
             out = self._close(self._window.arrive(split, step, now))
             groups = self._open.setdefault((split, step), {})
             for group, x in rewards:
-                try:
-                    stat = groups.get(group)
-                except TypeError:  # an unhashable group value names no group
-                    continue
+                stat = groups.get(group)  # group_of names only hashable groups
                 if stat is None:
                     groups[group] = [1.0, x, 0.0]
                     continue

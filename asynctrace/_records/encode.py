@@ -11,6 +11,7 @@ import orjson
 
 from .._security import describe, shown
 from ..exceptions import RecordError
+from .groups import GroupKey, GroupKeyError, group_of
 from .tokens import encode_token_fields
 from .types import Sample, SampleLike, finite_or_none
 
@@ -212,6 +213,24 @@ def _encode_body(body: dict[str, Any], index: int) -> bytes:
         raise RecordError(f"sample {index}: {path or '<sample>'}: {reason}", index=index, path=path) from exc
 
 
+def _check_groups(metadata: Mapping[str, Any], group_keys: Sequence[GroupKey], index: int) -> None:
+    """Every group key the session's selections read names a group, or none: else a `RecordError`."""
+    for key in group_keys:
+        try:
+            group_of(metadata, key)
+        except GroupKeyError as exc:
+            raise _invalid(index, exc.path, str(exc)) from None
+
+
+def _groups_ok(metadata: Mapping[str, Any], group_keys: Sequence[GroupKey]) -> bool:
+    try:
+        for key in group_keys:
+            group_of(metadata, key)
+    except GroupKeyError:
+        return False
+    return True
+
+
 def _fast_score(value: Any) -> float | None:
     if type(value) is float:
         return value if math.isfinite(value) else None
@@ -219,9 +238,13 @@ def _fast_score(value: Any) -> float | None:
 
 
 def encode_sample(
-    obj: Any, index: int, redact: Callable[[Sample], Sample] | None = None
+    obj: Any,
+    index: int,
+    redact: Callable[[Sample], Sample] | None = None,
+    group_keys: Sequence[GroupKey] = (),
 ) -> tuple[bytes, float | None]:
-    """Validate and encode one sample once; returns its JSON and its ranking score."""
+    """Validate and encode one sample once; returns its JSON and its ranking score. Each of
+    `group_keys` (those the session's group samplers read) must name a group, or none."""
     if redact is None and type(obj) is dict:
         # The common shape, {"prompt": str, "response": str, **metadata}: the messages are
         # built here, so they need no checking, and the metadata is one C-level dict copy.
@@ -241,6 +264,8 @@ def encode_sample(
             messages = [{"role": "user", "content": prompt}]
             if response is not None:
                 messages.append({"role": "assistant", "content": response})
+            if group_keys:
+                _check_groups(metadata, group_keys, index)
             body: dict[str, Any] = {"messages": messages, "metadata": metadata}
             return _encode_body(body, index), _fast_score(metadata.get("reward"))
     if redact is not None:
@@ -251,6 +276,8 @@ def encode_sample(
     spans = body.get("spans")
     if spans is not None and not (isinstance(spans, list) and all(isinstance(s, dict) for s in spans)):
         raise _invalid(index, "spans", "expected a list of dicts")
+    if group_keys:
+        _check_groups(body["metadata"], group_keys, index)
     payload = _encode_body(body, index)
     raw_score = body.get("score")
     if raw_score is None:
@@ -282,6 +309,7 @@ def encode_samples(
     bound: str = "max_queue_bytes",
     score_needed_by: str | None = None,
     skipped: list[int] | None = None,
+    group_keys: Sequence[GroupKey] = (),
 ) -> tuple[list[tuple[bytes, float | None]], int]:
     """Validate and encode a call's samples in the caller; returns (payload, score) pairs and
     how many were invalid.
@@ -289,7 +317,8 @@ def encode_samples(
     An invalid sample raises `RecordError` naming its index and field path, or with
     `skip_invalid` is left out and counted (and its index appended to `skipped`, if given).
     `max_bytes` refuses samples larger than the bound named `bound`; `score_needed_by` names the
-    sampler that needs every sample to have a score.
+    sampler that needs every sample to have a score; `group_keys` the keys the session's group
+    samplers read, each of which must name a group (or none).
     """
     out: list[tuple[bytes, float | None]] = []
     invalid = 0
@@ -328,11 +357,16 @@ def encode_samples(
                         payload = b""
                     score = metadata.get("reward")
                     score = score if type(score) is float and _isfinite(score) else finite_or_none(score)
-                    if payload and len(payload) <= limit and (score is not None or score_needed_by is None):
+                    if (
+                        payload
+                        and len(payload) <= limit
+                        and (score is not None or score_needed_by is None)
+                        and (not group_keys or _groups_ok(metadata, group_keys))
+                    ):
                         out.append((payload, score))
                         continue
         try:
-            out.append(encode_checked(obj, i, redact, max_bytes, bound, score_needed_by))
+            out.append(encode_checked(obj, i, redact, max_bytes, bound, score_needed_by, group_keys))
         except RecordError:
             if not skip_invalid:
                 raise
@@ -349,10 +383,12 @@ def encode_checked(
     max_bytes: int | None,
     bound: str = "max_queue_bytes",
     score_needed_by: str | None = None,
+    group_keys: Sequence[GroupKey] = (),
 ) -> tuple[bytes, float | None]:
-    """`encode_sample` plus the session's checks (size bound, score); every failure is a `RecordError`."""
+    """`encode_sample` plus the session's checks (size bound, score, groups); every failure is a
+    `RecordError`."""
     try:
-        payload, score = encode_sample(obj, index, redact)
+        payload, score = encode_sample(obj, index, redact, group_keys)
     except RecordError:
         raise
     except Exception as exc:  # a redact callable or an odd mapping failed

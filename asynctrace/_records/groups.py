@@ -1,7 +1,9 @@
 """Prompt groups: the samples of one prompt that were scored against each other (GRPO-style).
 
 One place decides which group a sample belongs to, so the group sampler, the group metrics and
-the watch list agree: by default the sample's metadata `group_uid`, else `prompt_index`.
+the watch list agree: by default the sample's metadata `group_uid`, else `prompt_index`. It also
+decides which values can name a group: a value that cannot be a dict key (a dict, a list holding
+one) raises `GroupKeyError`, which validation turns into a `RecordError` naming the field.
 """
 
 from __future__ import annotations
@@ -13,7 +15,17 @@ from typing import Any
 
 import orjson
 
-__all__ = ["DEFAULT_GROUP_KEYS", "GroupKey", "GroupSummary", "group_of", "payload_group", "population_spread"]
+from .._security import describe
+
+__all__ = [
+    "DEFAULT_GROUP_KEYS",
+    "GroupKey",
+    "GroupKeyError",
+    "GroupSummary",
+    "group_of",
+    "payload_group",
+    "population_spread",
+]
 
 DEFAULT_GROUP_KEYS: tuple[str, ...] = ("group_uid", "prompt_index")
 
@@ -21,26 +33,72 @@ DEFAULT_GROUP_KEYS: tuple[str, ...] = ("group_uid", "prompt_index")
 GroupKey = str | Sequence[str] | Callable[[Mapping[str, Any]], Hashable | None]
 
 
+class GroupKeyError(TypeError):
+    """A sample's group value cannot name a group; `path` is the metadata field it was read from."""
+
+    def __init__(self, message: str, path: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+def _frozen(value: Any) -> Any:
+    # Lists (JSON arrays) cannot be dict keys; a tuple of the same items names the same group,
+    # at any depth, so a key reads the same before encoding and back from the payload.
+    return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def group_value(value: Any, path: str) -> Hashable:
+    """`value` as a group name; `GroupKeyError` naming `path` when it cannot be one."""
+    if type(value) is str or type(value) is int:
+        return value
+    if isinstance(value, (list, tuple)):
+        value = _frozen(value)
+    try:
+        hash(value)
+    except TypeError:
+        raise GroupKeyError(
+            f"a {type(value).__name__} cannot name a prompt group; give a str, an int or a list of them",
+            path,
+        ) from None
+    return value  # type: ignore[no-any-return]
+
+
 def group_of(metadata: Mapping[str, Any], key: GroupKey = DEFAULT_GROUP_KEYS) -> Hashable | None:
-    """The group a sample belongs to, from its metadata; None when it names none."""
+    """The group a sample belongs to, from its metadata; None when it names none.
+
+    Raises `GroupKeyError` (a `TypeError`) when the value found cannot name a group, or when a
+    key function fails.
+    """
     if callable(key):
-        return key(metadata)
+        try:
+            value = key(metadata)
+        except Exception as exc:
+            raise GroupKeyError(f"the group key function failed: {describe(exc)}", "metadata") from exc
+        return None if value is None else group_value(value, "metadata")
     names = (key,) if isinstance(key, str) else key
     for name in names:
         value = metadata.get(name)
         if value is not None:
-            # Lists (JSON arrays) cannot be dict keys; a tuple of the same items names the same group.
-            return tuple(value) if isinstance(value, list) else value
+            return group_value(value, f"metadata.{name}")
     return None
 
 
 def payload_group(payload: bytes, key: GroupKey | None) -> Hashable | None:
-    """The group of an encoded sample under `key` (None without a key or a group)."""
+    """The group of an encoded sample under `key` (None without a key or a group).
+
+    The session refuses a sample whose group cannot be named before it is encoded; one that
+    reaches a selection all the same (another process's payload) is a group of its own.
+    """
     if key is None:
         return None
     data = orjson.loads(payload)
     metadata = data.get("metadata") if isinstance(data, dict) else None
-    return group_of(metadata, key) if isinstance(metadata, dict) else None
+    if not isinstance(metadata, dict):
+        return None
+    try:
+        return group_of(metadata, key)
+    except GroupKeyError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,8 +56,11 @@ def _from_tensor(name: str, dtype: str, value: Any) -> bytes:
     if value.dim() != 1:
         raise ValueError(f"{name}: expected one value per token (1-D), got shape {tuple(value.shape)}")
     value = value.detach()
+    if value.is_complex():
+        # Converting would keep the real part alone, silently (numpy's complex is refused too).
+        raise ValueError(f"{name}: expected real numbers, got a {value.dtype} tensor")
     if dtype in _RANGE:
-        if value.is_floating_point() or value.is_complex():
+        if value.is_floating_point():
             raise ValueError(f"{name}: expected integers, got a {value.dtype} tensor")
         if value.numel() and value.dtype != torch.bool:
             _check_range(name, dtype, int(value.min()), int(value.max()))

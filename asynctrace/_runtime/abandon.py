@@ -130,6 +130,15 @@ class Backlog:
         self.calls = 0
         self._lock = threading.Lock()
 
+    # A sink is sent to another process (a Ray collector) before it is opened: the calls it
+    # counts stay here, and its lock is made anew there.
+    def __getstate__(self) -> dict[str, object]:
+        return {"what": self.what, "limit": self.limit}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        vars(self).update(state, calls=0)
+        self._lock = threading.Lock()
+
     def enter(self) -> None:
         with self._lock:
             if self.calls >= self.limit:

@@ -73,12 +73,13 @@ class WatchCounter:
         self._lock = threading.Lock()
         self._counts: dict[tuple[str, int], int] = {}
 
-    def split(self, items: Sequence[Any], split: str, step: int) -> tuple[list[Any], list[Any]]:
-        """(watched within the cap, everything else), each in call order."""
+    def split(self, items: Sequence[Any], split: str, step: int) -> tuple[list[int], list[int]]:
+        """The positions in `items` of the watched samples within this step's watch cap, and of
+        all the others, each in call order."""
         match = self.watch.matches
         hits = [i for i, obj in enumerate(items) if match(obj)]
         if not hits:
-            return [], list(items)
+            return [], list(range(len(items)))
         with self._lock:
             key = (split, step)
             used = self._counts.get(key, 0)
@@ -88,7 +89,7 @@ class WatchCounter:
                 if len(self._counts) > _WINDOW:
                     del self._counts[min(self._counts, key=lambda k: k[1])]
         chosen = set(take)
-        return [items[i] for i in take], [obj for i, obj in enumerate(items) if i not in chosen]
+        return take, [i for i in range(len(items)) if i not in chosen]
 
     def give_back(self, split: str, step: int, n: int) -> None:
         """Return `n` places of a step's watch cap that a call which then raised had taken."""

@@ -216,6 +216,7 @@ class DistributedTraceLogger:
             redact=self.redact,
             skip_invalid=self.on_invalid == "skip",
             score_needed_by=type(self.sampler).__name__ if self.sampler.needs_score else None,
+            group_keys=() if self._steps.group_key is None else (self._steps.group_key,),
         )
         with self._lock:
             ledger = self._ledger

@@ -17,5 +17,6 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess witho
 from ._client import ClientStats, TraceClient
 from ._collector import RemoteTraceCollector as TraceCollector
 from ._collector import start_collector
+from ._sinkspec import SinkSpec
 
-__all__ = ["ClientStats", "TraceClient", "TraceCollector", "start_collector"]
+__all__ = ["ClientStats", "SinkSpec", "TraceClient", "TraceCollector", "start_collector"]

@@ -43,6 +43,7 @@ from .._checks import (
 )
 from .._engine.ledger import Ledger
 from .._records.encode import as_list, encode_samples
+from .._records.groups import GroupKey
 from .._records.types import Sample, SampleLike
 from .._security import describe
 from .._select.base import Sampler
@@ -144,6 +145,8 @@ class TraceClient:
         self._local = _ask_selection(collector, max_open_steps, step_timeout) if select_locally else None
         sampler = self._local.sampler if self._local is not None else None
         self._score_needed_by = type(sampler).__name__ if sampler and sampler.needs_score else None
+        group_key = getattr(sampler, "group_key", None)
+        self._group_keys: tuple[GroupKey, ...] = () if group_key is None else (group_key,)
         _open_clients.add(self)
 
     def __repr__(self) -> str:
@@ -190,6 +193,7 @@ class TraceClient:
             max_bytes=self.max_batch_bytes,
             bound="max_batch_bytes",
             score_needed_by=self._score_needed_by,
+            group_keys=self._group_keys,
         )
         nbytes = sum(len(p) for p, _ in encoded)
         now = time.monotonic()

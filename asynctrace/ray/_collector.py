@@ -35,6 +35,7 @@ from .._sync import SyncTraceSession, log_payloads, log_within
 from ..exceptions import SessionClosedError
 from ._local import Released
 from ._merge import Merged, StepMerge
+from ._sinkspec import build_sinks, check_sendable
 
 __all__ = ["RemoteTraceCollector", "TraceCollector", "start_collector"]
 
@@ -69,8 +70,9 @@ class TraceCollector:
     """Owns one `TraceSession` (sinks, caps, samplers, buffer) for every client of a job.
 
     Construct with ``TraceCollector.remote(project, run=None, **session_kwargs)`` (any
-    `TraceSession` keyword) or ``session_factory=`` (a picklable callable returning an unopened
-    `TraceSession` with ``on_invalid="skip"``). Arguments, backpressure (`ingest_timeout`) and
+    `TraceSession` keyword; a sink that cannot be pickled is given as a `SinkSpec`, built here)
+    or ``session_factory=`` (a picklable callable returning an unopened `TraceSession` with
+    ``on_invalid="skip"``). Arguments, backpressure (`ingest_timeout`) and
     exits (`sigterm_timeout`): docs/distributed.md.
     """
 
@@ -100,6 +102,8 @@ class TraceCollector:
             if session_kwargs.get("on_invalid", "skip") != "skip":
                 raise ValueError(_SKIP_ONLY + " (set on_invalid on TraceClient)")
             session_kwargs["on_invalid"] = "skip"
+            if "sinks" in session_kwargs:
+                session_kwargs["sinks"] = build_sinks(session_kwargs["sinks"])
             session = TraceSession(project, run, **session_kwargs)
         self.ingest_timeout = float(ingest_timeout)
         self.sigterm_timeout = float(sigterm_timeout)
@@ -400,7 +404,9 @@ def start_collector(
 ) -> ActorHandle[Any]:
     """Start a `TraceCollector`, wait until its session is open, and return its handle.
 
-    Errors in the session's configuration surface here rather than in the first client. With
+    Errors in the session's configuration surface here rather than in the first client. Sinks
+    are sent to the actor pickled (the built-in ones can be, before they are opened); one that
+    cannot be is given as a `SinkSpec`, or the session comes from a `session_factory`. With
     `finish_at_exit`, the driver finishes the collector when it exits normally; before an
     explicit ``ray.shutdown()``, call ``ray.get(collector.finish.remote())`` yourself.
     """
@@ -408,6 +414,9 @@ def start_collector(
         # Named here, not in the actor: a collector that Ray restarts (max_restarts) builds its
         # session again with the same arguments, and so resumes the same Trackio run.
         run = generated_run_name()
+    if collector_kwargs.get("sinks") is not None:
+        # Before Ray tries: its own error names neither the sink nor what to do instead.
+        check_sendable(collector_kwargs["sinks"], ray.cloudpickle.dumps)
     actor_class = RemoteTraceCollector.options(**dict(actor_options or {}))
     handle: ActorHandle[Any] = actor_class.remote(project, run, **collector_kwargs)
     ray.get(handle.ready.remote(), timeout=ready_timeout)

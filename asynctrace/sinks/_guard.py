@@ -57,6 +57,18 @@ class Guard:
                 with contextlib.suppress(self._quiet):
                     self._release()
 
+    # A sink is sent to another process (a Ray collector) before it is opened: its locks are
+    # made anew there, and only an idle guard can be sent.
+    def __getstate__(self) -> dict[str, object]:
+        if self._busy:
+            raise TypeError(f"{self._name} cannot be sent to another process while a call is out")
+        return {k: v for k, v in vars(self).items() if k not in ("_io", "_state")}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        vars(self).update(state)
+        self._io = threading.Lock()
+        self._state = threading.Lock()
+
     def close(self) -> None:
         """No call after this one; release now unless a call is still out."""
         with self._state:
@@ -81,6 +93,14 @@ class Serial:
         self._lock = threading.Lock()
         self._closed = False
         self._backlog = Backlog(name)
+
+    # Sent to another process before its sink is opened (see `Guard`): the lock is made anew.
+    def __getstate__(self) -> dict[str, object]:
+        return {k: v for k, v in vars(self).items() if k != "_lock"}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        vars(self).update(state)
+        self._lock = threading.Lock()
 
     async def run(self, fn: Callable[..., _T], *args: object) -> _T:
         """`fn(*args)` after the calls before it, unless the sink closed meanwhile."""

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -15,6 +18,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from asynctrace import Sink, TraceRecord  # noqa: E402
 from asynctrace.ray import ClientStats, TraceClient, start_collector  # noqa: E402
 from asynctrace.testing import MemorySink  # noqa: E402
 from tests.distributed._helpers import make_samples, read_traces, top_bottom_uids, uids_by_step  # noqa: E402
@@ -513,3 +517,81 @@ def test_collector_refuses_a_factory_session_that_raises_on_invalid() -> None:
         session_factory=lambda: TraceSession("p", sinks=[MemorySink()], on_invalid="skip")
     )
     assert collector.finish(5.0).check()
+
+
+class _LockedSink(Sink):
+    """A user's own sink that cannot be pickled (it holds a lock): it appends the ids it gets to a file."""
+
+    def __init__(self, path: str) -> None:
+        self.name = "locked"
+        self.path = path
+        self._lock = threading.Lock()
+
+    async def write(self, records: Sequence[TraceRecord]) -> None:
+        with self._lock, open(self.path, "a") as f:
+            f.writelines(r.id + "\n" for r in records)
+
+
+def _docs_block(containing: str) -> str:
+    """The python block of docs/distributed.md that contains `containing`."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "distributed.md").read_text(encoding="utf-8")
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL) if containing in b]
+    return block
+
+
+def test_start_collector_takes_sinks_that_hold_locks(
+    project: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/distributed.md's sinks block as written: JsonlSink and ParquetSink passed to
+    start_collector, and a user's sink given as a SinkSpec inside a Selected tier, get every
+    record; an unpicklable sink given as it is is a TypeError naming it and SinkSpec."""
+    import pyarrow.parquet as pq
+
+    with pytest.raises(TypeError, match=r"_LockedSink cannot be sent.*SinkSpec"):
+        start_collector(project, sinks=[_LockedSink(str(tmp_path / "x"))], finish_at_exit=False)
+    monkeypatch.chdir(tmp_path)  # the block writes under traces/, here and in the actor (same node)
+    (tmp_path / "traces").mkdir()
+    namespace: dict[str, Any] = {"MySink": _LockedSink}
+    exec(_docs_block("SinkSpec(Selected"), namespace)
+    collector = namespace["collector"]
+    with TraceClient(collector) as client:
+        for step in range(3):
+            client.log_samples_nowait(make_samples("a", step, 4, seed=0), step=step)
+    stats = ray.get(collector.finish.remote(30.0))
+    assert stats.written == 12 and stats.check()
+    rows = [orjson.loads(line) for line in (tmp_path / "traces/run.jsonl").read_text().splitlines()]
+    traces = [r for r in rows if "metrics" not in r]  # the session's health metrics share the file
+    ids = {r["id"] for r in traces}
+    assert len(traces) == 12 and len(ids) == 12
+    assert set(pq.read_table(tmp_path / "traces/parquet").column("id").to_pylist()) == ids
+    assert set((tmp_path / "traces/ids.txt").read_text().split()) == ids
+
+    (tmp_path / "traces/ids.txt").unlink()
+    namespace = {"MySink": _LockedSink}
+    exec(_docs_block("session_factory=make_session"), namespace)
+    collector = namespace["collector"]
+    with TraceClient(collector) as client:
+        client.log_samples_nowait(make_samples("b", 0, 5, seed=0), step=0)
+    assert ray.get(collector.finish.remote(30.0)).written == 5
+    assert len((tmp_path / "traces/ids.txt").read_text().split()) == 5
+
+
+def test_client_refuses_an_unhashable_group_key(project: str) -> None:
+    """A client selecting with the collector's group sampler refuses a dict as group_uid in the
+    caller: a RecordError naming the field, or with on_invalid="skip" that sample alone "invalid"."""
+    from asynctrace import GroupSampler, RecordError
+
+    collector = start_collector(
+        project, "groups", max_traces_per_step=8, sampler=GroupSampler("top"), finish_at_exit=False
+    )
+    samples = make_samples("g", 0, 4, seed=0)
+    for i, s in enumerate(samples):
+        s["group_uid"] = {"bad": 1} if i == 1 else f"g{i // 2}"
+    client = TraceClient(collector)
+    with pytest.raises(RecordError, match=r"sample 1: metadata\.group_uid"):
+        client.log_samples_nowait(samples, step=0)
+    assert client.close(10.0).submitted == 0
+    with TraceClient(collector, on_invalid="skip") as skipping:
+        assert skipping.log_samples_nowait(samples, step=0) == 3
+    assert Counter(skipping.stats().dropped) == Counter({"invalid": 1})
+    assert ray.get(collector.finish.remote(30.0)).written == 3

@@ -432,3 +432,32 @@ def test_drops_are_warned_once_per_reason(project: str, caplog: pytest.LogCaptur
     assert dict(stats.dropped) == {"capped": 2, "late": 2}
     warned = [r.getMessage() for r in caplog.records if "dropping samples" in r.getMessage()]
     assert warned == ["asynctrace: dropping samples (late); counts are in logger.stats().dropped"]
+
+
+def test_an_unhashable_group_key_is_refused_in_the_caller(project: str) -> None:
+    """A dict as group_uid under a global group selection is a RecordError naming the field, or
+    with on_invalid="skip" that sample alone counts "invalid"."""
+    from asynctrace.distributed import DistributedTraceLogger
+
+    samples = make_samples("g", 0, 4, seed=0)
+    for i, s in enumerate(samples):
+        s["group_uid"] = {"bad": 1} if i == 1 else f"g{i // 2}"
+    for on_invalid in ("raise", "skip"):
+        sink = MemorySink()
+        with DistributedTraceLogger(
+            project,
+            f"groups-{on_invalid}",
+            mode="global",
+            max_traces_per_step=8,
+            sampler=at.GroupSampler("top"),
+            sinks=[sink],
+            on_invalid=on_invalid,
+        ) as logger:
+            if on_invalid == "raise":
+                with pytest.raises(at.RecordError, match=r"sample 1: metadata\.group_uid"):
+                    logger.log_samples(samples, step=0)
+            else:
+                assert logger.log_samples(samples, step=0) == 3
+        stats = logger.stats()
+        assert stats.check() and stats.submitted == (0 if on_invalid == "raise" else 4)
+        assert len(sink.records) == (0 if on_invalid == "raise" else 3)
