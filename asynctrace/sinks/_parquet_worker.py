@@ -1,0 +1,90 @@
+"""ParquetSink's writer process (``python -m asynctrace.sinks._parquet_worker FD``).
+
+It turns the journal into a Parquet file, a row group at a time, off the trainer's process: the
+decoding, Arrow conversion and compression hold no lock the training loop needs. FD is its end of
+a Unix socket pair. Each request is one JSON line, with descriptors passed alongside (`start`: the
+file to write and the journal to read, both opened by the sink); each gets one JSON line back.
+The process never creates, names or deletes a file: what it leaves behind when its sink is killed
+is an unnamed temporary the next sink deletes. It exits at end of input (its sink closed or died).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+import orjson
+
+from ._parquet_rows import FileConverter
+
+_MAX_FDS = 2
+
+
+def _handle(converter: FileConverter, request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+    op = request["op"]
+    if op == "start":
+        out, journal = fds
+        fds.clear()
+        converter.start(out, journal, request["offset"])
+        return {"ok": True}
+    if op == "append":
+        converter.append(request["end"])
+        return {"ok": True}
+    if op == "finish":
+        return {"ok": True, "rows": converter.finish()}
+    if op == "reset":
+        converter.reset()
+        return {"ok": True}
+    raise ValueError(f"unknown operation {op!r}")
+
+
+def serve(sock: socket.socket, converter: FileConverter) -> None:
+    """Answer requests on `sock` until it is closed."""
+    pending = b""
+    while True:
+        data, fds, _, _ = socket.recv_fds(sock, 65536, _MAX_FDS)
+        if not data:
+            for fd in fds:
+                os.close(fd)
+            return
+        pending += data
+        if not pending.endswith(b"\n"):
+            continue  # one request at a time: the rest of this one is on its way
+        request, pending = orjson.loads(pending), b""
+        try:
+            reply = _handle(converter, request, fds)
+        except Exception as exc:
+            converter.reset()
+            reply = {
+                "ok": False,
+                "errno": getattr(exc, "errno", None),
+                "error": f"{type(exc).__name__}: {exc}",
+            }
+        finally:
+            for fd in fds:
+                os.close(fd)
+        sock.sendall(orjson.dumps(reply) + b"\n")
+
+
+def main() -> int:
+    # They reach the whole process group: the sink decides when this process ends (it closes the
+    # socket), and a sink finishing on Ctrl-C still needs it for its last file.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    level = sys.argv[2] if len(sys.argv) > 2 else "none"
+    converter = FileConverter(None if level == "none" else int(level))
+    try:
+        serve(sock, converter)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the sink is gone
+    finally:
+        converter.reset()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
