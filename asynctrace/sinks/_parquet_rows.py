@@ -131,133 +131,245 @@ def _list_column(pa: Any, dtype: str, values: list[bytes | None]) -> Any:
     return pa.ListArray.from_arrays(starts, flat, mask=mask)
 
 
+def _meta_schema(pa: Any) -> Any:
+    """The metadata's typed fields, as pyarrow's JSON reader reads them."""
+    floats, ints = pa.float64(), pa.int64()
+    fields = [("reward", floats), ("advantage", floats), ("policy_version", ints)]
+    return pa.schema([*fields, ("policy_version_max", ints), ("stop_reason", pa.string())])
+
+
 class RowBuffer:
-    """Journal lines parsed into columns, until `table()` hands them over as one Arrow table."""
+    """Journal lines parsed into Arrow tables, until `table()` hands them over as one."""
 
     def __init__(self) -> None:
         self.rows = 0
         self.nbytes = 0
-        self._ids: list[str] = []
-        self._steps: list[int] = []
-        self._splits: list[str] = []
-        self._keys: list[str] = []
-        self._times: list[int] = []
-        self._messages: list[Any] = []  # bytes or memoryviews of the payloads
-        self._metadata: list[bytes] = []
-        self._rewards: list[float | None] = []
-        self._advantages: list[float | None] = []
-        self._versions: list[int | None] = []
-        self._stops: list[str | None] = []
-        self._scores: list[float | None] = []
-        self._spans: list[str | None] = []
-        self._tokens: dict[str, list[bytes | None]] = {name: [] for name in TOKEN_FIELDS}
+        self._segments: list[Any] = []
 
     def add(self, chunk: bytes, skip: Container[str] = ()) -> None:
         """Take the lines of `chunk` (whole lines, each ending in a newline) but those whose id is skipped."""
-        loads, dumps, decode_error = orjson.loads, orjson.dumps, orjson.JSONDecodeError
-        view = memoryview(chunk)
-        find, rfind, startswith = chunk.find, chunk.rfind, chunk.startswith
-        ids, steps, splits, keys, times = self._ids, self._steps, self._splits, self._keys, self._times
-        messages, metadata = self._messages.append, self._metadata.append
-        rewards, advantages, versions = self._rewards.append, self._advantages.append, self._versions.append
-        stops, scores, spans = self._stops.append, self._scores.append, self._spans.append
-        tokens = self._tokens
-        pos = 0
-        end = len(chunk)
-        while pos < end:
-            newline = find(b"\n", pos)
-            if newline < 0:
-                raise ValueError("a journal chunk must end with a whole line")
-            head: Any = None
-            cut = find(_SAMPLE, pos, newline)
-            # The first `,"sample":` of a line is its key: no JSON string holds `,"` unescaped.
-            if cut > 0 and chunk[newline - 1] == 0x7D:  # "}"
-                with contextlib.suppress(decode_error):
-                    head = loads(chunk[pos:cut] + b"}")
-            if type(head) is not dict or len(head) != 5:
-                # Another layout of the same fields (an older journal): decoded whole.
-                head = loads(view[pos:newline])
-                sample = head["sample"]
-                text: Any = dumps(sample.get("messages", []))
-            else:
-                start, stop = cut + 10, newline - 1
-                sample = None
-                if startswith(_MESSAGES, start):
-                    # The metadata is the payload's second key, usually near its end.
-                    cut = rfind(_METADATA, max(start, stop - 4096), stop)
-                    if cut < 0:
-                        cut = find(_METADATA, start, stop)
-                    if cut > 0:
-                        # Found where "messages" ends when what follows decodes as one object:
-                        # text found inside the messages (or anywhere deeper) starts an object
-                        # that closes before the payload does, and the closing brackets after
-                        # it make that invalid. The messages' JSON is then taken as it was
-                        # encoded, and only the rest is decoded.
-                        with contextlib.suppress(decode_error):
-                            sample = loads(b"{" + chunk[cut + 1 : stop])
-                if type(sample) is dict and "messages" not in sample and type(sample["metadata"]) is dict:
-                    text = view[start + 12 : cut]
-                else:
-                    sample = loads(view[start:stop])
-                    text = dumps(sample.get("messages", []))
-            rid = head["id"]
-            pos = newline + 1
-            if rid in skip:
-                continue
-            meta = sample.get("metadata") or {}
-            if type(meta) is not dict:
-                raise ValueError(f"record {rid!r}: metadata is a {type(meta).__name__}, not an object")
-            ids.append(rid)
-            steps.append(head["step"])
-            splits.append(head["split"])
-            keys.append(head["key"])
-            times.append(int(head["timestamp"] * 1_000_000))
-            messages(text)
-            metadata(dumps(meta))
-            value = meta.get("reward")
-            rewards(float(value) if type(value) is float or type(value) is int else _number(value))
-            value = meta.get("advantage")
-            advantages(float(value) if type(value) is float or type(value) is int else _number(value))
-            value = meta["policy_version"] if "policy_version" in meta else meta.get("policy_version_max")
-            versions(value if type(value) is int and -(2**63) <= value < 2**63 else int64_or_none(value))
-            value = meta.get("stop_reason")
-            stops(value if type(value) is str else None)
-            value = sample.get("score")
-            scores(None if value is None else _number(value))
-            value = sample.get("spans")
-            spans(None if value is None else dumps(value).decode())
-            held = sample.get("tokens")
-            for name, column in tokens.items():
-                value = held.get(name) if held else None
-                column.append(None if value is None else token_bytes(name, value))
-            self.rows += 1
-        self.nbytes += end
+        if not chunk.endswith(b"\n"):
+            raise ValueError("a journal chunk must end with a whole line")
+        segment = _quick_segment(chunk, skip)
+        if segment is None:
+            segment = _exact_segment(chunk, skip)
+        if segment.num_rows:
+            self._segments.append(segment)
+            self.rows += segment.num_rows
+        self.nbytes += len(chunk)
 
     def table(self) -> Any:
         """The rows held as one table of `schema()`; the buffer is empty after."""
         pa = pyarrow()
-        target = schema()
-        floats, ints, strings = pa.float64(), pa.int64(), pa.string()
-        columns = {
-            "id": pa.array(self._ids, strings),
-            "step": pa.array(self._steps, ints),
-            "split": pa.array(self._splits, strings),
-            "key": pa.array(self._keys, strings),
-            "timestamp": pa.array(self._times, ints).cast(target.field("timestamp").type),
-            "messages": _string_column(pa, self._messages),
-            "metadata": _string_column(pa, self._metadata),
-            "reward": pa.array(self._rewards, floats),
-            "advantage": pa.array(self._advantages, floats),
-            "policy_version": pa.array(self._versions, ints),
-            "stop_reason": pa.array(self._stops, strings),
-            "score": pa.array(self._scores, floats),
-            "spans": pa.array(self._spans, strings),
-        }
-        for name, dtype in TOKEN_FIELDS.items():
-            columns[name] = _list_column(pa, dtype, self._tokens[name])
-        table = pa.Table.from_arrays([columns[name] for name in target.names], schema=target)
-        self.__init__()  # type: ignore[misc]
-        return table
+        segments, self._segments = self._segments, []
+        self.rows = self.nbytes = 0
+        return pa.concat_tables(segments) if segments else schema().empty_table()
+
+
+def _table(pa: Any, columns: dict[str, Any]) -> Any:
+    target = schema()
+    return pa.Table.from_arrays([columns[name] for name in target.names], schema=target)
+
+
+def _head_columns(
+    pa: Any, ids: list[str], steps: list[int], splits: list[str], keys: list[str], times: list[int]
+) -> dict[str, Any]:
+    strings = pa.string()
+    return {
+        "id": pa.array(ids, strings),
+        "step": pa.array(steps, pa.int64()),
+        "split": pa.array(splits, strings),
+        "key": pa.array(keys, strings),
+        "timestamp": pa.array(times, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+    }
+
+
+def _quick_segment(chunk: bytes, skip: Container[str]) -> Any:
+    """The chunk's rows where every payload is ``{"messages":[...],"metadata":{...}}`` (what the
+    session encodes for a sample without score, spans or token fields): the messages' and the
+    metadata's JSON are taken as they were encoded, and the metadata's typed fields are read by
+    pyarrow's JSON reader. None where any line is otherwise: `_exact_segment` then decodes each.
+    """
+    pa = pyarrow()
+    import pyarrow.json as pj
+
+    loads, decode_error = orjson.loads, orjson.JSONDecodeError
+    view = memoryview(chunk)
+    find, rfind, startswith = chunk.find, chunk.rfind, chunk.startswith
+    ids: list[str] = []
+    steps: list[int] = []
+    splits: list[str] = []
+    keys: list[str] = []
+    times: list[int] = []
+    messages: list[Any] = []
+    metadata: list[Any] = []
+    last = b""
+    step, split, key, when = 0, "", "", 0
+    pos, end = 0, len(chunk)
+    while pos < end:
+        newline = find(b"\n", pos)
+        cut = find(_SAMPLE, pos, newline)
+        # The first `,"sample":` (or `,"step":`) of a line is its key: no JSON string holds `,"`
+        # unescaped. An id written without escapes is read as it is.
+        middle = find(b'","step":', pos, cut) + 1
+        if middle <= 0 or not startswith(b'{"id":"', pos) or chunk[newline - 2 : newline] != b"}}":
+            return None
+        raw = chunk[pos + 7 : middle - 1]
+        if b"\\" in raw:
+            return None
+        tail = chunk[middle:cut]
+        if tail != last:
+            try:
+                head = loads(b"{" + tail[1:] + b"}")
+            except decode_error:
+                return None
+            step, split, key, when = (
+                head.get("step"),
+                head.get("split"),
+                head.get("key"),
+                head.get("timestamp"),
+            )
+            if type(step) is not int or type(split) is not str or type(key) is not str:
+                return None
+            if type(when) is not float and type(when) is not int:
+                return None
+            when = int(when * 1_000_000)
+            last = tail
+        start, stop = cut + len(_SAMPLE), newline - 2  # the payload's closing brace is at `stop`
+        if not startswith(_MESSAGES, start):
+            return None
+        # The metadata is the payload's second key, usually near its end.
+        found = rfind(_METADATA, max(start, stop - 1024), stop)
+        if found < 0:
+            found = find(_METADATA, start, stop)
+            if found < 0:
+                return None
+        pos = newline + 1
+        try:
+            rid = raw.decode()
+        except UnicodeDecodeError:
+            return None
+        if rid in skip:
+            continue
+        ids.append(rid)
+        steps.append(step)
+        splits.append(split)
+        keys.append(key)
+        times.append(when)
+        messages.append(view[start + 12 : found])
+        metadata.append(view[found + 12 : stop])
+    if not ids:
+        return schema().empty_table()
+    # Each metadata text must be one JSON object. Were the `,"metadata":{` found not the payload's
+    # own key (one deeper, in the messages or the metadata) or were other keys after it, the
+    # object read from there would be followed by more text on its line, which fails here: the
+    # exact path then takes the chunk. So the messages' text, before it, is theirs too.
+    lines = b"\n".join(metadata) + b"\n"
+    try:
+        typed = pj.read_json(
+            pa.BufferReader(lines),
+            read_options=pj.ReadOptions(use_threads=False, block_size=max(len(lines), 1 << 20)),
+            parse_options=pj.ParseOptions(
+                explicit_schema=_meta_schema(pa), unexpected_field_behavior="ignore"
+            ),
+        )
+    except pa.ArrowInvalid:
+        return None
+    if typed.num_rows != len(ids):
+        return None
+    version, version_max = typed.column("policy_version"), typed.column("policy_version_max")
+    if version_max.null_count != len(ids):
+        # A version given only as policy_version_max; one given as null stays null, which
+        # the reader cannot tell from one not given.
+        if any(b'"policy_version":null' in bytes(m) for m in metadata):
+            return None
+        import pyarrow.compute as pc
+
+        version = pc.coalesce(version, version_max)
+    columns = _head_columns(pa, ids, steps, splits, keys, times)
+    columns.update(_empty_rest(pa, len(ids)))
+    columns.update(
+        messages=_string_column(pa, messages),
+        metadata=_string_column(pa, metadata),
+        reward=typed.column("reward"),
+        advantage=typed.column("advantage"),
+        policy_version=version,
+        stop_reason=typed.column("stop_reason"),
+    )
+    return _table(pa, columns)
+
+
+def _empty_rest(pa: Any, n: int) -> dict[str, Any]:
+    """Null score, spans and token columns for `n` rows."""
+    target = schema()
+    return {name: pa.nulls(n, target.field(name).type) for name in ("score", "spans", *TOKEN_FIELDS)}
+
+
+def _exact_segment(chunk: bytes, skip: Container[str]) -> Any:
+    """The chunk's rows, each payload decoded whole: any layout of the same fields."""
+    pa = pyarrow()
+    loads, dumps = orjson.loads, orjson.dumps
+    view = memoryview(chunk)
+    ids: list[str] = []
+    steps: list[int] = []
+    splits: list[str] = []
+    keys: list[str] = []
+    times: list[int] = []
+    messages: list[bytes] = []
+    metadata: list[bytes] = []
+    rewards: list[float | None] = []
+    advantages: list[float | None] = []
+    versions: list[int | None] = []
+    stops: list[str | None] = []
+    scores: list[float | None] = []
+    spans: list[str | None] = []
+    tokens: dict[str, list[bytes | None]] = {name: [] for name in TOKEN_FIELDS}
+    pos, end = 0, len(chunk)
+    while pos < end:
+        newline = chunk.index(b"\n", pos)
+        data = loads(view[pos:newline])
+        pos = newline + 1
+        rid = data["id"]
+        if rid in skip:
+            continue
+        sample = data["sample"]
+        meta = sample.get("metadata") or {}
+        if type(meta) is not dict:
+            raise ValueError(f"record {rid!r}: metadata is a {type(meta).__name__}, not an object")
+        ids.append(rid)
+        steps.append(data["step"])
+        splits.append(data["split"])
+        keys.append(data["key"])
+        times.append(int(data["timestamp"] * 1_000_000))
+        messages.append(dumps(sample.get("messages", [])))
+        metadata.append(dumps(meta))
+        rewards.append(_number(meta.get("reward")))
+        advantages.append(_number(meta.get("advantage")))
+        versions.append(int64_or_none(meta.get("policy_version", meta.get("policy_version_max"))))
+        stop = meta.get("stop_reason")
+        stops.append(stop if isinstance(stop, str) else None)
+        scores.append(_number(sample.get("score")))
+        value = sample.get("spans")
+        spans.append(dumps(value).decode() if value is not None else None)
+        held = sample.get("tokens") or {}
+        for name, column in tokens.items():
+            value = held.get(name)
+            column.append(token_bytes(name, value) if value is not None else None)
+    floats, ints, strings = pa.float64(), pa.int64(), pa.string()
+    columns = _head_columns(pa, ids, steps, splits, keys, times)
+    columns.update(
+        messages=_string_column(pa, messages),
+        metadata=_string_column(pa, metadata),
+        reward=pa.array(rewards, floats),
+        advantage=pa.array(advantages, floats),
+        policy_version=pa.array(versions, ints),
+        stop_reason=pa.array(stops, strings),
+        score=pa.array(scores, floats),
+        spans=pa.array(spans, strings),
+    )
+    for name, dtype in TOKEN_FIELDS.items():
+        columns[name] = _list_column(pa, dtype, tokens[name])
+    return _table(pa, columns)
 
 
 def _chunks(fd: int, start: int, end: int) -> Iterator[bytes]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from ._parquet_rows import FileConverter
+from ._parquet_rows import FileConverter, pyarrow
 
 _MAX_FDS = 2
 
@@ -76,6 +76,7 @@ def main() -> int:
         signal.signal(signum, signal.SIG_IGN)
     sock = socket.socket(fileno=int(sys.argv[1]))
     level = sys.argv[2] if len(sys.argv) > 2 else "none"
+    pyarrow()  # now, while the session starts, rather than at the first row group
     converter = FileConverter(None if level == "none" else int(level))
     try:
         serve(sock, converter)
