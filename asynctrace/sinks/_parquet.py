@@ -14,6 +14,7 @@ import glob
 import importlib.util
 import os
 import re
+import select
 import socket
 import subprocess
 import sys
@@ -74,6 +75,9 @@ class _InThread:
     def finish(self) -> int:
         return self._converter.finish()
 
+    def check(self) -> None:
+        pass  # every call finished before it returned
+
     def reset(self) -> None:
         self._converter.reset()
 
@@ -86,7 +90,9 @@ class _WriterGone(RuntimeError):
 
 
 class _WriterProcess:
-    """The writer process's client: one request at a time, each answered before the next."""
+    """The writer process's client. Requests are sent without waiting: the process answers each in
+    order, and the sink reads the answers when it must know (a file's end) or at the next batch,
+    where an earlier batch's failure fails that one (its records stay in the journal)."""
 
     def __init__(self, compression_level: int | None) -> None:
         ours, theirs = socket.socketpair()
@@ -108,48 +114,75 @@ class _WriterProcess:
         finally:
             theirs.close()
         self._socket = ours
-        self._replies = ours.makefile("rb")
+        self._received = b""
+        self._outstanding = 0
+        self._failure: Exception | None = None
+        self._last: dict[str, Any] = {}
 
-    def _call(self, request: dict[str, Any], fds: Sequence[int] = ()) -> dict[str, Any]:
+    def _gone(self) -> _WriterGone:
+        return _WriterGone(f"ParquetSink: its writer process exited (status {self._process.poll()})")
+
+    def _send(self, request: dict[str, Any], fds: Sequence[int] = ()) -> None:
         try:
             socket.send_fds(self._socket, [orjson.dumps(request) + b"\n"], list(fds))
-            line = self._replies.readline()
-        except OSError as exc:
-            line = b""
-            if exc.errno not in (errno.EPIPE, errno.ECONNRESET):
-                raise
-        if not line.endswith(b"\n"):
-            code = self._process.poll()
-            raise _WriterGone(f"ParquetSink: its writer process exited (status {code})")
-        reply: dict[str, Any] = orjson.loads(line)
-        if not reply["ok"]:
-            if reply.get("errno") is not None:
-                raise OSError(reply["errno"], f"ParquetSink writer process: {reply['error']}")
-            raise RuntimeError(f"ParquetSink writer process: {reply['error']}")
-        return reply
+        except (BrokenPipeError, ConnectionResetError):
+            raise self._gone() from None
+        self._outstanding += 1
+
+    def _drain(self, wait: bool) -> None:
+        """Read the answers that are there (all of them, with `wait`)."""
+        while self._outstanding:
+            if not wait and not select.select([self._socket], [], [], 0)[0]:
+                return
+            try:
+                data = self._socket.recv(65536)
+            except ConnectionResetError:
+                data = b""
+            if not data:
+                raise self._gone()
+            *lines, self._received = (self._received + data).split(b"\n")
+            for line in lines:
+                self._outstanding -= 1
+                reply = orjson.loads(line)
+                self._last = reply
+                if not reply["ok"] and self._failure is None:
+                    error = f"ParquetSink writer process: {reply['error']}"
+                    code = reply.get("errno")
+                    self._failure = OSError(code, error) if code is not None else RuntimeError(error)
+
+    def check(self) -> None:
+        """Raise the failure the process reported since the last check, if any."""
+        self._drain(wait=False)
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
 
     def start(self, out: int, journal: int, offset: int) -> None:
         try:
-            self._call({"op": "start", "offset": offset}, [out, journal])
+            self._send({"op": "start", "offset": offset}, [out, journal])
         finally:
             # The process holds its own copies now.
             os.close(out)
             os.close(journal)
 
     def append(self, end: int) -> None:
-        self._call({"op": "append", "end": end})
+        self._send({"op": "append", "end": end})
 
     def finish(self) -> int:
-        return int(self._call({"op": "finish"})["rows"])
+        self._send({"op": "finish"})
+        self._drain(wait=True)
+        self.check()
+        return int(self._last["rows"])
 
     def reset(self) -> None:
-        self._call({"op": "reset"})
+        self._send({"op": "reset"})
+        self._drain(wait=True)
+        self._failure = None  # what failed is dropped with the file
 
     def close(self) -> None:
         """End of input: the process exits; killed when it does not in time."""
         with contextlib.suppress(OSError):
             self._socket.shutdown(socket.SHUT_RDWR)
-        self._replies.close()
         self._socket.close()
         try:
             self._process.wait(_EXIT_WAIT)
@@ -467,6 +500,7 @@ class ParquetSink(Sink):
             self._count += len(records)
             self._bytes += sum(len(r.payload) for r in records)
             self._convert(start + len(data))
+            self._converter.check()  # type: ignore[union-attr]
             if self._count >= self.max_records or self._bytes >= self.max_bytes:
                 self._roll()
         except BaseException as exc:

@@ -20,14 +20,13 @@ import orjson
 
 from ._parquet_rows import FileConverter, pyarrow
 
-_MAX_FDS = 2
+_MAX_FDS = 8
 
 
 def _handle(converter: FileConverter, request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
     op = request["op"]
     if op == "start":
-        out, journal = fds
-        fds.clear()
+        out, journal = fds.pop(0), fds.pop(0)
         converter.start(out, journal, request["offset"])
         return {"ok": True}
     if op == "append":
@@ -42,31 +41,31 @@ def _handle(converter: FileConverter, request: dict[str, Any], fds: list[int]) -
 
 
 def serve(sock: socket.socket, converter: FileConverter) -> None:
-    """Answer requests on `sock` until it is closed."""
+    """Answer requests on `sock`, in order, until it is closed."""
     pending = b""
-    while True:
-        data, fds, _, _ = socket.recv_fds(sock, 65536, _MAX_FDS)
-        if not data:
-            for fd in fds:
-                os.close(fd)
-            return
-        pending += data
-        if not pending.endswith(b"\n"):
-            continue  # one request at a time: the rest of this one is on its way
-        request, pending = orjson.loads(pending), b""
-        try:
-            reply = _handle(converter, request, fds)
-        except Exception as exc:
-            converter.reset()
-            reply = {
-                "ok": False,
-                "errno": getattr(exc, "errno", None),
-                "error": f"{type(exc).__name__}: {exc}",
-            }
-        finally:
-            for fd in fds:
-                os.close(fd)
-        sock.sendall(orjson.dumps(reply) + b"\n")
+    fds: list[int] = []  # received with the `start` requests, in their order
+    try:
+        while True:
+            data, received, _, _ = socket.recv_fds(sock, 65536, _MAX_FDS)
+            fds += received
+            if not data:
+                return
+            *lines, pending = (pending + data).split(b"\n")
+            for line in lines:
+                try:
+                    reply = _handle(converter, orjson.loads(line), fds)
+                except Exception as exc:
+                    # The file is dropped; requests for it fail until the next `start`.
+                    converter.reset()
+                    reply = {
+                        "ok": False,
+                        "errno": getattr(exc, "errno", None),
+                        "error": f"{type(exc).__name__}: {exc}",
+                    }
+                sock.sendall(orjson.dumps(reply) + b"\n")
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def main() -> int:
