@@ -69,11 +69,14 @@ class _InThread:
     def start(self, out: int, journal: int, offset: int) -> None:
         self._converter.start(out, journal, offset)
 
-    def append(self, end: int) -> None:
-        self._converter.append(end)
+    def append(self, start: int, end: int, layout: dict[str, Any]) -> None:
+        self._converter.append(end, layout=layout, start=start)
 
     def finish(self) -> int:
         return self._converter.finish()
+
+    def ready(self) -> None:
+        pyarrow()  # imported now rather than at the first row group
 
     def check(self) -> None:
         pass  # every call finished before it returned
@@ -115,7 +118,7 @@ class _WriterProcess:
             theirs.close()
         self._socket = ours
         self._received = b""
-        self._outstanding = 0
+        self._outstanding = 1  # the process says it is ready
         self._failure: Exception | None = None
         self._last: dict[str, Any] = {}
 
@@ -150,6 +153,10 @@ class _WriterProcess:
                     code = reply.get("errno")
                     self._failure = OSError(code, error) if code is not None else RuntimeError(error)
 
+    def ready(self) -> None:
+        """Wait until the process has started (pyarrow imported)."""
+        self._drain(wait=True)
+
     def check(self) -> None:
         """Raise the failure the process reported since the last check, if any."""
         self._drain(wait=False)
@@ -165,8 +172,8 @@ class _WriterProcess:
             os.close(out)
             os.close(journal)
 
-    def append(self, end: int) -> None:
-        self._send({"op": "append", "end": end})
+    def append(self, start: int, end: int, layout: dict[str, Any]) -> None:
+        self._send({"op": "append", "start": start, "end": end, "layout": layout})
 
     def finish(self) -> int:
         self._send({"op": "finish"})
@@ -411,8 +418,9 @@ class ParquetSink(Sink):
                 if existing:
                     self._next_index = int(existing[-1].name[len(self.stem) + 1 : -len(_SUFFIX)]) + 1
                 if self._converter is None:
-                    # Started now, so that its start-up overlaps the session's first batches.
+                    # Started now: a sink that is open is ready to write at full speed.
                     self._converter = self._new_converter()
+                    self._converter.ready()
             except BaseException:
                 os.close(journal)
                 raise
@@ -425,8 +433,9 @@ class ParquetSink(Sink):
             return _WriterProcess(self.compression_level)
         return _InThread(self.compression_level)
 
-    def _convert(self, end: int) -> None:
-        """The journal's lines up to `end` into the open file, which is started first if need be."""
+    def _convert(self, start: int, end: int, layout: dict[str, Any]) -> None:
+        """The journal's lines up to `end` into the open file, which is started first if need be
+        (`layout`: that of the batch written from `start` on)."""
         assert self.stem is not None
         if self._converter is None:
             self._converter = self._new_converter()
@@ -439,7 +448,7 @@ class ParquetSink(Sink):
                 os.close(out)
                 raise
             self._converter.start(out, reader, self._base)
-        self._converter.append(end)
+        self._converter.append(start, end, layout)
 
     def _discard(self) -> None:
         """Drop the file being written (its records stay in the journal, to be converted again)."""
@@ -490,7 +499,7 @@ class ParquetSink(Sink):
             records = self._unseen(records)
             if not records:
                 return
-        data = journal_lines(records)
+        data, layout = journal_lines(records)
         start = os.lseek(journal, 0, os.SEEK_END)
         count, size = self._count, self._bytes
         try:
@@ -499,7 +508,7 @@ class ParquetSink(Sink):
                 os.fsync(journal)
             self._count += len(records)
             self._bytes += sum(len(r.payload) for r in records)
-            self._convert(start + len(data))
+            self._convert(start, start + len(data), layout)
             self._converter.check()  # type: ignore[union-attr]
             if self._count >= self.max_records or self._bytes >= self.max_bytes:
                 self._roll()

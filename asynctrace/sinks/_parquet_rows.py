@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import functools
 import itertools
 import os
 from collections.abc import Container, Iterator, Sequence
@@ -44,6 +45,7 @@ _STATISTICS = ["id", "step", "split", "key", "timestamp", "reward", "advantage",
 _SAMPLE = b',"sample":'
 _MESSAGES = b'{"messages":['
 _METADATA = b',"metadata":{'
+_TAIL = 1024
 
 
 def pyarrow() -> Any:
@@ -56,6 +58,7 @@ def pyarrow() -> Any:
     return pa
 
 
+@functools.cache
 def schema() -> Any:
     """The one schema of every file a `ParquetSink` writes."""
     pa = pyarrow()
@@ -79,11 +82,16 @@ def schema() -> Any:
     return pa.schema(fields)
 
 
-def journal_lines(records: Sequence[Any]) -> bytes:
-    """The journal lines of `records` (`TraceRecord`s), one buffer; each payload copied as it is."""
+def journal_lines(records: Sequence[Any]) -> tuple[bytes, dict[str, Any]]:
+    """The journal lines of `records` (`TraceRecord`s), one buffer with each payload copied as it
+    is, and their layout (`Layout`): what the writer process needs to cut the lines without
+    reading their headers."""
     dumps = orjson.dumps
     parts: list[bytes] = []
     append = parts.append
+    heads: list[int] = []
+    sizes: list[int] = []
+    runs: list[list[Any]] = []
     # Records of one call share step, split, key and timestamp: that part of the line is built
     # once per run of equal ones.
     last: tuple[int, str, str, float] | None = None
@@ -98,10 +106,16 @@ def journal_lines(records: Sequence[Any]) -> bytes:
                 dumps(r.key),
                 dumps(r.timestamp),
             )
-        append(b'{"id":' + dumps(r.id) + tail)
+            runs.append([0, *fields])
+        runs[-1][0] += 1
+        head = b'{"id":' + dumps(r.id) + tail
+        append(head)
         append(r.payload)
         append(b"}\n")
-    return b"".join(parts)
+        heads.append(len(head))
+        sizes.append(len(r.payload))
+    layout = {"heads": heads, "sizes": sizes, "ids": [r.id for r in records], "runs": runs}
+    return b"".join(parts), layout
 
 
 def _number(value: Any) -> float | None:
@@ -131,6 +145,7 @@ def _list_column(pa: Any, dtype: str, values: list[bytes | None]) -> Any:
     return pa.ListArray.from_arrays(starts, flat, mask=mask)
 
 
+@functools.cache
 def _meta_schema(pa: Any) -> Any:
     """The metadata's typed fields, as pyarrow's JSON reader reads them."""
     floats, ints = pa.float64(), pa.int64()
@@ -153,10 +168,22 @@ class RowBuffer:
         segment = _quick_segment(chunk, skip)
         if segment is None:
             segment = _exact_segment(chunk, skip)
+        self.take(segment, len(chunk))
+
+    def add_described(self, chunk: bytes, layout: dict[str, Any]) -> None:
+        """Take the lines of `chunk`, which `journal_lines` wrote with this `layout`."""
+        segment = _described_segment(chunk, layout)
+        if segment is None:
+            self.add(chunk)
+        else:
+            self.take(segment, len(chunk))
+
+    def take(self, segment: Any, nbytes: int) -> None:
+        """Take the rows of a table of `schema()`, read from `nbytes` of the journal."""
         if segment.num_rows:
             self._segments.append(segment)
             self.rows += segment.num_rows
-        self.nbytes += len(chunk)
+        self.nbytes += nbytes
 
     def table(self) -> Any:
         """The rows held as one table of `schema()`; the buffer is empty after."""
@@ -191,8 +218,6 @@ def _quick_segment(chunk: bytes, skip: Container[str]) -> Any:
     pyarrow's JSON reader. None where any line is otherwise: `_exact_segment` then decodes each.
     """
     pa = pyarrow()
-    import pyarrow.json as pj
-
     loads, decode_error = orjson.loads, orjson.JSONDecodeError
     view = memoryview(chunk)
     find, rfind, startswith = chunk.find, chunk.rfind, chunk.startswith
@@ -264,39 +289,118 @@ def _quick_segment(chunk: bytes, skip: Container[str]) -> Any:
     # own key (one deeper, in the messages or the metadata) or were other keys after it, the
     # object read from there would be followed by more text on its line, which fails here: the
     # exact path then takes the chunk. So the messages' text, before it, is theirs too.
-    lines = b"\n".join(metadata) + b"\n"
+    texts = _string_column(pa, metadata)
+    typed = _metadata_fields(pa, pa.py_buffer(b"\n".join(metadata) + b"\n"), texts)
+    if typed is None:
+        return None
+    columns = _head_columns(pa, ids, steps, splits, keys, times)
+    columns.update(_empty_rest(pa, len(ids)))
+    columns.update(messages=_string_column(pa, messages), metadata=texts, **typed)
+    return _table(pa, columns)
+
+
+def _described_segment(chunk: bytes, layout: dict[str, Any]) -> Any:
+    """The chunk's rows, cut by their `layout` (from `journal_lines`) without a Python step per
+    row, where every payload is ``{"messages":[...],"metadata":{...}}``; None otherwise."""
+    import numpy as np
+
+    pa = pyarrow()
+    import pyarrow.compute as pc
+
+    heads = np.asarray(layout["heads"], np.int64)
+    n = len(heads)
+    lengths = heads + np.asarray(layout["sizes"], np.int64) + 2
+    ends = np.cumsum(lengths)
+    if not n or int(ends[-1]) != len(chunk) or len(chunk) >= 2**31 - 1:
+        return None
+    starts = ends - lengths
+    data = np.frombuffer(chunk, np.uint8)
+    payloads = starts + heads
+    pattern = np.frombuffer(_MESSAGES, np.uint8)
+    if not (data[payloads[:, None] + np.arange(len(pattern))] == pattern).all():
+        return None
+    if not ((data[ends - 1] == 0x0A) & (data[ends - 2] == 0x7D) & (data[ends - 3] == 0x7D)).all():
+        return None
+    buffer = pa.py_buffer(chunk)
+
+    def cut(first: Any, last: Any) -> Any:
+        # The spans as the even values of one binary array over the chunk (the odd ones are
+        # what lies between), taken into an array of their own.
+        bounds = np.empty(2 * n, np.int32)
+        bounds[0::2], bounds[1::2] = first, last
+        spans = pa.Array.from_buffers(pa.binary(), 2 * n - 1, [None, pa.py_buffer(bounds), buffer])
+        return pc.take(spans, pa.array(np.arange(0, 2 * n, 2)))
+
+    # The metadata is the payload's second key, usually near its end: looked for in the last
+    # `_TAIL` bytes of each line (a row where it is not found there goes the exact way).
+    tails = np.maximum(payloads + len(_MESSAGES), ends - _TAIL)
+    found = pc.find_substring(cut(tails, ends), pattern=_METADATA.decode()).to_numpy()
+    if (found < 0).any():
+        return None
+    metadata_at = tails + found
+
+    try:
+        messages = cut(payloads + len(_MESSAGES) - 1, metadata_at).cast(pa.string())
+        metadata = cut(metadata_at + len(_METADATA) - 1, ends - 3).cast(pa.string())
+    except pa.ArrowInvalid:
+        return None  # not UTF-8: the exact path names the record
+    joined = pc.binary_join_element_wise(metadata, "", "\n")
+    size = int(np.frombuffer(joined.buffers()[1], np.int32, n + 1, joined.offset * 4)[-1])
+    typed = _metadata_fields(pa, joined.buffers()[2].slice(0, size), metadata)
+    if typed is None:
+        return None
+    ids = pa.array(layout["ids"], pa.string())
+    counts = [run[0] for run in layout["runs"]]
+    runs = layout["runs"]
+    columns = {
+        "id": ids,
+        "step": pa.array(np.repeat([run[1] for run in runs], counts), pa.int64()),
+        "split": pa.array([v for run in runs for v in [run[2]] * run[0]], pa.string()),
+        "key": pa.array([v for run in runs for v in [run[3]] * run[0]], pa.string()),
+        "timestamp": pa.array(np.repeat([int(run[4] * 1_000_000) for run in runs], counts), pa.int64()).cast(
+            pa.timestamp("us", tz="UTC")
+        ),
+        "messages": messages,
+        "metadata": metadata,
+        **_empty_rest(pa, n),
+        **typed,
+    }
+    return _table(pa, columns)
+
+
+def _metadata_fields(pa: Any, lines: Any, metadata: Any) -> dict[str, Any] | None:
+    """The typed columns from the metadata's JSON (`lines`: a buffer of one object a line, the
+    texts of the `metadata` column); None where a line is not one object (its text was cut
+    wrongly) or a field is not of its column's type: the exact path decides those."""
+    import pyarrow.compute as pc
+    import pyarrow.json as pj
+
+    n = len(metadata)
     try:
         typed = pj.read_json(
             pa.BufferReader(lines),
-            read_options=pj.ReadOptions(use_threads=False, block_size=max(len(lines), 1 << 20)),
+            read_options=pj.ReadOptions(use_threads=False, block_size=max(lines.size, 1 << 20)),
             parse_options=pj.ParseOptions(
                 explicit_schema=_meta_schema(pa), unexpected_field_behavior="ignore"
             ),
         )
     except pa.ArrowInvalid:
         return None
-    if typed.num_rows != len(ids):
+    if typed.num_rows != n:
         return None
     version, version_max = typed.column("policy_version"), typed.column("policy_version_max")
-    if version_max.null_count != len(ids):
-        # A version given only as policy_version_max; one given as null stays null, which
-        # the reader cannot tell from one not given.
-        if any(b'"policy_version":null' in bytes(m) for m in metadata):
+    if version_max.null_count != n:
+        # A version given only as policy_version_max; one given as null stays null, which the
+        # reader cannot tell from one not given.
+        if pc.any(pc.match_substring(metadata, '"policy_version":null')).as_py():
             return None
-        import pyarrow.compute as pc
-
         version = pc.coalesce(version, version_max)
-    columns = _head_columns(pa, ids, steps, splits, keys, times)
-    columns.update(_empty_rest(pa, len(ids)))
-    columns.update(
-        messages=_string_column(pa, messages),
-        metadata=_string_column(pa, metadata),
-        reward=typed.column("reward"),
-        advantage=typed.column("advantage"),
-        policy_version=version,
-        stop_reason=typed.column("stop_reason"),
-    )
-    return _table(pa, columns)
+    return {
+        "reward": typed.column("reward"),
+        "advantage": typed.column("advantage"),
+        "policy_version": version,
+        "stop_reason": typed.column("stop_reason"),
+    }
 
 
 def _empty_rest(pa: Any, n: int) -> dict[str, Any]:
@@ -372,11 +476,11 @@ def _exact_segment(chunk: bytes, skip: Container[str]) -> Any:
     return _table(pa, columns)
 
 
-def _chunks(fd: int, start: int, end: int) -> Iterator[bytes]:
+def _chunks(fd: int, start: int, end: int, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
     """The journal's bytes from `start` to `end` (both at line boundaries), whole lines at a time."""
     pos = start
     while pos < end:
-        size = min(CHUNK_BYTES, end - pos)
+        size = min(chunk_bytes, end - pos)
         chunk = os.pread(fd, size, pos)
         while True:
             if len(chunk) < size:
@@ -414,15 +518,24 @@ class FileConverter:
     file is written and named by its owner: this class never creates or renames one.
     """
 
-    def __init__(self, compression_level: int | None = None, row_group_bytes: int = ROW_GROUP_BYTES) -> None:
+    def __init__(
+        self,
+        compression_level: int | None = None,
+        row_group_bytes: int = ROW_GROUP_BYTES,
+        chunk_bytes: int = CHUNK_BYTES,
+    ) -> None:
         self.compression_level = compression_level
         self.row_group_bytes = row_group_bytes
+        self.chunk_bytes = chunk_bytes
         self.rows = 0
         self._buffer = RowBuffer()
         self._out: IO[bytes] | None = None
         self._journal: int | None = None
         self._writer: Any = None
         self._offset = 0
+        self._end = 0
+        self._skip: Container[str] = ()
+        self._described: list[tuple[int, int, dict[str, Any]]] = []
 
     def start(self, out: int, journal: int, offset: int = 0) -> None:
         """Write to the file open at descriptor `out` the journal's lines from byte `offset` on
@@ -430,16 +543,49 @@ class FileConverter:
         self.reset()
         self._out = os.fdopen(out, "wb", buffering=2**20)
         self._journal = journal
-        self._offset = offset
+        self._offset = self._end = offset
         self.rows = 0
 
-    def append(self, end: int, skip: Container[str] = ()) -> None:
-        """Convert the journal's lines up to byte `end`, writing row groups as they fill."""
+    def append(
+        self, end: int, skip: Container[str] = (), layout: dict[str, Any] | None = None, start: int = 0
+    ) -> None:
+        """Convert the journal's lines up to byte `end`, writing row groups as they fill; lines
+        are read a chunk at a time (fewer, larger calls into pyarrow), the rest at `finish`.
+        `layout`: how `journal_lines` wrote the lines from byte `start` on, if it did."""
         if self._journal is None:
             raise RuntimeError("FileConverter: append before start")
-        for chunk in _chunks(self._journal, self._offset, end):
-            self._buffer.add(chunk, skip)
-            self._offset += len(chunk)
+        if layout is not None and not skip and start >= self._end:
+            self._described.append((start, end, layout))
+        self._end = end
+        self._skip = skip
+        if end - self._offset >= self.chunk_bytes:
+            self._convert()
+
+    def _convert(self) -> None:
+        assert self._journal is not None
+        described = self._described
+        while self._offset < self._end:
+            if described and described[0][0] == self._offset:
+                # Batches written by this sink: read together, up to a chunk, and cut by layout.
+                stop, layouts = self._offset, list[dict[str, Any]]()
+                while (
+                    described
+                    and described[0][0] == stop
+                    and (not layouts or described[0][1] - self._offset <= self.chunk_bytes)
+                ):
+                    _, stop, layout = described.pop(0)
+                    layouts.append(layout)
+                merged = {key: [v for layout in layouts for v in layout[key]] for key in layouts[0]}
+                chunk = os.pread(self._journal, stop - self._offset, self._offset)
+                if len(chunk) != stop - self._offset:
+                    raise OSError(f"the journal ended at {self._offset + len(chunk)} bytes, expected {stop}")
+                self._buffer.add_described(chunk, merged)
+                self._offset = stop
+            else:
+                stop = described[0][0] if described else self._end
+                for chunk in _chunks(self._journal, self._offset, stop, self.chunk_bytes):
+                    self._buffer.add(chunk, self._skip)
+                    self._offset += len(chunk)
             if self._buffer.nbytes >= self.row_group_bytes:
                 self._flush()
 
@@ -463,10 +609,11 @@ class FileConverter:
 
     def finish(self) -> int:
         """Write what is buffered and the file's footer, sync the file and close it; the row count."""
-        self._flush()
         out = self._out
         if out is None:
             raise RuntimeError("FileConverter: finish before start")
+        self._convert()
+        self._flush()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -482,6 +629,7 @@ class FileConverter:
         out, self._out = self._out, None
         journal, self._journal = self._journal, None
         self._buffer = RowBuffer()
+        self._described = []
         if writer is not None:
             with contextlib.suppress(Exception):
                 writer.close()

@@ -30,7 +30,7 @@ def _handle(converter: FileConverter, request: dict[str, Any], fds: list[int]) -
         converter.start(out, journal, request["offset"])
         return {"ok": True}
     if op == "append":
-        converter.append(request["end"])
+        converter.append(request["end"], layout=request.get("layout"), start=request.get("start", 0))
         return {"ok": True}
     if op == "finish":
         return {"ok": True, "rows": converter.finish()}
@@ -75,9 +75,10 @@ def main() -> int:
         signal.signal(signum, signal.SIG_IGN)
     sock = socket.socket(fileno=int(sys.argv[1]))
     level = sys.argv[2] if len(sys.argv) > 2 else "none"
-    pyarrow()  # now, while the session starts, rather than at the first row group
+    pyarrow()  # before saying it is ready: the sink's open waits for this
     converter = FileConverter(None if level == "none" else int(level))
     try:
+        sock.sendall(b'{"ok":true}\n')
         serve(sock, converter)
     except (BrokenPipeError, ConnectionResetError):
         pass  # the sink is gone
