@@ -49,9 +49,12 @@ _TAIL = 1024
 
 
 def pyarrow() -> Any:
-    """pyarrow with its Parquet module, or an ImportError naming the extra."""
+    """pyarrow with the modules the sink uses, or an ImportError naming the extra."""
     try:
+        import numpy  # noqa: F401 - pyarrow's own dependency, imported here once
         import pyarrow as pa
+        import pyarrow.compute
+        import pyarrow.json
         import pyarrow.parquet  # loads pa.parquet
     except ImportError as exc:
         raise ImportError('ParquetSink needs pyarrow: pip install "asynctrace[parquet]"') from exc
