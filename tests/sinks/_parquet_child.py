@@ -5,8 +5,8 @@
   accepted, so the parent knows what the archive must hold after a replay.
 - ``killed-after-write DIR``: writes 30 records (``k-0`` ... ``k-29``) to a sink that holds up
   to 100 a file, then SIGKILLs itself: they are in its journal only.
-- ``stream DIR NAME``: writes batches of 20 records (``NAME-0`` ...) straight to a sink that rolls
-  a file every 60 records, printing ``WRITTEN <n>`` after each write returns, until it is killed.
+- ``stream DIR NAME``: writes batches of 10 records (``NAME-0`` ...) straight to a sink that rolls
+  a file every 20 records, printing ``WRITTEN <n>`` after each write returns, until it is killed.
 - ``disk-full DIR``: a write the file-size limit refuses (RLIMIT_FSIZE: EFBIG, as a full disk's
   ENOSPC), then the same write again without the limit; prints ``refused <errno>`` and whether
   the archive then holds the ten records exactly once.
@@ -62,12 +62,11 @@ async def killed_after_write(directory: str) -> None:
 
 
 async def stream(directory: str, name: str) -> None:
-    sink = await _open(directory, 60)
+    sink = await _open(directory, 20)
     written = 0
-    print("READY", flush=True)
     while True:
-        await sink.write([_record(f"{name}-{written + i}", pad=500) for i in range(20)])
-        written += 20
+        await sink.write([_record(f"{name}-{written + i}", pad=500) for i in range(10)])
+        written += 10
         print(f"WRITTEN {written}", flush=True)
 
 

@@ -373,7 +373,7 @@ def test_sigkill_at_random_points_leaves_whole_files_without_duplicates(tmp_path
     written = {}
     for run in range(5):
         name = f"kill{run}"
-        written[name] = _stream_until_killed(tmp_path, name, rng.uniform(0.3, 3.5))
+        written[name] = _stream_until_killed(tmp_path, name, rng.uniform(0.5, 4.0))
         for path in _files(tmp_path):
             assert pq.read_table(path).num_rows == pq.ParquetFile(path).metadata.num_rows > 0, seed
     sink = at.ParquetSink(tmp_path)
