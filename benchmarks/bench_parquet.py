@@ -18,8 +18,14 @@ back from the files. Reported per variant: the median round's rows/s and MB/s (e
 for ``tokens`` also the arrays' MB/s), and the ticker's p99 and max lag over all rounds; ratios
 are medians of per-round ratios.
 
+With ``--memory``: peak RSS while samples stream in at ``--rate`` samples/s (2.5 KB; 32 KB
+samples at the same bytes/s) for ``--seconds``, default settings, each sink in a fresh process
+(this script re-invoked); RSS is this process's plus its children's (ParquetSink's writer
+process), read every 100 ms. Goal: ParquetSink at most 256 MB, with either sample size.
+
     python benchmarks/bench_parquet.py
     python benchmarks/bench_parquet.py --quick
+    python benchmarks/bench_parquet.py --memory --seconds 90
 """
 
 from __future__ import annotations
@@ -30,10 +36,14 @@ import tempfile
 os.environ["TRACKIO_DIR"] = tempfile.mkdtemp(prefix="asynctrace-bench-")
 
 import argparse
+import contextlib
 import gc
+import json
 import shutil
 import statistics
+import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -49,6 +59,8 @@ GOAL_TEXT = 0.8  # ParquetSink / JsonlSink, samples/s, text rows
 GOAL_TOKENS = 1.0  # ParquetSink / JsonlSink, MB/s, token rows
 GOAL_P99_MS = 1.0
 GOAL_MAX = 1.5  # ParquetSink's worst tick / JsonlSink's
+GOAL_RSS_MB = 256.0  # peak RSS streaming, ParquetSink (and its writer process)
+MB = 1e6
 VARIANTS = ("parquet", "jsonl", "bare")
 LABELS = {
     "parquet": "TraceSession + ParquetSink",
@@ -226,7 +238,9 @@ async def measure(
                 out[variant][0].append(seconds)
                 out[variant][1].extend(ticker.lags)
                 if args.verbose:
-                    print(f"  {name} round {r + 1} {variant}: {len(samples) / seconds:,.0f} rows/s", flush=True)
+                    print(
+                        f"  {name} round {r + 1} {variant}: {len(samples) / seconds:,.0f} rows/s", flush=True
+                    )
         ticker.stop = True
     return out
 
@@ -259,7 +273,9 @@ def report(name: str, samples: list[Any], results: dict[str, tuple[list[float], 
     p99 = common.percentile(results["parquet"][1], 99) * 1e3
     worst = max(results["parquet"][1]) / max(results["jsonl"][1])
     goal = GOAL_TOKENS if arrays else GOAL_TEXT
-    print(f"ratio {name}: ParquetSink / JsonlSink throughput = {common.fmt_ratio(to_jsonl)} (goal >= {goal:g}x)")
+    print(
+        f"ratio {name}: ParquetSink / JsonlSink throughput = {common.fmt_ratio(to_jsonl)} (goal >= {goal:g}x)"
+    )
     print(f"ratio {name}: ParquetSink / bare pyarrow throughput = {common.fmt_ratio(to_bare)}")
     print(f"ratio {name}: ParquetSink max lag / JsonlSink max lag = {worst:.2f} (goal <= {GOAL_MAX:g})")
     print(f"{name}: ParquetSink p99 lag {p99:.3f} ms (goal < {GOAL_P99_MS:g} ms)")
@@ -273,7 +289,9 @@ async def main_async(args: argparse.Namespace) -> int:
     common.prefault(args.prefault_mib)
     workloads = []
     if "text" in args.workloads:
-        workloads.append(("text", common.to_samples(common.sample_bodies(args.text_rows, common.SIZES["2.5KB"]))))
+        workloads.append(
+            ("text", common.to_samples(common.sample_bodies(args.text_rows, common.SIZES["2.5KB"])))
+        )
     if "tokens" in args.workloads:
         workloads.append(("tokens", token_samples(args.token_rows)))
     gc.collect()
@@ -281,7 +299,9 @@ async def main_async(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="asynctrace-bench-parquet-"))
     met: list[bool] = []
     try:
-        results = [(name, samples, await measure(name, samples, args, workdir)) for name, samples in workloads]
+        results = [
+            (name, samples, await measure(name, samples, args, workdir)) for name, samples in workloads
+        ]
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print(
@@ -294,15 +314,125 @@ async def main_async(args: argparse.Namespace) -> int:
     return 0 if all(met) or not args.strict else 1
 
 
+class RssPeak(threading.Thread):
+    """The peak RSS of this process, of its children, and of both together, every 100 ms."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        import psutil
+
+        self.process = psutil.Process()
+        self.peaks = [0, 0, 0]  # own, children, total
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        import psutil
+
+        while not self.halt.wait(0.1):
+            own = self.process.memory_info().rss
+            children = 0
+            for child in self.process.children(recursive=True):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    children += child.memory_info().rss
+            for k, value in enumerate((own, children, own + children)):
+                self.peaks[k] = max(self.peaks[k], value)
+
+
+async def stream_child(args: argparse.Namespace) -> list[Any]:
+    """Log samples at a steady rate for a while through one sink; peak RSS meanwhile."""
+    import asynctrace as at
+
+    size = common.SIZES[args.size]
+    rate = args.rate * common.SIZES["2.5KB"] / size  # the same bytes a second for either size
+    pool = common.to_samples(common.sample_bodies(64, size))
+    workdir = Path(tempfile.mkdtemp(prefix="asynctrace-bench-memory-"))
+    sink: at.Sink = (
+        at.ParquetSink(workdir) if args.child == "parquet" else at.JsonlSink(workdir / "out.jsonl")
+    )
+    peak = RssPeak()
+    batch = 32
+    try:
+        async with at.TraceSession("bench", run="memory", sinks=[sink], health_metrics=False) as session:
+            await session.flush()
+            peak.start()
+            logged = 0
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < args.seconds:
+                await session.log_samples([pool[(logged + j) % len(pool)] for j in range(batch)], step=logged)
+                logged += batch
+                await anyio.sleep(max(0.0, t0 + logged / rate - time.perf_counter()))
+            produced = time.perf_counter() - t0
+            stats = await session.finish()
+        peak.halt.set()
+        peak.join()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    _check(stats.written == logged and stats.check(), stats.summary())
+    own, children, total = peak.peaks
+    return {"sink": args.child, "size": args.size, "rate": logged / produced, "logged": logged}, (
+        own,
+        children,
+        total,
+    )  # type: ignore[return-value]
+
+
+def run_memory(args: argparse.Namespace) -> int:
+    common.print_machine("start")
+    rows = []
+    met = True
+    for size in ("2.5KB", "32KB"):
+        peaks = {}
+        for sink in ("jsonl", "parquet"):
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", sink, "--size", size]
+            cmd += ["--seconds", str(args.seconds), "--rate", str(args.rate)]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+            if line is None:
+                raise SystemExit(f"{sink} {size} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+            info, (own, children, total) = json.loads(line[len("RESULT ") :])
+            peaks[sink] = total
+            rows.append(
+                [
+                    f"{sink}, {size}",
+                    f"{info['rate']:,.0f}",
+                    f"{info['logged']:,}",
+                    f"{own / MB:.0f}",
+                    f"{children / MB:.0f}",
+                    f"{total / MB:.0f}",
+                ]
+            )
+        met &= peaks["parquet"] / MB <= GOAL_RSS_MB
+        print(
+            f"ratio {size}: ParquetSink peak RSS {peaks['parquet'] / MB:.0f} MB (goal <= {GOAL_RSS_MB:g}), "
+            f"{peaks['parquet'] / peaks['jsonl']:.1f}x JsonlSink's",
+            flush=True,
+        )
+    print(f"peak RSS streaming for {args.seconds:g} s, default settings, a fresh process per variant")
+    common.print_table(
+        ["sink, sample size", "samples/s", "samples", "process MB", "writer process MB", "together MB"], rows
+    )
+    common.print_machine("end")
+    return 0 if met or not args.strict else 1
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--workloads", nargs="+", choices=["text", "tokens"], default=["text", "tokens"])
     parser.add_argument("--text-rows", type=int, default=51_200)
     parser.add_argument("--token-rows", type=int, default=2_048)
     parser.add_argument("--batch", type=int, default=256, help="samples a log_samples call")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prefault-mib", type=int, default=512)
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 4096 text and 256 token rows, 1 round")
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run: 4096 text and 256 token rows, 1 round"
+    )
+    parser.add_argument("--memory", action="store_true", help="measure peak RSS while streaming instead")
+    parser.add_argument("--seconds", type=float, default=90.0, help="--memory: seconds of streaming")
+    parser.add_argument("--rate", type=float, default=5_800.0, help="--memory: 2.5 KB samples a second")
+    parser.add_argument("--child", choices=["jsonl", "parquet"], help=argparse.SUPPRESS)
+    parser.add_argument("--size", choices=sorted(common.SIZES), default="2.5KB", help=argparse.SUPPRESS)
     parser.add_argument("--strict", action="store_true", help="exit 1 when a goal is not met")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
@@ -311,5 +441,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        result = anyio.run(stream_child, args)
+        print("RESULT " + json.dumps(result), flush=True)
+        return 0
+    if args.memory:
+        common.cleanup_trackio_dir_at_exit()
+        return run_memory(args)
+    return common.run_main(main_async, lambda _: args)
+
+
 if __name__ == "__main__":
-    sys.exit(common.run_main(main_async, parse_args))
+    sys.exit(main())

@@ -34,9 +34,9 @@ __all__ = [
 ]
 
 # Encoded samples buffered before they become a row group: what bounds the memory a file costs.
-ROW_GROUP_BYTES = 8 * 2**20
+ROW_GROUP_BYTES = 4 * 2**20
 # Journal bytes read at a time (longer lines are read whole).
-CHUNK_BYTES = 4 * 2**20
+CHUNK_BYTES = 2 * 2**20
 _ARROW_TYPES = {"int32": "int32", "int8": "int8", "float32": "float32"}
 # Small columns whose values repeat; the large ones (text, token arrays) get neither a dictionary
 # nor min/max statistics, which cost time and no reader uses.
@@ -609,6 +609,10 @@ class FileConverter:
             )
         self._writer.write_table(table, row_group_size=table.num_rows)
         self.rows += table.num_rows
+        del table
+        # What the row group took goes back to the system, not kept by pyarrow's allocator for
+        # later: what the process holds stays about one row group.
+        pyarrow().default_memory_pool().release_unused()
 
     def finish(self) -> int:
         """Write what is buffered and the file's footer, sync the file and close it; the row count."""

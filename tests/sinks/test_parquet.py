@@ -371,7 +371,7 @@ def test_sigkill_at_random_points_leaves_whole_files_without_duplicates(tmp_path
     seed = int.from_bytes(os.urandom(4), "little")
     rng = random.Random(seed)
     written = {}
-    for run in range(5):
+    for run in range(4):
         name = f"kill{run}"
         written[name] = _stream_until_killed(tmp_path, name, rng.uniform(0.5, 4.0))
         for path in _files(tmp_path):
