@@ -17,6 +17,7 @@ from pathlib import Path
 import anyio
 import duckdb
 import orjson
+import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -24,7 +25,7 @@ import pytest
 import asynctrace as at
 from asynctrace._record import TraceRecord
 from tests._util import sample
-from tests.sinks._contract import CONTRACT, Backend, run_contract
+from tests.sinks._contract import CONTRACT, RETRY, Backend, run_contract
 from tests.sinks.test_files import _stalled_fifo
 
 pytestmark = pytest.mark.anyio
@@ -387,3 +388,47 @@ def test_sigkill_at_random_points_leaves_whole_files_without_duplicates(tmp_path
         missing = {f"{name}-{i}" for i in range(count)} - held
         assert not missing, f"seed {seed}: {len(missing)} written records of {name} lost"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], f"leftovers (seed {seed})"
+
+
+async def test_files_are_the_same_with_the_writer_in_a_thread(tmp_path: Path) -> None:
+    """``process=False`` writes the same files as the writer process does."""
+    records = [_record(f"t-{i}") for i in range(25)] + [_record('odd"id-1')]
+    tables = []
+    for process in (True, False):
+        directory = tmp_path / str(process)
+        sink = at.ParquetSink(directory, max_records=10, stem="same", process=process)
+        await sink.open()
+        for start in range(0, len(records), 4):
+            await sink.write(records[start : start + 4])
+        await sink.close()
+        assert [pq.ParquetFile(p).metadata.num_rows for p in _files(directory)] == [12, 12, 2]
+        tables.append(pq.read_table(directory))
+    assert tables[0].equals(tables[1])
+
+
+def _writer_processes() -> list[psutil.Process]:
+    return [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if "asynctrace.sinks._parquet_worker" in " ".join(p.cmdline())
+    ]
+
+
+async def test_a_killed_writer_process_is_replaced_without_loss(tmp_path: Path) -> None:
+    """The writer process killed mid-run (as the OOM killer would): the batch that finds it gone is
+    retried with a new one, which starts the open file again from the journal; nothing is lost."""
+    memory = at.testing.MemorySink("memory")
+    sink = at.ParquetSink(tmp_path, max_records=50)
+    async with at.TraceSession("p", run="r", sinks=[sink, memory], retry=RETRY, batch_size=10) as s:
+        await s.log_samples([sample(i) for i in range(30)], step=0)
+        assert await s.flush(timeout=60)
+        (writer,) = _writer_processes()
+        writer.kill()
+        writer.wait(30)
+        await s.log_samples([sample(i) for i in range(40)], step=1)
+        assert await s.flush(timeout=60)
+    st = s.stats()
+    assert st.check() and st.written == 70 and st.sinks[sink.name].retries >= 1, st.summary()
+    ids = pq.read_table(tmp_path).column("id").to_pylist()
+    assert sorted(ids) == sorted(r.id for r in memory.records)
+    assert not _writer_processes(), "the writer process ends with its sink"
