@@ -126,8 +126,11 @@ class _WriterProcess:
         return _WriterGone(f"ParquetSink: its writer process exited (status {self._process.poll()})")
 
     def _send(self, request: dict[str, Any], fds: Sequence[int] = ()) -> None:
+        data = orjson.dumps(request) + b"\n"
         try:
-            socket.send_fds(self._socket, [orjson.dumps(request) + b"\n"], list(fds))
+            sent = socket.send_fds(self._socket, [data], list(fds))
+            if sent < len(data):  # a large layout, cut short: the descriptors went with its start
+                self._socket.sendall(data[sent:])
         except (BrokenPipeError, ConnectionResetError):
             raise self._gone() from None
         self._outstanding += 1

@@ -432,3 +432,13 @@ async def test_a_killed_writer_process_is_replaced_without_loss(tmp_path: Path) 
     ids = pq.read_table(tmp_path).column("id").to_pylist()
     assert sorted(ids) == sorted(r.id for r in memory.records)
     assert not _writer_processes(), "the writer process ends with its sink"
+
+
+async def test_one_large_batch_reaches_the_writer_process_whole(tmp_path: Path) -> None:
+    """A batch whose layout is larger than the socket's buffer (30 000 records) lands whole."""
+    sink = at.ParquetSink(tmp_path, stem="large")
+    await sink.open()
+    await sink.write([_record(f"big-{i}") for i in range(30_000)])
+    await sink.close()
+    ids = pq.read_table(tmp_path).column("id").to_pylist()
+    assert sorted(ids) == sorted(f"big-{i}" for i in range(30_000))
