@@ -31,7 +31,8 @@ from .._record import TraceRecord
 from ..exceptions import PermanentSinkError
 from ._base import Sink
 from ._guard import Guard
-from ._parquet_rows import FileConverter, journal_ids, journal_lines, pyarrow, schema
+from ._parquet_file import FileConverter, journal_ids
+from ._parquet_rows import journal_lines, pyarrow, schema
 
 try:  # POSIX; elsewhere a journal is recovered only once its writer is gone for good
     import fcntl

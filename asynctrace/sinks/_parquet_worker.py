@@ -4,8 +4,10 @@ It turns the journal into a Parquet file, a row group at a time, off the trainer
 decoding, Arrow conversion and compression hold no lock the training loop needs. FD is its end of
 a Unix socket pair. Each request is one JSON line, with descriptors passed alongside (`start`: the
 file to write and the journal to read, both opened by the sink); each gets one JSON line back.
-The process never creates, names or deletes a file: what it leaves behind when its sink is killed
-is an unnamed temporary the next sink deletes. It exits at end of input (its sink closed or died).
+The sink sends requests without waiting; they are answered in order, after a first line saying
+the process is ready (pyarrow imported). The process never creates, names or deletes a file:
+what it leaves behind when its sink is killed is a temporary the next sink deletes. It exits at
+end of input (its sink closed or died).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any
 
 import orjson
 
-from ._parquet_rows import FileConverter, pyarrow
+from ._parquet_file import FileConverter
+from ._parquet_rows import pyarrow
 
 _MAX_FDS = 8
 

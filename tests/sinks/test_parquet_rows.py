@@ -13,6 +13,7 @@ import pytest
 
 import asynctrace as at
 from asynctrace._record import TraceRecord, encode_sample
+from asynctrace.sinks import _parquet_file as files
 from asynctrace.sinks import _parquet_rows as rows
 
 PAYLOADS = [
@@ -72,7 +73,7 @@ def test_token_fields_become_list_columns_bit_for_bit(tmp_path: Path) -> None:
     data, layout = rows.journal_lines(_records(encode_sample(sample, 0)[0], 2))
     journal = tmp_path / "journal"
     journal.write_bytes(data)
-    converter = rows.FileConverter(row_group_bytes=1)  # a row group each append
+    converter = files.FileConverter(row_group_bytes=1)  # a row group each append
     out = os.open(tmp_path / "out.parquet", os.O_WRONLY | os.O_CREAT)
     converter.start(out, os.open(journal, os.O_RDONLY))
     converter.append(len(data), layout=layout)
@@ -87,7 +88,7 @@ def test_row_groups_are_written_as_they_fill(tmp_path: Path) -> None:
     """A file is written a row group at a time as the journal grows, not at its end."""
     payload = encode_sample(at.Sample(messages=[{"role": "user", "content": "y" * 2000}], metadata={}), 0)[0]
     journal = tmp_path / "journal"
-    converter = rows.FileConverter(row_group_bytes=64 * 1024, chunk_bytes=32 * 1024)
+    converter = files.FileConverter(row_group_bytes=64 * 1024, chunk_bytes=32 * 1024)
     out = os.open(tmp_path / "out.parquet", os.O_WRONLY | os.O_CREAT)
     with open(journal, "wb") as f:
         converter.start(out, os.open(journal, os.O_RDONLY))
