@@ -453,6 +453,8 @@ class ParquetSink(Sink):
                 raise
             self._converter.start(out, reader, self._base)
         self._converter.append(start, end, layout)
+        # An earlier batch's conversion that failed fails this one: the file starts again.
+        self._converter.check()
 
     def _discard(self) -> None:
         """Drop the file being written (its records stay in the journal, to be converted again)."""
@@ -513,7 +515,6 @@ class ParquetSink(Sink):
             self._count += len(records)
             self._bytes += sum(len(r.payload) for r in records)
             self._convert(start, start + len(data), layout)
-            self._converter.check()  # type: ignore[union-attr]
             if self._count >= self.max_records or self._bytes >= self.max_bytes:
                 self._roll()
         except BaseException as exc:
