@@ -12,6 +12,11 @@ Two comparisons, each in one process run:
    `TraceSession` into a memory sink: `log_rollouts` (the cap picks rows from the rewards, only
    those are decoded) versus decoding all 1024 and handing them to `log_samples`.
 
+On a GPU, [1] also says where each path's time goes: the per-sample loop's device round trips
+(`.item()` and `.cpu()` per sample, each a sync) against its decoding, and the batched path's
+device part (row selection, masks, the one transfer: `_tensor_layout`) against its decoding on the
+CPU, so that one short run shows what limits the ratio. Goals: >= 3x on the CPU, >= 20x on a GPU.
+
     python benchmarks/bench_decode.py [--device cuda] [--repeat 3]
 """
 
@@ -30,6 +35,7 @@ import torch
 from asynctrace import Sample, TraceSession
 from asynctrace.rollouts import decode_rollouts, toy_tokenizer
 from asynctrace.rollouts._bytelevel import byte_table
+from asynctrace.rollouts._decode import _tensor_layout
 from asynctrace.rollouts._text import tokenizer_decode
 from asynctrace.testing import MemorySink
 
@@ -107,6 +113,24 @@ def per_sample_loop(batch: dict[str, torch.Tensor], tokenizer: Any, rows: list[i
     return samples
 
 
+def loop_transfers(batch: dict[str, torch.Tensor], rows: list[int]) -> None:
+    """Only the per-sample loop's device round trips (what it costs before any decoding)."""
+    for i in rows:
+        seqlen = int(batch["attention_mask"][i].sum().item())
+        batch["input_ids"][i, :seqlen].cpu().tolist()
+        batch["loss_mask"][i, :seqlen].cpu().tolist()
+        batch["versions"][i, :seqlen].cpu().tolist()
+        float(batch["rewards"][i].item())
+
+
+def device_part(batch: dict[str, torch.Tensor]) -> None:
+    """Only the batched path's work on the tensors' device, up to its one transfer."""
+    _tensor_layout(batch["input_ids"], batch["attention_mask"], batch["loss_mask"], batch["versions"], None)
+
+
+GOAL_CPU, GOAL_GPU = 3.0, 20.0
+
+
 def batched(batch: dict[str, torch.Tensor], tokenizer: Any, rows: list[int] | None) -> list[Sample]:
     return decode_rollouts(
         batch["input_ids"],
@@ -163,6 +187,18 @@ def compare_batch(args: argparse.Namespace, tokenizer: Any) -> None:
         f"[1b] batched with the tokenizer's own decode_batch: {own_s * 1e3:.0f} ms, "
         f"ratio {loop_s / own_s:.1f}x"
     )
+    transfers_s, device_s = best_of(
+        args.repeat, args.device, lambda: loop_transfers(batch, everything), lambda: device_part(batch)
+    )
+    print(
+        f"[1c] where the time goes: the loop's device round trips {transfers_s * 1e3:.0f} ms of its "
+        f"{loop_s * 1e3:.0f} ms (the rest: slicing and one decode per turn); the batched path's "
+        f"device part and transfer {device_s * 1e3:.1f} ms of its {batch_s * 1e3:.0f} ms (the rest: "
+        "decoding on the CPU)"
+    )
+    goal = GOAL_GPU if args.device.startswith("cuda") else GOAL_CPU
+    met = loop_s / batch_s >= goal
+    print(f"goal on {args.device}: >= {goal:g}x, {loop_s / batch_s:.1f}x, {'met' if met else 'NOT met'}")
 
 
 def compare_cap(args: argparse.Namespace, tokenizer: Any) -> None:
@@ -212,7 +248,8 @@ def main() -> None:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
     tokenizer = toy_tokenizer()
-    print(f"device={args.device} torch={torch.__version__} threads={torch.get_num_threads()}")
+    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    print(f"device={args.device} ({name}) torch={torch.__version__} threads={torch.get_num_threads()}")
     compare_batch(args, tokenizer)
     compare_cap(args, tokenizer)
 

@@ -12,7 +12,10 @@ Trackio's SQLite store; that whole window is measured:
   drain does not block the loop outright;
 - ``session-thread``: the session with ``TrackioSink(process=False)`` (Trackio in a worker
   thread of this process), for reference;
-- ``idle``: the ticker alone, for the machine's own noise floor.
+- ``idle``: the ticker alone, for the machine's own noise floor;
+- with ``--files``: ``session-parquet`` and ``session-jsonl``, the session with only a
+  ``ParquetSink`` (default settings: its writer process) or only a ``JsonlSink`` in a temporary
+  directory, rows counted back from the files; the ratio of their worst ticks is printed.
 
 Opening the session / ``trackio.init`` happens before the window. Counts are verified. The
 inputs of every round are built up front and then frozen out of the garbage collector
@@ -21,6 +24,7 @@ without that a collector pass over 40 000 prebuilt objects lands in whichever va
 
     python benchmarks/bench_loop_stall.py
     python benchmarks/bench_loop_stall.py --quick
+    python benchmarks/bench_loop_stall.py --files
 """
 
 from __future__ import annotations
@@ -45,7 +49,11 @@ GOAL_MAX_MS = 5.0
 BATCH = 32
 TICK = 0.001
 VARIANTS = ["idle", "session", "direct", "session-thread"]
+FILE_VARIANTS = ["session-parquet", "session-jsonl"]
+GOAL_FILES_MAX = 1.5  # ParquetSink's worst tick / JsonlSink's
 LABELS = {
+    "session-parquet": "TraceSession, ParquetSink (writer process)",
+    "session-jsonl": "TraceSession, JsonlSink",
     "idle": "ticker alone (noise floor)",
     "session": "TraceSession, TrackioSink (writer process)",
     "direct": "run.log from the coroutine, finish in a thread",
@@ -165,6 +173,40 @@ async def run_direct(ticker: Ticker, traces: list[Any]) -> Window:
     return result
 
 
+async def run_file_session(ticker: Ticker, samples: list[Any], kind: str) -> Window:
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    import asynctrace as at
+
+    directory = tempfile.mkdtemp(prefix="asynctrace-bench-stall-")
+    sink: at.Sink = at.ParquetSink(directory) if kind == "parquet" else at.JsonlSink(f"{directory}/out.jsonl")
+    try:
+        async with at.TraceSession(
+            common.project_name("stall-files"), sinks=[sink], finish_timeout=600.0, health_metrics=False
+        ) as session:
+            await session.flush()
+
+            async def body() -> None:
+                for c in range(0, len(samples), BATCH):
+                    await session.log_samples(samples[c : c + BATCH], step=c // BATCH)
+                    await anyio.sleep(0)
+                await session.finish()
+
+            result = await window(ticker, body)
+        stats = session.stats()
+        _verify(stats.written == len(samples) and stats.check(), f"{kind}: {stats.summary()}")
+        if kind == "parquet":
+            rows = int(pq.read_table(directory).num_rows)
+        else:
+            rows = common.count_jsonl_lines(f"{directory}/out.jsonl")
+        _verify(rows == len(samples), f"{kind}: {rows} rows in the files, expected {len(samples)}")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return result
+
+
 def _verify(ok: bool, message: str) -> None:
     if not ok:
         raise SystemExit(f"verification failed: {message}")
@@ -176,15 +218,18 @@ def _verify_stored(project: str, run: str, expected: int) -> None:
 
 
 async def measure(args: argparse.Namespace, samples: list[Any], traces: list[Any]) -> dict[str, list[Window]]:
-    results: dict[str, list[Window]] = {v: [] for v in VARIANTS}
+    variants = VARIANTS + FILE_VARIANTS if args.files else VARIANTS
+    results: dict[str, list[Window]] = {v: [] for v in variants}
     ticker = Ticker()
     async with anyio.create_task_group() as tg:
         tg.start_soon(ticker.run)
         for r in range(args.rounds):
-            order = VARIANTS[1:] if r % 2 == 0 else VARIANTS[:0:-1]
+            order = variants[1:] if r % 2 == 0 else variants[:0:-1]
             results["idle"].append(await run_idle(ticker, args.idle_seconds))
             for variant in order:
-                if variant == "session":
+                if variant in FILE_VARIANTS:
+                    results[variant].append(await run_file_session(ticker, samples, variant[8:]))
+                elif variant == "session":
                     results[variant].append(await run_session(ticker, samples, process=True))
                 elif variant == "session-thread":
                     results[variant].append(await run_session(ticker, samples, process=False))
@@ -206,7 +251,7 @@ async def main_async(args: argparse.Namespace) -> int:
 
     summary: dict[str, tuple[float, float, float]] = {}
     rows: list[list[str]] = []
-    for variant in VARIANTS:
+    for variant in results:
         lags = [lag for lags, _, _, _ in results[variant] for lag in lags]
         busy = [b for _, busy, _, _ in results[variant] for b in busy]
         seconds = sum(t for _, _, t, _ in results[variant])
@@ -262,6 +307,13 @@ async def main_async(args: argparse.Namespace) -> int:
             f"ratio {other} / session: p50 {o_p50 / s_p50:.1f}x, p99 {o_p99 / s_p99:.1f}x, "
             f"max {o_max / s_max:.1f}x"
         )
+    if args.files:
+        _, p_p99, p_max = summary["session-parquet"]
+        j_max = summary["session-jsonl"][2]
+        print(
+            f"ratio session-parquet / session-jsonl: max {p_max / j_max:.2f} (goal <= {GOAL_FILES_MAX:g}); "
+            f"ParquetSink p99 {p_p99:.3f} ms (goal < {GOAL_P99_MS:g} ms)"
+        )
     ok_p99 = s_p99 < GOAL_P99_MS
     ok_max = s_max < GOAL_MAX_MS
     print(f"goal session p99 < {GOAL_P99_MS:g} ms: {s_p99:.3f} ms, {'met' if ok_p99 else 'NOT met'}")
@@ -282,6 +334,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "so that both windows have the same chance of a rare pause)",
     )
     p.add_argument("--quick", action="store_true", help="tiny smoke run")
+    p.add_argument("--files", action="store_true", help="also ParquetSink and JsonlSink sessions")
     p.add_argument("--verbose", action="store_true", help="show Trackio's and the writer's stderr")
     p.add_argument("--strict", action="store_true", help="exit 1 when a goal is not met")
     args = p.parse_args(argv)

@@ -1,22 +1,31 @@
-"""ParquetSink vs pyarrow writing the same rows: caller cost per sample and end-to-end throughput.
+"""ParquetSink vs JsonlSink vs the bare write: throughput, and the event loop's lag meanwhile.
 
-Caller cost: the time spent inside the caller's call per batch of 32 samples, summed
-(``time.perf_counter`` around each call), with the caller yielding ``--gap`` seconds between
-calls as a training step would. Session: ``await session.log_samples(batch)`` with only a
-``ParquetSink``. Bare: the trainer writing the batch itself, in its loop: a pyarrow table of
-the same rows (id, step, split, key, timestamp, messages and metadata as JSON, the typed
-columns) written as a row group to an open zstd ``pyarrow.parquet.ParquetWriter``.
+Two workloads: ``text`` (chat samples of about 2.5 KB, ``--text-rows`` of them) and ``tokens``
+(``--token-rows`` samples carrying 4,096-token fields: token ids int32, log-probs float32, loss
+mask int8; 36,864 bytes of arrays a row). For each, three variants, their order alternating over
+``--rounds`` rounds, each with a 1 ms ticker task on the same event loop recording its lag:
 
-Throughput: first submit to the data being in closed Parquet files. Session: the same calls
-with no gap, then ``finish()``. Bare: one table of all rows built and written with
-``pq.write_table(..., compression="zstd")``, the least a Parquet archive costs. Row counts are
-checked by reading the files back.
+- ``parquet``: ``TraceSession`` with only a ``ParquetSink`` (default settings);
+- ``jsonl``: ``TraceSession`` with only a ``JsonlSink``;
+- ``bare``: the trainer writing Parquet itself, in its loop: a pyarrow table of each batch's rows
+  (the sink's columns, built from the caller's dicts and arrays) written as a row group to an
+  open zstd ``pyarrow.parquet.ParquetWriter``, then closed and fsynced.
 
-Variants alternate over ``--rounds`` rounds; the median round is reported, ratios are medians
-of per-round ratios.
+The window runs from the first call to the data being in closed files (``finish()`` for the
+sessions). The sessions have ``health_metrics=False``, batches of ``--batch`` samples a call, and
+log one batch before the window (the sink open, its writer process started). Rows are counted
+back from the files. Reported per variant: the median round's rows/s and MB/s (encoded samples;
+for ``tokens`` also the arrays' MB/s), and the ticker's p99 and max lag over all rounds; ratios
+are medians of per-round ratios.
+
+With ``--memory``: peak RSS while samples stream in at ``--rate`` samples/s (2.5 KB; 32 KB
+samples at the same bytes/s) for ``--seconds``, default settings, each sink in a fresh process
+(this script re-invoked); RSS is this process's plus its children's (ParquetSink's writer
+process), read every 100 ms. Goal: ParquetSink at most 256 MB, with either sample size.
 
     python benchmarks/bench_parquet.py
     python benchmarks/bench_parquet.py --quick
+    python benchmarks/bench_parquet.py --memory --seconds 90
 """
 
 from __future__ import annotations
@@ -27,11 +36,17 @@ import tempfile
 os.environ["TRACKIO_DIR"] = tempfile.mkdtemp(prefix="asynctrace-bench-")
 
 import argparse
+import contextlib
+import gc
+import json
 import shutil
 import statistics
+import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,25 +54,73 @@ import _common as common
 import anyio
 import orjson
 
-BATCH = 32
+TOKENS = 4096
+GOAL_TEXT = 0.8  # ParquetSink / JsonlSink, samples/s, text rows
+GOAL_TOKENS = 1.0  # ParquetSink / JsonlSink, MB/s, token rows
+GOAL_P99_MS = 1.0
+GOAL_MAX = 1.5  # ParquetSink's worst tick / JsonlSink's
+GOAL_RSS_MB = 256.0  # peak RSS streaming, ParquetSink (and its writer process)
+MB = 1e6
+VARIANTS = ("parquet", "jsonl", "bare")
+LABELS = {
+    "parquet": "TraceSession + ParquetSink",
+    "jsonl": "TraceSession + JsonlSink",
+    "bare": "pyarrow in the loop (same rows)",
+}
 
 
-def _bare_table(bodies: list[dict[str, Any]], prefix: str, start: int, step: int) -> Any:
-    """The rows a ParquetSink writes, built directly from the caller's dicts."""
+class Ticker:
+    """The lag of every 1 ms sleep while `recording` is set."""
+
+    def __init__(self) -> None:
+        self.recording = False
+        self.stop = False
+        self.lags: list[float] = []
+
+    async def run(self) -> None:
+        while not self.stop:
+            t0 = time.perf_counter()
+            await anyio.sleep(0.001)
+            if self.recording:
+                self.lags.append(time.perf_counter() - t0 - 0.001)
+
+
+def token_samples(n: int) -> list[Any]:
+    """`n` samples with 4k-token fields (a pool of 16 distinct rows reused)."""
+    import numpy as np
+
+    import asynctrace as at
+
+    rng = np.random.default_rng(0)
+    pool = []
+    for i in range(min(n, 16)):
+        body = common.sample_body(i, 2_560)
+        tokens = {
+            "token_ids": rng.integers(0, 151_000, TOKENS, dtype=np.int32),
+            "logprobs": -rng.exponential(0.5, TOKENS).astype(np.float32),
+            "loss_mask": (np.arange(TOKENS) >= 512).astype(np.int8),
+        }
+        pool.append(at.Sample(messages=body["messages"], metadata=body["metadata"], tokens=tokens))
+    return [pool[i % len(pool)] for i in range(n)]
+
+
+def _bare_table(samples: list[Any], prefix: str, start: int, step: int) -> Any:
+    """The rows a ParquetSink writes, built directly from the caller's samples."""
+    import numpy as np
     import pyarrow as pa
 
     from asynctrace.sinks._parquet import schema
 
-    n = len(bodies)
-    metas = [b["metadata"] for b in bodies]
-    empty_list = pa.array([None] * n, pa.list_(pa.int32()))
+    n = len(samples)
+    metas = [s.metadata for s in samples]
+    target = schema()
     columns = {
         "id": pa.array([f"{prefix}-{start + i}" for i in range(n)]),
         "step": pa.array([step] * n, pa.int64()),
         "split": pa.array(["train"] * n),
         "key": pa.array(["train/traces"] * n),
         "timestamp": pa.array([int(time.time() * 1e6)] * n, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-        "messages": pa.array([orjson.dumps(b["messages"]).decode() for b in bodies]),
+        "messages": pa.array([orjson.dumps(s.messages).decode() for s in samples]),
         "metadata": pa.array([orjson.dumps(m).decode() for m in metas]),
         "reward": pa.array([m.get("reward") for m in metas], pa.float64()),
         "advantage": pa.array([m.get("advantage") for m in metas], pa.float64()),
@@ -66,92 +129,89 @@ def _bare_table(bodies: list[dict[str, Any]], prefix: str, start: int, step: int
         "score": pa.array([None] * n, pa.float64()),
         "spans": pa.array([None] * n, pa.string()),
     }
-    target = schema()
-    arrays = [columns[f.name] if f.name in columns else empty_list.cast(f.type) for f in target]
-    return pa.Table.from_arrays(arrays, schema=target)
+    for name in ("token_ids", "loss_mask", "logprobs", "advantages"):
+        kind = target.field(name).type
+        held = [s.tokens[name] for s in samples if s.tokens and name in s.tokens]
+        if len(held) == n:
+            offsets = pa.array(np.arange(n + 1, dtype=np.int32) * TOKENS)
+            columns[name] = pa.ListArray.from_arrays(offsets, pa.array(np.concatenate(held)))
+        else:
+            columns[name] = pa.nulls(n, kind)
+    return pa.Table.from_arrays([columns[f.name] for f in target], schema=target)
 
 
-def _rows(directory: Path) -> int:
+def _parquet_rows(directory: Path) -> int:
     import pyarrow.parquet as pq
 
-    return int(pq.read_table(directory).num_rows)
+    return sum(pq.ParquetFile(p).metadata.num_rows for p in directory.glob("*.parquet"))
 
 
-async def session_cost(samples: list[Any], workdir: Path, gap: float) -> float:
-    """Seconds inside `log_samples` per sample."""
+def _jsonl_rows(path: Path) -> int:
+    return common.count_jsonl_lines(path)
+
+
+async def _window(ticker: Ticker, body: Callable[[], Awaitable[None]]) -> float:
+    await anyio.sleep(0.05)
+    ticker.recording = True
+    t0 = time.perf_counter()
+    try:
+        await body()
+    finally:
+        elapsed = time.perf_counter() - t0
+        ticker.recording = False
+    return elapsed
+
+
+async def run_session(variant: str, samples: list[Any], batch: int, workdir: Path, ticker: Ticker) -> float:
     import asynctrace as at
 
-    directory = workdir / f"s-{uuid.uuid4().hex[:8]}"
-    spent = 0.0
+    target = workdir / f"{variant}-{uuid.uuid4().hex[:8]}"
+    sink: at.Sink = at.ParquetSink(target) if variant == "parquet" else at.JsonlSink(target / "out.jsonl")
     async with at.TraceSession(
-        "bench", run="r", sinks=[at.ParquetSink(directory)], finish_timeout=600.0, queue_size=len(samples) + 1
+        "bench", run="r", sinks=[sink], health_metrics=False, batch_size=batch, finish_timeout=600.0
     ) as session:
-        await session.flush()
-        for c in range(0, len(samples), BATCH):
-            t0 = time.perf_counter()
-            await session.log_samples(samples[c : c + BATCH], step=c // BATCH)
-            spent += time.perf_counter() - t0
-            await anyio.sleep(gap)
-    _check(_rows(directory) == len(samples), "session rows")
-    shutil.rmtree(directory)
-    return spent / len(samples)
+        await session.log_samples(samples[:batch], step=0)  # warm-up, before the window
+        assert await session.flush(timeout=600.0)
+
+        async def body() -> None:
+            for c in range(0, len(samples), batch):
+                await session.log_samples(samples[c : c + batch], step=1 + c // batch)
+            await session.finish()
+
+        elapsed = await _window(ticker, body)
+    stats = session.stats()
+    expected = len(samples) + batch
+    _check(stats.written == expected and stats.check(), f"{variant}: {stats.summary()}")
+    rows = _parquet_rows(target) if variant == "parquet" else _jsonl_rows(target / "out.jsonl")
+    _check(rows == expected, f"{variant}: {rows} rows in the files, expected {expected}")
+    shutil.rmtree(target)
+    return elapsed
 
 
-async def bare_cost(bodies: list[dict[str, Any]], workdir: Path, gap: float) -> float:
-    """Seconds per sample of building each batch's table and writing it as a row group, in the caller."""
+async def run_bare(samples: list[Any], batch: int, workdir: Path, ticker: Ticker) -> float:
     import pyarrow.parquet as pq
 
     from asynctrace.sinks._parquet import schema
 
-    directory = workdir / f"b-{uuid.uuid4().hex[:8]}"
+    directory = workdir / f"bare-{uuid.uuid4().hex[:8]}"
     directory.mkdir()
     prefix = uuid.uuid4().hex[:12]
-    spent = 0.0
-    with pq.ParquetWriter(directory / "bare.parquet", schema(), compression="zstd") as writer:
-        for c in range(0, len(bodies), BATCH):
-            t0 = time.perf_counter()
-            writer.write_table(_bare_table(bodies[c : c + BATCH], prefix, c, c // BATCH))
-            spent += time.perf_counter() - t0
-            await anyio.sleep(gap)
-    _check(_rows(directory) == len(bodies), "bare rows")
+    path = directory / "bare.parquet"
+
+    async def body() -> None:
+        with open(path, "wb") as f:
+            with pq.ParquetWriter(f, schema(), compression="zstd") as writer:
+                for c in range(0, len(samples), batch):
+                    writer.write_table(_bare_table(samples[c : c + batch], prefix, c, c // batch))
+                    await anyio.sleep(0)
+            f.flush()
+            os.fsync(f.fileno())
+
+    elapsed = await _window(ticker, body)
+    rows = _parquet_rows(directory)
+    _check(rows == len(samples), f"bare: {rows} rows, expected {len(samples)}")
     shutil.rmtree(directory)
-    return spent / len(bodies)
-
-
-async def session_throughput(samples: list[Any], workdir: Path) -> float:
-    import asynctrace as at
-
-    directory = workdir / f"s-{uuid.uuid4().hex[:8]}"
-    async with at.TraceSession(
-        "bench", run="r", sinks=[at.ParquetSink(directory)], finish_timeout=600.0
-    ) as session:
-        await session.flush()
-        t0 = time.perf_counter()
-        for c in range(0, len(samples), BATCH):
-            await session.log_samples(samples[c : c + BATCH], step=c // BATCH)
-        stats = await session.finish()
-        elapsed = time.perf_counter() - t0
-    _check(stats.written == len(samples) and stats.check(), stats.summary())
-    _check(_rows(directory) == len(samples), "session rows")
-    shutil.rmtree(directory)
-    return len(samples) / elapsed
-
-
-def bare_throughput(bodies: list[dict[str, Any]], workdir: Path) -> float:
-    import pyarrow.parquet as pq
-
-    directory = workdir / f"b-{uuid.uuid4().hex[:8]}"
-    directory.mkdir()
-    t0 = time.perf_counter()
-    table = _bare_table(bodies, uuid.uuid4().hex[:12], 0, 0)
-    with open(directory / "bare.parquet", "wb") as f:
-        pq.write_table(table, f, compression="zstd")
-        f.flush()
-        os.fsync(f.fileno())
-    elapsed = time.perf_counter() - t0
-    _check(_rows(directory) == len(bodies), "bare rows")
-    shutil.rmtree(directory)
-    return len(bodies) / elapsed
+    return elapsed
 
 
 def _check(ok: bool, what: str) -> None:
@@ -159,69 +219,239 @@ def _check(ok: bool, what: str) -> None:
         raise SystemExit(f"verification failed: {what}")
 
 
+async def measure(
+    name: str, samples: list[Any], args: argparse.Namespace, workdir: Path
+) -> dict[str, tuple[list[float], list[float]]]:
+    """Per variant: each round's seconds, and every tick's lag."""
+    out: dict[str, tuple[list[float], list[float]]] = {v: ([], []) for v in VARIANTS}
+    ticker = Ticker()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker.run)
+        for r in range(args.rounds):
+            for variant in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
+                ticker.lags = []
+                gc.collect()
+                if variant == "bare":
+                    seconds = await run_bare(samples, args.batch, workdir, ticker)
+                else:
+                    seconds = await run_session(variant, samples, args.batch, workdir, ticker)
+                out[variant][0].append(seconds)
+                out[variant][1].extend(ticker.lags)
+                if args.verbose:
+                    print(
+                        f"  {name} round {r + 1} {variant}: {len(samples) / seconds:,.0f} rows/s", flush=True
+                    )
+        ticker.stop = True
+    return out
+
+
+def report(name: str, samples: list[Any], results: dict[str, tuple[list[float], list[float]]]) -> list[bool]:
+    from asynctrace._records.encode import encode_sample
+
+    n = len(samples)
+    encoded = sum(len(encode_sample(s, i)[0]) for i, s in enumerate(samples)) / 1e6
+    arrays = sum(sum(v.nbytes for v in s.tokens.values()) for s in samples if s.tokens) / 1e6
+    rows = []
+    for variant in VARIANTS:
+        seconds, lags = results[variant]
+        median = statistics.median(seconds)
+        row = [
+            LABELS[variant],
+            f"{n / median:,.0f}",
+            f"{encoded / median:,.0f}",
+        ]
+        if arrays:
+            row.append(f"{arrays / median:,.0f}")
+        row += [f"{common.percentile(lags, 99) * 1e3:.3f}", f"{max(lags) * 1e3:.1f}"]
+        rows.append(row)
+    headers = ["variant", "rows/s", "MB/s (encoded)"] + (["MB/s (arrays)"] if arrays else [])
+    print(f"\n{name}: {n} rows, {encoded / n * 1e6 / 1e3:.1f} KB encoded a row")
+    common.print_table([*headers, "p99 lag ms", "max lag ms"], rows)
+    seconds = {v: results[v][0] for v in VARIANTS}
+    to_jsonl = statistics.median(j / p for p, j in zip(seconds["parquet"], seconds["jsonl"], strict=True))
+    to_bare = statistics.median(b / p for p, b in zip(seconds["parquet"], seconds["bare"], strict=True))
+    p99 = common.percentile(results["parquet"][1], 99) * 1e3
+    worst = max(results["parquet"][1]) / max(results["jsonl"][1])
+    goal = GOAL_TOKENS if arrays else GOAL_TEXT
+    print(
+        f"ratio {name}: ParquetSink / JsonlSink throughput = {common.fmt_ratio(to_jsonl)} (goal >= {goal:g}x)"
+    )
+    print(f"ratio {name}: ParquetSink / bare pyarrow throughput = {common.fmt_ratio(to_bare)}")
+    print(f"ratio {name}: ParquetSink max lag / JsonlSink max lag = {worst:.2f} (goal <= {GOAL_MAX:g})")
+    print(f"{name}: ParquetSink p99 lag {p99:.3f} ms (goal < {GOAL_P99_MS:g} ms)")
+    return [to_jsonl >= goal, worst <= GOAL_MAX, p99 < GOAL_P99_MS]
+
+
 async def main_async(args: argparse.Namespace) -> int:
     import pyarrow
 
     common.print_machine("start")
-    size = common.SIZES[args.size]
-    bodies = common.sample_bodies(args.samples, size)
-    samples = common.to_samples(bodies)
+    common.prefault(args.prefault_mib)
+    workloads = []
+    if "text" in args.workloads:
+        workloads.append(
+            ("text", common.to_samples(common.sample_bodies(args.text_rows, common.SIZES["2.5KB"])))
+        )
+    if "tokens" in args.workloads:
+        workloads.append(("tokens", token_samples(args.token_rows)))
+    gc.collect()
+    gc.freeze()  # the prebuilt inputs: a trainer holds one step's samples, not the run's
     workdir = Path(tempfile.mkdtemp(prefix="asynctrace-bench-parquet-"))
-    costs: dict[str, list[float]] = {"session": [], "bare": []}
-    rates: dict[str, list[float]] = {"session": [], "bare": []}
+    met: list[bool] = []
     try:
-        for _ in range(args.rounds):
-            costs["session"].append(await session_cost(samples, workdir, args.gap))
-            costs["bare"].append(await bare_cost(bodies, workdir, args.gap))
-            rates["session"].append(await session_throughput(samples, workdir))
-            rates["bare"].append(bare_throughput(bodies, workdir))
+        results = [
+            (name, samples, await measure(name, samples, args, workdir)) for name, samples in workloads
+        ]
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    print(
+        f"pyarrow {pyarrow.__version__}; batches of {args.batch}, {args.rounds} alternating rounds "
+        "(median round; lags over all rounds); health_metrics=False"
+    )
+    for name, samples, result in results:
+        met += report(name, samples, result)
     common.print_machine("end")
-    print(
-        f"pyarrow {pyarrow.__version__}; {args.samples} samples of {args.size}, batches of {BATCH}, "
-        f"{args.rounds} alternating rounds (median round)"
+    return 0 if all(met) or not args.strict else 1
+
+
+class RssPeak(threading.Thread):
+    """The peak RSS of this process, of its children, and of both together, every 100 ms."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        import psutil
+
+        self.process = psutil.Process()
+        self.peaks = [0, 0, 0]  # own, children, total
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        import psutil
+
+        while not self.halt.wait(0.1):
+            own = self.process.memory_info().rss
+            children = 0
+            for child in self.process.children(recursive=True):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    children += child.memory_info().rss
+            for k, value in enumerate((own, children, own + children)):
+                self.peaks[k] = max(self.peaks[k], value)
+
+
+async def stream_child(args: argparse.Namespace) -> list[Any]:
+    """Log samples at a steady rate for a while through one sink; peak RSS meanwhile."""
+    import asynctrace as at
+
+    size = common.SIZES[args.size]
+    rate = args.rate * common.SIZES["2.5KB"] / size  # the same bytes a second for either size
+    pool = common.to_samples(common.sample_bodies(64, size))
+    workdir = Path(tempfile.mkdtemp(prefix="asynctrace-bench-memory-"))
+    sink: at.Sink = (
+        at.ParquetSink(workdir) if args.child == "parquet" else at.JsonlSink(workdir / "out.jsonl")
     )
+    peak = RssPeak()
+    batch = 32
+    try:
+        async with at.TraceSession("bench", run="memory", sinks=[sink], health_metrics=False) as session:
+            await session.flush()
+            peak.start()
+            logged = 0
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < args.seconds:
+                await session.log_samples([pool[(logged + j) % len(pool)] for j in range(batch)], step=logged)
+                logged += batch
+                await anyio.sleep(max(0.0, t0 + logged / rate - time.perf_counter()))
+            produced = time.perf_counter() - t0
+            stats = await session.finish()
+        peak.halt.set()
+        peak.join()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    _check(stats.written == logged and stats.check(), stats.summary())
+    own, children, total = peak.peaks
+    return {"sink": args.child, "size": args.size, "rate": logged / produced, "logged": logged}, (
+        own,
+        children,
+        total,
+    )  # type: ignore[return-value]
+
+
+def run_memory(args: argparse.Namespace) -> int:
+    common.print_machine("start")
+    rows = []
+    met = True
+    for size in ("2.5KB", "32KB"):
+        peaks = {}
+        for sink in ("jsonl", "parquet"):
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", sink, "--size", size]
+            cmd += ["--seconds", str(args.seconds), "--rate", str(args.rate)]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+            if line is None:
+                raise SystemExit(f"{sink} {size} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+            info, (own, children, total) = json.loads(line[len("RESULT ") :])
+            peaks[sink] = total
+            rows.append(
+                [
+                    f"{sink}, {size}",
+                    f"{info['rate']:,.0f}",
+                    f"{info['logged']:,}",
+                    f"{own / MB:.0f}",
+                    f"{children / MB:.0f}",
+                    f"{total / MB:.0f}",
+                ]
+            )
+        met &= peaks["parquet"] / MB <= GOAL_RSS_MB
+        print(
+            f"ratio {size}: ParquetSink peak RSS {peaks['parquet'] / MB:.0f} MB (goal <= {GOAL_RSS_MB:g}), "
+            f"{peaks['parquet'] / peaks['jsonl']:.1f}x JsonlSink's",
+            flush=True,
+        )
+    print(f"peak RSS streaming for {args.seconds:g} s, default settings, a fresh process per variant")
     common.print_table(
-        ["variant", "caller us/sample", "samples/s end to end"],
-        [
-            [
-                "TraceSession + ParquetSink",
-                f"{statistics.median(costs['session']) * 1e6:.1f}",
-                f"{statistics.median(rates['session']):.0f}",
-            ],
-            [
-                "pyarrow directly (same rows)",
-                f"{statistics.median(costs['bare']) * 1e6:.1f}",
-                f"{statistics.median(rates['bare']):.0f}",
-            ],
-        ],
+        ["sink, sample size", "samples/s", "samples", "process MB", "writer process MB", "together MB"], rows
     )
-    cost_ratio = statistics.median(b / s for s, b in zip(costs["session"], costs["bare"], strict=True))
-    rate_ratio = statistics.median(s / b for s, b in zip(rates["session"], rates["bare"], strict=True))
-    print(
-        f"caller cost: pyarrow in the loop / session = {common.fmt_ratio(cost_ratio)} "
-        "(above 1: the session costs the caller less)"
-    )
-    print(f"throughput: session / bare pyarrow = {common.fmt_ratio(rate_ratio)}")
-    return 0
+    common.print_machine("end")
+    return 0 if met or not args.strict else 1
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--samples", type=int, default=8192)
-    parser.add_argument("--size", choices=sorted(common.SIZES), default="2.5KB")
+    parser.add_argument("--workloads", nargs="+", choices=["text", "tokens"], default=["text", "tokens"])
+    parser.add_argument("--text-rows", type=int, default=51_200)
+    parser.add_argument("--token-rows", type=int, default=2_048)
+    parser.add_argument("--batch", type=int, default=256, help="samples a log_samples call")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--gap", type=float, default=0.002, help="seconds the caller yields between calls")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 1024 samples, 1 round")
+    parser.add_argument("--prefault-mib", type=int, default=512)
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run: 4096 text and 256 token rows, 1 round"
+    )
+    parser.add_argument("--memory", action="store_true", help="measure peak RSS while streaming instead")
+    parser.add_argument("--seconds", type=float, default=90.0, help="--memory: seconds of streaming")
+    parser.add_argument("--rate", type=float, default=5_800.0, help="--memory: 2.5 KB samples a second")
+    parser.add_argument("--child", choices=["jsonl", "parquet"], help=argparse.SUPPRESS)
+    parser.add_argument("--size", choices=sorted(common.SIZES), default="2.5KB", help=argparse.SUPPRESS)
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a goal is not met")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     if args.quick:
-        args.samples, args.rounds = 1024, 1
+        args.text_rows, args.token_rows, args.rounds, args.prefault_mib = 4096, 256, 1, 0
     return args
 
 
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        result = anyio.run(stream_child, args)
+        print("RESULT " + json.dumps(result), flush=True)
+        return 0
+    if args.memory:
+        common.cleanup_trackio_dir_at_exit()
+        return run_memory(args)
+    return common.run_main(main_async, lambda _: args)
+
+
 if __name__ == "__main__":
-    sys.exit(common.run_main(main_async, parse_args))
+    sys.exit(main())

@@ -44,7 +44,11 @@ def figures(output: str) -> dict[str, float]:
 def run(tree: Path, bench: str, extra: list[str]) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=f"{tree}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     done = subprocess.run(
-        [sys.executable, str(tree / "benchmarks" / bench), *extra], env=env, capture_output=True, text=True, check=True
+        [sys.executable, str(tree / "benchmarks" / bench), *extra],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return figures(done.stdout)
 

@@ -1,6 +1,7 @@
 """ParquetSink: a directory of zstd-compressed Parquet files, one schema, each file complete or absent.
 
-Writes go to a journal first, which becomes a Parquet file at a size bound; the next sink turns a
+Writes go to a journal first; a writer process (`_parquet_worker`) turns it into the open file's
+row groups as batches arrive, and the file gets its name at a size bound; the next sink turns a
 killed one's journal into a file. The schema and the file life cycle: docs/sinks.md.
 """
 
@@ -10,8 +11,13 @@ import contextlib
 import datetime
 import errno
 import glob
+import importlib.util
 import os
 import re
+import select
+import socket
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -19,132 +25,184 @@ from typing import Any
 
 import orjson
 
-from .._checks import check_bool, check_int, int64_or_none
-from .._records.tokens import TOKEN_FIELDS, token_bytes
+from .._checks import check_bool, check_int
 from .._records.types import TraceRecord
 from .._runtime.abandon import Backlog, run_sync_daemon
 from ..exceptions import PermanentSinkError
 from ._base import Sink
 from ._guard import Guard
+from ._parquet_file import FileConverter, journal_ids
+from ._parquet_rows import journal_lines, pyarrow, schema
 
 try:  # POSIX; elsewhere a journal is recovered only once its writer is gone for good
     import fcntl
 except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["ParquetSink"]
+__all__ = ["ParquetSink", "schema"]
 
 _SUFFIX = ".parquet"
 _JOURNAL = ".journal"
 _STEM = re.compile(r"[^A-Za-z0-9._-]+")
 # Errors of the output path itself that no retry fixes: a file where the directory should be.
 _PERMANENT = (errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENAMETOOLONG, errno.ELOOP)
-_ARROW_TYPES = {"int32": "int32", "int8": "int8", "float32": "float32"}
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+# Seconds a closing sink waits for its writer process to exit before it kills it.
+_EXIT_WAIT = 10.0
 
 
-def _pyarrow() -> Any:
+def _has_pyarrow() -> None:
+    """An ImportError naming the extra when pyarrow is missing; it is not imported here."""
     try:
-        import pyarrow
-        import pyarrow.parquet
-    except ImportError as exc:
-        raise ImportError('ParquetSink needs pyarrow: pip install "asynctrace[parquet]"') from exc
-    return pyarrow
+        found = importlib.util.find_spec("pyarrow") is not None
+    except ValueError:  # in sys.modules without a spec
+        found = "pyarrow" in sys.modules and sys.modules["pyarrow"] is not None
+    if not found:
+        raise ImportError('ParquetSink needs pyarrow: pip install "asynctrace[parquet]"')
 
 
-def schema() -> Any:
-    """The one schema of every file a `ParquetSink` writes."""
-    pa = _pyarrow()
-    fields = [
-        pa.field("id", pa.string(), nullable=False),
-        pa.field("step", pa.int64(), nullable=False),
-        pa.field("split", pa.string(), nullable=False),
-        pa.field("key", pa.string(), nullable=False),
-        pa.field("timestamp", pa.timestamp("us", tz="UTC"), nullable=False),
-        pa.field("messages", pa.string(), nullable=False),
-        pa.field("metadata", pa.string(), nullable=False),
-        pa.field("reward", pa.float64()),
-        pa.field("advantage", pa.float64()),
-        pa.field("policy_version", pa.int64()),
-        pa.field("stop_reason", pa.string()),
-        pa.field("score", pa.float64()),
-        pa.field("spans", pa.string()),
-    ]
-    for name, dtype in TOKEN_FIELDS.items():
-        fields.append(pa.field(name, pa.list_(getattr(pa, _ARROW_TYPES[dtype])())))
-    return pa.schema(fields)
+class _InThread:
+    """Converts in the sink's own thread (``process=False``)."""
+
+    def __init__(self, compression_level: int | None) -> None:
+        self._converter = FileConverter(compression_level)
+
+    def start(self, out: int, journal: int, offset: int) -> None:
+        self._converter.start(out, journal, offset)
+
+    def append(self, start: int, end: int, layout: dict[str, Any]) -> None:
+        self._converter.append(end, layout=layout, start=start)
+
+    def finish(self) -> int:
+        return self._converter.finish()
+
+    def ready(self) -> None:
+        pyarrow()  # imported now rather than at the first row group
+
+    def check(self) -> None:
+        pass  # every call finished before it returned
+
+    def reset(self) -> None:
+        self._converter.reset()
+
+    def close(self) -> None:
+        self._converter.reset()
 
 
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+class _WriterGone(RuntimeError):
+    """The writer process exited (killed, out of memory): the next write starts another."""
 
 
-# A row as the journal holds it: id, step, split, key, timestamp and the sample's JSON.
-_Row = tuple[str, int, str, str, float, bytes]
+class _WriterProcess:
+    """The writer process's client. Requests are sent without waiting: the process answers each in
+    order, and the sink reads the answers when it must know (a file's end) or at the next batch,
+    where an earlier batch's failure fails that one (its records stay in the journal)."""
 
+    def __init__(self, compression_level: int | None) -> None:
+        ours, theirs = socket.socketpair()
+        try:
+            self._process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "asynctrace.sinks._parquet_worker",
+                    str(theirs.fileno()),
+                    "none" if compression_level is None else str(compression_level),
+                ],
+                stdin=subprocess.DEVNULL,
+                pass_fds=[theirs.fileno()],
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._socket = ours
+        self._received = b""
+        self._outstanding = 1  # the process says it is ready
+        self._failure: Exception | None = None
+        self._last: dict[str, Any] = {}
 
-def _table(rows: Sequence[_Row]) -> Any:
-    """The rows as one Arrow table of `schema()`; token arrays become list columns, no copy per value."""
-    pa = _pyarrow()
-    target = schema()
-    columns: dict[str, list[Any]] = {name: [] for name in target.names}
-    dumps = orjson.dumps
-    for row in rows:
-        sample = orjson.loads(row[5])
-        meta = sample.get("metadata") or {}
-        stop = meta.get("stop_reason")
-        spans = sample.get("spans")
-        held = sample.get("tokens") or {}
-        values = (
-            *row[:4],
-            int(row[4] * 1_000_000),
-            dumps(sample.get("messages", [])).decode(),
-            dumps(meta).decode(),
-            _number(meta.get("reward")),
-            _number(meta.get("advantage")),
-            int64_or_none(meta.get("policy_version", meta.get("policy_version_max"))),
-            stop if isinstance(stop, str) else None,
-            _number(sample.get("score")),
-            dumps(spans).decode() if spans is not None else None,
-            *(token_bytes(n, held[n]) if held.get(n) is not None else None for n in TOKEN_FIELDS),
-        )
-        for column, value in zip(columns.values(), values, strict=True):
-            column.append(value)
-    arrays = [
-        _list_column(pa, TOKEN_FIELDS[f.name], columns[f.name])
-        if f.name in TOKEN_FIELDS
-        else pa.array(columns[f.name], f.type)
-        for f in target
-    ]
-    return pa.Table.from_arrays(arrays, schema=target)
+    def _gone(self) -> _WriterGone:
+        return _WriterGone(f"ParquetSink: its writer process exited (status {self._process.poll()})")
 
+    def _send(self, request: dict[str, Any], fds: Sequence[int] = ()) -> None:
+        data = orjson.dumps(request) + b"\n"
+        try:
+            sent = socket.send_fds(self._socket, [data], list(fds))
+            if sent < len(data):  # a large layout, cut short: the descriptors went with its start
+                self._socket.sendall(data[sent:])
+        except (BrokenPipeError, ConnectionResetError):
+            raise self._gone() from None
+        self._outstanding += 1
 
-def _list_column(pa: Any, dtype: str, values: list[bytes | None]) -> Any:
-    """A list column from each row's little-endian bytes: one buffer, offsets, and nulls where absent."""
-    item = getattr(pa, _ARROW_TYPES[dtype])()
-    width = item.bit_width // 8
-    offsets = [0]
-    for raw in values:
-        offsets.append(offsets[-1] + (len(raw) // width if raw is not None else 0))
-    data = pa.py_buffer(b"".join(raw for raw in values if raw is not None))
-    flat = pa.Array.from_buffers(item, offsets[-1], [None, data])
-    mask = pa.array([raw is None for raw in values], pa.bool_())
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), flat, mask=mask)
-
-
-def _read_journal(path: Path) -> list[_Row]:
-    """The complete lines of a journal (a kill may have cut its last one short)."""
-    rows: list[_Row] = []
-    with open(path, "rb") as f:
-        for line in f:
-            if not line.endswith(b"\n"):
-                break
+    def _drain(self, wait: bool) -> None:
+        """Read the answers that are there (all of them, with `wait`)."""
+        while self._outstanding:
+            if not wait and not select.select([self._socket], [], [], 0)[0]:
+                return
             try:
-                data = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                break
-            fields = (data["id"], data["step"], data["split"], data["key"], data["timestamp"])
-            rows.append((*fields, orjson.dumps(data["sample"])))
-    return rows
+                data = self._socket.recv(65536)
+            except ConnectionResetError:
+                data = b""
+            if not data:
+                raise self._gone()
+            *lines, self._received = (self._received + data).split(b"\n")
+            for line in lines:
+                self._outstanding -= 1
+                reply = orjson.loads(line)
+                self._last = reply
+                if not reply["ok"] and self._failure is None:
+                    error = f"ParquetSink writer process: {reply['error']}"
+                    code = reply.get("errno")
+                    self._failure = OSError(code, error) if code is not None else RuntimeError(error)
+
+    def ready(self) -> None:
+        """Wait until the process has started (pyarrow imported)."""
+        self._drain(wait=True)
+
+    def check(self) -> None:
+        """Raise the failure the process reported since the last check, if any."""
+        self._drain(wait=False)
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
+
+    def start(self, out: int, journal: int, offset: int) -> None:
+        try:
+            self._send({"op": "start", "offset": offset}, [out, journal])
+        finally:
+            # The process holds its own copies now.
+            os.close(out)
+            os.close(journal)
+
+    def append(self, start: int, end: int, layout: dict[str, Any]) -> None:
+        self._send({"op": "append", "start": start, "end": end, "layout": layout})
+
+    def finish(self) -> int:
+        self._send({"op": "finish"})
+        self._drain(wait=True)
+        self.check()
+        return int(self._last["rows"])
+
+    def reset(self) -> None:
+        self._send({"op": "reset"})
+        self._drain(wait=True)
+        self._failure = None  # what failed is dropped with the file
+
+    def close(self) -> None:
+        """End of input: the process exits; killed when it does not in time."""
+        with contextlib.suppress(OSError):
+            self._socket.shutdown(socket.SHUT_RDWR)
+        self._socket.close()
+        try:
+            self._process.wait(_EXIT_WAIT)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+
+
+_Converter = _InThread | _WriterProcess
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -159,6 +217,19 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _whole_lines(fd: int) -> int:
+    """Where a journal's last whole line ends (a kill may have cut the last one short)."""
+    end = os.lseek(fd, 0, os.SEEK_END)
+    step = 2**16
+    while end > 0:
+        start = max(0, end - step)
+        cut = os.pread(fd, end - start, start).rfind(b"\n")
+        if cut >= 0:
+            return start + cut + 1
+        end = start
+    return 0
 
 
 def _unique_stem(run: str) -> str:
@@ -177,7 +248,9 @@ class ParquetSink(Sink):
     """Writes every record to zstd-compressed Parquet files in `directory`, one schema for all.
 
     A file (``<stem>-<n>.parquet``) is rolled over at the first batch boundary once it holds
-    `max_records` records or `max_bytes` bytes of encoded samples (see docs/sinks.md).
+    `max_records` records or `max_bytes` bytes of encoded samples (see docs/sinks.md). With
+    `process` (the default) a writer process builds the file's row groups; with
+    ``process=False`` the sink's own thread does.
     """
 
     def __init__(
@@ -189,12 +262,14 @@ class ParquetSink(Sink):
         compression_level: int | None = None,
         stem: str | None = None,
         fsync: bool = False,
+        process: bool = True,
     ) -> None:
-        _pyarrow()
+        _has_pyarrow()
         check_int("max_records", max_records)
         check_int("max_bytes", max_bytes)
         check_int("compression_level", compression_level, allow_none=True)
         check_bool("fsync", fsync)
+        check_bool("process", process)
         if max_records < 1 or max_bytes < 1:
             raise ValueError("max_records and max_bytes must be at least 1")
         if stem is not None and (
@@ -207,13 +282,19 @@ class ParquetSink(Sink):
         self.max_bytes = max_bytes
         self.compression_level = compression_level
         self.fsync = fsync
+        self.process = process
         self.stem = stem
         self.paths: list[Path] = []
         self.duplicates_skipped = 0
         self.recovered = 0
-        self._pending: list[_Row] = []
-        self._pending_bytes = 0
+        # Records (and their encoded bytes) in the journal since the last file, from byte `_base`
+        # on (0 unless a journal could not be cut back after a file was named).
+        self._count = 0
+        self._bytes = 0
+        self._base = 0
         self._journal: int | None = None  # the journal's descriptor, opened for appending
+        self._converter: _Converter | None = None
+        self._temporary: Path | None = None  # the file being written, under its temporary name
         self._next_index = 0
         self._known: set[str] | None = None
         # Given up on while the sink closed: the journal keeps any rows a failed last roll could
@@ -231,26 +312,45 @@ class ParquetSink(Sink):
         pattern = re.compile(rf"{re.escape(stem)}-(\d{{5,}}){re.escape(_SUFFIX)}")
         return sorted(p for p in self.directory.iterdir() if pattern.fullmatch(p.name))
 
-    def _write_file(self, stem: str, index: int, rows: Sequence[_Row]) -> Path:
-        """One complete file: written under a temporary name, synced, renamed, the directory synced."""
-        pq = _pyarrow().parquet
-        final = self.directory / f"{stem}-{index:05d}{_SUFFIX}"
-        temporary = self.directory / f".{final.name}.tmp"
+    def _final(self, stem: str, index: int) -> Path:
+        return self.directory / f"{stem}-{index:05d}{_SUFFIX}"
+
+    def _create(self, final: Path) -> tuple[Path, int]:
+        temporary = final.with_name(f".{final.name}.tmp")
+        return temporary, os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _CLOEXEC, 0o644)
+
+    def _journal_to_file(self, stem: str, journal: Path, existing: list[Path]) -> int:
+        """A dead sink's journal (or this stem's own, from a killed run) as one more file of
+        `stem`, in this thread, a row group at a time; the records a file holds already are left
+        out (a kill between a file's naming and the journal's reset leaves them in both)."""
+        stored = self._ids_in(existing)
+        index = max((int(p.name[len(stem) + 1 : -len(_SUFFIX)]) for p in existing), default=-1) + 1
+        final = self._final(stem, index)
+        reader = os.open(journal, os.O_RDONLY | _CLOEXEC)
+        converter = FileConverter(self.compression_level)
         try:
-            with open(temporary, "wb") as f:
-                pq.write_table(_table(rows), f, compression="zstd", compression_level=self.compression_level)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(temporary, final)
+            end = _whole_lines(reader)
+            temporary, out = self._create(final)
         except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
+            os.close(reader)
             raise
-        _fsync_dir(self.directory)
-        return final
+        try:
+            converter.start(out, reader)
+            converter.append(end, skip=stored)
+            rows = converter.finish()
+            if rows:
+                os.replace(temporary, final)
+                _fsync_dir(self.directory)
+        finally:
+            converter.reset()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+        return rows
 
     def _ids_in(self, paths: Iterable[Path], prefixes: set[str] | None = None) -> set[str]:
-        pa = _pyarrow()
+        if not paths:
+            return set()
+        pa = pyarrow()
         import pyarrow.compute as pc
 
         ids: set[str] = set()
@@ -285,14 +385,7 @@ class ParquetSink(Sink):
                         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
                     except BlockingIOError:
                         continue  # its sink is still running
-                existing = self._existing(stem)
-                # A kill between a file's rename and the journal's reset leaves rows in both.
-                stored = self._ids_in(existing)
-                rows = [r for r in _read_journal(journal) if r[0] not in stored]
-                if rows:
-                    index = max((int(p.name[len(stem) + 1 : -len(_SUFFIX)]) for p in existing), default=-1)
-                    self._write_file(stem, index + 1, rows)
-                    self.recovered += len(rows)
+                self.recovered += self._journal_to_file(stem, journal, self._existing(stem))
                 # A file the kill cut short never got its final name: only its temporary goes.
                 for temporary in self.directory.glob(f".{glob.escape(stem)}-*{_SUFFIX}.tmp"):
                     with contextlib.suppress(FileNotFoundError):
@@ -309,15 +402,10 @@ class ParquetSink(Sink):
             if not self.directory.is_dir():
                 raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(self.directory))
             self._recover()
-            existing = self._existing(self.stem)
-            if existing:
-                self._next_index = int(existing[-1].name[len(self.stem) + 1 : -len(_SUFFIX)]) + 1
             path = self.directory / f".{self.stem}{_JOURNAL}"
             # Unbuffered: a failed append leaves nothing in a buffer to be written later, and
             # cutting the file back undoes it.
-            journal = os.open(
-                path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644
-            )
+            journal = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _CLOEXEC, 0o644)
             try:
                 if fcntl is not None:
                     try:
@@ -327,10 +415,16 @@ class ParquetSink(Sink):
                             f"ParquetSink: another sink writes with stem {self.stem!r} in {self.directory}"
                         ) from None
                 if os.lseek(journal, 0, os.SEEK_END):
-                    # This stem's own journal from a killed run (a fixed stem): its rows come first.
-                    stored = self._ids_in(existing)
-                    self._pending = [r for r in _read_journal(path) if r[0] not in stored]
-                    self._pending_bytes = sum(len(r[5]) for r in self._pending)
+                    # This stem's own journal from a killed run (a fixed stem): a file first.
+                    self.recovered += self._journal_to_file(self.stem, path, self._existing(self.stem))
+                    os.ftruncate(journal, 0)
+                existing = self._existing(self.stem)
+                if existing:
+                    self._next_index = int(existing[-1].name[len(self.stem) + 1 : -len(_SUFFIX)]) + 1
+                if self._converter is None:
+                    # Started now: a sink that is open is ready to write at full speed.
+                    self._converter = self._new_converter()
+                    self._converter.ready()
             except BaseException:
                 os.close(journal)
                 raise
@@ -338,20 +432,70 @@ class ParquetSink(Sink):
         except OSError as exc:
             raise _permanent(exc, self.directory) or exc from exc
 
-    def _roll(self) -> None:
-        rows, self._pending, self._pending_bytes = self._pending, [], 0
+    def _new_converter(self) -> _Converter:
+        if self.process and hasattr(socket, "send_fds"):
+            return _WriterProcess(self.compression_level)
+        return _InThread(self.compression_level)
+
+    def _convert(self, start: int, end: int, layout: dict[str, Any]) -> None:
+        """The journal's lines up to `end` into the open file, which is started first if need be
+        (`layout`: that of the batch written from `start` on)."""
         assert self.stem is not None
-        try:
-            path = self._write_file(self.stem, self._next_index, rows)
-        except BaseException:
-            self._pending = rows
-            self._pending_bytes = sum(len(r[5]) for r in rows)
-            raise
+        if self._converter is None:
+            self._converter = self._new_converter()
+        if self._temporary is None:
+            temporary, out = self._create(self._final(self.stem, self._next_index))
+            self._temporary = temporary
+            try:
+                reader = os.open(self.directory / f".{self.stem}{_JOURNAL}", os.O_RDONLY | _CLOEXEC)
+            except BaseException:
+                os.close(out)
+                raise
+            self._converter.start(out, reader, self._base)
+        self._converter.append(start, end, layout)
+        # An earlier batch's conversion that failed fails this one: the file starts again.
+        self._converter.check()
+
+    def _discard(self) -> None:
+        """Drop the file being written (its records stay in the journal, to be converted again)."""
+        temporary, self._temporary = self._temporary, None
+        converter = self._converter
+        if converter is not None:
+            try:
+                converter.reset()
+            except Exception:
+                # A writer process that cannot answer is replaced by a fresh one.
+                self._converter = None
+                with contextlib.suppress(Exception):
+                    converter.close()
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+
+    def _roll(self) -> None:
+        """Close the open file and give it its name: the commit point of its records."""
+        assert self.stem is not None and self._converter is not None and self._temporary is not None
+        rows = self._converter.finish()
+        if rows != self._count:
+            raise RuntimeError(f"ParquetSink: the file holds {rows} records, the journal {self._count}")
+        final = self._final(self.stem, self._next_index)
+        os.replace(self._temporary, final)
+        self._temporary = None
         self._next_index += 1
-        self.paths.append(path)
-        if self._journal is not None:
-            # The rows are in the file now; a kill before this reset is undone by recovery's id check.
-            os.ftruncate(self._journal, 0)
+        self.paths.append(final)
+        self._count = self._bytes = 0
+        # The records are in a named file now: nothing below may fail the batch, or its retry
+        # would write them twice. A kill before the journal's reset is undone by recovery's id
+        # check; a reset that fails moves the next file's start past them.
+        journal = self._journal
+        try:
+            _fsync_dir(self.directory)
+            if journal is not None:
+                os.ftruncate(journal, 0)
+                self._base = 0
+        except OSError:
+            if journal is not None:
+                self._base = os.lseek(journal, 0, os.SEEK_END)
 
     def _write(self, records: Sequence[TraceRecord]) -> None:
         journal = self._journal
@@ -361,35 +505,37 @@ class ParquetSink(Sink):
             records = self._unseen(records)
             if not records:
                 return
-        rows: list[_Row] = [(r.id, r.step, r.split, r.key, r.timestamp, r.payload) for r in records]
+        data, layout = journal_lines(records)
         start = os.lseek(journal, 0, os.SEEK_END)
-        count, size = len(self._pending), self._pending_bytes
+        count, size = self._count, self._bytes
         try:
-            _write_all(journal, b"".join(r.to_json() + b"\n" for r in records))
+            _write_all(journal, data)
             if self.fsync:
                 os.fsync(journal)
-            self._pending.extend(rows)
-            self._pending_bytes += sum(len(r[5]) for r in rows)
-            if len(self._pending) >= self.max_records or self._pending_bytes >= self.max_bytes:
+            self._count += len(records)
+            self._bytes += sum(len(r.payload) for r in records)
+            self._convert(start, start + len(data), layout)
+            if self._count >= self.max_records or self._bytes >= self.max_bytes:
                 self._roll()
         except BaseException as exc:
-            # Nothing of this batch may stay behind: the retry writes it again.
-            del self._pending[count:]
-            self._pending_bytes = size
+            # Nothing of this batch may stay behind: the retry writes it again. The file being
+            # written may hold some of it: it is started again from the journal.
+            self._count, self._bytes = count, size
+            self._discard()
             with contextlib.suppress(OSError):
                 os.ftruncate(journal, start)
             if isinstance(exc, OSError):
                 raise _permanent(exc, self.directory) or exc from exc
             raise
         if self._known is not None:
-            self._known.update(r[0] for r in rows)
+            self._known.update(r.id for r in records)
 
     def _unseen(self, records: Sequence[TraceRecord]) -> list[TraceRecord]:
         """Replayed records that no file or journal here holds yet (a spool replays what a kill cut off)."""
         if self._known is None:
             prefixes = {r.id.rpartition("-")[0] for r in records if r.replayed}
             files = [p for p in self.directory.iterdir() if p.name.endswith(_SUFFIX) and p.name[0] != "."]
-            self._known = self._ids_in(files, prefixes) | {r[0] for r in self._pending}
+            self._known = self._ids_in(files, prefixes) | self._journal_ids()
         known = self._known
         batch: set[str] = set()
         out = []
@@ -400,18 +546,37 @@ class ParquetSink(Sink):
         self.duplicates_skipped += len(records) - len(out)
         return out
 
+    def _journal_ids(self) -> set[str]:
+        """The ids of the records in this sink's journal since its last file."""
+        if not self._count:
+            return set()
+        reader = os.open(self.directory / f".{self.stem}{_JOURNAL}", os.O_RDONLY | _CLOEXEC)
+        try:
+            return journal_ids(reader, self._base, os.lseek(reader, 0, os.SEEK_END))
+        finally:
+            os.close(reader)
+
     def _close_journal(self) -> None:
         journal, self._journal = self._journal, None
-        if journal is None:
-            return
+        converter = self._converter
         try:
-            if self._pending:
-                self._roll()
+            if journal is None:
+                return
+            try:
+                if self._count:
+                    self._roll()
+            except BaseException:
+                self._discard()  # the journal keeps the records: the next sink recovers them
+                raise
             path = self.directory / f".{self.stem}{_JOURNAL}"
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
         finally:
-            os.close(journal)
+            if journal is not None:
+                os.close(journal)
+            self._converter = None
+            if converter is not None:
+                converter.close()
 
     # -- threads -----------------------------------------------------------------------------
 

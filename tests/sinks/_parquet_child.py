@@ -5,6 +5,8 @@
   accepted, so the parent knows what the archive must hold after a replay.
 - ``killed-after-write DIR``: writes 30 records (``k-0`` ... ``k-29``) to a sink that holds up
   to 100 a file, then SIGKILLs itself: they are in its journal only.
+- ``stream DIR NAME``: writes batches of 10 records (``NAME-0`` ...) straight to a sink that rolls
+  a file every 20 records, printing ``WRITTEN <n>`` after each write returns, until it is killed.
 - ``disk-full DIR``: a write the file-size limit refuses (RLIMIT_FSIZE: EFBIG, as a full disk's
   ENOSPC), then the same write again without the limit; prints ``refused <errno>`` and whether
   the archive then holds the ten records exactly once.
@@ -59,6 +61,15 @@ async def killed_after_write(directory: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+async def stream(directory: str, name: str) -> None:
+    sink = await _open(directory, 20)
+    written = 0
+    while True:
+        await sink.write([_record(f"{name}-{written + i}", pad=500) for i in range(10)])
+        written += 10
+        print(f"WRITTEN {written}", flush=True)
+
+
 async def disk_full(directory: str) -> None:
     sink = await _open(directory, 10)
     records = [_record(f"x-{i}", pad=5000) for i in range(10)]
@@ -78,5 +89,10 @@ async def disk_full(directory: str) -> None:
 
 
 if __name__ == "__main__":
-    modes = {"trainer": trainer, "killed-after-write": killed_after_write, "disk-full": disk_full}
+    modes = {
+        "trainer": trainer,
+        "killed-after-write": killed_after_write,
+        "disk-full": disk_full,
+        "stream": stream,
+    }
     anyio.run(modes[sys.argv[1]], *sys.argv[2:])

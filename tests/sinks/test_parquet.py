@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -13,8 +14,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import duckdb
 import orjson
+import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -22,7 +25,7 @@ import pytest
 import asynctrace as at
 from asynctrace._records.types import TraceRecord
 from tests._util import sample
-from tests.sinks._contract import CONTRACT, Backend, run_contract
+from tests.sinks._contract import CONTRACT, RETRY, Backend, run_contract
 from tests.sinks.test_files import _stalled_fifo
 
 pytestmark = pytest.mark.anyio
@@ -350,3 +353,109 @@ async def test_one_query_follows_a_watched_prompt_across_policy_versions(tmp_pat
     assert all("question 42 of step" in messages for *_, messages in rows)
     st = s.stats()
     assert st.written == 8 and st.dropped == {"capped": 4 * 59 - 4} and st.check(), st.summary()
+
+
+def _stream_until_killed(directory: Path, name: str, delay: float) -> int:
+    """Run the streaming child and SIGKILL it `delay` seconds after it starts (before its sink is
+    open, while it recovers the journals earlier kills left, or while it writes); how many records
+    it had written."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.sinks._parquet_child", "stream", str(directory), name],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert child.stdout is not None
+    os.set_blocking(child.stdout.fileno(), False)
+    written = 0
+    buffered = b""
+    killed_at = time.monotonic() + delay
+    try:
+        while time.monotonic() < killed_at:
+            time.sleep(0.005)
+            buffered += child.stdout.read() or b""
+            *lines, buffered = buffered.split(b"\n")
+            written = max([written, *(int(line.split()[1]) for line in lines if line.startswith(b"WRITTEN"))])
+            assert child.poll() is None, "the child stopped by itself"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+    return written
+
+
+def test_sigkill_at_random_points_leaves_whole_files_without_duplicates(tmp_path: Path) -> None:
+    """Sinks killed at random points (mid-write, mid-file, mid-recovery of the last one's journal)
+    leave only whole files; once the next sink recovers, every written record is there exactly once."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    rng = random.Random(seed)
+    written = {}
+    for run in range(4):
+        name = f"kill{run}"
+        written[name] = _stream_until_killed(tmp_path, name, rng.uniform(0.5, 4.0))
+        for path in _files(tmp_path):
+            assert pq.read_table(path).num_rows == pq.ParquetFile(path).metadata.num_rows > 0, seed
+    sink = at.ParquetSink(tmp_path)
+    sink.bind("p", "check")
+    anyio.run(sink.open)
+    anyio.run(sink.close)
+    ids = pq.read_table(tmp_path).column("id").to_pylist() if _files(tmp_path) else []
+    assert len(ids) == len(set(ids)), f"a record appears twice (seed {seed})"
+    for name, count in written.items():
+        held = {i for i in ids if i.rpartition("-")[0] == name}
+        missing = {f"{name}-{i}" for i in range(count)} - held
+        assert not missing, f"seed {seed}: {len(missing)} written records of {name} lost"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], f"leftovers (seed {seed})"
+
+
+async def test_files_are_the_same_with_the_writer_in_a_thread(tmp_path: Path) -> None:
+    """``process=False`` writes the same files as the writer process does."""
+    records = [_record(f"t-{i}") for i in range(25)] + [_record('odd"id-1')]
+    tables = []
+    for process in (True, False):
+        directory = tmp_path / str(process)
+        sink = at.ParquetSink(directory, max_records=10, stem="same", process=process)
+        await sink.open()
+        for start in range(0, len(records), 4):
+            await sink.write(records[start : start + 4])
+        await sink.close()
+        assert [pq.ParquetFile(p).metadata.num_rows for p in _files(directory)] == [12, 12, 2]
+        tables.append(pq.read_table(directory))
+    assert tables[0].equals(tables[1])
+
+
+def _writer_processes() -> list[psutil.Process]:
+    return [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if "asynctrace.sinks._parquet_worker" in " ".join(p.cmdline())
+    ]
+
+
+async def test_a_killed_writer_process_is_replaced_without_loss(tmp_path: Path) -> None:
+    """The writer process killed mid-run (as the OOM killer would): the batch that finds it gone is
+    retried with a new one, which starts the open file again from the journal; nothing is lost."""
+    memory = at.testing.MemorySink("memory")
+    sink = at.ParquetSink(tmp_path, max_records=50)
+    async with at.TraceSession("p", run="r", sinks=[sink, memory], retry=RETRY, batch_size=10) as s:
+        await s.log_samples([sample(i) for i in range(30)], step=0)
+        assert await s.flush(timeout=60)
+        (writer,) = _writer_processes()
+        writer.kill()
+        writer.wait(30)
+        await s.log_samples([sample(i) for i in range(40)], step=1)
+        assert await s.flush(timeout=60)
+    st = s.stats()
+    assert st.check() and st.written == 70 and st.sinks[sink.name].retries >= 1, st.summary()
+    ids = pq.read_table(tmp_path).column("id").to_pylist()
+    assert sorted(ids) == sorted(r.id for r in memory.records)
+    assert not _writer_processes(), "the writer process ends with its sink"
+
+
+async def test_one_large_batch_reaches_the_writer_process_whole(tmp_path: Path) -> None:
+    """A batch whose layout is larger than the socket's buffer (30 000 records) lands whole."""
+    sink = at.ParquetSink(tmp_path, stem="large")
+    await sink.open()
+    await sink.write([_record(f"big-{i}") for i in range(30_000)])
+    await sink.close()
+    ids = pq.read_table(tmp_path).column("id").to_pylist()
+    assert sorted(ids) == sorted(f"big-{i}" for i in range(30_000))

@@ -1,0 +1,462 @@
+"""ParquetSink's rows: journal lines in, Arrow tables of the archive's schema out.
+
+A journal line is ``{"id":...,"step":...,"split":...,"key":...,"timestamp":...,"sample":<payload>}``
+with the payload as it was encoded at submission. Columns are built from the lines without a
+Python object per JSON value of the conversation: the ``messages`` text is cut out of the payload
+as it is, and the metadata's typed fields are read by pyarrow's JSON reader; a batch the sink
+wrote comes with its layout (`journal_lines`), which cuts it without a Python step per line.
+`_parquet_file` turns these tables into a file's row groups.
+"""
+
+from __future__ import annotations
+
+import array
+import functools
+import itertools
+from collections.abc import Container, Sequence
+from typing import Any
+
+import orjson
+
+from .._checks import int64_or_none
+from .._records.tokens import TOKEN_FIELDS, token_bytes
+
+__all__ = ["SAMPLE_KEY", "RowBuffer", "journal_lines", "pyarrow", "schema"]
+
+_ARROW_TYPES = {"int32": "int32", "int8": "int8", "float32": "float32"}
+_SAMPLE = b',"sample":'
+_MESSAGES = b'{"messages":['
+_METADATA = b',"metadata":{'
+_TAIL = 1024
+SAMPLE_KEY = _SAMPLE  # where a journal line's header ends
+
+
+def pyarrow() -> Any:
+    """pyarrow with the modules the sink uses, or an ImportError naming the extra."""
+    try:
+        import numpy  # noqa: F401 - pyarrow's own dependency, imported here once
+        import pyarrow as pa
+        import pyarrow.compute
+        import pyarrow.json
+        import pyarrow.parquet  # loads pa.parquet
+    except ImportError as exc:
+        raise ImportError('ParquetSink needs pyarrow: pip install "asynctrace[parquet]"') from exc
+    return pa
+
+
+@functools.cache
+def schema() -> Any:
+    """The one schema of every file a `ParquetSink` writes."""
+    pa = pyarrow()
+    fields = [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("step", pa.int64(), nullable=False),
+        pa.field("split", pa.string(), nullable=False),
+        pa.field("key", pa.string(), nullable=False),
+        pa.field("timestamp", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("messages", pa.string(), nullable=False),
+        pa.field("metadata", pa.string(), nullable=False),
+        pa.field("reward", pa.float64()),
+        pa.field("advantage", pa.float64()),
+        pa.field("policy_version", pa.int64()),
+        pa.field("stop_reason", pa.string()),
+        pa.field("score", pa.float64()),
+        pa.field("spans", pa.string()),
+    ]
+    for name, dtype in TOKEN_FIELDS.items():
+        fields.append(pa.field(name, pa.list_(getattr(pa, _ARROW_TYPES[dtype])())))
+    return pa.schema(fields)
+
+
+def journal_lines(records: Sequence[Any]) -> tuple[bytes, dict[str, Any]]:
+    """The journal lines of `records` (`TraceRecord`s), one buffer with each payload copied as it
+    is, and their layout (`Layout`): what the writer process needs to cut the lines without
+    reading their headers."""
+    dumps = orjson.dumps
+    parts: list[bytes] = []
+    append = parts.append
+    heads: list[int] = []
+    sizes: list[int] = []
+    runs: list[list[Any]] = []
+    # Records of one call share step, split, key and timestamp: that part of the line is built
+    # once per run of equal ones.
+    last: tuple[int, str, str, float] | None = None
+    tail = b""
+    for r in records:
+        fields = (r.step, r.split, r.key, r.timestamp)
+        if fields != last:
+            last = fields
+            tail = b',"step":%d,"split":%b,"key":%b,"timestamp":%b,"sample":' % (
+                r.step,
+                dumps(r.split),
+                dumps(r.key),
+                dumps(r.timestamp),
+            )
+            runs.append([0, *fields])
+        runs[-1][0] += 1
+        head = b'{"id":' + dumps(r.id) + tail
+        append(head)
+        append(r.payload)
+        append(b"}\n")
+        heads.append(len(head))
+        sizes.append(len(r.payload))
+    layout = {"heads": heads, "sizes": sizes, "ids": [r.id for r in records], "runs": runs}
+    return b"".join(parts), layout
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _string_column(pa: Any, pieces: list[Any]) -> Any:
+    """A string column from each row's UTF-8 bytes: one join, offsets, checked in C++."""
+    data = b"".join(pieces)
+    if len(data) >= 2**31:
+        return pa.array([bytes(p).decode() for p in pieces], pa.string())
+    offsets = array.array("i", itertools.accumulate(map(len, pieces), initial=0))
+    column = pa.StringArray.from_buffers(len(pieces), pa.py_buffer(offsets), pa.py_buffer(data))
+    column.validate(full=True)  # a payload that is not UTF-8 fails here, not in a reader
+    return column
+
+
+def _list_column(pa: Any, dtype: str, values: list[bytes | None]) -> Any:
+    """A list column from each row's little-endian bytes: one buffer, offsets, and nulls where absent."""
+    item = getattr(pa, _ARROW_TYPES[dtype])()
+    width = item.bit_width // 8
+    offsets = array.array("i", itertools.accumulate((len(v) // width if v else 0 for v in values), initial=0))
+    data = pa.py_buffer(b"".join(v for v in values if v))
+    flat = pa.Array.from_buffers(item, offsets[-1], [None, data])
+    mask = pa.array([v is None for v in values], pa.bool_())
+    starts = pa.Array.from_buffers(pa.int32(), len(offsets), [None, pa.py_buffer(offsets)])
+    return pa.ListArray.from_arrays(starts, flat, mask=mask)
+
+
+@functools.cache
+def _meta_schema(pa: Any) -> Any:
+    """The metadata's typed fields, as pyarrow's JSON reader reads them."""
+    floats, ints = pa.float64(), pa.int64()
+    fields = [("reward", floats), ("advantage", floats), ("policy_version", ints)]
+    return pa.schema([*fields, ("policy_version_max", ints), ("stop_reason", pa.string())])
+
+
+class RowBuffer:
+    """Journal lines parsed into Arrow tables, until `table()` hands them over as one."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.nbytes = 0
+        self._segments: list[Any] = []
+
+    def add(self, chunk: bytes, skip: Container[str] = ()) -> None:
+        """Take the lines of `chunk` (whole lines, each ending in a newline) but those whose id is skipped."""
+        if not chunk.endswith(b"\n"):
+            raise ValueError("a journal chunk must end with a whole line")
+        segment = _quick_segment(chunk, skip)
+        if segment is None:
+            segment = _exact_segment(chunk, skip)
+        self.take(segment, len(chunk))
+
+    def add_described(self, chunk: bytes, layout: dict[str, Any]) -> None:
+        """Take the lines of `chunk`, which `journal_lines` wrote with this `layout`."""
+        segment = _described_segment(chunk, layout)
+        if segment is None:
+            self.add(chunk)
+        else:
+            self.take(segment, len(chunk))
+
+    def take(self, segment: Any, nbytes: int) -> None:
+        """Take the rows of a table of `schema()`, read from `nbytes` of the journal."""
+        if segment.num_rows:
+            self._segments.append(segment)
+            self.rows += segment.num_rows
+        self.nbytes += nbytes
+
+    def table(self) -> Any:
+        """The rows held as one table of `schema()`; the buffer is empty after."""
+        pa = pyarrow()
+        segments, self._segments = self._segments, []
+        self.rows = self.nbytes = 0
+        return pa.concat_tables(segments) if segments else schema().empty_table()
+
+
+def _table(pa: Any, columns: dict[str, Any]) -> Any:
+    target = schema()
+    return pa.Table.from_arrays([columns[name] for name in target.names], schema=target)
+
+
+def _head_columns(
+    pa: Any, ids: list[str], steps: list[int], splits: list[str], keys: list[str], times: list[int]
+) -> dict[str, Any]:
+    strings = pa.string()
+    return {
+        "id": pa.array(ids, strings),
+        "step": pa.array(steps, pa.int64()),
+        "split": pa.array(splits, strings),
+        "key": pa.array(keys, strings),
+        "timestamp": pa.array(times, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+    }
+
+
+def _quick_segment(chunk: bytes, skip: Container[str]) -> Any:
+    """The chunk's rows where every payload is ``{"messages":[...],"metadata":{...}}`` (what the
+    session encodes for a sample without score, spans or token fields): the messages' and the
+    metadata's JSON are taken as they were encoded, and the metadata's typed fields are read by
+    pyarrow's JSON reader. None where any line is otherwise: `_exact_segment` then decodes each.
+    """
+    pa = pyarrow()
+    loads, decode_error = orjson.loads, orjson.JSONDecodeError
+    view = memoryview(chunk)
+    find, rfind, startswith = chunk.find, chunk.rfind, chunk.startswith
+    ids: list[str] = []
+    steps: list[int] = []
+    splits: list[str] = []
+    keys: list[str] = []
+    times: list[int] = []
+    messages: list[Any] = []
+    metadata: list[Any] = []
+    last = b""
+    step, split, key, when = 0, "", "", 0
+    pos, end = 0, len(chunk)
+    while pos < end:
+        newline = find(b"\n", pos)
+        cut = find(_SAMPLE, pos, newline)
+        # The first `,"sample":` (or `,"step":`) of a line is its key: no JSON string holds `,"`
+        # unescaped. An id written without escapes is read as it is.
+        middle = find(b'","step":', pos, cut) + 1
+        if middle <= 0 or not startswith(b'{"id":"', pos) or chunk[newline - 2 : newline] != b"}}":
+            return None
+        raw = chunk[pos + 7 : middle - 1]
+        if b"\\" in raw:
+            return None
+        tail = chunk[middle:cut]
+        if tail != last:
+            try:
+                head = loads(b"{" + tail[1:] + b"}")
+            except decode_error:
+                return None
+            step, split, key, when = (
+                head.get("step"),
+                head.get("split"),
+                head.get("key"),
+                head.get("timestamp"),
+            )
+            if type(step) is not int or type(split) is not str or type(key) is not str:
+                return None
+            if type(when) is not float and type(when) is not int:
+                return None
+            when = int(when * 1_000_000)
+            last = tail
+        start, stop = cut + len(_SAMPLE), newline - 2  # the payload's closing brace is at `stop`
+        if not startswith(_MESSAGES, start):
+            return None
+        # The metadata is the payload's second key, usually near its end.
+        found = rfind(_METADATA, max(start, stop - 1024), stop)
+        if found < 0:
+            found = find(_METADATA, start, stop)
+            if found < 0:
+                return None
+        pos = newline + 1
+        try:
+            rid = raw.decode()
+        except UnicodeDecodeError:
+            return None
+        if rid in skip:
+            continue
+        ids.append(rid)
+        steps.append(step)
+        splits.append(split)
+        keys.append(key)
+        times.append(when)
+        messages.append(view[start + 12 : found])
+        metadata.append(view[found + 12 : stop])
+    if not ids:
+        return schema().empty_table()
+    # Each metadata text must be one JSON object. Were the `,"metadata":{` found not the payload's
+    # own key (one deeper, in the messages or the metadata) or were other keys after it, the
+    # object read from there would be followed by more text on its line, which fails here: the
+    # exact path then takes the chunk. So the messages' text, before it, is theirs too.
+    texts = _string_column(pa, metadata)
+    typed = _metadata_fields(pa, pa.py_buffer(b"\n".join(metadata) + b"\n"), texts)
+    if typed is None:
+        return None
+    columns = _head_columns(pa, ids, steps, splits, keys, times)
+    columns.update(_empty_rest(pa, len(ids)))
+    columns.update(messages=_string_column(pa, messages), metadata=texts, **typed)
+    return _table(pa, columns)
+
+
+def _described_segment(chunk: bytes, layout: dict[str, Any]) -> Any:
+    """The chunk's rows, cut by their `layout` (from `journal_lines`) without a Python step per
+    row, where every payload is ``{"messages":[...],"metadata":{...}}``; None otherwise."""
+    import numpy as np
+
+    pa = pyarrow()
+    import pyarrow.compute as pc
+
+    heads = np.asarray(layout["heads"], np.int64)
+    n = len(heads)
+    lengths = heads + np.asarray(layout["sizes"], np.int64) + 2
+    ends = np.cumsum(lengths)
+    if not n or int(ends[-1]) != len(chunk) or len(chunk) >= 2**31 - 1:
+        return None
+    starts = ends - lengths
+    data = np.frombuffer(chunk, np.uint8)
+    payloads = starts + heads
+    pattern = np.frombuffer(_MESSAGES, np.uint8)
+    if not (data[payloads[:, None] + np.arange(len(pattern))] == pattern).all():
+        return None
+    if not ((data[ends - 1] == 0x0A) & (data[ends - 2] == 0x7D) & (data[ends - 3] == 0x7D)).all():
+        return None
+    buffer = pa.py_buffer(chunk)
+
+    def cut(first: Any, last: Any) -> Any:
+        # The spans as the even values of one binary array over the chunk (the odd ones are
+        # what lies between), taken into an array of their own.
+        bounds = np.empty(2 * n, np.int32)
+        bounds[0::2], bounds[1::2] = first, last
+        spans = pa.Array.from_buffers(pa.binary(), 2 * n - 1, [None, pa.py_buffer(bounds), buffer])
+        return pc.take(spans, pa.array(np.arange(0, 2 * n, 2)))
+
+    # The metadata is the payload's second key, usually near its end: looked for in the last
+    # `_TAIL` bytes of each line (a row where it is not found there goes the exact way).
+    tails = np.maximum(payloads + len(_MESSAGES), ends - _TAIL)
+    found = pc.find_substring(cut(tails, ends), pattern=_METADATA.decode()).to_numpy()
+    if (found < 0).any():
+        return None
+    metadata_at = tails + found
+
+    try:
+        messages = cut(payloads + len(_MESSAGES) - 1, metadata_at).cast(pa.string())
+        metadata = cut(metadata_at + len(_METADATA) - 1, ends - 3).cast(pa.string())
+    except pa.ArrowInvalid:
+        return None  # not UTF-8: the exact path names the record
+    joined = pc.binary_join_element_wise(metadata, "", "\n")
+    size = int(np.frombuffer(joined.buffers()[1], np.int32, n + 1, joined.offset * 4)[-1])
+    typed = _metadata_fields(pa, joined.buffers()[2].slice(0, size), metadata)
+    if typed is None:
+        return None
+    ids = pa.array(layout["ids"], pa.string())
+    counts = [run[0] for run in layout["runs"]]
+    runs = layout["runs"]
+    columns = {
+        "id": ids,
+        "step": pa.array(np.repeat([run[1] for run in runs], counts), pa.int64()),
+        "split": pa.array([v for run in runs for v in [run[2]] * run[0]], pa.string()),
+        "key": pa.array([v for run in runs for v in [run[3]] * run[0]], pa.string()),
+        "timestamp": pa.array(np.repeat([int(run[4] * 1_000_000) for run in runs], counts), pa.int64()).cast(
+            pa.timestamp("us", tz="UTC")
+        ),
+        "messages": messages,
+        "metadata": metadata,
+        **_empty_rest(pa, n),
+        **typed,
+    }
+    return _table(pa, columns)
+
+
+def _metadata_fields(pa: Any, lines: Any, metadata: Any) -> dict[str, Any] | None:
+    """The typed columns from the metadata's JSON (`lines`: a buffer of one object a line, the
+    texts of the `metadata` column); None where a line is not one object (its text was cut
+    wrongly) or a field is not of its column's type: the exact path decides those."""
+    import pyarrow.compute as pc
+    import pyarrow.json as pj
+
+    n = len(metadata)
+    try:
+        typed = pj.read_json(
+            pa.BufferReader(lines),
+            read_options=pj.ReadOptions(use_threads=False, block_size=max(lines.size, 1 << 20)),
+            parse_options=pj.ParseOptions(
+                explicit_schema=_meta_schema(pa), unexpected_field_behavior="ignore"
+            ),
+        )
+    except pa.ArrowInvalid:
+        return None
+    if typed.num_rows != n:
+        return None
+    version, version_max = typed.column("policy_version"), typed.column("policy_version_max")
+    if version_max.null_count != n:
+        # A version given only as policy_version_max; one given as null stays null, which the
+        # reader cannot tell from one not given.
+        if pc.any(pc.match_substring(metadata, '"policy_version":null')).as_py():
+            return None
+        version = pc.coalesce(version, version_max)
+    return {
+        "reward": typed.column("reward"),
+        "advantage": typed.column("advantage"),
+        "policy_version": version,
+        "stop_reason": typed.column("stop_reason"),
+    }
+
+
+def _empty_rest(pa: Any, n: int) -> dict[str, Any]:
+    """Null score, spans and token columns for `n` rows."""
+    target = schema()
+    return {name: pa.nulls(n, target.field(name).type) for name in ("score", "spans", *TOKEN_FIELDS)}
+
+
+def _exact_segment(chunk: bytes, skip: Container[str]) -> Any:
+    """The chunk's rows, each payload decoded whole: any layout of the same fields."""
+    pa = pyarrow()
+    loads, dumps = orjson.loads, orjson.dumps
+    view = memoryview(chunk)
+    ids: list[str] = []
+    steps: list[int] = []
+    splits: list[str] = []
+    keys: list[str] = []
+    times: list[int] = []
+    messages: list[bytes] = []
+    metadata: list[bytes] = []
+    rewards: list[float | None] = []
+    advantages: list[float | None] = []
+    versions: list[int | None] = []
+    stops: list[str | None] = []
+    scores: list[float | None] = []
+    spans: list[str | None] = []
+    tokens: dict[str, list[bytes | None]] = {name: [] for name in TOKEN_FIELDS}
+    pos, end = 0, len(chunk)
+    while pos < end:
+        newline = chunk.index(b"\n", pos)
+        data = loads(view[pos:newline])
+        pos = newline + 1
+        rid = data["id"]
+        if rid in skip:
+            continue
+        sample = data["sample"]
+        meta = sample.get("metadata") or {}
+        if type(meta) is not dict:
+            raise ValueError(f"record {rid!r}: metadata is a {type(meta).__name__}, not an object")
+        ids.append(rid)
+        steps.append(data["step"])
+        splits.append(data["split"])
+        keys.append(data["key"])
+        times.append(int(data["timestamp"] * 1_000_000))
+        messages.append(dumps(sample.get("messages", [])))
+        metadata.append(dumps(meta))
+        rewards.append(_number(meta.get("reward")))
+        advantages.append(_number(meta.get("advantage")))
+        versions.append(int64_or_none(meta.get("policy_version", meta.get("policy_version_max"))))
+        stop = meta.get("stop_reason")
+        stops.append(stop if isinstance(stop, str) else None)
+        scores.append(_number(sample.get("score")))
+        value = sample.get("spans")
+        spans.append(dumps(value).decode() if value is not None else None)
+        held = sample.get("tokens") or {}
+        for name, column in tokens.items():
+            value = held.get(name)
+            column.append(token_bytes(name, value) if value is not None else None)
+    floats, ints, strings = pa.float64(), pa.int64(), pa.string()
+    columns = _head_columns(pa, ids, steps, splits, keys, times)
+    columns.update(
+        messages=_string_column(pa, messages),
+        metadata=_string_column(pa, metadata),
+        reward=pa.array(rewards, floats),
+        advantage=pa.array(advantages, floats),
+        policy_version=pa.array(versions, ints),
+        stop_reason=pa.array(stops, strings),
+        score=pa.array(scores, floats),
+        spans=pa.array(spans, strings),
+    )
+    for name, dtype in TOKEN_FIELDS.items():
+        columns[name] = _list_column(pa, dtype, tokens[name])
+    return _table(pa, columns)
