@@ -1,6 +1,7 @@
 """The one engine behind a session: intake → buffer (gate, queue, ledger) → writer lanes → finish,
 with health and group metrics and the retry policy.
 
-The session and the fronts (Ray, torch.distributed) import `Engine`, `RetryPolicy` and `Ledger`
-from here; nothing below the engine imports it.
+What others import, each from its module: the session `engine.Engine`, `settings.Settings`,
+`queue.OnFull` and `retry.RetryPolicy`; the Ray client and the distributed logger
+`ledger.Ledger`, to count as a session does. Nothing below the engine imports it.
 """

@@ -1,6 +1,8 @@
 """Caps and samplers: which records of a step are kept, per session and per `Selected` sink.
 
-The built-in samplers, the group sampler, the gate that holds a selection per open step, the
-watch list, the per-sink lanes and the merge of parts from several processes. No buffer, no I/O:
-the engine, the Ray collector and torch.distributed call into it.
+No buffer, no I/O. What others import: `base` (`Sampler`, `StepSelection`, `Entry` and its
+states), `samplers` (the built-ins and `resolve_sampler`), `groups` (`GroupSampler`), `gate`
+(`Gate`, for the buffer), `window` (`StepWindow`, the one rule of when a step closes), `watch`
+(`Watch`, `WatchCounter`), `lane` (a `Selected` sink's selection, for the writer) and `parts`
+(one step's parts from several processes, for the Ray and torch.distributed fronts).
 """
