@@ -170,7 +170,7 @@ class Gate:
             upto = step - self.max_open_steps - 1
             closed_upto = self._closed_upto.get(split)
             if upto >= 0 and (closed_upto is None or upto > closed_upto):
-                self._close(split, upto, result.released)
+                self._close(split, upto, result.released, result.evicted)
         elif len(self._open) >= COUNTER_WINDOW and (split, step) not in self._open:
             # A sampler that holds nothing needs only a counter per step, so stragglers many
             # steps behind are still capped exactly; the window just bounds the memory, per
@@ -181,17 +181,24 @@ class Gate:
                 # that is this step, its samples are late: counting it too would let stragglers
                 # arriving in descending step order grow the window without bound.
                 oldest = min(mine)
-                self._close(split, min(oldest, step), result.released)
+                self._close(split, min(oldest, step), result.released, result.evicted)
                 return step < oldest
         return False
 
-    def _close(self, split: str, upto: int, out: list[Entry]) -> None:
-        """Close every open step of `split` up to `upto`; later samples for them are late."""
+    def _close(self, split: str, upto: int, out: list[Entry], dropped: list[Entry] | None) -> None:
+        """Close every open step of `split` up to `upto`; later samples for them are late.
+        Entries the selection drops only now go to `dropped` (counted "capped" by the caller)."""
         for key in sorted(k for k in self._open if k[0] == split and k[1] <= upto):
-            for e in self._open.pop(key).selection.held():
+            released, gone = self._open.pop(key).selection.close()
+            for e in released:
                 if e.state != EVICTED:  # withdrawn (a selection that keeps their places)
                     e.state = RELEASED
                     out.append(e)
+            for e in gone:
+                if e.state == HELD:
+                    e.state = EVICTED
+                    if dropped is not None:
+                        dropped.append(e)
         self._closed_upto[split] = max(self._closed_upto.get(split, upto), upto)
 
     def skip(self, split: str, step: int, n: int) -> None:
@@ -207,22 +214,24 @@ class Gate:
         if opened is not None and entries:
             opened.selection.withdraw(entries)
 
-    def close_all(self, *, holding_only: bool = True) -> list[Entry]:
-        """Close every open step (flush/finish). Samplers that hold nothing keep counting their caps."""
+    def close_all(self, *, holding_only: bool = True, dropped: list[Entry] | None = None) -> list[Entry]:
+        """Close every open step (flush/finish); returns what they release, and appends to
+        `dropped` what their selections drop only now. Samplers that hold nothing keep counting
+        their caps."""
         out: list[Entry] = []
         if holding_only and not self.sampler.holds:
             return out
         for split in sorted({sp for sp, _ in self._open}):
-            self._close(split, max(s for sp, s in self._open if sp == split), out)
+            self._close(split, max(s for sp, s in self._open if sp == split), out, dropped)
         return out
 
-    def close_idle(self, now: float) -> list[Entry]:
-        """Close steps that saw no sample for `step_timeout` seconds."""
+    def close_idle(self, now: float, dropped: list[Entry] | None = None) -> list[Entry]:
+        """Close steps that saw no sample for `step_timeout` seconds (see `close_all`)."""
         out: list[Entry] = []
         if self.step_timeout is None or not self.sampler.holds:
             return out
         idle = [k for k, o in self._open.items() if now - o.last_seen >= self.step_timeout]
         for split, step in sorted(idle):
             if (split, step) in self._open:
-                self._close(split, step, out)
+                self._close(split, step, out, dropped)
         return out

@@ -269,7 +269,19 @@ class DistributedTraceLogger:
             return self._reduce(ended, timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         for (split, step), opened in ended:
-            self._write(split, step, [payload for _, payload in opened.rows()], deadline)
+            rows = opened.rows()
+            # What a part kept is final for every sampler but one that decides when its step
+            # closes (the group sampler holds candidates): the merge of one part decides it.
+            chosen = (
+                merge_parts(self.sampler, split, step, self._steps.k, [rows]) if self.sampler.holds else None
+            )
+            if chosen is None:
+                chosen = [payload for _, payload in rows]
+            elif len(chosen) < len(rows):
+                with self._lock:
+                    self._ledger.written -= len(rows) - len(chosen)
+                    self._ledger.drop("capped", len(rows) - len(chosen))
+            self._write(split, step, chosen, deadline)
         return deadline
 
     def _abort(self, ended: Ended) -> None:
