@@ -134,6 +134,19 @@ _rows = st.lists(
 )
 
 
+def _at_most(rows: Sequence[tuple[str, float]], size: int | None) -> list[tuple[str, float]]:
+    """The rows with no group past `size` samples (the promise `group_size` makes)."""
+    if size is None:
+        return list(rows)
+    seen: dict[str, int] = {}
+    out = []
+    for g, r in rows:
+        seen[g] = seen.get(g, 0) + 1
+        if seen[g] <= size:
+            out.append((g, r))
+    return out
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     rows=_rows,
@@ -142,16 +155,27 @@ _rows = st.lists(
     policy=st.sampled_from(POLICIES),
     stat=st.sampled_from(["mean", "spread"]),
     count=st.sampled_from(["samples", "groups"]),
+    group_size=st.sampled_from([None, 1, 2, 3, 4]),
 )
 def test_gate_paths_equal_the_oracle(
-    rows: list[tuple[str, float]], cuts: list[int], k: int, policy: str, stat: str, count: str
+    rows: list[tuple[str, float]],
+    cuts: list[int],
+    k: int,
+    policy: str,
+    stat: str,
+    count: str,
+    group_size: int | None,
 ) -> None:
     """Whatever the call boundaries, the precheck path (`keeps`) and the offer-everything path keep
-    exactly the oracle's whole groups."""
-    sampler = at.GroupSampler(policy, stat=stat, count=count)  # type: ignore[arg-type]
+    exactly the oracle's whole groups, with or without `group_size` (no group larger than it)."""
+    rows = _at_most(rows, group_size)
+    sampler = at.GroupSampler(policy, stat=stat, count=count, group_size=group_size)  # type: ignore[arg-type]
     expected = pick(rows, k, policy, stat=stat, count=count)
     assert _gate_pick(rows, cuts, k, sampler, precheck=False) == expected
     assert _gate_pick(rows, cuts, k, sampler, precheck=True) == expected
+    if group_size is not None:  # the hint changes what is held, never what is written
+        plain = at.GroupSampler(policy, stat=stat, count=count)  # type: ignore[arg-type]
+        assert _gate_pick(rows, cuts, k, plain, precheck=True) == expected
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -161,12 +185,14 @@ def test_gate_paths_equal_the_oracle(
     k=st.integers(1, 10),
     policy=st.sampled_from(POLICIES),
     count=st.sampled_from(["samples", "groups"]),
+    group_size=st.sampled_from([None, 2, 3]),
 )
 def test_session_paths_equal_the_oracle(
-    rows: list[tuple[str, float]], cuts: list[int], k: int, policy: str, count: str
+    rows: list[tuple[str, float]], cuts: list[int], k: int, policy: str, count: str, group_size: int | None
 ) -> None:
     """A session writes the oracle's groups whole, with and without `redact` (the two encoding paths)."""
-    sampler = at.GroupSampler(policy, count=count)  # type: ignore[arg-type]
+    rows = _at_most(rows, group_size)
+    sampler = at.GroupSampler(policy, count=count, group_size=group_size)  # type: ignore[arg-type]
     expected = pick(rows, k, policy, count=count)
     assert _session_pick(rows, cuts, k, sampler, redact=False) == expected
     assert _session_pick(rows, cuts, k, sampler, redact=True) == expected
@@ -196,13 +222,21 @@ def _merge(
     policy=st.sampled_from(POLICIES),
     count=st.sampled_from(["samples", "groups"]),
     seed=st.sampled_from([0, 7, None]),
+    group_size=st.sampled_from([None, 2, 3]),
 )
 def test_merged_parts_equal_one_process(
-    rows: list[tuple[str, float]], cuts: list[int], k: int, policy: str, count: str, seed: int | None
+    rows: list[tuple[str, float]],
+    cuts: list[int],
+    k: int,
+    policy: str,
+    count: str,
+    seed: int | None,
+    group_size: int | None,
 ) -> None:
     """Issue 27 case 6: parts merged (groups may span parts) keep what one process keeps, for every
     mode; `random` included, its keys derived from the seed and the group id."""
-    sampler = at.GroupSampler(policy, count=count, seed=seed)  # type: ignore[arg-type]
+    rows = _at_most(rows, group_size)
+    sampler = at.GroupSampler(policy, count=count, seed=seed, group_size=group_size)  # type: ignore[arg-type]
     one = _gate_pick(rows, [], k, sampler, precheck=False)
     assert _merge(sampler, k, rows, cuts) == one
     if seed is not None:
@@ -216,3 +250,26 @@ def test_random_keys_are_the_same_in_every_process() -> None:
     b = _gate_pick(rows, [], 8, at.GroupSampler("random", seed=3), precheck=False)
     c = _gate_pick(rows, [], 8, at.GroupSampler("random", seed=4), precheck=False)
     assert a == b == pick(rows, 8, "random", seed=3) and a != c
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_group_size_refuses_groups_before_encoding(policy: str) -> None:
+    """With `group_size`, a step of 128 groups of 8 logged 4 groups a call has most of its samples
+    refused by `keeps` (never encoded) and holds few; the pick is the oracle's, as without it."""
+    rng = random.Random(11)
+    rows = [(f"g{g}", float(rng.randrange(5))) for g in range(128) for _ in range(8)]
+    sel = at.GroupSampler(policy, group_size=8).new_step("train", 0, 16)  # type: ignore[arg-type]
+    offered: list[Entry] = []
+    most_held = 0
+    for a in range(0, len(rows), 32):
+        call = rows[a : a + 32]
+        keeps = sel.keeps([r for _, r in call], a + 1, groups=[g for g, _ in call])  # type: ignore[call-arg]
+        entries = [
+            Entry(r, a + j, group=g) for j, ((g, r), k) in enumerate(zip(call, keeps, strict=True)) if k
+        ]
+        sel.offer_all(entries)
+        offered.extend(entries)
+        most_held = max(most_held, len(sel.held()))
+    assert len(offered) < len(rows) / 3
+    assert most_held <= 16 + 32  # the groups that may still be taken, and one call's
+    assert {e.seq for e in sel.close()[0]} == pick(rows, 16, policy)

@@ -10,6 +10,7 @@ arrives ("first" and "random" with ``count="groups"``), groups behind `k` others
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import logging
 import math
@@ -159,14 +160,15 @@ class _GroupSelection(StepSelection):
     # -- deciding --------------------------------------------------------------------------------
 
     def _plan(
-        self, keyed: Sequence[tuple[Hashable, float | None]]
+        self, keyed: Sequence[tuple[Hashable, float | None, float | None]]
     ) -> tuple[set[Hashable], dict[Hashable, _Group], dict[Hashable, int]]:
-        """The groups that can never be taken once these (group, carried key) samples join the
-        held ones, the groups new to the step, and every group's size: changes nothing."""
+        """The groups that can never be taken once these (group, carried key, score) samples
+        join the held ones, the groups new to the step, and every group's size: changes nothing."""
         sizes = {g: len(held.entries) for g, held in self._held.items()}
         new: dict[Hashable, _Group] = {}
+        added: dict[Hashable, list[float]] = {}
         n = self._n
-        for g, carried in keyed:
+        for g, carried, score in keyed:
             n += 1
             if g in self._refused:
                 continue
@@ -174,6 +176,7 @@ class _GroupSelection(StepSelection):
                 sizes[g] = 0
                 new[g] = _Group(n, self._rkey(g, carried))
             sizes[g] += 1
+            added.setdefault(g, []).append(0.0 if score is None else score)
         k = self._k
         # A part keeps a group larger than the cap: the merge must see every sample of it to
         # know the group is too large (another part's share of it may fit on its own).
@@ -184,7 +187,69 @@ class _GroupSelection(StepSelection):
             if len(live) > k:
                 cands = {g: (0.0, groups[g].rkey, groups[g].first) for g in live}
                 out.update(_order(self._sampler.policy, cands)[k:])
+        if self._sampler.group_size is not None:
+            out |= self._settled_out(sizes, new, added, out)
         return out, new, sizes
+
+    def _settled_out(
+        self,
+        sizes: dict[Hashable, int],
+        new: dict[Hashable, _Group],
+        added: dict[Hashable, list[float]],
+        out: set[Hashable],
+    ) -> set[Hashable]:
+        """Complete groups (`group_size` samples) that can never be taken: as many complete
+        groups as the cap has room for come before them, whatever else arrives.
+
+        Each complete group before one of `group_size` samples is either taken (using its
+        size) or skipped because less than `group_size` was left; so once `k // group_size`
+        (with ``count="groups"``: `k`) of them come before it, it cannot fit. A complete
+        group's statistic is final, so "before" holds for good: for `"top_bottom"` a group
+        is placed after every group before it in the high order or after every one before it
+        in the low order, so the smaller count of the two bounds it. Leaving such a group out
+        changes no other group's fate: a group not taken uses none of the cap.
+        """
+        sampler = self._sampler
+        gs = sampler.group_size
+        assert gs is not None
+        slots = self._k // gs if sampler.count == "samples" else self._k
+        policy = sampler.policy
+        if policy == "random" and self._part and sampler.seed is None:
+            return set()  # keys drawn per part: another part may rank a group differently
+        groups = {**self._held, **new}
+        full = [g for g in groups if g not in out and sizes[g] >= gs and not _is_single(g)]
+        counted = [g for g in full if sizes[g] == gs]
+        if len(counted) < max(slots, 1):
+            return set()
+
+        def keys(g: Hashable) -> tuple[tuple[float, int], tuple[float, int]]:
+            group = groups[g]
+            if policy == "first":
+                return (0.0, group.first), (0.0, group.first)
+            if policy == "random":
+                return (group.rkey, group.first), (group.rkey, group.first)
+            held = self._held.get(g)
+            scores = [0.0 if e.score is None else e.score for e in held.entries] if held is not None else []
+            value = _stat(scores + added.get(g, []), sampler.stat)
+            return (-value, group.first), (value, group.first)
+
+        keyed = {g: keys(g) for g in full}
+        high = sorted(keyed[g][0] for g in counted)
+        low = sorted(keyed[g][1] for g in counted)
+        settled: set[Hashable] = set()
+        for g in full:
+            hk, lk = keyed[g]
+            before_high = bisect.bisect_left(high, hk)
+            before_low = bisect.bisect_left(low, lk)
+            if policy == "bottom":
+                before = before_low
+            elif policy == "top_bottom":
+                before = min(before_high, before_low)
+            else:
+                before = before_high
+            if before >= slots:
+                settled.add(g)
+        return settled
 
     def keeps(
         self,
@@ -194,20 +259,20 @@ class _GroupSelection(StepSelection):
     ) -> list[bool] | None:
         if groups is None:
             return None  # the group of each sample is needed first
-        keyed: list[tuple[Hashable, float | None]] = []
+        keyed: list[tuple[Hashable, float | None, float | None]] = []
         singles = self._singles
-        for g in groups:
+        for g, score in zip(groups, scores, strict=True):
             if g is None:
                 singles += 1
                 g = (_SINGLE, singles)
-            keyed.append((g, None))
+            keyed.append((g, None, score))
         out, _, sizes = self._plan(keyed)
         refused, held, k = self._refused, self._held, self._k
         # Refused without offering: only what offering would change nothing about. A group the
         # call makes larger than the cap is offered, so that it is dropped whole (held) and its
         # later samples are refused by name (new): its size is known only to the selection.
         return [
-            g not in refused and (g not in out or g in held or self._size(sizes[g]) > k) for g, _ in keyed
+            g not in refused and (g not in out or g in held or self._size(sizes[g]) > k) for g, _, _ in keyed
         ]
 
     def offer(self, entry: Entry) -> tuple[bool, Entry | None]:
@@ -215,7 +280,7 @@ class _GroupSelection(StepSelection):
 
     def offer_all(self, entries: Sequence[Entry]) -> tuple[list[bool], list[Entry]]:
         names = self._groups_of(entries)
-        keyed = [(g, e.key) for g, e in zip(names, entries, strict=True)]
+        keyed = [(g, e.key, e.score) for g, e in zip(names, entries, strict=True)]
         out, new, sizes = self._plan(keyed)
         self._n += len(entries)
         self._singles += sum(1 for g in names if _is_single(g))
@@ -226,7 +291,7 @@ class _GroupSelection(StepSelection):
                 evicted.extend(held.entries)
             self._refused.add(g)
         kept: list[bool] = []
-        for e, (g, _) in zip(entries, keyed, strict=True):
+        for e, (g, _, _) in zip(entries, keyed, strict=True):
             if g in self._refused:
                 kept.append(False)
                 continue
@@ -299,6 +364,10 @@ class GroupSampler(Sampler):
     taken in that order while each fits what is left of the cap, which counts samples
     (``count="samples"``) or groups (``count="groups"``); a group that does not fit is skipped
     whole. Whatever the calls, processes or ranks the samples come from, the pick is the same.
+
+    Until its step closes the selection holds every sample whose group may still be taken.
+    `group_size` (the samples of every group, e.g. GRPO's samples per prompt) lets it refuse,
+    before encoding, the complete groups that can no longer be taken.
     """
 
     holds = True
@@ -312,6 +381,7 @@ class GroupSampler(Sampler):
         key: GroupKey = DEFAULT_GROUP_KEYS,
         count: Literal["samples", "groups"] = "samples",
         seed: int | None = 0,
+        group_size: int | None = None,
     ) -> None:
         if policy not in _POLICIES:
             raise ValueError(f"policy must be one of {_POLICIES}, got {shown(policy)}")
@@ -323,11 +393,18 @@ class GroupSampler(Sampler):
             raise ValueError(
                 f"key must be a metadata key name, a sequence of them or a function, got {shown(key)}"
             )
+        if group_size is not None and (
+            isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1
+        ):
+            raise ValueError(f"group_size must be a positive int or None, got {shown(group_size)}")
         self.policy: GroupPolicy = policy
         self.stat: GroupStat = stat
         self.key: GroupKey = key
         self.count = count
         self.seed = seed
+        # Samples of every group, when known: a group that has them all is ranked for good, so
+        # groups that can no longer be taken are refused before encoding (see _settled_out).
+        self.group_size = group_size
         # With seed=None, one seed drawn here serves every step and part this sampler selects
         # (it travels with the sampler to Ray actors); a merge keeps the key a part drew.
         self.run_seed: int | str = seed if seed is not None else f"run:{int.from_bytes(os.urandom(8), 'big')}"

@@ -24,7 +24,7 @@ def sampler_for(name: str) -> Any:
     """The sampler a global run uses: groups are pairs of one rank's samples."""
     import asynctrace as at
 
-    return at.GroupSampler("top_bottom", key=pair_of) if name == "group" else name
+    return at.GroupSampler("top_bottom", key=pair_of, group_size=2) if name == "group" else name
 
 
 def _log_steps(logger: Any, tag: str, rank: int, *, end_steps: bool = True) -> list[int]:

@@ -161,17 +161,16 @@ def test_collector_selects_what_one_process_would(project: str, sampler: str, po
     )
 
 
-# Not the group sampler: it decides on whole groups when the step closes, so an actor ships
-# every candidate of its step (docs/distributed.md, "selection on the actor").
-@pytest.mark.parametrize("sampler", ["top_bottom"])
+@pytest.mark.parametrize("sampler", ["top_bottom", "group"])
 def test_bytes_shipped_per_step_do_not_grow_with_samples(project: str, sampler: str, pool: list[Any]) -> None:
-    """An actor logging 20 or 2000 samples a step ships the same k candidates: what crosses to
-    the collector is O(k) per step, the same bytes whatever the actor logged."""
+    """An actor logging 20 or 2000 samples a step ships the same k candidates (for the group
+    sampler told the group size, the groups that may still be taken: at most 2k samples): what
+    crosses to the collector is O(k) per step, whatever the actor logged."""
     collector = start_collector(
         project,
         sinks=[MemorySink()],
         max_traces_per_step=K,
-        sampler=_sampler(sampler),
+        sampler=GroupSampler(group_size=GROUP_SIZE) if sampler == "group" else sampler,
         finish_at_exit=False,
     )
     shipped: dict[int, ClientStats] = {}
@@ -185,12 +184,17 @@ def test_bytes_shipped_per_step_do_not_grow_with_samples(project: str, sampler: 
         shipped[n] = ray.get(actor.close.remote())
     ray.get(collector.finish.remote())
     small, large = shipped[20], shipped[2000]
+    assert large.calls <= STEPS  # one call per step at most: candidates of a closed step go together
+    assert large.dropped == {"capped": STEPS * 2000 - large.delivered}
+    if sampler == "group":
+        # Shipping every sample would cost 100 times the small actor's bytes.
+        assert small.delivered <= large.delivered <= STEPS * 2 * K
+        assert large.bytes_shipped < 2 * small.bytes_shipped
+        return
     assert small.delivered == large.delivered == STEPS * K
     # Samples differ only in the digits of their ids and rewards: the same k cost the same bytes
     # to within 10%, where shipping every sample would cost 100 times more.
     assert abs(large.bytes_shipped - small.bytes_shipped) < 0.1 * small.bytes_shipped
-    assert large.dropped == {"capped": STEPS * (2000 - K)}
-    assert large.calls <= STEPS  # one call per step at most: candidates of a closed step go together
 
 
 def test_a_step_closes_on_the_next_step_on_end_step_and_when_idle(top_bottom_collector: Any) -> None:
