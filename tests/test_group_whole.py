@@ -273,3 +273,21 @@ def test_group_size_refuses_groups_before_encoding(policy: str) -> None:
     assert len(offered) < len(rows) / 3
     assert most_held <= 16 + 32  # the groups that may still be taken, and one call's
     assert {e.seq for e in sel.close()[0]} == pick(rows, 16, policy)
+
+
+def test_a_selected_tier_writes_whole_groups_and_counts_the_rest() -> None:
+    """Issue 27 case 4 in a `Selected` tier: the tier decides when its step closes, writes B only,
+    and counts A's five samples as capped for that sink alone."""
+    from asynctrace.sinks import Selected
+
+    archive, tracker = at.testing.MemorySink(name="archive"), at.testing.MemorySink(name="tracker")
+    samples = _samples([("A", 3.0)] * 2 + [("B", 1.0)] * 2 + [("A", 3.0)] * 3)
+    with at.TraceSession(
+        "p", sinks=[archive, Selected(tracker, max_traces_per_step=4, sampler=at.GroupSampler("top"))]
+    ) as s:
+        s.log_samples(samples[:4], step=0)
+        s.log_samples(samples[4:], step=0)
+    st = s.stats()
+    assert sorted(int(r.sample.metadata["uid"]) for r in tracker.records) == [2, 3]
+    assert len(archive.records) == 7 and st.sinks["tracker"].skipped == {"capped": 5}
+    assert st.sinks["tracker"].held == 0 and st.check()
