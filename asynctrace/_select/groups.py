@@ -333,11 +333,36 @@ class _GroupSelection(StepSelection):
                 left -= size
         return picked
 
+    def _regroup(self) -> list[Entry]:
+        """Put rows offered before their sample existed (`log_rollouts` reserves places by reward,
+        then decodes) in the groups their samples name; returns those of refused groups."""
+        gone: list[Entry] = []
+        for name in [g for g in self._held if _is_single(g)]:
+            single = self._held[name]
+            e = single.entries[0] if single.entries else None
+            if e is None or e.group is not None or e.record is None:
+                continue
+            real = payload_group(e.record.payload, self._sampler.key)
+            if real is None:
+                continue
+            del self._held[name]
+            e.group = real
+            if real in self._refused:
+                gone.append(e)
+                continue
+            group = self._held.get(real)
+            if group is None:
+                group = self._held[real] = _Group(single.first, self._rkey(real, None))
+            group.first = min(group.first, single.first)
+            group.entries.append(e)
+        return gone
+
     def close(self) -> tuple[list[Entry], list[Entry]]:
+        gone = self._regroup()
         picked = self._pick()
         chosen = [e for g, held in self._held.items() if g in picked for e in held.entries]
         dropped = [e for g, held in self._held.items() if g not in picked for e in held.entries]
-        return sorted(chosen, key=lambda e: e.seq), dropped
+        return sorted(chosen, key=lambda e: e.seq), dropped + gone
 
     def held(self) -> list[Entry]:
         # Every candidate: what a part ships to the merge (`close` decides which are written).
