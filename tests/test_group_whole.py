@@ -134,8 +134,10 @@ _rows = st.lists(
 )
 
 
-def _at_most(rows: Sequence[tuple[str, float]], size: int | None) -> list[tuple[str, float]]:
-    """The rows with no group past `size` samples (the promise `group_size` makes)."""
+def _at_most(rows: Sequence[tuple[str, float]], size: int | None, policy: str) -> list[tuple[str, float]]:
+    """The rows with no group past `size` samples (the promise `group_size` makes); for
+    "top_bottom", whose order of the other groups changes when one is left out, only groups of
+    exactly `size` samples (choosing.md)."""
     if size is None:
         return list(rows)
     seen: dict[str, int] = {}
@@ -144,7 +146,9 @@ def _at_most(rows: Sequence[tuple[str, float]], size: int | None) -> list[tuple[
         seen[g] = seen.get(g, 0) + 1
         if seen[g] <= size:
             out.append((g, r))
-    return out
+    if policy == "top_bottom":
+        out = [(g, r) for g, r in out if seen[g] >= size]
+    return out or [("g0", 0.0)] * size
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -168,7 +172,7 @@ def test_gate_paths_equal_the_oracle(
 ) -> None:
     """Whatever the call boundaries, the precheck path (`keeps`) and the offer-everything path keep
     exactly the oracle's whole groups, with or without `group_size` (no group larger than it)."""
-    rows = _at_most(rows, group_size)
+    rows = _at_most(rows, group_size, policy)
     sampler = at.GroupSampler(policy, stat=stat, count=count, group_size=group_size)  # type: ignore[arg-type]
     expected = pick(rows, k, policy, stat=stat, count=count)
     assert _gate_pick(rows, cuts, k, sampler, precheck=False) == expected
@@ -191,7 +195,7 @@ def test_session_paths_equal_the_oracle(
     rows: list[tuple[str, float]], cuts: list[int], k: int, policy: str, count: str, group_size: int | None
 ) -> None:
     """A session writes the oracle's groups whole, with and without `redact` (the two encoding paths)."""
-    rows = _at_most(rows, group_size)
+    rows = _at_most(rows, group_size, policy)
     sampler = at.GroupSampler(policy, count=count, group_size=group_size)  # type: ignore[arg-type]
     expected = pick(rows, k, policy, count=count)
     assert _session_pick(rows, cuts, k, sampler, redact=False) == expected
@@ -235,7 +239,7 @@ def test_merged_parts_equal_one_process(
 ) -> None:
     """Issue 27 case 6: parts merged (groups may span parts) keep what one process keeps, for every
     mode; `random` included, its keys derived from the seed and the group id."""
-    rows = _at_most(rows, group_size)
+    rows = _at_most(rows, group_size, policy)
     sampler = at.GroupSampler(policy, count=count, seed=seed, group_size=group_size)  # type: ignore[arg-type]
     one = _gate_pick(rows, [], k, sampler, precheck=False)
     assert _merge(sampler, k, rows, cuts) == one
@@ -291,3 +295,17 @@ def test_a_selected_tier_writes_whole_groups_and_counts_the_rest() -> None:
     assert sorted(int(r.sample.metadata["uid"]) for r in tracker.records) == [2, 3]
     assert len(archive.records) == 7 and st.sinks["tracker"].skipped == {"capped": 5}
     assert st.sinks["tracker"].held == 0 and st.check()
+
+
+def test_holding_a_large_step_without_group_size_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Without `group_size` a step of 2,048 samples is held whole until it closes; one warning says
+    so and names the remedy; with it, nothing is said."""
+    rows = [(f"g{g}", float(g % 5)) for g in range(256) for _ in range(8)]
+    for size, warnings in ((None, 1), (8, 0)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="asynctrace"):
+            _gate_pick(
+                rows, list(range(64, len(rows), 64)), 16, at.GroupSampler(group_size=size), precheck=True
+            )
+        said = [r.getMessage() for r in caplog.records if "group_size" in r.getMessage()]
+        assert len(said) == warnings and all("holds" in m for m in said)

@@ -33,6 +33,8 @@ GroupStat = Literal["mean", "spread"]
 _POLICIES: tuple[str, ...] = ("top_bottom", "top", "bottom", "first", "random")
 _STATS: tuple[str, ...] = ("mean", "spread")
 _SINGLE = "asynctrace.single"  # a sample that names no group is a group of its own
+# Samples a selection without `group_size` may hold for one step before a warning suggests it.
+_HOLDING_WARNING = 1024
 
 
 def _canonical(group: Hashable) -> bytes:
@@ -303,6 +305,15 @@ class _GroupSelection(StepSelection):
             group.entries.append(e)
             kept.append(True)
         self._warn(out, sizes)
+        sampler = self._sampler
+        if (
+            sampler.group_size is None
+            and not sampler.warned_holding
+            and self._n > max(_HOLDING_WARNING, 64 * self._k)
+        ):
+            n_held = sum(len(g.entries) for g in self._held.values())
+            if n_held > max(_HOLDING_WARNING, 64 * self._k):
+                sampler.warn_holding(n_held, self._step)
         return kept, evicted
 
     def _warn(self, out: set[Hashable], sizes: dict[Hashable, int]) -> None:
@@ -435,11 +446,23 @@ class GroupSampler(Sampler):
         self.run_seed: int | str = seed if seed is not None else f"run:{int.from_bytes(os.urandom(8), 'big')}"
         self.needs_score = policy in ("top_bottom", "top", "bottom")
         self._warned = False
+        self.warned_holding = False
 
     @property
     def group_key(self) -> GroupKey:
         """How a sample's group is read from its metadata (the session reads it before encoding)."""
         return self.key
+
+    def warn_holding(self, held: int, step: int) -> None:
+        """Warn once that a step's selection holds many samples for want of `group_size`."""
+        self.warned_holding = True
+        logger.warning(
+            "asynctrace: GroupSampler holds %d samples of step %d until the step closes: without "
+            "group_size it cannot tell that a group is complete, so it refuses none before; pass "
+            "GroupSampler(group_size=<samples per group>) to refuse groups that can no longer be taken",
+            held,
+            step,
+        )
 
     def warn_oversized(self, size: int, k: int) -> None:
         """Warn once that groups larger than the cap are never written."""
@@ -469,4 +492,4 @@ class GroupSampler(Sampler):
         return selection.close()[0]
 
     def __getstate__(self) -> dict[str, object]:
-        return {**self.__dict__, "_warned": False}
+        return {**self.__dict__, "_warned": False, "warned_holding": False}
