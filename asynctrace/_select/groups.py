@@ -403,7 +403,9 @@ class GroupSampler(Sampler):
 
     Until its step closes the selection holds every sample whose group may still be taken.
     `group_size` (the samples of every group, e.g. GRPO's samples per prompt) lets it refuse,
-    before encoding, the complete groups that can no longer be taken.
+    before encoding, the complete groups that can no longer be taken; the pick stays the same
+    while no group has more samples (for ``"top_bottom"``: while every group has exactly that
+    many).
     """
 
     holds = True
