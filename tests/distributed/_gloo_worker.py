@@ -134,6 +134,24 @@ def run_pair(rank: int, world_size: int, port: int, project: str, out_dir: str) 
             str(step): sorted(r.sample.metadata["uid"] for r in recs) for step, recs in memory.steps().items()
         }
 
+    # random with seed=None: each rank's sampler drew its own seed; the logger takes rank 0's.
+    import asynctrace as at
+
+    unseeded = at.GroupSampler("random", seed=None)
+    result["own_seed"] = unseeded.run_seed
+    memory = MemorySink()
+    logger = DistributedTraceLogger(
+        project, "groups-unseeded", mode="global", max_traces_per_step=K, sampler=unseeded, sinks=[memory]
+    )
+    result["agreed_seed"] = unseeded.run_seed
+    for step in range(GROUP_STEPS):
+        logger.log_samples(shared_groups(rank, step), step=step)
+        logger.end_step(step)
+    logger.finish(60.0)
+    result["groups_unseeded"] = {
+        str(step): sorted(r.sample.metadata["uid"] for r in recs) for step, recs in memory.steps().items()
+    }
+
     # flush() ends step 0 on rank 0 only (rank 1 has nothing of it open); rank 1's later samples
     # for step 0 must not start a second selection of the step on the writing rank.
     sink = MemorySink()

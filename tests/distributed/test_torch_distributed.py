@@ -246,6 +246,26 @@ def test_group_modes_over_two_ranks_pick_what_one_process_would(
     assert len(expected) == GROUP_STEPS and all(len(uids) == K for uids in expected.values())
 
 
+def test_random_groups_without_a_seed_share_rank_0s_seed(pair: dict[int, dict[str, Any]]) -> None:
+    """`GroupSampler("random", seed=None)` on two ranks: each drew its own seed, the logger gives
+    every rank rank 0's, and the written groups are what one process with that seed picks."""
+    assert pair[0]["own_seed"] != pair[1]["own_seed"]
+    assert pair[0]["agreed_seed"] == pair[1]["agreed_seed"] == pair[0]["own_seed"]
+    sampler = at.GroupSampler("random", seed=None)
+    sampler.run_seed = pair[0]["agreed_seed"]
+    sink = MemorySink()
+    with at.TraceSession(
+        "unused", sinks=[sink], max_traces_per_step=K, sampler=sampler, max_open_steps=GROUP_STEPS
+    ) as session:
+        for step in range(GROUP_STEPS):
+            for rank in range(2):
+                session.log_samples(shared_groups(rank, step), step=step)
+    expected = {
+        str(step): sorted(r.sample.metadata["uid"] for r in recs) for step, recs in sink.steps().items()
+    }
+    assert pair[0]["groups_unseeded"] == expected
+
+
 def test_flush_ends_a_step_on_every_rank(pair: dict[int, dict[str, Any]]) -> None:
     """After a global flush, samples a rank logs for a step that only another rank had open are
     counted as merged_late on the writing rank, never written as a second selection of the step."""
