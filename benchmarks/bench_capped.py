@@ -5,7 +5,9 @@ groups of 8 by ``prompt_index``) with ``await session.log_samples(batch of 32, s
 ``max_traces_per_step=16``, yielding ``--gap`` seconds to the event loop between calls as a
 training step would. Only the time inside each call is summed, per sample submitted. Every
 built-in sampler runs: ``first``, ``top_bottom``, ``reservoir`` and ``group`` (whole groups,
-top and bottom by mean reward: 2 groups of 8), each with the default ``TrackioSink``; every
+top and bottom by mean reward: 2 groups of 8, told ``group_size=8``; ``group_unsized``
+without it, so it holds and encodes every sample of the step until the step closes), each
+with the default ``TrackioSink``; every
 round checks that exactly 16 samples per step reached Trackio's SQLite store and that the rest
 were counted as capped.
 
@@ -46,7 +48,7 @@ import _common as common
 import anyio
 
 BATCH = 32
-SAMPLERS = ("first", "top_bottom", "reservoir", "group")
+SAMPLERS = ("first", "top_bottom", "reservoir", "group", "group_unsized")
 REFERENCES = ("floor", "least top_bottom", "no cap")  # not held to the goal
 
 
@@ -54,6 +56,8 @@ def make_sampler(name: str) -> Any:
     import asynctrace as at
 
     if name == "group":
+        return at.GroupSampler("top_bottom", stat="mean", group_size=8)
+    if name == "group_unsized":
         return at.GroupSampler("top_bottom", stat="mean")
     return name
 

@@ -46,7 +46,7 @@ async def main() -> None:
     async with at.TraceSession(
         "asynctrace-grpo-groups",
         max_traces_per_step=2 * GROUP_SIZE,
-        sampler=at.GroupSampler("top_bottom", stat="mean"),
+        sampler=at.GroupSampler("top_bottom", stat="mean", group_size=GROUP_SIZE),
         watch=at.Watch(ids=WATCHED, max_per_step=2 * GROUP_SIZE),
     ) as session:
         for step in range(10):

@@ -247,3 +247,19 @@ async def test_steps_closed_by_log_rollouts_are_written_without_a_flush() -> Non
             while len(sink.records) < 10:
                 await anyio.sleep(0.01)
         assert sorted({r.step for r in sink.records}) == [0, 1, 2, 3, 4]
+
+
+async def test_the_group_sampler_keeps_whole_groups_of_rollouts() -> None:
+    """Rows reserved by reward before decoding are ranked in the groups their metadata names when
+    the step closes: the best whole group is written, not the best rows of several groups."""
+    tok, ids, (loss, _), _ = _batch(12)
+    rewards = [3.0, 0.0, 0.0, 0.0, 2.0, 2.0, 2.0, 2.0, 1.0, 1.0, 1.0, 1.0]
+    groups = [f"g{i // 4}" for i in range(12)]
+    mem = at.testing.MemorySink()
+    async with at.TraceSession("p", sinks=[mem], max_traces_per_step=4, sampler=at.GroupSampler("top")) as s:
+        await s.log_rollouts(
+            ids, tokenizer=tok, step=0, rewards=rewards, loss_mask=loss, metadata={"group_uid": groups}
+        )
+    assert sorted(r.sample.metadata["group_uid"] for r in mem.records) == ["g1"] * 4
+    st = s.stats()
+    assert st.written == 4 and st.dropped == {"capped": 8} and st.check()

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from .._records.types import TraceRecord
 from .._select.base import EVICTED, HELD, RELEASED, Entry
-from .._select.gate import Gate
+from .._select.gate import Gate, GateResult
 from .._stats import DropReason, SessionStats
 from ..exceptions import SessionClosedError
 from .gated import GatedAdmission
@@ -319,7 +319,12 @@ class Buffer(Queue):
             return False
         with self.lock:
             gate = self.gated.gate
-            return self.gated.release(gate.close_idle(self.clock()) if idle_only else gate.close_all())
+            dropped: list[Entry] = []
+            released = (
+                gate.close_idle(self.clock(), dropped) if idle_only else gate.close_all(dropped=dropped)
+            )
+            # A selection that decides when its step closes drops what it held back only now.
+            return self.gated.apply(GateResult(released=released, evicted=dropped))[1]
 
     # -- writer side (event-loop thread) -------------------------------------------------
 

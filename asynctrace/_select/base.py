@@ -54,7 +54,14 @@ class StepSelection(abc.ABC):
 
     @abc.abstractmethod
     def held(self) -> list[Entry]:
-        """Entries still held (for holding samplers), released when the step closes."""
+        """Entries still held (for holding samplers): the candidates a part ships to a merge;
+        `close` says which of them the step releases."""
+
+    def close(self) -> tuple[list[Entry], list[Entry]]:
+        """The step closes: the entries to release, and those dropped only now (counted
+        "capped"). The default releases `held()`; a selection that decides when the step
+        closes (the group sampler) overrides it."""
+        return self.held(), []
 
     def offer_all(self, entries: Sequence[Entry]) -> tuple[list[bool], list[Entry]]:
         """Offer one call's candidates in order; returns which of them are kept and the entries

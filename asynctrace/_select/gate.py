@@ -159,7 +159,7 @@ class Gate:
         """Open `step` and close the steps its arrival closes; True when `step` itself is late."""
         window = self.window
         if self.sampler.holds:
-            self._release(window.arrive(split, step, now), result.released)
+            self._release(window.arrive(split, step, now), result.released, result.evicted)
             return False
         if len(self._open) >= COUNTER_WINDOW and (split, step) not in self._open:
             # A sampler that holds nothing needs only a counter per step, so stragglers many
@@ -171,19 +171,26 @@ class Gate:
                 # that is this step, its samples are late: counting it too would let stragglers
                 # arriving in descending step order grow the window without bound.
                 oldest = min(mine)
-                self._release(window.close_upto(split, min(oldest, step)), result.released)
+                self._release(window.close_upto(split, min(oldest, step)), result.released, result.evicted)
                 if step < oldest:
                     return True
         window.touch(split, step, now)
         return False
 
-    def _release(self, steps: list[Step], out: list[Entry]) -> None:
-        """The selections of closed steps hand on what they hold; later samples for them are late."""
+    def _release(self, steps: list[Step], out: list[Entry], dropped: list[Entry] | None) -> None:
+        """The selections of closed steps hand on what they hold (later samples for them are
+        late); entries a selection drops only now go to `dropped` (counted "capped" by the caller)."""
         for key in steps:
-            for e in self._open.pop(key).held():
+            released, gone = self._open.pop(key).close()
+            for e in released:
                 if e.state != EVICTED:  # withdrawn (a selection that keeps their places)
                     e.state = RELEASED
                     out.append(e)
+            for e in gone:
+                if e.state == HELD:
+                    e.state = EVICTED
+                    if dropped is not None:
+                        dropped.append(e)
 
     def skip(self, split: str, step: int, n: int) -> None:
         """`n` samples of (split, step) that `keeps` refused were passed over (see `StepSelection.skip`)."""
@@ -199,17 +206,19 @@ class Gate:
         if opened is not None and entries:
             opened.withdraw(entries)
 
-    def close_all(self, *, holding_only: bool = True) -> list[Entry]:
-        """Close every open step (flush/finish). Samplers that hold nothing keep counting their caps."""
+    def close_all(self, *, holding_only: bool = True, dropped: list[Entry] | None = None) -> list[Entry]:
+        """Close every open step (flush/finish); returns what they release, and appends to
+        `dropped` what their selections drop only now. Samplers that hold nothing keep counting
+        their caps."""
         out: list[Entry] = []
         if holding_only and not self.sampler.holds:
             return out
-        self._release(self.window.close_all(), out)
+        self._release(self.window.close_all(), out, dropped)
         return out
 
-    def close_idle(self, now: float) -> list[Entry]:
-        """Close steps that saw no sample for `step_timeout` seconds."""
+    def close_idle(self, now: float, dropped: list[Entry] | None = None) -> list[Entry]:
+        """Close steps that saw no sample for `step_timeout` seconds (see `close_all`)."""
         out: list[Entry] = []
         if self.sampler.holds:
-            self._release(self.window.close_idle(now), out)
+            self._release(self.window.close_idle(now), out, dropped)
         return out

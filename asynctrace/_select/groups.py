@@ -1,32 +1,71 @@
-"""The group sampler: whole prompt groups per step, ranked by a statistic of their rewards."""
+"""The group sampler: whole prompt groups per step, ranked by a statistic of their rewards.
+
+The rule (docs/choosing.md "whole groups"): when a step closes, its groups are put in the
+policy's order and taken in that order while each fits what is left of the cap; a group that
+does not fit is skipped whole and the next ones are tried. Until then a selection holds every
+sample whose group could still be taken, and refuses (or drops whole) only groups that can
+never be: a group larger than the cap, and, where a group's rank is fixed when it first
+arrives ("first" and "random" with ``count="groups"``), groups behind `k` others.
+"""
 
 from __future__ import annotations
 
+import bisect
+import hashlib
+import logging
 import math
-import random
+import os
 from collections.abc import Hashable, Sequence
 from typing import Literal
 
+import orjson
+
 from .._records.groups import DEFAULT_GROUP_KEYS, GroupKey, payload_group, population_spread
 from .._security import shown
-from .base import Entry, Sampler, StepSelection
+from .base import Entry, Sampler, StepSelection, in_merged_order
 
-__all__ = ["GroupPolicy", "GroupSampler", "GroupStat"]
+__all__ = ["GroupPolicy", "GroupSampler", "GroupStat", "group_random_key"]
+
+logger = logging.getLogger("asynctrace")
 
 GroupPolicy = Literal["top_bottom", "top", "bottom", "first", "random"]
 GroupStat = Literal["mean", "spread"]
 _POLICIES: tuple[str, ...] = ("top_bottom", "top", "bottom", "first", "random")
 _STATS: tuple[str, ...] = ("mean", "spread")
+_SINGLE = "asynctrace.single"  # a sample that names no group is a group of its own
+# Samples a selection without `group_size` may hold for one step before a warning suggests it.
+_HOLDING_WARNING = 1024
+
+
+def _canonical(group: Hashable) -> bytes:
+    """The same bytes for the same group id in every process: the JSON the payload carries
+    (a tuple is the array it was read from), else its type and repr."""
+    try:
+        return orjson.dumps(group, option=orjson.OPT_SERIALIZE_NUMPY)
+    except TypeError:
+        return f"{type(group).__qualname__}:{group!r}".encode()
+
+
+def group_random_key(seed: int | str, split: str, step: int, group: Hashable) -> float:
+    """A group's random key in [0, 1): a stable hash (blake2b) of the seed, split, step and the
+    group id, so every process, rank and actor ranks a group alike (never the salted `hash`)."""
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(f"{seed}\x00{split}\x00{step}\x00".encode())
+    digest.update(_canonical(group))
+    return int.from_bytes(digest.digest(), "big") / 2.0**64
 
 
 class _Group:
-    __slots__ = ("entries", "first", "rkey", "scores")
+    __slots__ = ("entries", "first", "rkey")
 
     def __init__(self, first: int, rkey: float) -> None:
         self.entries: list[Entry] = []
-        self.scores: list[float] = []
-        self.first = first  # sequence number of its first sample: "first" ranks by it
-        self.rkey = rkey  # its random key: "random" keeps the smallest
+        self.first = first  # arrival index of its first sample in the step: "first" ranks by it
+        self.rkey = rkey  # its random key: "random" takes the smallest first
+
+
+def _is_single(g: Hashable) -> bool:
+    return isinstance(g, tuple) and len(g) == 2 and g[0] == _SINGLE
 
 
 def _stat(scores: Sequence[float], stat: GroupStat) -> float:
@@ -35,83 +74,184 @@ def _stat(scores: Sequence[float], stat: GroupStat) -> float:
     return population_spread(scores)
 
 
-class _GroupSelection(StepSelection):
-    # A group is judged on the samples it has when a call brings them; a group the selection
-    # turns away stays turned away (its later samples are capped), so the selection only gets
-    # harder to enter, as `keeps` needs. Groups are taken in rank order while they fit the
-    # budget; the first that does not fit ends the pick (a prefix, so that adding a group can
-    # only push others out, and each process's pick holds every group of its own that the
-    # whole step's pick keeps: merging stays exact).
-    __slots__ = ("_held", "_k", "_refused", "_rng", "_sampler")
+def _order(policy: GroupPolicy, cands: dict[Hashable, tuple[float, float, int]]) -> list[Hashable]:
+    """The groups in the order the policy takes them; `cands`: name -> (statistic, random key, first)."""
+    names = list(cands)
+    if policy == "first":
+        return sorted(names, key=lambda g: cands[g][2])
+    if policy == "random":
+        return sorted(names, key=lambda g: (cands[g][1], cands[g][2]))
+    high = sorted(names, key=lambda g: (-cands[g][0], cands[g][2]))
+    if policy == "top":
+        return high
+    low = sorted(names, key=lambda g: (cands[g][0], cands[g][2]))
+    if policy == "bottom":
+        return low
+    # top_bottom: the best group not placed yet, then the worst not placed yet, and so on.
+    out: list[Hashable] = []
+    placed: set[Hashable] = set()
+    hi = lo = 0
+    while len(out) < len(names):
+        for side in (high, low):
+            i = hi if side is high else lo
+            while i < len(side) and side[i] in placed:
+                i += 1
+            if i < len(side):
+                out.append(side[i])
+                placed.add(side[i])
+                i += 1
+            if side is high:
+                hi = i
+            else:
+                lo = i
+    return out
 
-    def __init__(self, sampler: GroupSampler, k: int, rng: random.Random) -> None:
+
+class _GroupSelection(StepSelection):
+    __slots__ = ("_held", "_k", "_n", "_part", "_refused", "_sampler", "_singles", "_split", "_step")
+
+    def __init__(self, sampler: GroupSampler, k: int, split: str, step: int, *, part: bool) -> None:
         self._sampler = sampler
         self._k = k
-        self._rng = rng
+        self._split = split
+        self._step = step
+        # A part's selection (one process of a step merged later) refuses early only what no
+        # other part can change: it cannot know where other parts' groups come first.
+        self._part = part
         self._held: dict[Hashable, _Group] = {}
         self._refused: set[Hashable] = set()
+        self._n = 0  # samples offered: orders groups by their first arrival
+        # Group-less samples offered: names each (never refused early, so the session's
+        # precheck and encode-first paths, and a merge, number them alike).
+        self._singles = 0
 
-    def _group_key(self, e: Entry) -> Hashable:
-        if e.group is None and e.record is not None:
-            e.group = payload_group(e.record.payload, self._sampler.key)
-        # A sample that names no group is a group of its own.
-        return e.group if e.group is not None else ("asynctrace.single", e.seq)
+    # -- what a group is -------------------------------------------------------------------------
+
+    def _groups_of(self, entries: Sequence[Entry]) -> list[Hashable]:
+        out: list[Hashable] = []
+        singles = self._singles
+        for e in entries:
+            if e.group is None and e.record is not None:
+                e.group = payload_group(e.record.payload, self._sampler.key)
+            if e.group is None:
+                singles += 1
+                out.append((_SINGLE, singles))
+            else:
+                out.append(e.group)
+        return out
+
+    def _rkey(self, g: Hashable, carried: float | None) -> float:
+        if self._sampler.policy != "random":
+            return 0.0
+        if self._sampler.seed is None and carried is not None:
+            return carried  # drawn by the part that first held the group (its own session seed)
+        return group_random_key(self._sampler.run_seed, self._split, self._step, g)
 
     def _size(self, n: int) -> int:
         return n if self._sampler.count == "samples" else 1
 
-    def _pick(self, groups: dict[Hashable, tuple[int, float, float, int]]) -> set[Hashable]:
-        """The groups kept among `groups`: name -> (samples, statistic, random key, first seq)."""
-        policy, k = self._sampler.policy, self._k
+    def _ranked_early(self) -> bool:
+        """True when a group's place is fixed on arrival, so groups behind `k` others are out."""
+        sampler = self._sampler
+        if sampler.count != "groups":
+            return False
+        if sampler.policy == "first":
+            return not self._part
+        return sampler.policy == "random" and not (self._part and sampler.seed is None)
 
-        def prefix(order: list[Hashable], budget: int) -> list[Hashable]:
-            out, used = [], 0
-            for g in order:
-                used += self._size(groups[g][0])
-                if used > budget:
-                    break
-                out.append(g)
-            return out
-
-        names = list(groups)
-        if policy == "first":
-            return set(prefix(sorted(names, key=lambda g: groups[g][3]), k))
-        if policy == "random":
-            return set(prefix(sorted(names, key=lambda g: (groups[g][2], groups[g][3])), k))
-        high = sorted(names, key=lambda g: (-groups[g][1], groups[g][3]))
-        low = sorted(names, key=lambda g: (groups[g][1], groups[g][3]))
-        if policy == "top":
-            return set(prefix(high, k))
-        if policy == "bottom":
-            return set(prefix(low, k))
-        top = set(prefix(high, -(-k // 2)))
-        return top | set(prefix([g for g in low if g not in top], k // 2))
+    # -- deciding --------------------------------------------------------------------------------
 
     def _plan(
-        self, keyed: Sequence[tuple[Hashable, float | None, int]]
-    ) -> tuple[dict[Hashable, tuple[int, float, float, int]], dict[Hashable, list[float]]]:
-        """The candidate groups after adding samples (group, score, seq): held groups with
-        their new samples and groups new to the step (refused ones are left out)."""
-        stat = self._sampler.stat
+        self, keyed: Sequence[tuple[Hashable, float | None, float | None]]
+    ) -> tuple[set[Hashable], dict[Hashable, _Group], dict[Hashable, int]]:
+        """The groups that can never be taken once these (group, carried key, score) samples
+        join the held ones, the groups new to the step, and every group's size: changes nothing."""
+        sizes = {g: len(held.entries) for g, held in self._held.items()}
+        new: dict[Hashable, _Group] = {}
         added: dict[Hashable, list[float]] = {}
-        firsts: dict[Hashable, int] = {}
-        refused = self._refused
-        for g, score, seq in keyed:
-            if g in refused:
+        n = self._n
+        for g, carried, score in keyed:
+            n += 1
+            if g in self._refused:
                 continue
-            scores = added.get(g)
-            if scores is None:
-                scores = added[g] = []
-                firsts[g] = seq
-            scores.append(0.0 if score is None else score)
-        cands: dict[Hashable, tuple[int, float, float, int]] = {}
-        for g, held in self._held.items():
-            more = added.pop(g, None)
-            scores = held.scores + more if more else held.scores
-            cands[g] = (len(scores), _stat(scores, stat), held.rkey, held.first)
-        for g, scores in added.items():
-            cands[g] = (len(scores), _stat(scores, stat), math.inf, firsts[g])
-        return cands, added
+            if g not in sizes:
+                sizes[g] = 0
+                new[g] = _Group(n, self._rkey(g, carried))
+            sizes[g] += 1
+            added.setdefault(g, []).append(0.0 if score is None else score)
+        k = self._k
+        # A part keeps a group larger than the cap: the merge must see every sample of it to
+        # know the group is too large (another part's share of it may fit on its own).
+        out = set() if self._part else {g for g, size in sizes.items() if self._size(size) > k}
+        if self._ranked_early():
+            groups = {**self._held, **new}
+            live = [g for g in groups if g not in out and not _is_single(g)]
+            if len(live) > k:
+                cands = {g: (0.0, groups[g].rkey, groups[g].first) for g in live}
+                out.update(_order(self._sampler.policy, cands)[k:])
+        if self._sampler.group_size is not None:
+            out |= self._settled_out(sizes, new, added, out)
+        return out, new, sizes
+
+    def _settled_out(
+        self,
+        sizes: dict[Hashable, int],
+        new: dict[Hashable, _Group],
+        added: dict[Hashable, list[float]],
+        out: set[Hashable],
+    ) -> set[Hashable]:
+        """Complete groups (`group_size` samples) that can never be taken: as many complete
+        groups as the cap has room for come before them, whatever else arrives.
+
+        Each complete group before one of `group_size` samples is either taken (using its
+        size) or skipped because less than `group_size` was left; so once `k // group_size`
+        (with ``count="groups"``: `k`) of them come before it, it cannot fit. A complete
+        group's statistic is final, so "before" holds for good: for `"top_bottom"` a group
+        is placed after every group before it in the high order or after every one before it
+        in the low order, so the smaller count of the two bounds it. Leaving such a group out
+        changes no other group's fate: a group not taken uses none of the cap.
+        """
+        sampler = self._sampler
+        gs = sampler.group_size
+        assert gs is not None
+        slots = self._k // gs if sampler.count == "samples" else self._k
+        policy = sampler.policy
+        if policy == "random" and self._part and sampler.seed is None:
+            return set()  # keys drawn per part: another part may rank a group differently
+        groups = {**self._held, **new}
+        full = [g for g in groups if g not in out and sizes[g] >= gs and not _is_single(g)]
+        counted = [g for g in full if sizes[g] == gs]
+        if len(counted) < max(slots, 1):
+            return set()
+
+        def keys(g: Hashable) -> tuple[tuple[float, int], tuple[float, int]]:
+            group = groups[g]
+            if policy == "first":
+                return (0.0, group.first), (0.0, group.first)
+            if policy == "random":
+                return (group.rkey, group.first), (group.rkey, group.first)
+            held = self._held.get(g)
+            scores = [0.0 if e.score is None else e.score for e in held.entries] if held is not None else []
+            value = _stat(scores + added.get(g, []), sampler.stat)
+            return (-value, group.first), (value, group.first)
+
+        keyed = {g: keys(g) for g in full}
+        high = sorted(keyed[g][0] for g in counted)
+        low = sorted(keyed[g][1] for g in counted)
+        settled: set[Hashable] = set()
+        for g in full:
+            hk, lk = keyed[g]
+            before_high = bisect.bisect_left(high, hk)
+            before_low = bisect.bisect_left(low, lk)
+            if policy == "bottom":
+                before = before_low
+            elif policy == "top_bottom":
+                before = min(before_high, before_low)
+            else:
+                before = before_high
+            if before >= slots:
+                settled.add(g)
+        return settled
 
     def keeps(
         self,
@@ -119,61 +259,131 @@ class _GroupSelection(StepSelection):
         first_seq: int,
         groups: Sequence[Hashable | None] | None = None,
     ) -> list[bool] | None:
-        if groups is None or self._sampler.policy == "random":
-            return None  # the group of each sample (and a random group's key) is needed first
-        keyed = [
-            (g if g is not None else ("asynctrace.single", first_seq + i), s, first_seq + i)
-            for i, (g, s) in enumerate(zip(groups, scores, strict=True))
+        if groups is None:
+            return None  # the group of each sample is needed first
+        keyed: list[tuple[Hashable, float | None, float | None]] = []
+        singles = self._singles
+        for g, score in zip(groups, scores, strict=True):
+            if g is None:
+                singles += 1
+                g = (_SINGLE, singles)
+            keyed.append((g, None, score))
+        out, _, sizes = self._plan(keyed)
+        refused, held, k = self._refused, self._held, self._k
+        # Refused without offering: only what offering would change nothing about. A group the
+        # call makes larger than the cap is offered, so that it is dropped whole (held) and its
+        # later samples are refused by name (new): its size is known only to the selection.
+        return [
+            g not in refused and (g not in out or g in held or self._size(sizes[g]) > k) for g, _, _ in keyed
         ]
-        cands, _ = self._plan(keyed)
-        picked = self._pick(cands)
-        return [t[0] in picked for t in keyed]
 
     def offer(self, entry: Entry) -> tuple[bool, Entry | None]:
         raise NotImplementedError("the group sampler takes a call's samples together (offer_all)")
 
     def offer_all(self, entries: Sequence[Entry]) -> tuple[list[bool], list[Entry]]:
-        keyed = [(self._group_key(e), e.score, e.seq) for e in entries]
-        cands, added = self._plan(keyed)
-        carried: dict[Hashable, float] = {}
-        for e, (g, _, _) in zip(entries, keyed, strict=True):
-            if g in added and e.key is not None:
-                carried.setdefault(g, e.key)
-        for g in added:
-            # A random key per group, drawn once (or carried from the part that drew it).
-            n, value, _, first = cands[g]
-            key = carried.get(g)
-            cands[g] = (n, value, key if key is not None else self._rng.random(), first)
-        picked = self._pick(cands)
+        names = self._groups_of(entries)
+        keyed = [(g, e.key, e.score) for g, e in zip(names, entries, strict=True)]
+        out, new, sizes = self._plan(keyed)
+        self._n += len(entries)
+        self._singles += sum(1 for g in names if _is_single(g))
         evicted: list[Entry] = []
-        for g in [g for g in self._held if g not in picked]:
-            evicted.extend(self._held.pop(g).entries)
+        for g in out:
+            held = self._held.pop(g, None)
+            if held is not None:
+                evicted.extend(held.entries)
             self._refused.add(g)
         kept: list[bool] = []
-        for e, (g, score, _) in zip(entries, keyed, strict=True):
-            if g not in picked:
-                self._refused.add(g)
+        for e, (g, _, _) in zip(entries, keyed, strict=True):
+            if g in self._refused:
                 kept.append(False)
                 continue
             group = self._held.get(g)
             if group is None:
-                group = self._held[g] = _Group(cands[g][3], cands[g][2])
-            e.key = group.rkey
+                group = self._held[g] = new[g]
+            if self._sampler.policy == "random":
+                e.key = group.rkey
             group.entries.append(e)
-            group.scores.append(0.0 if score is None else score)
             kept.append(True)
+        self._warn(out, sizes)
+        sampler = self._sampler
+        if (
+            sampler.group_size is None
+            and not sampler.warned_holding
+            and self._n > max(_HOLDING_WARNING, 64 * self._k)
+        ):
+            n_held = sum(len(g.entries) for g in self._held.values())
+            if n_held > max(_HOLDING_WARNING, 64 * self._k):
+                sampler.warn_holding(n_held, self._step)
         return kept, evicted
 
+    def _warn(self, out: set[Hashable], sizes: dict[Hashable, int]) -> None:
+        over = [sizes[g] for g in out if self._size(sizes[g]) > self._k]
+        if over:
+            self._sampler.warn_oversized(max(over), self._k)
+
+    def _pick(self) -> set[Hashable]:
+        stat, k = self._sampler.stat, self._k
+        sizes = {g: len(held.entries) for g, held in self._held.items()}
+        self._warn(set(sizes), sizes)
+        # A group larger than the cap is never written, nor ranked (a part holds them).
+        cands = {
+            g: (
+                _stat([0.0 if e.score is None else e.score for e in held.entries], stat),
+                held.rkey,
+                held.first,
+            )
+            for g, held in self._held.items()
+            if self._size(sizes[g]) <= k
+        }
+        picked: set[Hashable] = set()
+        left = k
+        for g in _order(self._sampler.policy, cands):
+            size = self._size(len(self._held[g].entries))
+            if size <= left:
+                picked.add(g)
+                left -= size
+        return picked
+
+    def _regroup(self) -> list[Entry]:
+        """Put rows offered before their sample existed (`log_rollouts` reserves places by reward,
+        then decodes) in the groups their samples name; returns those of refused groups."""
+        gone: list[Entry] = []
+        for name in [g for g in self._held if _is_single(g)]:
+            single = self._held[name]
+            e = single.entries[0] if single.entries else None
+            if e is None or e.group is not None or e.record is None:
+                continue
+            real = payload_group(e.record.payload, self._sampler.key)
+            if real is None:
+                continue
+            del self._held[name]
+            e.group = real
+            if real in self._refused:
+                gone.append(e)
+                continue
+            group = self._held.get(real)
+            if group is None:
+                group = self._held[real] = _Group(single.first, self._rkey(real, None))
+            group.first = min(group.first, single.first)
+            group.entries.append(e)
+        return gone
+
+    def close(self) -> tuple[list[Entry], list[Entry]]:
+        gone = self._regroup()
+        picked = self._pick()
+        chosen = [e for g, held in self._held.items() if g in picked for e in held.entries]
+        dropped = [e for g, held in self._held.items() if g not in picked for e in held.entries]
+        return sorted(chosen, key=lambda e: e.seq), dropped + gone
+
     def held(self) -> list[Entry]:
+        # Every candidate: what a part ships to the merge (`close` decides which are written).
         return sorted((e for g in self._held.values() for e in g.entries), key=lambda e: e.seq)
 
     def withdraw(self, entries: Sequence[Entry]) -> None:
         gone = {id(e) for e in entries}
         for name in list(self._held):
             group = self._held[name]
-            pairs = [(e, s) for e, s in zip(group.entries, group.scores, strict=True) if id(e) not in gone]
-            group.entries = [e for e, _ in pairs]
-            group.scores = [s for _, s in pairs]
+            group.entries = [e for e in group.entries if id(e) not in gone]
             if not group.entries:
                 del self._held[name]
 
@@ -182,13 +392,20 @@ class GroupSampler(Sampler):
     """Keeps whole prompt groups per step: every sample of the chosen groups, none of the others.
 
     The group of a sample comes from its metadata (`key`: by default ``group_uid``, else
-    ``prompt_index``; see `asynctrace.group_of`). Groups are ranked by `stat` of their rewards
-    (``"mean"``, or ``"spread"``: the population standard deviation) for the ``"top"``,
-    ``"bottom"`` and ``"top_bottom"`` policies (half the cap each way), by arrival for
-    ``"first"`` and by a seeded random key for ``"random"``. The cap counts samples
-    (``count="samples"``) or groups (``count="groups"``); groups are taken in rank order while
-    they fit, so with ``count="samples"`` choose a cap that is a multiple of the group size.
-    A group is ranked on the samples it has when a call brings them: log each group in one call.
+    ``prompt_index``; see `asynctrace.group_of`). When a step closes its groups are ordered by
+    the policy: by `stat` of their rewards (``"mean"``, or ``"spread"``: the population standard
+    deviation) highest first for ``"top"``, lowest first for ``"bottom"``, alternately the
+    highest and the lowest left for ``"top_bottom"``; by arrival for ``"first"``; by a random
+    key derived from `seed`, the split, the step and the group id for ``"random"``. They are
+    taken in that order while each fits what is left of the cap, which counts samples
+    (``count="samples"``) or groups (``count="groups"``); a group that does not fit is skipped
+    whole. Whatever the calls, processes or ranks the samples come from, the pick is the same.
+
+    Until its step closes the selection holds every sample whose group may still be taken.
+    `group_size` (the samples of every group, e.g. GRPO's samples per prompt) lets it refuse,
+    before encoding, the complete groups that can no longer be taken; the pick stays the same
+    while no group has more samples (for ``"top_bottom"``: while every group has exactly that
+    many).
     """
 
     holds = True
@@ -202,6 +419,7 @@ class GroupSampler(Sampler):
         key: GroupKey = DEFAULT_GROUP_KEYS,
         count: Literal["samples", "groups"] = "samples",
         seed: int | None = 0,
+        group_size: int | None = None,
     ) -> None:
         if policy not in _POLICIES:
             raise ValueError(f"policy must be one of {_POLICIES}, got {shown(policy)}")
@@ -213,22 +431,67 @@ class GroupSampler(Sampler):
             raise ValueError(
                 f"key must be a metadata key name, a sequence of them or a function, got {shown(key)}"
             )
+        if group_size is not None and (
+            isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1
+        ):
+            raise ValueError(f"group_size must be a positive int or None, got {shown(group_size)}")
         self.policy: GroupPolicy = policy
         self.stat: GroupStat = stat
         self.key: GroupKey = key
         self.count = count
         self.seed = seed
+        # Samples of every group, when known: a group that has them all is ranked for good, so
+        # groups that can no longer be taken are refused before encoding (see _settled_out).
+        self.group_size = group_size
+        # With seed=None, one seed drawn here serves every step and part this sampler selects
+        # (it travels with the sampler to Ray actors); a merge keeps the key a part drew.
+        self.run_seed: int | str = seed if seed is not None else f"run:{int.from_bytes(os.urandom(8), 'big')}"
         self.needs_score = policy in ("top_bottom", "top", "bottom")
+        self._warned = False
+        self.warned_holding = False
 
     @property
     def group_key(self) -> GroupKey:
         """How a sample's group is read from its metadata (the session reads it before encoding)."""
         return self.key
 
+    def warn_holding(self, held: int, step: int) -> None:
+        """Warn once that a step's selection holds many samples for want of `group_size`."""
+        self.warned_holding = True
+        logger.warning(
+            "asynctrace: GroupSampler holds %d samples of step %d until the step closes: without "
+            "group_size it cannot tell that a group is complete, so it refuses none before; pass "
+            "GroupSampler(group_size=<samples per group>) to refuse groups that can no longer be taken",
+            held,
+            step,
+        )
+
+    def warn_oversized(self, size: int, k: int) -> None:
+        """Warn once that groups larger than the cap are never written."""
+        if self._warned:
+            return
+        self._warned = True
+        logger.warning(
+            "asynctrace: a prompt group of %d samples is larger than max_traces_per_step=%d, so it "
+            "is never written (counted as capped; smaller groups of the step still are); raise the "
+            "cap to a multiple of the group size or use GroupSampler(count='groups')",
+            size,
+            k,
+        )
+
     def new_step(self, split: str, step: int, k: int) -> StepSelection:
-        return self.new_part_step(split, step, k, 0)
+        return _GroupSelection(self, k, split, step, part=False)
 
     def new_part_step(self, split: str, step: int, k: int, part: int) -> StepSelection:
-        tail = f":{part}" if part else ""
-        rng = random.Random(f"{self.seed}:{split}:{step}:groups{tail}" if self.seed is not None else None)
-        return _GroupSelection(self, k, rng)
+        return _GroupSelection(self, k, split, step, part=True)
+
+    def merge(self, split: str, step: int, k: int, parts: Sequence[Sequence[Entry]]) -> list[Entry]:
+        # The parts held every sample whose group the whole step could take (see _plan):
+        # selecting over them all, as one process offered them, decides the step.
+        merged = in_merged_order(parts)
+        selection = _GroupSelection(self, k, split, step, part=True)
+        selection.offer_all(merged)
+        return selection.close()[0]
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "_warned": False, "warned_holding": False}

@@ -96,13 +96,15 @@ class LaneSelection:
     def close_all(self) -> Picked:
         """Close every open step (a flush or finish): what they hold is released."""
         picked = Picked()
-        self._settle(self.gate.close_all(), [], picked, [])
+        dropped: list[Entry] = []
+        self._settle(self.gate.close_all(dropped=dropped), dropped, picked, [])
         return picked
 
     def close_idle(self, now: float) -> Picked:
         """Close the steps that saw no record for `step_timeout` seconds."""
         picked = Picked()
-        self._settle(self.gate.close_idle(now), [], picked, [])
+        dropped: list[Entry] = []
+        self._settle(self.gate.close_idle(now, dropped), dropped, picked, [])
         return picked
 
     def _settle(self, released: list[Entry], evicted: list[Entry], picked: Picked, mine: list[Entry]) -> None:

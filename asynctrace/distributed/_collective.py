@@ -25,7 +25,8 @@ _FRAME = struct.Struct(">I")
 # Every buffer a collective moves starts with the real length of what it carries: buffers are
 # padded, to the longest frame of a reduction (gather needs equal sizes) or to a fixed size.
 _LENGTH = struct.Struct(">Q")
-_RUN_NAME_BYTES = 256
+# A run name, and the seed a group sampler drew (see DistributedTraceLogger), fit in this.
+_RUN_NAME_BYTES = 320
 
 # Steps a rank ended, each with its selection: ((split, step), its part of the step).
 Ended = list[tuple[tuple[str, int], PartStep]]

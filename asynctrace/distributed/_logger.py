@@ -19,6 +19,7 @@ from .._records.types import Sample, SampleLike
 from .._runtime.lifecycle import close_grace
 from .._security import generated_run_name, logger, shown
 from .._select.base import Sampler
+from .._select.groups import GroupSampler
 from .._select.parts import PartSteps, merge_parts
 from .._select.samplers import SamplerName, resolve_sampler
 from .._session import TraceSession
@@ -128,8 +129,17 @@ class DistributedTraceLogger:
         self.rank, self.world_size = ranks.rank, ranks.world_size
         self.dst, self.device = ranks.dst, ranks.device
 
-        # Rank 0's name wins, so every rank writes to (or names its run after) the same run.
-        self.run = ranks.agree(run or generated_run_name())
+        # Rank 0's name wins, so every rank writes to (or names its run after) the same run. A
+        # group sampler that drew its own seed (seed=None) takes rank 0's in the same broadcast,
+        # so every rank keys random groups alike, as one process would.
+        own = (
+            self.sampler.run_seed
+            if isinstance(self.sampler, GroupSampler) and self.sampler.seed is None
+            else ""
+        )
+        self.run, _, seed = ranks.agree(f"{run or generated_run_name()}\x00{own}").partition("\x00")
+        if seed and own and isinstance(self.sampler, GroupSampler):
+            self.sampler.run_seed = seed
         self.run_name = f"{self.run}-rank{self.rank}" if mode != "global" else self.run
         self.trackio_group = (
             trackio_group if trackio_group is not None else (self.run if mode != "global" else None)
@@ -270,7 +280,19 @@ class DistributedTraceLogger:
             return self._reduce(ended, timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         for (split, step), opened in ended:
-            self._write(split, step, [payload for _, payload in opened.rows()], deadline)
+            rows = opened.rows()
+            # What a part kept is final for every sampler but one that decides when its step
+            # closes (the group sampler holds candidates): the merge of one part decides it.
+            chosen = (
+                merge_parts(self.sampler, split, step, self._steps.k, [rows]) if self.sampler.holds else None
+            )
+            if chosen is None:
+                chosen = [payload for _, payload in rows]
+            elif len(chosen) < len(rows):
+                with self._lock:
+                    self._ledger.written -= len(rows) - len(chosen)
+                    self._ledger.drop("capped", len(rows) - len(chosen))
+            self._write(split, step, chosen, deadline)
         return deadline
 
     def _abort(self, ended: Ended) -> None:

@@ -8,20 +8,23 @@ from dataclasses import asdict
 from typing import Any
 
 from asynctrace.testing import MemorySink
-from tests.distributed._helpers import make_samples, pair_of
+from tests.distributed._helpers import make_samples, pair_of, shared_groups
 
 K = 8
 # Samples per rank for each step: the bytes a rank sends must not grow with these.
 SAMPLES_PER_STEP = (20, 400, 2000, 60)
 # Checked on the two ranks of `run_pair`, into memory (the others go to Trackio in `run`).
 PAIR_SAMPLERS = ("reservoir", "group")
+# Every group policy, on two ranks that split some groups between them (see `shared_groups`).
+GROUP_POLICIES = ("top_bottom", "top", "bottom", "first", "random")
+GROUP_STEPS = 8
 
 
 def sampler_for(name: str) -> Any:
     """The sampler a global run uses: groups are pairs of one rank's samples."""
     import asynctrace as at
 
-    return at.GroupSampler("top_bottom", key=pair_of) if name == "group" else name
+    return at.GroupSampler("top_bottom", key=pair_of, group_size=2) if name == "group" else name
 
 
 def _log_steps(logger: Any, tag: str, rank: int, *, end_steps: bool = True) -> list[int]:
@@ -107,6 +110,47 @@ def run_pair(rank: int, world_size: int, port: int, project: str, out_dir: str) 
         result[f"written_{name}"] = {
             str(step): sorted(r.sample.metadata["uid"] for r in recs) for step, recs in memory.steps().items()
         }
+
+    # Each group policy over two ranks, some groups split between them: the pick of one process.
+    for policy in GROUP_POLICIES:
+        import asynctrace as at
+
+        memory = MemorySink()
+        logger = DistributedTraceLogger(
+            project,
+            f"groups-{policy}",
+            mode="global",
+            max_traces_per_step=K,
+            sampler=at.GroupSampler(policy),  # type: ignore[arg-type]
+            sinks=[memory],
+        )
+        for step in range(GROUP_STEPS):
+            rows = shared_groups(rank, step)
+            logger.log_samples(rows[: len(rows) // 2], step=step)
+            logger.log_samples(rows[len(rows) // 2 :], step=step)
+            logger.end_step(step)
+        logger.finish(60.0)
+        result[f"groups_{policy}"] = {
+            str(step): sorted(r.sample.metadata["uid"] for r in recs) for step, recs in memory.steps().items()
+        }
+
+    # random with seed=None: each rank's sampler drew its own seed; the logger takes rank 0's.
+    import asynctrace as at
+
+    unseeded = at.GroupSampler("random", seed=None)
+    result["own_seed"] = unseeded.run_seed
+    memory = MemorySink()
+    logger = DistributedTraceLogger(
+        project, "groups-unseeded", mode="global", max_traces_per_step=K, sampler=unseeded, sinks=[memory]
+    )
+    result["agreed_seed"] = unseeded.run_seed
+    for step in range(GROUP_STEPS):
+        logger.log_samples(shared_groups(rank, step), step=step)
+        logger.end_step(step)
+    logger.finish(60.0)
+    result["groups_unseeded"] = {
+        str(step): sorted(r.sample.metadata["uid"] for r in recs) for step, recs in memory.steps().items()
+    }
 
     # flush() ends step 0 on rank 0 only (rank 1 has nothing of it open); rank 1's later samples
     # for step 0 must not start a second selection of the step on the writing rank.

@@ -39,6 +39,30 @@ def make_groups(tag: str, step: int, groups: int, size: int, seed: int) -> list[
     ]
 
 
+def shared_groups(rank: int, step: int, groups: int = 6, size: int = 4) -> list[dict[str, Any]]:
+    """One rank's share of a step's prompt groups: even groups are split across two ranks (half
+    each), odd ones are logged whole by one rank; rewards are graded and seeded."""
+    out = []
+    for g in range(groups):
+        rng = random.Random(f"shared:{step}:{g}")
+        rewards = [rng.choice([0.0, 0.25, 0.5, 1.0]) for _ in range(size)]
+        if g % 2 == 0:
+            mine = range(rank * size // 2, (rank + 1) * size // 2)
+        else:
+            mine = range(size) if g % 4 == 2 * rank + 1 else range(0)
+        for i in mine:
+            out.append(
+                {
+                    "prompt": f"question {g} step {step}",
+                    "response": f"answer {i}",
+                    "reward": rewards[i],
+                    "uid": f"{step}:{g}:{i}",
+                    "group_uid": f"{step}:{g}",
+                }
+            )
+    return out
+
+
 def pair_of(metadata: Any) -> str:
     """The prompt group of a sample made by `make_samples`: samples 2i and 2i+1 of a rank's step."""
     head, _, index = str(metadata["uid"]).rpartition(":")

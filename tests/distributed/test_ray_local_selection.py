@@ -108,7 +108,8 @@ def _sampler(name: str) -> str | Sampler:
 
 @pytest.mark.parametrize("sampler", ["first", "top_bottom", "reservoir", "group"])
 def test_collector_selects_what_one_process_would(project: str, sampler: str, pool: list[Any]) -> None:
-    """4 actors with a cap: each ships only its k candidates a step (whatever it logged), and
+    """4 actors with a cap: each ships only its k candidates a step (whatever it logged; the group
+    sampler's actors ship every candidate, decided on whole groups by the collector), and
     Trackio holds exactly what one process logging every sample would keep (whole prompt groups
     for the group sampler; for reservoir, an exact uniform merge of the actors' keyed picks, k a
     step, which is not one process's draw); the accounting of clients and collector adds up."""
@@ -148,7 +149,8 @@ def test_collector_selects_what_one_process_would(project: str, sampler: str, po
         assert all(groups.count(g) == GROUP_SIZE for g in groups)  # whole groups only
     for stats, n in zip(clients, sizes, strict=True):
         assert stats.check() and stats.held == 0
-        shipped = STEPS * min(n, K)
+        # The group sampler decides on whole groups at the collector: an actor ships every candidate.
+        shipped = STEPS * (n if sampler == "group" else min(n, K))
         assert stats.delivered == shipped
         assert stats.dropped == ({"capped": STEPS * n - shipped} if shipped < STEPS * n else {})
     assert final.check()
@@ -161,14 +163,14 @@ def test_collector_selects_what_one_process_would(project: str, sampler: str, po
 
 @pytest.mark.parametrize("sampler", ["top_bottom", "group"])
 def test_bytes_shipped_per_step_do_not_grow_with_samples(project: str, sampler: str, pool: list[Any]) -> None:
-    """An actor logging 20 or 2000 samples a step ships the same k candidates (two whole groups
-    for the group sampler): what crosses to the collector is O(k) per step, the same bytes
-    whatever the actor logged."""
+    """An actor logging 20 or 2000 samples a step ships the same k candidates (for the group
+    sampler told the group size, the groups that may still be taken: at most 2k samples): what
+    crosses to the collector is O(k) per step, whatever the actor logged."""
     collector = start_collector(
         project,
         sinks=[MemorySink()],
         max_traces_per_step=K,
-        sampler=_sampler(sampler),
+        sampler=GroupSampler(group_size=GROUP_SIZE) if sampler == "group" else sampler,
         finish_at_exit=False,
     )
     shipped: dict[int, ClientStats] = {}
@@ -182,12 +184,17 @@ def test_bytes_shipped_per_step_do_not_grow_with_samples(project: str, sampler: 
         shipped[n] = ray.get(actor.close.remote())
     ray.get(collector.finish.remote())
     small, large = shipped[20], shipped[2000]
+    assert large.calls <= STEPS  # one call per step at most: candidates of a closed step go together
+    assert large.dropped == {"capped": STEPS * 2000 - large.delivered}
+    if sampler == "group":
+        # Shipping every sample would cost 100 times the small actor's bytes.
+        assert small.delivered <= large.delivered <= STEPS * 2 * K
+        assert large.bytes_shipped < 2 * small.bytes_shipped
+        return
     assert small.delivered == large.delivered == STEPS * K
     # Samples differ only in the digits of their ids and rewards: the same k cost the same bytes
     # to within 10%, where shipping every sample would cost 100 times more.
     assert abs(large.bytes_shipped - small.bytes_shipped) < 0.1 * small.bytes_shipped
-    assert large.dropped == {"capped": STEPS * (2000 - K)}
-    assert large.calls <= STEPS  # one call per step at most: candidates of a closed step go together
 
 
 def test_a_step_closes_on_the_next_step_on_end_step_and_when_idle(top_bottom_collector: Any) -> None:

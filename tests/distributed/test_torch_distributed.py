@@ -19,8 +19,15 @@ import asynctrace as at  # noqa: E402
 from asynctrace._select.base import Entry  # noqa: E402
 from asynctrace.testing import MemorySink  # noqa: E402
 from tests.distributed import _gloo_worker  # noqa: E402
-from tests.distributed._gloo_worker import PAIR_SAMPLERS, SAMPLES_PER_STEP, K, sampler_for  # noqa: E402
-from tests.distributed._helpers import make_samples, pair_of, read_traces  # noqa: E402
+from tests.distributed._gloo_worker import (  # noqa: E402
+    GROUP_POLICIES,
+    GROUP_STEPS,
+    PAIR_SAMPLERS,
+    SAMPLES_PER_STEP,
+    K,
+    sampler_for,
+)
+from tests.distributed._helpers import make_samples, pair_of, read_traces, shared_groups  # noqa: E402
 
 WORLD = 3
 
@@ -205,8 +212,58 @@ def test_reservoir_and_group_merge_over_two_ranks(pair: dict[int, dict[str, Any]
     largest = max(len(s["prompt"]) + len(s["response"]) + 120 for s in make_samples("g0", 0, 1, 0))
     for rank in range(2):
         sent = pair[rank][f"bytes_{sampler}"]
+        if sampler == "group":
+            # Told the group size, a rank ships only the groups that may still be taken: the
+            # k//2 best and worst complete groups, each way (distributed.md).
+            assert max(sent) <= 2 * K * (largest + 24) + 512
+            continue
         # Each candidate also carries its random key (a float, at most 24 bytes of JSON).
         assert max(sent) <= 1.15 * min(sent) and max(sent) <= K * (largest + 24) + 512
+
+
+@pytest.mark.parametrize("policy", GROUP_POLICIES)
+def test_group_modes_over_two_ranks_pick_what_one_process_would(
+    pair: dict[int, dict[str, Any]], policy: str
+) -> None:
+    """Issue 27 case 6: for every group mode (`random` included) two gloo ranks, which split some
+    groups between them, write at every step the whole groups one process picks from both ranks'
+    samples."""
+    sink = MemorySink()
+    with at.TraceSession(
+        "unused",
+        sinks=[sink],
+        max_traces_per_step=K,
+        sampler=at.GroupSampler(policy),
+        max_open_steps=GROUP_STEPS,  # type: ignore[arg-type]
+    ) as session:
+        for step in range(GROUP_STEPS):
+            for rank in range(2):
+                session.log_samples(shared_groups(rank, step), step=step)
+    expected = {
+        str(step): sorted(r.sample.metadata["uid"] for r in recs) for step, recs in sink.steps().items()
+    }
+    assert pair[0][f"groups_{policy}"] == expected
+    assert len(expected) == GROUP_STEPS and all(len(uids) == K for uids in expected.values())
+
+
+def test_random_groups_without_a_seed_share_rank_0s_seed(pair: dict[int, dict[str, Any]]) -> None:
+    """`GroupSampler("random", seed=None)` on two ranks: each drew its own seed, the logger gives
+    every rank rank 0's, and the written groups are what one process with that seed picks."""
+    assert pair[0]["own_seed"] != pair[1]["own_seed"]
+    assert pair[0]["agreed_seed"] == pair[1]["agreed_seed"] == pair[0]["own_seed"]
+    sampler = at.GroupSampler("random", seed=None)
+    sampler.run_seed = pair[0]["agreed_seed"]
+    sink = MemorySink()
+    with at.TraceSession(
+        "unused", sinks=[sink], max_traces_per_step=K, sampler=sampler, max_open_steps=GROUP_STEPS
+    ) as session:
+        for step in range(GROUP_STEPS):
+            for rank in range(2):
+                session.log_samples(shared_groups(rank, step), step=step)
+    expected = {
+        str(step): sorted(r.sample.metadata["uid"] for r in recs) for step, recs in sink.steps().items()
+    }
+    assert pair[0]["groups_unseeded"] == expected
 
 
 def test_flush_ends_a_step_on_every_rank(pair: dict[int, dict[str, Any]]) -> None:
