@@ -45,6 +45,8 @@ def health_metrics(stats: SessionStats) -> dict[str, float]:
         PREFIX + "queue/bytes": stats.queue_bytes,
         PREFIX + "dropped/total": stats.dropped_total,
     }
+    if stats.metrics_dropped:
+        m[PREFIX + "metrics_dropped"] = stats.metrics_dropped
     for reason, n in sorted(stats.dropped.items()):
         m[f"{PREFIX}dropped/{_part(reason)}"] = n
     for name, sink in stats.sinks.items():
