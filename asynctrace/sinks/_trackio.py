@@ -405,13 +405,20 @@ class TrackioSink(Sink):
 
     async def write(self, records: Sequence[TraceRecord]) -> None:
         if not self.process:
-            items = [(r.id, r.step, r.key, r.payload, r.replayed) for r in records]
+            items = [(r.id, r.step, r.key, r.payload, r.replayed, r.timestamp) for r in records]
             skipped = await run_sync_daemon(self._opened().write, items, backlog=self._backlog)
             self.duplicates_skipped += skipped
             return
-        # One list per field, not one per record: a write's header then adds five objects
+        # One list per field, not one per record: a write's header then adds six objects
         # for the garbage collector to track, however many records it carries.
-        columns: dict[str, list[Any]] = {"ids": [], "steps": [], "keys": [], "sizes": [], "replayed": []}
+        columns: dict[str, list[Any]] = {
+            "ids": [],
+            "steps": [],
+            "keys": [],
+            "sizes": [],
+            "replayed": [],
+            "timestamps": [],
+        }
         for start in range(0, len(records), _HEADER_SLICE):
             if start:
                 await anyio.lowlevel.checkpoint()
@@ -421,6 +428,7 @@ class TrackioSink(Sink):
             columns["keys"] += [r.key for r in part]
             columns["sizes"] += [len(r.payload) for r in part]
             columns["replayed"] += [int(r.replayed) for r in part]
+            columns["timestamps"] += [r.timestamp for r in part]
         reply = await self._call(records, {"op": "write", **columns}, [r.payload for r in records])
         self.duplicates_skipped += int(reply.get("skipped", 0))
 
