@@ -269,7 +269,10 @@ class TraceSession:
         self._engine.buffer.count_invalid(n)
 
     async def log_metrics(self, metrics: Mapping[str, float], *, step: int) -> None:
-        """Queue scalar metrics for `step`; every sink that supports metrics gets them in order."""
+        """Queue scalar metrics for `step`; every sink that supports metrics gets them in order.
+
+        Never waits: without room in `max_queue_bytes` (a stuck sink), they are dropped and
+        counted in `stats().metrics_dropped`."""
         self._engine.intake.log_metrics(metrics, step)
 
     async def flush(self, timeout: float | None = None) -> bool:
