@@ -137,7 +137,7 @@ async def recover(
     progress: bool = True,
     stream: TextIO | None = None,
 ) -> RecoverReport:
-    """Replay every unacknowledged record of the spool in `directory` into Trackio.
+    """Replay every unacknowledged record of the spool in `directory` into the sinks its runs had.
 
     `project` / `run` send them to another project or run than the one they were logged to;
     `dead_letters` also retries records whose sink had failed for good.
