@@ -107,3 +107,25 @@ def test_a_restarted_session_replays_through_each_tier_selection(tmp_path: Path)
     }
     rows = duckdb.sql(f"SELECT count(*), count(DISTINCT id) FROM '{archive}/*.parquet'").fetchall()
     assert rows == [(24, 24)]
+
+
+def test_tracker_sinks_are_made_again_with_their_arguments(tmp_path: Path) -> None:
+    """W&B and MLflow sinks round-trip through their specs (without a URL's credentials); a
+    W&B sink attached to the trainer's run cannot be made again, and says so."""
+    from asynctrace.sinks import MlflowSink, WandbSink
+    from asynctrace.sinks._spec import describe_sinks
+
+    sinks = [
+        WandbSink(project="wp", table_prefix="rl", init_kwargs={"mode": "offline", "config": {"k": "v"}}),
+        MlflowSink(tracking_uri="https://bob:hunter2@mlflow.example", experiment="e", attach_active=False),
+        WandbSink(attach=True),
+    ]
+    specs = orjson.loads(orjson.dumps(describe_sinks(sinks)))
+    assert "hunter2" not in orjson.dumps(specs).decode()
+    made, unmade = rebuild_sinks(specs)
+    wandb, mlflow = made
+    assert isinstance(wandb, WandbSink) and wandb.project == "wp" and wandb.table_prefix == "rl/"
+    assert wandb.init_kwargs == {"mode": "offline"}
+    assert isinstance(mlflow, MlflowSink) and mlflow.experiment == "e"
+    assert mlflow.tracking_uri == "https://mlflow.example"
+    assert [name for name, _ in unmade] == ["wandb"]
