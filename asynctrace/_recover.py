@@ -1,10 +1,13 @@
-"""``asynctrace recover``: deliver what a spool holds to Trackio, outside any trainer.
+"""``asynctrace recover``: deliver what a spool holds to the sinks its run had, outside any trainer.
 
 Each (project, run) with unacknowledged records is replayed by a `TraceSession` opened on the
 spool (so retries, acknowledgements, dead letters and accounting are exactly a session's),
-optionally into another project or run. Replayed records carry their original ids, and the
-Trackio sink skips those already stored, so running recover twice, or after a session that
-replayed part of the spool, writes nothing twice.
+optionally into another project or run. Its sinks are made again from the setup the killed
+session left in the spool (`_durable/setup.py`): every sink it had, each `Selected` tier with its
+own selection; a spool without one (or written before) goes to Trackio. Replayed records carry
+their original ids, and the sinks skip those already stored, so running recover twice, or after
+a session that replayed part of the spool, writes nothing twice. Parquet journals the killed
+sinks left are turned into files.
 """
 
 from __future__ import annotations
@@ -19,11 +22,16 @@ from typing import TextIO
 import anyio
 
 from ._durable import segments as seg
+from ._durable.setup import Setup, read_setups, remove_setup
 from ._durable.spool import Spool
 from ._security import logger
 from ._session import recovery_session
 from ._stats import SessionStats
 from .exceptions import SpoolError
+from .sinks._base import Sink
+from .sinks._parquet import ParquetSink
+from .sinks._selected import Selected
+from .sinks._spec import rebuild_sinks
 
 __all__ = ["GroupResult", "RecoverReport", "recover"]
 
@@ -36,6 +44,7 @@ class GroupResult:
     target: tuple[str, str]
     found: int
     stats: SessionStats
+    sinks: list[str] = field(default_factory=list)  # the names of the sinks replayed into
 
     @property
     def duplicates(self) -> int:
@@ -53,12 +62,16 @@ class RecoverReport:
     dead_letters_left: int = 0
     left: int = 0  # unacknowledged records still in the spool afterwards
     seconds: float = 0.0
+    finalized: int = 0  # rows of killed Parquet sinks' journals turned into files
+    unmade: list[tuple[str, str]] = field(default_factory=list)  # (sink, why) not made again
 
     @property
     def ok(self) -> bool:
         # Dead letters left untouched (no --dead-letters) are undelivered records too, and so
         # are records on corrupt lines: reporting them in the summary alone would let a script
         # that checks the exit status take a loss for a complete recovery.
+        # Sinks that cannot be made outside the trainer (`unmade`) are told in the summary; the
+        # status is about the records reaching the sinks that recover could make.
         delivered = all(g.stats.failed == 0 and g.stats.pending == 0 for g in self.groups)
         return delivered and not self.left and not self.dead_letters_left and not self.damaged
 
@@ -79,14 +92,14 @@ class RecoverReport:
             line = f"  {where}: {st.replayed} replayed, {st.written - g.duplicates} written"
             if g.duplicates:
                 line += (
-                    f", {g.duplicates} already in Trackio and skipped (the batch in flight when the "
+                    f", {g.duplicates} already stored and skipped (the batch in flight when the "
                     "writer was stopped)"
                 )
             if st.failed:
                 line += f", {st.failed} failed (kept as dead letters)"
             if st.pending:
                 line += f", {st.pending} undelivered (kept in the spool)"
-            out.append(line)
+            out.append(line + (f" (sinks: {', '.join(g.sinks)})" if g.sinks else ""))
             if st.failed or st.pending:
                 # The reason: the session's own warnings are quieted while recover runs (below).
                 for name, sink in st.sinks.items():
@@ -94,6 +107,10 @@ class RecoverReport:
                         out.append(f"    {name} failed: {sink.last_error}")
         for name, problem in self.problems:
             out.append(f"  skipped: {name}: {problem}")
+        for name, why in self.unmade:
+            out.append(f"  sink {name!r} cannot be made outside the trainer, so it gets nothing: {why}")
+        if self.finalized:
+            out.append(f"  {self.finalized} rows of killed Parquet sinks' journals written as Parquet files")
         if self.dead_letters_left:
             out.append(f"  {self.dead_letters_left} dead letters remain (retry them with --dead-letters)")
         if self.seconds > 0 and self.replayed:
@@ -120,7 +137,7 @@ async def recover(
     progress: bool = True,
     stream: TextIO | None = None,
 ) -> RecoverReport:
-    """Replay every unacknowledged record of the spool in `directory` into Trackio.
+    """Replay every unacknowledged record of the spool in `directory` into the sinks its runs had.
 
     `project` / `run` send them to another project or run than the one they were logged to;
     `dead_letters` also retries records whose sink had failed for good.
@@ -133,18 +150,63 @@ async def recover(
     scan = await anyio.to_thread.run_sync(_tidy, path)
     report.problems = scan.problems
     report.damaged = sum(1 for f in scan.files if f.damaged)
-    groups = dict(scan.groups(seg.SEGMENT))
-    if dead_letters:
-        for key, n in scan.groups(seg.DEAD).items():
-            groups[key] = groups.get(key, 0) + n
-    for source, found in sorted(groups.items()):
+    setups, unreadable = await anyio.to_thread.run_sync(read_setups, path)
+    report.problems += unreadable
+    for source, sessions, setup, found in _partitions(scan, setups, dead_letters):
         target = (project or source[0], run or source[1])
-        report.groups.append(await _replay_group(path, source, target, found, dead_letters, progress, stream))
+        sinks: list[Sink] | None = None  # a spool without its setup: Trackio, as before
+        if setup is not None:
+            made, unmade = rebuild_sinks(setup.sinks)
+            report.unmade += [u for u in unmade if u not in report.unmade]
+            # None of them can be made (a test's in-memory sink): Trackio, as without a setup.
+            sinks = made or None
+        report.groups.append(
+            await _replay_group(path, source, target, found, dead_letters, progress, stream, sinks, sessions)
+        )
     report.seconds = time.perf_counter() - started
     final = await anyio.to_thread.run_sync(seg.scan_dir, path)
     report.dead_letters_left = final.pending(seg.DEAD)
     report.left = final.pending(seg.SEGMENT)
+    report.finalized = await anyio.to_thread.run_sync(_finish_setups, path, setups, final)
     return report
+
+
+def _partitions(
+    scan: seg.DirScan, setups: dict[str, Setup], dead_letters: bool
+) -> list[tuple[tuple[str, str], frozenset[str] | None, Setup | None, int]]:
+    """(source, sessions, setup, records): the records of each (project, run) split by the sinks
+    their sessions had, so each part is replayed into its own sinks."""
+    kinds = (seg.SEGMENT, seg.DEAD) if dead_letters else (seg.SEGMENT,)
+    # Sessions without a setup (older spools) form one part of their run: Trackio, as before.
+    parts: dict[tuple[tuple[str, str], bytes | None], tuple[set[str], Setup | None, list[int]]] = {}
+    for f in scan.files:
+        if f.kind not in kinds or not f.usable or not f.unresolved:
+            continue
+        assert f.project is not None and f.run is not None
+        setup = setups.get(f.session or "")
+        key = ((f.project, f.run), setup.key if setup is not None else None)
+        sessions, _, count = parts.setdefault(key, (set(), setup, [0]))
+        sessions.add(f.session or "")
+        count[0] += len(f.unresolved)
+    ordered = sorted(parts.items(), key=lambda p: (p[0][0], p[0][1] or b""))
+    return [(key[0], frozenset(sessions), setup, count[0]) for key, (sessions, setup, count) in ordered]
+
+
+def _finish_setups(directory: Path, setups: dict[str, Setup], final: seg.DirScan) -> int:
+    """Turn the journals of the Parquet sinks each killed session had into files, and remove
+    the setups of sessions nothing is left of; returns the rows the journals held."""
+    left = {f.session for f in final.files if f.usable and f.unresolved}
+    rows = 0
+    done: set[str] = set()
+    for setup in setups.values():
+        for sink in rebuild_sinks(setup.sinks)[0]:
+            inner = sink.sink if isinstance(sink, Selected) else sink
+            if isinstance(inner, ParquetSink) and str(inner.directory) not in done:
+                done.add(str(inner.directory))
+                rows += inner.finalize_journals()
+        if setup.session not in left:
+            remove_setup(directory, setup.session)
+    return rows
 
 
 async def _replay_group(
@@ -155,8 +217,12 @@ async def _replay_group(
     dead_letters: bool,
     progress: bool,
     stream: TextIO | None,
+    sinks: list[Sink] | None,
+    sessions: frozenset[str] | None,
 ) -> GroupResult:
-    session = recovery_session(path, target, source, dead_letters=dead_letters)
+    session = recovery_session(
+        path, target, source, dead_letters=dead_letters, sinks=sinks, sessions=sessions
+    )
     bar = None
     if progress:
         from tqdm import tqdm
@@ -185,7 +251,7 @@ async def _replay_group(
             st = session.stats()
             bar.update(st.written + st.failed - bar.n)
             bar.close()
-    return GroupResult(source, target, found, session.stats())
+    return GroupResult(source, target, found, session.stats(), list(session.sink_names))
 
 
 def main(

@@ -33,6 +33,7 @@ __all__ = [
     "scrub_bytes",
     "secret_bytes",
     "shown",
+    "strip_userinfo",
 ]
 
 REDACTED = "***"
@@ -141,6 +142,18 @@ def scrub(text: str) -> str:
         if hint in lowered:
             text = pattern.sub(replacement, text)
     return text
+
+
+def strip_userinfo(url: str | None) -> str | None:
+    """`url` without the ``user:password@`` part a URL may carry (None stays None)."""
+    if url is None:
+        return None
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def describe(exc: BaseException) -> str:

@@ -269,7 +269,10 @@ class TraceSession:
         self._engine.buffer.count_invalid(n)
 
     async def log_metrics(self, metrics: Mapping[str, float], *, step: int) -> None:
-        """Queue scalar metrics for `step`; every sink that supports metrics gets them in order."""
+        """Queue scalar metrics for `step`; every sink that supports metrics gets them in order.
+
+        Never waits: without room in `max_queue_bytes` (a stuck sink), they are dropped and
+        counted in `stats().metrics_dropped`."""
         self._engine.intake.log_metrics(metrics, step)
 
     async def flush(self, timeout: float | None = None) -> bool:
@@ -338,21 +341,28 @@ def hurry_finish(session: TraceSession, timeout: float) -> None:
 
 
 def recovery_session(
-    spool_dir: str | os.PathLike[str], target: tuple[str, str], source: tuple[str, str], *, dead_letters: bool
+    spool_dir: str | os.PathLike[str],
+    target: tuple[str, str],
+    source: tuple[str, str],
+    *,
+    dead_letters: bool,
+    sinks: Sequence[Sink] | None = None,
+    sessions: frozenset[str] | None = None,
 ) -> TraceSession:
     """A session that replays what the spool holds of `source` (dead letters too, with
-    `dead_letters`) into the (project, run) `target`, for `asynctrace recover`."""
+    `dead_letters`; only what `sessions` spooled, if given) into the (project, run) `target`
+    through `sinks` (default: Trackio), for `asynctrace recover`."""
     from .sinks import TrackioSink
 
     session = TraceSession.__new__(TraceSession)
     settings = Settings(
         project=target[0],
         run=target[1],
-        sinks=[TrackioSink()],
+        sinks=list(sinks) if sinks is not None else [TrackioSink()],
         spool_dir=spool_dir,
         durability="writer",
         replay=True,
         finish_timeout=120.0,
     )
-    session._setup(settings, ReplayPlan(source, dead_letters=dead_letters, quiet=True))
+    session._setup(settings, ReplayPlan(source, dead_letters=dead_letters, quiet=True, sessions=sessions))
     return session

@@ -116,6 +116,9 @@ class SessionStats(Counts):
     sinks: Mapping[str, SinkStats] = field(default_factory=dict)
     replayed: int = 0
     spool: SpoolStats | None = None
+    # `log_metrics` calls whose metrics found no room in `max_queue_bytes` (not samples: outside
+    # the invariant).
+    metrics_dropped: int = 0
 
     PARTS: ClassVar[tuple[str, ...]] = ("written", "failed", "pending")
 
@@ -123,6 +126,8 @@ class SessionStats(Counts):
         line = f" retries={self.retries}"
         if self.replayed:
             line += f" replayed={self.replayed}"
+        if self.metrics_dropped:
+            line += f" metrics_dropped={self.metrics_dropped}"
         spool = self.spool
         if spool is not None and (spool.unspooled or spool.dead_letters or spool.duplicates_skipped):
             line += (

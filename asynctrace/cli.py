@@ -74,15 +74,17 @@ def demo(**options: Any) -> None:
 
 @main.command()
 @click.argument("spool_dir", type=click.Path(file_okay=False))
-@click.option("--project", callback=_plain_name, help="Deliver to this Trackio project, not the spool's.")
+@click.option("--project", callback=_plain_name, help="Deliver to this project, not the spool's.")
 @click.option("--run", callback=_plain_name, help="Deliver to this run, not the spool's.")
 @click.option("--dead-letters", is_flag=True, help="Also retry records whose sink had failed for good.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
 def recover(spool_dir: str, project: str | None, run: str | None, dead_letters: bool, progress: bool) -> None:
-    """Deliver the unacknowledged records of a spool (left by a killed trainer) to Trackio.
+    """Deliver the unacknowledged records of a spool (left by a killed trainer) to its sinks.
 
-    Records already in Trackio are not written again. Torn or corrupt spool files are reported
-    and skipped. Exits 1 when some records could not be delivered (records on corrupt lines or in
+    The sinks the run had are made again from the setup the spool keeps (each Selected tier with
+    its own selection; Trackio for a spool without one), and killed Parquet sinks' journals
+    become files. Records a sink already holds are not written again. Torn or corrupt spool files
+    are reported and skipped. Exits 1 when some records could not be delivered (records on corrupt lines or in
     files without a valid header included), 2 when the spool cannot be used.
     """
     from ._recover import main as run_recover

@@ -112,3 +112,41 @@ def test_health_arguments_are_checked() -> None:
         at.TraceSession("p", sinks=[at.testing.MemorySink()], health_metrics="yes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="health_interval"):
         at.TraceSession("p", sinks=[at.testing.MemorySink()], health_interval=0)
+
+
+async def _held_then_finish(project: str, tier: at.Sink, archive: at.testing.MemorySink) -> at.SessionStats:
+    """Log a step a top_bottom tier holds, wait until a health point shows it held, finish."""
+    async with at.TraceSession(
+        project,
+        run="g",
+        sinks=[archive, Selected(tier, max_traces_per_step=2, sampler="top_bottom")],
+        health_interval=0.05,
+        flush_interval=0.01,
+    ) as s:
+        await s.log_samples([sample(i, step=1) for i in range(6)], step=1)
+        # Every sink gets each health point: the archive's show when one with `held` went out.
+        held = f"asynctrace/sinks/{tier.name}/held"
+        with anyio.fail_after(20):
+            while not any(m.get(held, 0) > 0 for _, m in _health(archive)):
+                await anyio.sleep(0.01)
+    return s.stats()
+
+
+async def test_a_gauge_back_at_zero_is_logged_at_finish() -> None:
+    """`held` logged while a tier held a step is logged again as 0 at finish, as stats() says."""
+    archive = at.testing.MemorySink("archive")
+    stats = await _held_then_finish("p", at.testing.MemorySink("top"), archive)
+    assert stats.sinks["top"].held == 0
+    health = _health(archive)
+    assert any(m.get("asynctrace/sinks/top/held", 0) > 0 for _, m in health), "never logged held"
+    assert health[-1][1]["asynctrace/sinks/top/held"] == 0
+    # A sink that never held anything does not get the gauge at all.
+    assert all("asynctrace/sinks/archive/held" not in m for _, m in health)
+
+
+async def test_a_gauge_back_at_zero_reaches_trackio(project: str) -> None:
+    """Trackio's stored last value of `held` is 0 after finish, not the count held mid-run."""
+    await _held_then_finish(project, at.TrackioSink(), at.testing.MemorySink("archive"))
+    rows = [r for r in _trackio_logs(project, "g") if "asynctrace/sinks/trackio/held" in r]
+    assert any(r["asynctrace/sinks/trackio/held"] > 0 for r in rows), "never logged held"
+    assert rows[-1]["asynctrace/sinks/trackio/held"] == 0

@@ -90,6 +90,8 @@ class ReplayPlan:
     source: tuple[str, str]
     dead_letters: bool = False
     quiet: bool = False
+    # Only the records these sessions spooled (recover replays each set of sinks on its own).
+    sessions: frozenset[str] | None = None
 
 
 async def replay_backlog(
@@ -126,7 +128,8 @@ async def replay_backlog(
 
     def selects(f: segments.FileScan) -> bool:
         wanted = f.kind == segments.SEGMENT or (plan.dead_letters and f.kind == segments.DEAD)
-        return wanted and (f.project, f.run) == source
+        mine = plan.sessions is None or f.session in plan.sessions
+        return wanted and mine and (f.project, f.run) == source
 
     backlog = spool.backlog(scan, selects)
     total = 0

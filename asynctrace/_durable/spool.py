@@ -19,10 +19,10 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from .._records.types import TraceRecord
 from .._security import describe, logger, secret_bytes
@@ -30,6 +30,7 @@ from .._stats import SpoolStats
 from ..exceptions import SpoolError
 from . import segments as seg
 from .directory import SpoolDir, WriteErrors
+from .setup import remove_setup, write_setup
 
 __all__ = ["STAGED", "UNSPOOLED", "Durability", "Spool"]
 
@@ -75,8 +76,11 @@ class Spool:
         run: str,
         session: str,
         durability: Durability,
+        setup: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         self.directory = Path(directory).expanduser()
+        # The session's sinks, for `asynctrace recover` (see setup.py).
+        self._setup = setup
         self.project = project
         self.run = run
         self.session = session
@@ -107,6 +111,8 @@ class Spool:
             for f in scan.files:
                 self._register(f)
             self._collect()
+            if self._setup is not None:
+                write_setup(self.directory, self.session, self.project, self.run, self._setup)
         except OSError as exc:
             self._dir.unlock()
             raise SpoolError(f"cannot read the spool directory {self.directory}: {describe(exc)}") from exc
@@ -407,6 +413,16 @@ class Spool:
                 self.closed = True
         finally:
             self._dir.unlock()
+
+    def forget_setup(self) -> None:
+        """The session is done (its sinks closed): its setup file goes, unless a spool file of
+        its own is left, whose records recover would deliver to those sinks."""
+        if self._setup is None:
+            return
+        own = f"-{self.session}-"
+        if any(own in f.name and not f.deleted for f in list(self._files.values())):
+            return
+        remove_setup(self.directory, self.session)
 
     @property
     def io_lock(self) -> threading.Lock:

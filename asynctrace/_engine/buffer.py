@@ -348,4 +348,4 @@ class Buffer(Queue):
 
     def snapshot(self) -> SessionStats:
         with self.lock:
-            return self.ledger.snapshot(self.depth, self.nbytes)
+            return self.ledger.snapshot(self.depth, self.nbytes, self.metrics_dropped)

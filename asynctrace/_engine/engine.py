@@ -26,6 +26,7 @@ from .._select.watch import WatchCounter
 from .._stats import SessionStats
 from ..sinks._base import Sink
 from ..sinks._selected import Selected
+from ..sinks._spec import describe_sinks
 from .buffer import Buffer, Room
 from .encoder import Encoder
 from .finish import after_drain, close_sinks, flush_until, report_finish
@@ -46,6 +47,8 @@ class Engine:
     def __init__(self, settings: Settings, life: Lifecycle, plan: ReplayPlan | None = None) -> None:
         s = self.settings = settings
         self.sinks: list[Sink] = s.sink_list
+        # Described before binding: a sink's own arguments, not the session's run it binds to.
+        setup = describe_sinks(self.sinks) if s.spool_dir is not None else None
         self.sink_names = _bind_sinks(self.sinks, s.project, s.run_name)
         sampler = s.sampler_in_use
         k = s.max_traces_per_step
@@ -58,7 +61,14 @@ class Engine:
         gate = Gate(k, sampler, max_open_steps=opened, step_timeout=idle) if k is not None else None
         id_prefix = uuid.uuid4().hex[:12]
         self.spool = (
-            Spool(s.spool_dir, project=s.project, run=s.run_name, session=id_prefix, durability=s.durability)
+            Spool(
+                s.spool_dir,
+                project=s.project,
+                run=s.run_name,
+                session=id_prefix,
+                durability=s.durability,
+                setup=setup,
+            )
             if s.spool_dir is not None
             else None
         )
@@ -174,6 +184,8 @@ class Engine:
         assert self.writer is not None
         left = await after_drain(life, self.writer, self.intake.until_queued, self.spool, self.buffer)
         await close_sinks(self.sinks, self.sink_names, left)
+        if self.spool is not None:
+            self.spool.forget_setup()
         stats = self.stats()
         report_finish(stats, self.spool, drained, life.budget)
         return stats, drained

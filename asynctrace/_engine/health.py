@@ -6,6 +6,10 @@ at finish. They go at the highest step the writer has handed to the sinks so far
 metrics): a step the run has reached, never ahead of what the sinks have seen, and never
 decreasing, as trackers that plot by step (and W&B, which refuses a step lower than its last)
 need.
+
+A metric is logged from the first point it is non-zero on: counters only grow, and a gauge
+(`held`, for now the only one left out while zero) that was ever logged keeps being logged,
+its return to 0 included, so a tracker's last point never shows a value `stats()` no longer has.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ def health_metrics(stats: SessionStats) -> dict[str, float]:
         PREFIX + "queue/bytes": stats.queue_bytes,
         PREFIX + "dropped/total": stats.dropped_total,
     }
+    if stats.metrics_dropped:
+        m[PREFIX + "metrics_dropped"] = stats.metrics_dropped
     for reason, n in sorted(stats.dropped.items()):
         m[f"{PREFIX}dropped/{_part(reason)}"] = n
     for name, sink in stats.sinks.items():
@@ -63,6 +69,8 @@ class Health:
         self.step: int | None = None
         self._next = clock_now + interval
         self._last: dict[str, float] | None = None
+        # Every metric logged so far: one missing from a later snapshot went back to 0.
+        self._logged: set[str] = set()
 
     def note_steps(self, steps: Iterable[int]) -> None:
         """Steps the writer handed to the sinks (a batch's records, a metrics item)."""
@@ -76,7 +84,10 @@ class Health:
             return None
         self._next = now + self.interval
         metrics = health_metrics(stats)
+        for name in self._logged.difference(metrics):
+            metrics[name] = 0.0
         if not final and (self.step is None or metrics == self._last):
             return None
         self._last = metrics
+        self._logged.update(metrics)
         return MetricsItem(self.step if self.step is not None else 0, metrics)

@@ -8,6 +8,7 @@ queued) is one `Room` subscription: no polling.
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -31,6 +32,18 @@ __all__ = ["Intake"]
 
 _OPEN = State.OPEN
 _REFUSED = Admission()  # never changed: what a submission the cap refused whole gets back
+
+
+# A MetricsItem and its place in each sink's inbox, in bytes: what a metrics item costs beyond
+# its dict.
+_METRICS_ITEM_BYTES = 128
+_FLOAT_BYTES = sys.getsizeof(1.0)
+
+
+def metrics_nbytes(metrics: dict[str, float]) -> int:
+    """The memory one `log_metrics` call's item holds, about: its dict, keys and values."""
+    keys = sum(sys.getsizeof(k) for k in metrics)
+    return _METRICS_ITEM_BYTES + sys.getsizeof(metrics) + keys + _FLOAT_BYTES * len(metrics)
 
 
 class Intake:
@@ -77,7 +90,10 @@ class Intake:
         """Queue scalar metrics for `step`, in order with the records, from any thread."""
         self.life.check_open()
         check_step(step, "train")
-        self.push_items([MetricsItem(step, checked_metrics(metrics))])
+        clean = checked_metrics(metrics)
+        item = MetricsItem(step, clean, metrics_nbytes(clean))
+        if self.buffer.admit_metrics(item, len(self.buffer.sinks)):
+            self.wake()
 
     def _after_admit(self, adm: Admission, blocking: bool = True) -> None:
         journal = self.buffer.journal

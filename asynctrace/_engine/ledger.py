@@ -157,7 +157,7 @@ class Ledger:
         if self.journal is not None:
             self.journal.resolved(ok, bad, errors)
 
-    def snapshot(self, queue_depth: int, queue_bytes: int) -> SessionStats:
+    def snapshot(self, queue_depth: int, queue_bytes: int, metrics_dropped: int = 0) -> SessionStats:
         dropped = dict(self.dropped)
         resolved = self.written + self.failed + sum(dropped.values())
         return SessionStats(
@@ -171,6 +171,7 @@ class Ledger:
             queue_depth=queue_depth,
             queue_bytes=queue_bytes,
             replayed=self.replayed,
+            metrics_dropped=metrics_dropped,
             sinks={
                 name: SinkStats(
                     s.written, s.failed, s.retries, s.metrics_failed, s.last_error, dict(+s.skipped), s.held

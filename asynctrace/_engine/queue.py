@@ -132,6 +132,9 @@ class Queue:
         self.undispatched = 0
         self.first_undispatched_at: float | None = None
         self.control_items = 0
+        # `log_metrics` items: the bytes they hold (part of nbytes) and the calls refused room.
+        self.metrics_bytes = 0
+        self.metrics_dropped = 0
         self.unstarted: deque[Batch] = deque()
         # Records and bytes held by batches drop_oldest cannot evict from: taken and not yet
         # offered for eviction, or started by a sink. What it could free is the rest.
@@ -181,7 +184,10 @@ class Queue:
         reach and drop_oldest would mostly drop the newest. When even evicting everything it can
         reach would not make room, it evicts nothing: only the new record is lost.
         """
-        if self.pinned_records + n > self.queue_size or self.pinned_bytes + nbytes > self.max_bytes:
+        if (
+            self.pinned_records + n > self.queue_size
+            or self.pinned_bytes + self.metrics_bytes + nbytes > self.max_bytes
+        ):
             return False
         while not self.fits(nbytes, n):
             if self._evict_one_dispatched():
@@ -236,6 +242,35 @@ class Queue:
         with self.lock:
             self.items.append(item)
             self.control_items += 1
+
+    def admit_metrics(self, item: MetricsItem, lanes: int) -> bool:
+        """Queue a `log_metrics` item if its bytes fit in the byte bound, else count it dropped.
+
+        It never waits and never evicts: metrics are the caller's own numbers, small and
+        rarely worth a sample; a sink that hangs must not make them grow memory without bound.
+        """
+        with self.lock:
+            if self.nbytes + item.nbytes > self.max_bytes:
+                self.metrics_dropped += 1
+                return False
+            item.lanes_left = lanes
+            self.nbytes += item.nbytes
+            self.metrics_bytes += item.nbytes
+            self.items.append(item)
+            self.control_items += 1
+            return True
+
+    def metrics_done(self, item: MetricsItem) -> bool:
+        """One sink is done with a metrics item; True when its room was freed."""
+        if not item.nbytes:
+            return False
+        with self.lock:
+            item.lanes_left -= 1
+            if item.lanes_left:
+                return False
+            self.nbytes -= item.nbytes
+            self.metrics_bytes -= item.nbytes
+            return True
 
     def take(self) -> Batch | Marker | MetricsItem | None:
         """Pop the next batch (up to batch_size records) or control item."""

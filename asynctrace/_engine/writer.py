@@ -420,6 +420,15 @@ class Writer:
     async def _write_metrics(
         self, lane: _Lane, item: MetricsItem, on_retry: Callable[[BaseException | None], None]
     ) -> None:
+        try:
+            await self._write_metrics_once(lane, item, on_retry)
+        finally:
+            if self.buffer.metrics_done(item):
+                self.on_room()
+
+    async def _write_metrics_once(
+        self, lane: _Lane, item: MetricsItem, on_retry: Callable[[BaseException | None], None]
+    ) -> None:
         if lane.dead is not None:
             self.buffer.note_metrics_failure(lane.index, lane.dead)
             return

@@ -169,7 +169,13 @@ def finite_or_none(value: Any) -> float | None:
 
 @dataclass(slots=True)
 class MetricsItem:
-    """Scalar metrics of one step, queued in order with the records."""
+    """Scalar metrics of one step, queued in order with the records.
+
+    `nbytes`: the buffer room it holds until every sink is done with it (`log_metrics`'s own
+    metrics; 0 for the session's health and group metrics, which a timer paces); `lanes_left`:
+    the sinks still to handle it."""
 
     step: int
     metrics: Mapping[str, float]
+    nbytes: int = 0
+    lanes_left: int = 0

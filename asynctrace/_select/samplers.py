@@ -13,7 +13,14 @@ from .._security import shown
 from .base import Entry, Sampler, StepSelection, in_merged_order
 from .groups import GroupSampler
 
-__all__ = ["FirstSampler", "ReservoirSampler", "SamplerName", "TopBottomSampler", "resolve_sampler"]
+__all__ = [
+    "FirstSampler",
+    "ReservoirSampler",
+    "SamplerName",
+    "TopBottomSampler",
+    "resolve_sampler",
+    "sampler_name",
+]
 
 
 class _FirstSelection(StepSelection):
@@ -350,6 +357,15 @@ _BY_NAME: dict[str, type[Sampler]] = {
     "reservoir": ReservoirSampler,
     "group": GroupSampler,
 }
+
+
+def sampler_name(sampler: Sampler) -> str | None:
+    """The built-in name that makes `sampler` again, or None (a sampler of another class, or a
+    group sampler, whose arguments a name does not carry; a reservoir also needs its seed)."""
+    for name, cls in _BY_NAME.items():
+        if type(sampler) is cls and cls is not GroupSampler:
+            return name
+    return None
 
 
 def resolve_sampler(sampler: SamplerName | Sampler) -> Sampler:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .._records.types import TraceRecord
@@ -37,3 +37,11 @@ class Sink(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Flush and release resources; called once, from `finish()`."""
+
+    def recovery_args(self) -> dict[str, Any] | None:
+        """The keyword arguments that make this sink again, for `asynctrace recover`, or None
+        when it cannot be made outside the trainer (the default).
+
+        Called before `bind`. They are stored in the spool directory as JSON: plain values
+        only, and never a credential (a token, a password, a URL's user part)."""
+        return None

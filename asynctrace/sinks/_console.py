@@ -49,6 +49,9 @@ class ConsoleSink(Sink):
         self.max_chars = max_chars
         self._backlog = Backlog("ConsoleSink")
 
+    def recovery_args(self) -> dict[str, Any] | None:
+        return {"max_chars": self.max_chars} if self.stream is None else None
+
     def _decorations(self, stream: TextIO) -> tuple[str, str]:
         """The rule and clip marks, in ASCII on a stream that cannot encode the usual ones."""
         encoding = _encoding(stream)

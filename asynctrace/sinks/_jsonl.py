@@ -6,7 +6,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import orjson
 
@@ -45,6 +45,9 @@ class JsonlSink(Sink):
         # interpreter from exiting; the guard keeps one at a time on the file.
         self._guarded = Guard("JsonlSink", self._close_file, OSError)
         self._backlog = Backlog("JsonlSink")
+
+    def recovery_args(self) -> dict[str, Any]:
+        return {"path": str(self.path.absolute()), "rotate_every": self.rotate_every, "fsync": self.fsync}
 
     def _next_path(self) -> Path:
         if self.rotate_every is None:

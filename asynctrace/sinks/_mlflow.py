@@ -19,7 +19,7 @@ import orjson
 
 from .._checks import check_bool, check_seconds, check_type
 from .._records.types import TraceRecord
-from .._security import logger
+from .._security import logger, strip_userinfo
 from ..exceptions import PermanentSinkError
 from ._base import Sink
 from ._guard import Serial
@@ -171,6 +171,16 @@ class MlflowSink(Sink):
         self._metrics_ms = 0
         # A timeout abandons a call stuck on a locked database or a server that stopped answering.
         self._io = Serial("MlflowSink", _permanent)
+
+    def recovery_args(self) -> dict[str, Any] | None:
+        # Called before open: run_id is the one given, or the active run the sink attached to.
+        return {
+            "tracking_uri": strip_userinfo(self.tracking_uri),
+            "experiment": self.experiment,
+            "run_id": self.run_id,
+            "run_name": self.run_name,
+            "attach_active": False,
+        }
 
     def bind(self, project: str, run: str) -> None:
         self._project = project

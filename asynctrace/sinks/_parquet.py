@@ -277,6 +277,7 @@ class ParquetSink(Sink):
         ):
             raise ValueError(f"stem: expected letters, digits, '.', '_' or '-', got {stem!r}")
         self.name = "parquet"
+        self._given_stem = stem
         self.directory = Path(directory)
         self.max_records = max_records
         self.max_bytes = max_bytes
@@ -305,6 +306,25 @@ class ParquetSink(Sink):
     def bind(self, project: str, run: str) -> None:
         if self.stem is None:
             self.stem = _unique_stem(run)
+
+    def recovery_args(self) -> dict[str, Any]:
+        return {
+            "directory": str(self.directory.absolute()),
+            "max_records": self.max_records,
+            "max_bytes": self.max_bytes,
+            "compression_level": self.compression_level,
+            "stem": self._given_stem,
+            "fsync": self.fsync,
+        }
+
+    def finalize_journals(self) -> int:
+        """Turn the journals that killed sinks left in the directory into Parquet files, as
+        opening a sink there does; returns how many rows they held. A live sink's is left alone."""
+        if not self.directory.is_dir():
+            return 0
+        before = self.recovered
+        self._recover()
+        return self.recovered - before
 
     # -- files -------------------------------------------------------------------------------
 

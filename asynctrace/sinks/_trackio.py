@@ -21,7 +21,7 @@ from .._checks import check_bool, check_type
 from .._records.types import TraceRecord
 from .._runtime import forks
 from .._runtime.abandon import Backlog, run_sync_daemon
-from .._security import check_name, check_text, shown
+from .._security import check_name, check_text, shown, strip_userinfo
 from ..exceptions import PermanentSinkError
 from ._base import Sink
 from ._trackio_versions import check_trackio_version
@@ -220,6 +220,16 @@ class TrackioSink(Sink):
         #: Replayed records that were already in Trackio and so were not written again.
         self.duplicates_skipped = 0
 
+    def recovery_args(self) -> dict[str, Any] | None:
+        # init_kwargs are left out: a config may hold anything, and the run exists already.
+        return {
+            "project": self.project,
+            "run": self.run,
+            "space_id": self.space_id,
+            "server_url": strip_userinfo(self.server_url),
+            "process": self.process,
+        }
+
     def bind(self, project: str, run: str) -> None:
         if self.project is None:
             check_trackio_project(project)
@@ -401,13 +411,20 @@ class TrackioSink(Sink):
 
     async def write(self, records: Sequence[TraceRecord]) -> None:
         if not self.process:
-            items = [(r.id, r.step, r.key, r.payload, r.replayed) for r in records]
+            items = [(r.id, r.step, r.key, r.payload, r.replayed, r.timestamp) for r in records]
             skipped = await run_sync_daemon(self._opened().write, items, backlog=self._backlog)
             self.duplicates_skipped += skipped
             return
-        # One list per field, not one per record: a write's header then adds five objects
+        # One list per field, not one per record: a write's header then adds six objects
         # for the garbage collector to track, however many records it carries.
-        columns: dict[str, list[Any]] = {"ids": [], "steps": [], "keys": [], "sizes": [], "replayed": []}
+        columns: dict[str, list[Any]] = {
+            "ids": [],
+            "steps": [],
+            "keys": [],
+            "sizes": [],
+            "replayed": [],
+            "timestamps": [],
+        }
         for start in range(0, len(records), _HEADER_SLICE):
             if start:
                 await anyio.lowlevel.checkpoint()
@@ -417,6 +434,7 @@ class TrackioSink(Sink):
             columns["keys"] += [r.key for r in part]
             columns["sizes"] += [len(r.payload) for r in part]
             columns["replayed"] += [int(r.replayed) for r in part]
+            columns["timestamps"] += [r.timestamp for r in part]
         reply = await self._call(records, {"op": "write", **columns}, [r.payload for r in records])
         self.duplicates_skipped += int(reply.get("skipped", 0))
 

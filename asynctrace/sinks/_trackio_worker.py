@@ -75,10 +75,12 @@ def _handle(
     if op == "write":
         items = []
         offset = 0
-        fields = ("ids", "steps", "keys", "sizes", "replayed")
+        fields = ("ids", "steps", "keys", "sizes", "replayed", "timestamps")
         columns = zip(*(header[f] for f in fields), strict=True)
-        for record_id, step, key, size, replayed in columns:
-            items.append((record_id, step, key, blob[offset : offset + size], bool(replayed)))
+        for record_id, step, key, size, replayed, timestamp in columns:
+            items.append(
+                (record_id, step, key, blob[offset : offset + size], bool(replayed), float(timestamp))
+            )
             offset += size
         reply["skipped"] = writer.write(items)
     elif op == "metrics":

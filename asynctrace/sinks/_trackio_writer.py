@@ -8,6 +8,7 @@ reads from them and from each trace's metadata: docs/sinks.md.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import math
 import re
@@ -35,8 +36,12 @@ __all__ = [
 # Frame header of the writer-process protocol: the length of the orjson header that follows.
 HEADER = struct.Struct(">I")
 
-# (record id, step, trace key, encoded sample, replayed)
-WriteItem = tuple[str, int, str, bytes, bool]
+# (record id, step, trace key, encoded sample, replayed, submitted at: seconds since the epoch)
+WriteItem = tuple[str, int, str, bytes, bool, float]
+
+# An entry's samples share one timestamp, its first's: one submitted this much later starts a
+# new entry, so no trace shows a request time further than this from its own.
+_SAME_TIME = 1.0
 
 _COUNTED_ID = re.compile(r"^(.*)-(\d+)$")
 # "{tag}-at-{first record id}"; "at-{first record id}" as written before the tag.
@@ -119,14 +124,21 @@ def stored_record_ids(project: str, run_id: str, steps: Iterable[int] | None = N
 
 
 def _entries(items: Sequence[WriteItem]) -> list[tuple[int, str, str, list[WriteItem]]]:
-    """(step, key, log id, items) entries, each a run of consecutive record ids (see above)."""
+    """(step, key, log id, items) entries, each a run of consecutive record ids submitted within
+    `_SAME_TIME` of its first (see above)."""
     out: list[tuple[int, str, str, list[WriteItem]]] = []
     open_runs: dict[tuple[int, str], tuple[list[WriteItem], str, int]] = {}
     for item in items:
         record_id, step, key = item[0], item[1], item[2]
         parts = _split_id(record_id)
         run = open_runs.get((step, key))
-        if run is not None and parts is not None and parts[0] == run[1] and parts[1] == run[2] + 1:
+        if (
+            run is not None
+            and parts is not None
+            and parts[0] == run[1]
+            and parts[1] == run[2] + 1
+            and abs(item[5] - run[0][0][5]) <= _SAME_TIME
+        ):
             run[0].append(item)
             open_runs[(step, key)] = (run[0], run[1], parts[1])
             continue
@@ -190,6 +202,11 @@ def dashboard_metadata(record_id: str, metadata: Mapping[str, Any]) -> dict[str,
                 out["duration_ms"] = round(found * scale, 3)
                 break
     return out
+
+
+def _iso(seconds: float) -> str:
+    """A time as Trackio stores it: ISO 8601 in UTC."""
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).isoformat()
 
 
 def _trace(record_id: str, payload: bytes) -> dict[str, Any]:
@@ -273,7 +290,13 @@ class TrackioWriter:
             self.run.id = self.run_id
             self.run._config_logged = True
 
-    def _commit(self, metrics_list: list[dict[str, Any]], steps: list[int], log_ids: list[str]) -> None:
+    def _commit(
+        self,
+        metrics_list: list[dict[str, Any]],
+        steps: list[int],
+        log_ids: list[str],
+        timestamps: list[str] | None = None,
+    ) -> None:
         """Commit log entries to the local store, with the run's config while it is not stored yet."""
         from trackio import utils
         from trackio.sqlite_storage import SQLiteStorage
@@ -289,6 +312,7 @@ class TrackioWriter:
             metrics_list=metrics_list,
             steps=steps,
             log_ids=log_ids,
+            timestamps=timestamps,
             config=config,
         )
         # Only once the write carrying it committed: a failed write is retried with the config.
@@ -317,12 +341,15 @@ class TrackioWriter:
                 [{key: [_trace(i[0], i[3]) for i in group]} for _, key, _, group in entries],
                 [step for step, _, _, _ in entries],
                 [log_id for _, _, log_id, _ in entries],
+                # Trackio's "Request time": when the entry's first sample was submitted, also
+                # for one replayed after a kill (not when it was written).
+                [_iso(group[0][5]) for _, _, _, group in entries],
             )
             return skipped
         from trackio import Trace
 
         by_step: dict[int, dict[str, list[Any]]] = {}
-        for record_id, step, key, payload, _ in items:
+        for record_id, step, key, payload, _, _ in items:
             t = _trace(record_id, payload)
             by_step.setdefault(step, {}).setdefault(key, []).append(
                 Trace(t["messages"], t["metadata"], t["spans"])

@@ -140,6 +140,10 @@ def record_row(record: TraceRecord) -> list[Any]:
     ]
 
 
+# wandb.init arguments a recovery may reuse: where the run lives, never a credential or a config.
+_RECOVERY_INIT_KEYS = ("entity", "mode", "dir", "group", "job_type")
+
+
 class WandbSink(Sink):
     """Logs traces to Weights & Biases as one incremental table per trace key, and metrics with `run.log`.
 
@@ -220,6 +224,21 @@ class WandbSink(Sink):
         # A deadline walks away from a call a stalled W&B service blocks; `_io` keeps the calls
         # in order on the run.
         self._io = Serial("WandbSink", _permanent)
+
+    def recovery_args(self) -> dict[str, Any] | None:
+        if self.attach is not False:
+            return None  # the trainer's own run: not one recover can open
+        kept = {k: v for k, v in self.init_kwargs.items() if k in _RECOVERY_INIT_KEYS and isinstance(v, str)}
+        return {
+            "project": self.project,
+            "run": self.run_name,
+            "table_prefix": self.table_prefix.rstrip("/") or None,
+            "step_metric": self.step_metric,
+            "final_table": self.final_table,
+            "commit": self.commit,
+            "finish_timeout": self.finish_timeout,
+            "init_kwargs": kept or None,
+        }
 
     def bind(self, project: str, run: str) -> None:
         self.project = self.project or project

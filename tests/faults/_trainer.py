@@ -33,7 +33,9 @@ def _args() -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--acked", required=True)
     p.add_argument("--stats", default=None)
-    p.add_argument("--sink", choices=["trackio", "memory"], default="trackio")
+    p.add_argument("--sink", choices=["trackio", "memory", "tiered"], default="trackio")
+    p.add_argument("--parquet", default=None, help="with --sink tiered: the archive's directory")
+    p.add_argument("--tier", type=int, default=4, help="with --sink tiered: Trackio's samples a step")
     p.add_argument("--hooks", action="store_true")
     p.add_argument("--sync", action="store_true", help="use the blocking `with TraceSession(...)` form")
     p.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
@@ -75,12 +77,17 @@ def main() -> int:
         signal.signal(signal.SIGTERM, previous)
 
     sink: at.Sink = at.TrackioSink() if args.sink == "trackio" else at.testing.MemorySink()
+    sinks = [sink]
+    if args.sink == "tiered":
+        # The documented tiered setup: everything archived, a top/bottom selection in Trackio.
+        tier = at.sinks.Selected(at.TrackioSink(), max_traces_per_step=args.tier, sampler="top_bottom")
+        sinks = [at.sinks.ParquetSink(args.parquet), tier]
 
     def make_session() -> at.TraceSession:
         return at.TraceSession(
             args.project,
             run=args.run,
-            sinks=[sink],
+            sinks=sinks,
             spool_dir=args.spool,
             durability=args.durability,
             shutdown_hooks=args.hooks,

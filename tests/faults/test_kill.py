@@ -110,7 +110,7 @@ def test_accounting_is_exact_per_record_id_across_a_kill_and_a_replay(tmp_path: 
     rec = h.recover(str(spool), "--dead-letters")
     assert rec.returncode == 0, rec.stdout + rec.stderr
     if dead:
-        assert f"{len(dead)} already in Trackio" in rec.stdout, rec.stdout
+        assert f"{len(dead)} already stored" in rec.stdout, rec.stdout
     assert not list(spool.glob("dead-*")) and not list(spool.glob("seg-*"))
     assert max(h.trackio_uids(project, "r").values()) == 1
 

@@ -32,7 +32,7 @@ def config_after_disk_full(project: str) -> None:
     writer = TrackioWriter(project, "r", init_kwargs={"config": {"lr": 1e-5}})
     writer.open()
     payload = orjson.dumps({"messages": [{"role": "user", "content": "q" * 200_000}]})
-    items = [(f"abc-{i}", 0, "train/traces", payload, False) for i in range(3)]
+    items = [(f"abc-{i}", 0, "train/traces", payload, False, 1.7e9) for i in range(3)]
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))

@@ -17,7 +17,7 @@ def _item(
     prefix: str, n: int, step: int = 0, *, replayed: bool = False, key: str = "train/traces"
 ) -> WriteItem:
     payload = orjson.dumps({"messages": [{"role": "user", "content": f"{prefix}-{n}"}], "metadata": {"n": n}})
-    return (f"{prefix}-{n}", step, key, payload, replayed)
+    return (f"{prefix}-{n}", step, key, payload, replayed, 1.7e9)
 
 
 @pytest.fixture
@@ -68,7 +68,7 @@ def test_gaps_steps_and_keys_each_map_back_to_their_record(writer: TrackioWriter
     writer.write(items)
     assert stored_record_ids(project, writer.run.id) == {i[0] for i in items}
     assert stored_record_ids(project, writer.run.id, steps=[2]) == {f"{prefix}-3"}
-    assert writer.write([(*i[:4], True) for i in items]) == len(items)
+    assert writer.write([(*i[:4], True, i[5]) for i in items]) == len(items)
 
 
 def test_looking_up_many_steps_fits_old_sqlite_limits(
@@ -90,4 +90,4 @@ def test_looking_up_many_steps_fits_old_sqlite_limits(
 
     monkeypatch.setattr(sqlite3, "connect", limited)
     assert stored_record_ids(project, writer.run.id, steps=range(1200)) == {i[0] for i in items}
-    assert writer.write([(*i[:4], True) for i in items]) == len(items)
+    assert writer.write([(*i[:4], True, i[5]) for i in items]) == len(items)

@@ -35,7 +35,7 @@ def test_server_url_from_the_environment_makes_the_run_remote(
     with contextlib.redirect_stdout(io.StringIO()), pytest.warns(UserWarning):
         writer.open()
         payload = orjson.dumps({"messages": [{"role": "user", "content": "q"}]})
-        writer.write([(f"abc-{i}", 0, "train/traces", payload, False) for i in range(3)])
+        writer.write([(f"abc-{i}", 0, "train/traces", payload, False, 1.7e9) for i in range(3)])
         writer.write_metrics(0, {"reward/mean": 0.5})
         writer.finish()
     with sqlite3.connect(SQLiteStorage.get_project_db_path(project)) as conn:

@@ -1,0 +1,131 @@
+"""The spool remembers the session's sinks: no secret in it, every sink and tier made again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import orjson
+import pytest
+
+import asynctrace as at
+from asynctrace._durable.setup import read_setups
+from asynctrace.sinks import ParquetSink, Selected
+from asynctrace.sinks._spec import rebuild_sinks
+from tests._util import sample
+
+
+def _setup_files(spool: Path) -> list[Path]:
+    return sorted(spool.glob("setup-*.json"))
+
+
+def test_the_setup_names_every_sink_and_tier_without_secrets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live session's setup file holds each sink's class and arguments and each tier's k and
+    sampler, with no credential (an environment secret, a URL's password); it goes at a clean
+    finish."""
+    monkeypatch.setenv("HF_TOKEN", "hf_sEcReTvAlUe123456")
+    spool = tmp_path / "spool"
+    sinks = [
+        ParquetSink(tmp_path / "archive", max_records=500),
+        Selected(
+            at.TrackioSink(server_url="https://alice:pa55word@trackio.example"),
+            max_traces_per_step=4,
+            sampler="top_bottom",
+        ),
+        at.sinks.JsonlSink(tmp_path / "hf_sEcReTvAlUe123456.jsonl"),
+        at.testing.MemorySink("mem"),
+    ]
+    with at.TraceSession("p", run="r", sinks=sinks[:1] + sinks[2:], spool_dir=spool):
+        (path,) = _setup_files(spool)
+        text = path.read_text()
+        assert path.stat().st_mode & 0o777 == 0o600
+    assert not _setup_files(spool), "a clean finish leaves no setup behind"
+    assert "hf_sEcReTvAlUe123456" not in text
+    # The tier (not opened above: its server does not exist) is described on its own.
+    from asynctrace.sinks._spec import describe_sinks
+
+    specs = orjson.loads(orjson.dumps(describe_sinks(sinks)))
+    assert "pa55word" not in orjson.dumps(specs).decode()
+    assert specs[0]["class"] == "asynctrace.sinks._parquet:ParquetSink"
+    assert specs[0]["args"]["max_records"] == 500
+    assert specs[1]["selected"] == {"max_traces_per_step": 4, "sampler": {"name": "top_bottom"}}
+    assert specs[1]["args"]["server_url"] == "https://trackio.example"
+    assert specs[3]["args"] is None
+    made, unmade = rebuild_sinks(specs)
+    assert [type(s).__name__ for s in made] == ["ParquetSink", "Selected", "JsonlSink"]
+    assert unmade and unmade[0][0] == "mem"
+    tier = made[1]
+    assert isinstance(tier, Selected) and tier.max_traces_per_step == 4
+    assert type(tier.sampler).__name__ == "TopBottomSampler"
+
+
+def test_a_setup_stays_while_the_session_left_records(tmp_path: Path) -> None:
+    """A session that finished with records in the spool keeps its setup for recover."""
+    spool = tmp_path / "spool"
+    with at.TraceSession(
+        "p",
+        run="r",
+        sinks=[at.testing.MemorySink(hang=True)],
+        spool_dir=spool,
+        durability="enqueue",
+        finish_timeout=0.2,
+    ) as s:
+        s.log_samples([sample(i) for i in range(3)], step=0)
+    setups, problems = read_setups(spool)
+    assert not problems and [(x.project, x.run) for x in setups.values()] == [("p", "r")]
+
+
+def test_a_restarted_session_replays_through_each_tier_selection(tmp_path: Path) -> None:
+    """What a stuck run left in the spool reaches the restarted run's archive whole and its
+    tier as that tier's selection only (2 of 8 a step), not everything."""
+    spool, archive = tmp_path / "spool", tmp_path / "archive"
+    # A sink that never answers stands in for a kill: everything stays in the spool.
+    with at.TraceSession(
+        "p",
+        run="r",
+        sinks=[at.testing.MemorySink(hang=True)],
+        spool_dir=spool,
+        durability="enqueue",
+        finish_timeout=0.3,
+    ) as s:
+        for step in range(3):
+            s.log_samples([sample(i, step=step) for i in range(8)], step=step)
+    top = at.testing.MemorySink("top")
+    with at.TraceSession(
+        "p",
+        run="r",
+        sinks=[ParquetSink(archive), Selected(top, max_traces_per_step=2, sampler="top_bottom")],
+        spool_dir=spool,
+    ) as s:
+        pass
+    stats = s.stats()
+    assert stats.replayed == 24 and stats.check()
+    assert {step: sorted(r.sample.metadata["uid"] for r in rs) for step, rs in top.steps().items()} == {
+        step: [f"{step}:0", f"{step}:7"] for step in range(3)
+    }
+    rows = duckdb.sql(f"SELECT count(*), count(DISTINCT id) FROM '{archive}/*.parquet'").fetchall()
+    assert rows == [(24, 24)]
+
+
+def test_tracker_sinks_are_made_again_with_their_arguments(tmp_path: Path) -> None:
+    """W&B and MLflow sinks round-trip through their specs (without a URL's credentials); a
+    W&B sink attached to the trainer's run cannot be made again, and says so."""
+    from asynctrace.sinks import MlflowSink, WandbSink
+    from asynctrace.sinks._spec import describe_sinks
+
+    sinks = [
+        WandbSink(project="wp", table_prefix="rl", init_kwargs={"mode": "offline", "config": {"k": "v"}}),
+        MlflowSink(tracking_uri="https://bob:hunter2@mlflow.example", experiment="e", attach_active=False),
+        WandbSink(attach=True),
+    ]
+    specs = orjson.loads(orjson.dumps(describe_sinks(sinks)))
+    assert "hunter2" not in orjson.dumps(specs).decode()
+    made, unmade = rebuild_sinks(specs)
+    wandb, mlflow = made
+    assert isinstance(wandb, WandbSink) and wandb.project == "wp" and wandb.table_prefix == "rl/"
+    assert wandb.init_kwargs == {"mode": "offline"}
+    assert isinstance(mlflow, MlflowSink) and mlflow.experiment == "e"
+    assert mlflow.tracking_uri == "https://mlflow.example"
+    assert [name for name, _ in unmade] == ["wandb"]
