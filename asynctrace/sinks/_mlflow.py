@@ -172,6 +172,17 @@ class MlflowSink(Sink):
         # A timeout abandons a call stuck on a locked database or a server that stopped answering.
         self._io = Serial("MlflowSink", _permanent)
 
+    # Sent to another process (a Ray collector) before it is opened: its preparation lock is
+    # made anew there; a preparation under way cannot travel.
+    def __getstate__(self) -> dict[str, object]:
+        if self._prep is not None:
+            raise TypeError("MlflowSink cannot be sent to another process once it started opening")
+        return {k: v for k, v in vars(self).items() if k != "_prep_lock"}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        vars(self).update(state)
+        self._prep_lock = threading.Lock()
+
     def recovery_args(self) -> dict[str, Any] | None:
         # Called before open: run_id is the one given, or the active run the sink attached to.
         return {
