@@ -4,7 +4,7 @@ Runs ``benchmarks/<bench>`` of this tree and of a second source tree (a checkout
 before the change, say ``git worktree add ../before <commit>``) alternately, ``--rounds`` times
 each, each with its own tree first on ``PYTHONPATH`` (each tree's copy of the benchmark, since
 a benchmark may import private modules that moved). The first table of each run's output
-is read: every row whose second column is a number (``| variant | us/sample | ...``). Prints,
+is read: every row, by its label cells and its first number (``| variant | us/sample | ...``). Prints,
 per row, the median of each version's figures and the ratio of the medians (this tree over
 the other): above 1 this tree is slower, for figures where lower is better.
 
@@ -26,18 +26,23 @@ ROOT = HERE.parent
 
 
 def figures(output: str) -> dict[str, float]:
-    """The first table's rows whose second column is a number, by their first column."""
+    """The first table's rows, each by its label cells (those before its first number) and that
+    number: `| variant | us/sample | ... |` and `| sample | inputs | call | us/sample | ... |` alike."""
     rows: dict[str, float] = {}
     for line in output.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if not line.lstrip().startswith("|") or len(cells) < 2:
+        if not line.lstrip().startswith("|"):
             if rows:
                 break  # the first table ended
             continue
-        try:
-            rows[cells[0]] = float(cells[1].rstrip("x"))
-        except ValueError:
-            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        for i, cell in enumerate(cells):
+            try:
+                value = float(cell.rstrip("x"))
+            except ValueError:
+                continue
+            if i:
+                rows[" ".join(cells[:i])] = value
+            break
     return rows
 
 
