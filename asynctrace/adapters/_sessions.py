@@ -3,8 +3,10 @@ line in a framework's loop needs no setup: the first call opens one, later calls
 
 from __future__ import annotations
 
+import atexit
 import threading
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
 
 from .._security import logger
 from .._sync import SyncTraceSession
@@ -12,7 +14,7 @@ from .._sync import SyncTraceSession
 if TYPE_CHECKING:
     from .._session import TraceSession
 
-__all__ = ["session_for"]
+__all__ = ["FAILED", "plain_name", "session_for", "start_trainer_session", "trainer_session"]
 
 
 _open: dict[tuple[str, str], SyncTraceSession] = {}
@@ -45,4 +47,48 @@ def session_for(
             logger.warning("asynctrace: %s: could not open a session for project %r: %s", where, target, exc)
             return None
         _open[key] = session
+        return session
+
+
+# Where a trainer-bound hook keeps its session, and what it keeps there when opening one failed.
+TRAINER_ATTR = "asynctrace_session"
+FAILED = object()
+_trainer_lock = threading.Lock()
+
+
+def plain_name(name: Any) -> str | None:
+    """A framework's project or run name as a Trackio name: path separators and controls become "-"."""
+    if name is None:
+        return None
+    text = "".join("-" if c in "/\\" or ord(c) < 32 or ord(c) == 127 else c for c in str(name)).strip()
+    return None if text in ("", ".", "..") else text
+
+
+def start_trainer_session(trainer: Any, project: str, run: str | None, **kwargs: Any) -> SyncTraceSession:
+    """A blocking session for `trainer` (defaults: 64 traces per step, best and worst by reward),
+    stored on it; drained on SIGTERM/SIGINT when opened on the main thread, finished at exit."""
+    from .._session import TraceSession
+
+    kwargs.setdefault("max_traces_per_step", 64)
+    kwargs.setdefault("sampler", "top_bottom")
+    kwargs.setdefault("shutdown_hooks", threading.current_thread() is threading.main_thread())
+    session = TraceSession(project, run, **kwargs).start()
+    if not kwargs["shutdown_hooks"]:
+        # Signal handlers need the main thread; finishing at exit does not.
+        atexit.register(session.finish)
+    setattr(trainer, TRAINER_ATTR, session)
+    return session
+
+
+def trainer_session(trainer: Any, open_session: Callable[[Any], Any]) -> Any:
+    """The session stored on `trainer`, opened with `open_session` on first use; `FAILED` once
+    opening it failed (that first failure is raised)."""
+    with _trainer_lock:
+        session = getattr(trainer, TRAINER_ATTR, None)
+        if session is None:
+            try:
+                session = open_session(trainer)
+            except Exception:
+                setattr(trainer, TRAINER_ATTR, FAILED)
+                raise
         return session

@@ -7,9 +7,7 @@ Tested on openrlhf 0.11.2. OpenRLHF has no callback API: `log_train_batch` goes 
 
 from __future__ import annotations
 
-import atexit
 import math
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,10 +16,10 @@ from .._sync import SyncTraceSession
 from ..rollouts._decode import decode_rollouts
 from ._common import jsonable
 from ._hooks import count_invalid, deliver, every_row, warn_once
+from ._sessions import FAILED, plain_name, start_trainer_session, trainer_session
 
 __all__ = ["log_eval_samples", "log_train_batch", "open_session", "to_samples"]
 
-_SESSION_ATTR = "asynctrace_session"
 # `Experience.info` keys OpenRLHF itself fills; any other key is an agent's `extra_logs` entry.
 _OWN_INFO = ("reward", "score", "response_clip_ratio", "kl", "logprobs_diff", "group_reward_std", "return")
 # Each token field a caller may ask for, and the `Experience` fields it is read from, in order
@@ -32,8 +30,6 @@ _TOKEN_SOURCES: dict[str, tuple[str, ...]] = {
     "logprobs": ("rollout_log_probs", "action_log_probs"),
     "advantages": ("advantages",),
 }
-_lock = threading.Lock()
-_FAILED = object()
 """Stored on a trainer whose session could not be opened, so no step tries again."""
 
 
@@ -249,40 +245,10 @@ def open_session(trainer: Any, **kwargs: Any) -> SyncTraceSession:
     It is finished at interpreter exit. `kwargs` go to `TraceSession` (defaults: 64 traces per
     step, best and worst by reward). Stored on the trainer, where the hooks find it.
     """
-    from .._session import TraceSession
-
     wandb = getattr(getattr(getattr(trainer, "args", None), "logger", None), "wandb", None)
-    project = _plain(getattr(wandb, "project", None)) or "openrlhf"
-    run = _plain(getattr(wandb, "run_name", None))
-    kwargs.setdefault("max_traces_per_step", 64)
-    kwargs.setdefault("sampler", "top_bottom")
-    main = threading.current_thread() is threading.main_thread()
-    kwargs.setdefault("shutdown_hooks", main)
-    session = TraceSession(project, run, **kwargs).start()
-    if not kwargs["shutdown_hooks"]:
-        atexit.register(session.finish)
-    setattr(trainer, _SESSION_ATTR, session)
-    return session
-
-
-def _plain(name: Any) -> str | None:
-    """A project or run name as a Trackio name: path separators and controls become "-"."""
-    if name is None:
-        return None
-    text = "".join("-" if c in "/\\" or ord(c) < 32 or ord(c) == 127 else c for c in str(name)).strip()
-    return None if text in ("", ".", "..") else text
-
-
-def _session_of(trainer: Any) -> Any:
-    with _lock:
-        session = getattr(trainer, _SESSION_ATTR, None)
-        if session is None:
-            try:
-                session = open_session(trainer)
-            except Exception:
-                setattr(trainer, _SESSION_ATTR, _FAILED)
-                raise
-        return session
+    project = plain_name(getattr(wandb, "project", None)) or "openrlhf"
+    run = plain_name(getattr(wandb, "run_name", None))
+    return start_trainer_session(trainer, project, run, **kwargs)
 
 
 def _row_count(experiences: Any) -> int:
@@ -307,8 +273,8 @@ def _log(
     rows = _row_count(experiences)
     try:
         if session is None:
-            session = _session_of(trainer)
-        if session is _FAILED:
+            session = trainer_session(trainer, open_session)
+        if session is FAILED:
             return 0
         args = trainer.args
         n = int(samples_per_prompt if samples_per_prompt is not None else args.rollout.n_samples_per_prompt)
@@ -318,7 +284,7 @@ def _log(
         tokenizer = trainer.tokenizer
     except Exception as exc:  # telemetry must never stop training
         warn_once(where, f"could not start logging ({type(exc).__name__}: {exc})")
-        if session is not None and session is not _FAILED:
+        if session is not None and session is not FAILED:
             count_invalid(session, rows)
         return 0
     convert = every_row(

@@ -6,9 +6,7 @@ the field mapping: docs/frameworks/verl.md.
 
 from __future__ import annotations
 
-import atexit
 import math
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,12 +15,12 @@ from .._sync import SyncTraceSession
 from ..rollouts._decode import decode_rollouts
 from ._common import jsonable
 from ._hooks import count_invalid, count_rows, deliver, every_row, warn_once
+from ._sessions import FAILED, plain_name, start_trainer_session, trainer_session
 
 __all__ = ["log_batch", "open_session", "to_samples"]
 
 
 _WHERE = "verl_adapter.log_batch"
-_SESSION_ATTR = "asynctrace_session"
 # Non-tensor columns copied as they are: verl's name -> the metadata key.
 _COPIED = (
     ("data_source", "data_source"),
@@ -30,8 +28,6 @@ _COPIED = (
     ("request_id", "request_id"),
     ("stop_reason", "stop_reason"),
 )
-_lock = threading.Lock()
-_FAILED = object()
 """Stored on a trainer whose session could not be opened, so no step tries again."""
 
 
@@ -208,41 +204,10 @@ def open_session(trainer: Any, **kwargs: Any) -> SyncTraceSession:
     thread). `kwargs` go to `TraceSession` (defaults: 64 traces per step, best and worst by
     reward). Stored on the trainer, where `log_batch` finds it.
     """
-    from .._session import TraceSession
-
     config = getattr(getattr(trainer, "config", None), "trainer", None)
-    project = _plain(getattr(config, "project_name", None)) or "verl"
-    run = _plain(getattr(config, "experiment_name", None))
-    kwargs.setdefault("max_traces_per_step", 64)
-    kwargs.setdefault("sampler", "top_bottom")
-    main = threading.current_thread() is threading.main_thread()
-    kwargs.setdefault("shutdown_hooks", main)
-    session = TraceSession(project, run, **kwargs).start()
-    if not kwargs["shutdown_hooks"]:
-        # Signal handlers need the main thread; finishing at exit does not.
-        atexit.register(session.finish)
-    setattr(trainer, _SESSION_ATTR, session)
-    return session
-
-
-def _plain(name: Any) -> str | None:
-    """A verl project or experiment name as a Trackio name: path separators and controls become "-"."""
-    if name is None:
-        return None
-    text = "".join("-" if c in "/\\" or ord(c) < 32 or ord(c) == 127 else c for c in str(name)).strip()
-    return None if text in ("", ".", "..") else text
-
-
-def _session_of(trainer: Any) -> Any:
-    with _lock:
-        session = getattr(trainer, _SESSION_ATTR, None)
-        if session is None:
-            try:
-                session = open_session(trainer)
-            except Exception:
-                setattr(trainer, _SESSION_ATTR, _FAILED)
-                raise
-        return session
+    project = plain_name(getattr(config, "project_name", None)) or "verl"
+    run = plain_name(getattr(config, "experiment_name", None))
+    return start_trainer_session(trainer, project, run, **kwargs)
 
 
 def log_batch(
@@ -266,8 +231,8 @@ def log_batch(
     rows: int | None = None
     try:
         if session is None:
-            session = _session_of(trainer)
-        if session is _FAILED:
+            session = trainer_session(trainer, open_session)
+        if session is FAILED:
             return 0
         rows = count_rows(
             lambda: len(batch), lambda: batch.batch["responses"], lambda: batch.batch["input_ids"]
@@ -276,7 +241,7 @@ def log_batch(
         tokenizer = trainer.tokenizer
     except Exception as exc:  # telemetry must never stop training
         warn_once(_WHERE, f"could not start logging ({type(exc).__name__}: {exc})")
-        if session is not None and session is not _FAILED:
+        if session is not None and session is not FAILED:
             # Rows that cannot be counted are at least one.
             count_invalid(session, 1 if rows is None else rows)
         return 0
