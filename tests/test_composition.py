@@ -1,121 +1,20 @@
 """The selection tools together: the session's cap, a Selected tier and the watch list, through
-every entry point, against an oracle written from docs/choosing.md and docs/concepts.md.
-
-The oracle, per (split, step), from the docs' definitions alone:
-- watched: a sample whose prompt id is on the watch list, the first `max_per_step` of a step;
-  it passes the session's cap and every `Selected` sink's selection, and is written everywhere;
-- the session's cap keeps, of the other samples, `first`: the first `k` to arrive,
-  `top_bottom`: the `ceil(k/2)` highest and `floor(k/2)` lowest rewards;
-- a plain sink holds the watched samples and what the session kept; a `Selected` sink holds the
-  watched samples and its own sampler's pick of what the session kept.
-"""
+every entry point, against the oracle of tests/_composition.py (written from the docs)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 import asynctrace as at
 from asynctrace import rollouts
 from asynctrace.testing import MemorySink
 
-WATCHED = "w"
-
-
-@dataclass(frozen=True)
-class Row:
-    uid: str
-    prompt_id: str
-    reward: float
-
-
-def _first(rows: Sequence[Row], k: int) -> set[str]:
-    return {r.uid for r in rows[:k]}
-
-
-def _top_bottom(rows: Sequence[Row], k: int) -> set[str]:
-    if len(rows) <= k:
-        return {r.uid for r in rows}
-    order = {r.uid: i for i, r in enumerate(rows)}
-    top = sorted(rows, key=lambda r: (-r.reward, order[r.uid]))[: (k + 1) // 2]
-    rest = [r for r in rows if r not in top]
-    bottom = sorted(rest, key=lambda r: (r.reward, order[r.uid]))[: k // 2]
-    return {r.uid for r in top + bottom}
-
-
-PICK = {"first": _first, "top_bottom": _top_bottom}
-
-
-def oracle(
-    steps: Sequence[Sequence[Row]], cap: tuple[str, int] | None, tier: int | None, watch: bool
-) -> tuple[dict[int, set[str]], dict[int, set[str]]]:
-    """What the plain sink and the tier hold, per step."""
-    plain: dict[int, set[str]] = {}
-    tiered: dict[int, set[str]] = {}
-    for step, rows in enumerate(steps):
-        watched = [r for r in rows if watch and r.prompt_id == WATCHED][:16]
-        others = [r for r in rows if r not in watched]
-        kept = others if cap is None else [r for r in others if r.uid in PICK[cap[0]](others, cap[1])]
-        plain[step] = {r.uid for r in watched} | {r.uid for r in kept}
-        if tier is not None:
-            tiered[step] = {r.uid for r in watched} | _top_bottom(kept, tier)
-    return plain, tiered
-
-
-def _sample(r: Row) -> at.Sample:
-    return at.Sample(
-        messages=[{"role": "user", "content": r.prompt_id}, {"role": "assistant", "content": r.uid}],
-        metadata={"uid": r.uid, "prompt_id": r.prompt_id, "reward": r.reward},
-    )
-
-
-def _rollouts(rows: Sequence[Row]) -> dict[str, Any]:
-    """The rows as log_rollouts takes them: token ids, rewards and metadata columns."""
-    tok = rollouts.toy_tokenizer()
-    seqs = [tok.encode(f"{r.prompt_id} {r.uid}").ids for r in rows]
-    width = max(len(s) for s in seqs)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    attn = torch.zeros(len(rows), width, dtype=torch.bool)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s)
-        attn[i, : len(s)] = True
-    return {
-        "input_ids": ids,
-        "tokenizer": tok,
-        "rewards": torch.tensor([r.reward for r in rows], dtype=torch.float64),
-        "attention_mask": attn,
-        "prompt_lens": [1] * len(rows),
-        "metadata": {"uid": [r.uid for r in rows], "prompt_id": [r.prompt_id for r in rows]},
-    }
-
-
-@st.composite
-def runs(draw: st.DrawFn) -> list[list[Row]]:
-    """A few steps of rows with distinct rewards; some rows carry the watched prompt id."""
-    n_steps = draw(st.integers(1, 5))
-    sizes = [draw(st.integers(1, 14)) for _ in range(n_steps)]
-    rewards = draw(st.lists(st.integers(0, 10_000), min_size=sum(sizes), max_size=sum(sizes), unique=True))
-    out, i = [], 0
-    for step, size in enumerate(sizes):
-        rows = []
-        for j in range(size):
-            prompt = WATCHED if draw(st.integers(0, 4)) == 0 else f"p{j % 3}"
-            rows.append(Row(f"s{step}-{j}", prompt, rewards[i] / 7.0))
-            i += 1
-        out.append(rows)
-    return out
-
-
-def _held(sink: MemorySink) -> dict[int, set[str]]:
-    return {step: {r.sample.metadata["uid"] for r in recs} for step, recs in sink.steps().items()}
+from ._composition import WATCHED, Row, held, oracle, rollout_columns, runs, sample, top_bottom
 
 
 def _session(
@@ -146,11 +45,11 @@ async def _log_async(entry: str, steps: list[list[Row]], cap: Any, tier: Any, wa
                 if not part:
                     continue
                 if entry == "log_samples":
-                    await s.log_samples([_sample(r) for r in part], step=step)
+                    await s.log_samples([sample(r) for r in part], step=step)
                 elif entry == "nowait":
-                    s.log_samples_nowait([_sample(r) for r in part], step=step)
+                    s.log_samples_nowait([sample(r) for r in part], step=step)
                 else:
-                    await s.log_rollouts(step=step, **_rollouts(part))
+                    await s.log_rollouts(step=step, **rollout_columns(part))
     return session.stats(), plain, tracker
 
 
@@ -160,7 +59,7 @@ def _log_blocking(steps: list[list[Row]], cap: Any, tier: Any, watch: bool) -> t
         for step, rows in enumerate(steps):
             for part in (rows[: len(rows) // 2], rows[len(rows) // 2 :]):
                 if part:
-                    s.log_samples([_sample(r) for r in part], step=step)
+                    s.log_samples([sample(r) for r in part], step=step)
     return session.stats(), plain, tracker
 
 
@@ -182,9 +81,9 @@ def test_every_sink_holds_what_the_oracle_says(
     else:
         stats, plain, tracker = anyio.run(_log_async, entry, steps, cap, tier, watch)
     want_plain, want_tier = oracle(steps, cap, tier, watch)
-    assert _held(plain) == {s: v for s, v in want_plain.items() if v}
+    assert held(plain) == {s: v for s, v in want_plain.items() if v}
     if tier is not None:
-        assert _held(tracker) == {s: v for s, v in want_tier.items() if v}
+        assert held(tracker) == {s: v for s, v in want_tier.items() if v}
         tier_stats = stats.sinks["tracker"]
         assert "late" not in tier_stats.skipped
     assert "late" not in stats.dropped
@@ -219,11 +118,11 @@ async def test_watch_with_a_tier_loses_no_step() -> None:
         health_metrics=False,
     ) as s:
         for step, rows in enumerate(steps):
-            await s.log_samples([_sample(r) for r in rows], step=step)
-    held = _held(mem)
-    assert sorted(held) == list(range(10))
+            await s.log_samples([sample(r) for r in rows], step=step)
+    got = held(mem)
+    assert sorted(got) == list(range(10))
     for step in range(10):
-        assert len(held[step]) == 16 + (8 if step % 2 else 0), step
+        assert len(got[step]) == 16 + (8 if step % 2 else 0), step
     assert "late" not in s.stats().sinks["tracker"].skipped
 
 
@@ -232,21 +131,21 @@ async def test_log_rollouts_follows_the_watch_list() -> None:
     """The same 32 rows, cap 16, a watch on one prompt: log_rollouts keeps the 8 watched rows as
     log_samples(decode_rollouts(...)) does."""
     rows = [r for r in _grpo_steps(2)[1]]
-    held = {}
+    kept = {}
     for entry in ("log_rollouts", "log_samples"):
         mem = MemorySink(entry)
         async with at.TraceSession(
             "p", sinks=[mem], max_traces_per_step=16, sampler="top_bottom", watch=at.Watch(ids=[WATCHED])
         ) as s:
             if entry == "log_rollouts":
-                await s.log_rollouts(step=0, **_rollouts(rows))
+                await s.log_rollouts(step=0, **rollout_columns(rows))
             else:
-                kwargs = _rollouts(rows)
+                kwargs = rollout_columns(rows)
                 await s.log_samples(rollouts.decode_rollouts(kwargs.pop("input_ids"), **kwargs), step=0)
-        held[entry] = _held(mem)[0]
+        kept[entry] = held(mem)[0]
     watched = {r.uid for r in rows if r.prompt_id == WATCHED}
-    assert len(watched) == 8 and watched <= held["log_rollouts"]
-    assert held["log_rollouts"] == held["log_samples"]
+    assert len(watched) == 8 and watched <= kept["log_rollouts"]
+    assert kept["log_rollouts"] == kept["log_samples"]
 
 
 @pytest.mark.anyio
@@ -262,14 +161,14 @@ async def test_archive_everything_and_watch_the_tracker_without_a_session_cap() 
         health_metrics=False,
     ) as s:
         for step, rows in enumerate(steps):
-            await s.log_samples([_sample(r) for r in rows], step=step)
-    assert {step: len(v) for step, v in _held(archive).items()} == {0: 32, 1: 32, 2: 32, 3: 32}
+            await s.log_samples([sample(r) for r in rows], step=step)
+    assert {step: len(v) for step, v in held(archive).items()} == {0: 32, 1: 32, 2: 32, 3: 32}
     want = {
-        step: _top_bottom([r for r in rows if r.prompt_id != WATCHED], 4) for step, rows in enumerate(steps)
+        step: top_bottom([r for r in rows if r.prompt_id != WATCHED], 4) for step, rows in enumerate(steps)
     }
     for step, rows in enumerate(steps):
         want[step] |= {r.uid for r in rows if r.prompt_id == WATCHED}
-    assert _held(tracker) == want
+    assert held(tracker) == want
 
 
 @pytest.mark.anyio
@@ -325,7 +224,7 @@ async def test_the_choosing_page_snippet_runs_as_written(
     exec(compile(__import__("textwrap").dedent(snippet), "choosing.md", "exec"), scope)
     rows = [Row(f"r{i}", "gsm8k-0042" if i < 3 else f"p{i % 4}", float(i)) for i in range(40)]
     async with scope["session"] as s:
-        await s.log_samples([_sample(r) for r in rows], step=0)
+        await s.log_samples([sample(r) for r in rows], step=0)
     stats = s.stats()
     assert stats.sinks["trackio"].written == 16 + 3 and stats.sinks["parquet"].written == 40
 
