@@ -105,6 +105,8 @@ def per_sample_loop(batch: dict[str, torch.Tensor], tokenizer: Any, rows: list[i
                 text = tokenizer.decode(ids[start:j], skip_special_tokens=False)
                 messages.append({"role": role, "content": text})
                 start = j
+        if not any(mask):  # the response has no tokens: an empty assistant turn (docs/rollouts.md)
+            messages.append({"role": "assistant", "content": ""})
         metadata = {"sample_index": i, "reward": reward, "seq_len": seqlen}
         if versions:
             metadata["policy_version_min"] = min(versions)
