@@ -47,7 +47,11 @@ def case_steps(index: int, cap: str) -> list[list[Row]]:
             rows = []
             for g in range(rng.randint(3, 5)):
                 prompt = WATCHED if g == 0 and rng.random() < 0.7 else f"g{step}-{g}"
-                rows += [Row(f"s{step}-{g}-{j}", prompt, next(rewards) / 7.0) for j in range(GROUP_SIZE)]
+                # In even steps the watched prompt scores lowest: no cap would keep it there.
+                sign = -1 if prompt == WATCHED and step % 2 == 0 else 1
+                rows += [
+                    Row(f"s{step}-{g}-{j}", prompt, sign * next(rewards) / 7.0) for j in range(GROUP_SIZE)
+                ]
         else:
             rows = [
                 Row(f"s{step}-{j}", WATCHED if rng.random() < 0.3 else f"p{j % 3}", next(rewards) / 7.0)
