@@ -28,7 +28,7 @@ from ._stats import SessionStats
 from ._sync import SyncRunner, SyncTraceSession
 from .sinks._base import Sink
 
-__all__ = ["TraceSession", "hurry_finish", "install_shutdown_hooks", "recovery_session"]
+__all__ = ["TraceSession", "hurry_finish", "install_shutdown_hooks", "log_watched", "recovery_session"]
 
 _OPEN = State.OPEN
 
@@ -333,6 +333,18 @@ def install_shutdown_hooks(
     assert isinstance(target, TraceSession)
     check_seconds("timeout", timeout)
     return shutdown.install(target._life, float(timeout), signals)
+
+
+def log_watched(
+    session: TraceSession, samples: SampleLike | Iterable[SampleLike], *, step: int, split: str = "train"
+) -> int:
+    """Queue samples another process's watch list passed by, within the step's watch cap there
+    (a rank of `asynctrace.distributed`): marked watched, past the session's cap and every
+    `Selected` sink's selection, as the session's own watched samples. Any thread, never waits
+    (under ``on_full="block"`` a full queue drops them as ``"queue_full"``); returns how many
+    were accepted."""
+    check_step(step, split)
+    return session._engine.intake.log_watched(samples, step, split)
 
 
 def hurry_finish(session: TraceSession, timeout: float) -> None:

@@ -2,17 +2,19 @@
 shared by the one-process, torch.distributed and Ray composition tests.
 
 Per (split, step), from the docs' definitions alone:
-- watched: a sample whose prompt id is on the watch list, the first `max_per_step` of a step;
-  it passes the session's cap and every `Selected` sink's selection, and is written everywhere;
+- watched: a sample whose prompt id is on the watch list, the first `max_per_step` (16 unless
+  given) of a step; it passes the session's cap and every `Selected` sink's selection, and is
+  written everywhere; later ones go on to the cap like any other sample;
 - the session's cap keeps, of the other samples, `first`: the first `k` to arrive,
-  `top_bottom`: the `ceil(k/2)` highest and `floor(k/2)` lowest rewards;
+  `top_bottom`: the `ceil(k/2)` highest and `floor(k/2)` lowest rewards (or a function of the
+  step's rows and the step, such as the group sampler's oracle in tests/_group_oracle.py);
 - a plain sink holds the watched samples and what the session kept; a `Selected` sink holds the
   watched samples and its own sampler's pick of what the session kept.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,16 +52,29 @@ def top_bottom(rows: Sequence[Row], k: int) -> set[str]:
 PICK = {"first": first, "top_bottom": top_bottom}
 
 
+def watched_rows(rows: Sequence[Row], max_per_step: int = 16) -> list[Row]:
+    """The rows of one step (in arrival order) the watch list passes by: the first `max_per_step`
+    whose prompt id is watched."""
+    return [r for r in rows if r.prompt_id == WATCHED][:max_per_step]
+
+
+Cap = tuple[str, int] | Callable[[Sequence[Row], int], set[str]] | None
+
+
 def oracle(
-    steps: Sequence[Sequence[Row]], cap: tuple[str, int] | None, tier: int | None, watch: bool
+    steps: Sequence[Sequence[Row]], cap: Cap, tier: int | None, watch: bool, max_per_step: int = 16
 ) -> tuple[dict[int, set[str]], dict[int, set[str]]]:
-    """What the plain sink and the tier hold, per step."""
+    """What the plain sink and the tier hold, per step (each step's rows in arrival order)."""
     plain: dict[int, set[str]] = {}
     tiered: dict[int, set[str]] = {}
     for step, rows in enumerate(steps):
-        watched = [r for r in rows if watch and r.prompt_id == WATCHED][:16]
+        watched = watched_rows(rows, max_per_step) if watch else []
         others = [r for r in rows if r not in watched]
-        kept = others if cap is None else [r for r in others if r.uid in PICK[cap[0]](others, cap[1])]
+        if cap is None:
+            kept = others
+        else:
+            chosen = cap(others, step) if callable(cap) else PICK[cap[0]](others, cap[1])
+            kept = [r for r in others if r.uid in chosen]
         plain[step] = {r.uid for r in watched} | {r.uid for r in kept}
         if tier is not None:
             tiered[step] = {r.uid for r in watched} | top_bottom(kept, tier)

@@ -318,6 +318,20 @@ class Intake:
         self._after_admit(adm, blocking=not nowait)
         return accepted_watched, adm, len(records) + invalid
 
+    def log_watched(self, samples: SampleLike | Iterable[SampleLike], step: int, split: str) -> int:
+        """Queue samples another process's watch list passed by, within the step's watch cap
+        there (a rank's, see asynctrace.distributed): validated, encoded and counted for the
+        group metrics as any call, then marked watched and admitted past every selection, as
+        `_submit` does for its own. Any thread, never waits."""
+        state = self.life.state
+        if state is not _OPEN and state is not State.CLOSED:
+            self.life.check_usable()
+        items, _ = self.encoder.prepare(samples, step, split)
+        records, invalid = self.encoder.encode(items, step, split)
+        if self.groups is not None:
+            self.push_items(self.groups.observe(items, step, split, time.monotonic()))
+        return self._admit_watched(records, invalid, step, split)
+
     def _admit_watched(self, records: list[TraceRecord], invalid: int, step: int, split: str) -> int:
         """Queue watched records past every selection (never waiting for room: under "block" a
         full queue drops them as "queue_full"); returns how many were accepted."""

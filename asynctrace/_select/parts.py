@@ -9,13 +9,14 @@ chooses exactly what one selection offered every part's samples would keep.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from .._records.groups import GroupKey, payload_group
 from .._records.types import TraceRecord
 from .base import Entry, Sampler, StepSelection
+from .watch import WatchCounter
 
-__all__ = ["ROUND_STRIDE", "PartStep", "PartSteps", "Row", "group_key_of", "merge_parts"]
+__all__ = ["ROUND_STRIDE", "PartStep", "PartSteps", "Row", "grant_watched", "group_key_of", "merge_parts"]
 
 # What travels for one kept entry: (sequence number, score, key).
 Row = tuple[int, float | None, float | None]
@@ -36,15 +37,17 @@ def group_key_of(sampler: Sampler) -> GroupKey | None:
 
 class PartStep:
     """One part's selection of one (split, step): O(k) entries at most, with their payloads;
-    `part` is the part number it selects as, `last_seen` when it was last offered samples."""
+    `part` is the part number it selects as, `last_seen` when it was last offered samples.
+    `watched`: the samples this part's watch list passed by the selection (see `grant_watched`)."""
 
-    __slots__ = ("kept", "last_seen", "nbytes", "offered", "part", "selection")
+    __slots__ = ("kept", "last_seen", "nbytes", "offered", "part", "selection", "watched")
 
     def __init__(self, selection: StepSelection, part: int = 0, now: float = 0.0) -> None:
         self.selection = selection
         self.part = part
         self.last_seen = now
         self.kept: dict[int, tuple[Entry, bytes]] = {}  # by sequence number, in arrival order
+        self.watched: list[tuple[Entry, bytes]] = []  # in arrival order
         self.offered = 0
         self.nbytes = 0
 
@@ -75,6 +78,45 @@ class PartStep:
     def rows(self) -> list[tuple[Entry, bytes]]:
         """The kept entries with their payloads, in arrival order."""
         return [self.kept[seq] for seq in sorted(self.kept)]
+
+    @property
+    def held(self) -> int:
+        """The samples this part holds for the step: kept and watched."""
+        return len(self.kept) + len(self.watched)
+
+
+def grant_watched(
+    counter: WatchCounter,
+    sampler: Sampler,
+    split: str,
+    step: int,
+    k: int,
+    parts: Sequence[tuple[int, Sequence[tuple[Entry, bytes]], Sequence[tuple[Entry, bytes]]]],
+) -> tuple[list[bytes], list[list[tuple[Entry, bytes]]]]:
+    """The watched samples of a step whose places the step's watch cap (`counter`) still has,
+    and each part's candidates for the merge.
+
+    `parts` holds, in part order, (part number, what its selection kept, what its watch list
+    passed by), each in the part's arrival order and numbered (`seq`) in one sequence with its
+    kept entries. Places are taken part after part, each part's watched samples in arrival
+    order: the order one process offered every part's samples in. A part's watched samples left
+    without a place go on to the cap as any of its samples would: a selection of their own (a
+    part number no process uses, so a sampler that draws gives them their own stream) keeps
+    what the step could take of them, and they join that part's candidates in arrival order.
+    """
+    granted: list[bytes] = []
+    out: list[list[tuple[Entry, bytes]]] = []
+    for part, cands, watched in parts:
+        ordered = sorted(watched, key=lambda c: c[0].seq)
+        n = counter.take(split, step, len(ordered)) if ordered else 0
+        granted.extend(payload for _, payload in ordered[:n])
+        rest = ordered[n:]
+        if rest:
+            extra = PartStep(sampler.new_part_step(split, step, k, -1 - part))
+            extra.offer(rest)
+            cands = [*cands, *extra.rows()]
+        out.append(list(cands))
+    return granted, out
 
 
 def merge_parts(
@@ -114,9 +156,17 @@ class PartSteps:
         self._seq = 0
 
     def offer(
-        self, split: str, step: int, encoded: Sequence[tuple[bytes, float | None]], now: float = 0.0
+        self,
+        split: str,
+        step: int,
+        encoded: Sequence[tuple[bytes, float | None]],
+        now: float = 0.0,
+        watched: Collection[int] = (),
     ) -> tuple[int, int, int]:
-        """Offer one call's (payload, score) pairs; returns how many are kept for now, cut, and late."""
+        """Offer one call's (payload, score) pairs; returns how many are kept for now, cut, and late.
+
+        The pairs at the positions in `watched` (the watch list's) are held past the selection,
+        numbered in one sequence with the others, for `grant_watched` where the parts meet."""
         if step <= max(self._ended_all, self._ended.get(split, -1)):
             return 0, 0, len(encoded)
         key = (split, step)
@@ -128,16 +178,23 @@ class PartSteps:
         opened.last_seen = now
         before, before_bytes = len(opened.kept), opened.nbytes
         cands = []
-        for payload, score in encoded:
+        passed = 0
+        for i, (payload, score) in enumerate(encoded):
             self._seq += 1
             # The record lets a custom selection read the sample itself, as inside a session.
             record = TraceRecord("", step, split, "", payload, now, score)
             group = payload_group(payload, self.group_key)
-            cands.append((Entry(score, self._seq, record, group=group), payload))
-        cut = opened.offer(cands)
-        self.held += len(opened.kept) - before
-        self.held_bytes += opened.nbytes - before_bytes
-        return sum(1 for e, _ in cands if e.seq in opened.kept), cut, 0
+            entry = Entry(score, self._seq, record, group=group)
+            if i in watched:
+                opened.watched.append((entry, payload))
+                passed += len(payload)
+            else:
+                cands.append((entry, payload))
+        cut = opened.offer(cands) if cands else 0
+        n_watched = len(encoded) - len(cands)
+        self.held += len(opened.kept) - before + n_watched
+        self.held_bytes += opened.nbytes - before_bytes + passed
+        return sum(1 for e, _ in cands if e.seq in opened.kept) + n_watched, cut, 0
 
     def take(self, key: tuple[str, int]) -> list[tuple[Entry, bytes]]:
         """Remove and return what the open step `key` kept so far; the step stays open (a sampler
@@ -152,8 +209,8 @@ class PartSteps:
         """Remove and return these open steps, in order (with `reopen`, each starts a new round
         when it is seen again)."""
         out = [(key, self.open.pop(key)) for key in sorted(keys)]
-        self.held -= sum(len(opened.kept) for _, opened in out)
-        self.held_bytes -= sum(opened.nbytes for _, opened in out)
+        self.held -= sum(opened.held for _, opened in out)
+        self.held_bytes -= sum(opened.nbytes + sum(len(p) for _, p in opened.watched) for _, opened in out)
         if self._reopen:
             for key, _ in out:
                 self._rounds[key] = self._rounds.get(key, 0) + 1

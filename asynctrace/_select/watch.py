@@ -80,16 +80,23 @@ class WatchCounter:
         hits = [i for i, obj in enumerate(items) if match(obj)]
         if not hits:
             return [], list(range(len(items)))
+        take = hits[: self.take(split, step, len(hits))]
+        chosen = set(take)
+        return take, [i for i in range(len(items)) if i not in chosen]
+
+    def take(self, split: str, step: int, n: int) -> int:
+        """Take places of the step's watch cap for `n` watched samples, in order: how many of
+        them (the first ones) still fit. Where several processes found watched samples of one
+        step, whoever writes takes their places process after process."""
         with self._lock:
             key = (split, step)
             used = self._counts.get(key, 0)
-            take = hits[: max(0, self.watch.max_per_step - used)]
-            if take:
-                self._counts[key] = used + len(take)
+            took = min(n, max(0, self.watch.max_per_step - used))
+            if took:
+                self._counts[key] = used + took
                 if len(self._counts) > _WINDOW:
                     del self._counts[min(self._counts, key=lambda k: k[1])]
-        chosen = set(take)
-        return take, [i for i in range(len(items)) if i not in chosen]
+        return took
 
     def give_back(self, split: str, step: int, n: int) -> None:
         """Return `n` places of a step's watch cap that a call which then raised had taken."""

@@ -30,8 +30,9 @@ _RUN_NAME_BYTES = 320
 
 # Steps a rank ended, each with its selection: ((split, step), its part of the step).
 Ended = list[tuple[tuple[str, int], PartStep]]
-# (split, step) -> [(rank, samples offered there, candidates with their payloads)]
-Parts = dict[tuple[str, int], list[tuple[int, int, list[tuple[Entry, bytes]]]]]
+Cands = list[tuple[Entry, bytes]]
+# (split, step) -> [(rank, samples offered there, candidates, watched samples), each with its payload]
+Parts = dict[tuple[str, int], list[tuple[int, int, Cands, Cands]]]
 
 
 class Collective:
@@ -116,7 +117,11 @@ def frame(rank: int, ended: Ended) -> tuple[bytes, int]:
             row = [seq, entry.score, len(payload)]
             entries.append(row if entry.key is None else [*row, entry.key])
             payloads.append(payload)
-        steps.append([split, step, opened.offered, entries])
+        watched = []
+        for entry, payload in opened.watched:
+            watched.append([entry.seq, entry.score, len(payload)])
+            payloads.append(payload)
+        steps.append([split, step, opened.offered, entries, watched])
     if not steps:
         return b"", 0
     head = orjson.dumps({"rank": rank, "steps": steps})
@@ -135,14 +140,17 @@ def unframe(frames: Sequence[bytes], group_of: Callable[[bytes], Hashable | None
         head = orjson.loads(raw[_FRAME.size : _FRAME.size + head_len])
         offset = _FRAME.size + head_len
         rank = int(head["rank"])
-        for split, step, offered, entries in head["steps"]:
-            cands = []
-            for seq, score, size, *key_if_any in entries:
-                key = key_if_any[0] if key_if_any else None
-                payload = raw[offset : offset + size]
-                cands.append((Entry(score, int(seq), key=key, group=group_of(payload)), payload))
-                offset += size
-            by_step.setdefault((split, int(step)), []).append((rank, int(offered), cands))
+        for split, step, offered, *lists in head["steps"]:
+            read: list[Cands] = []
+            for entries in lists:
+                cands = []
+                for seq, score, size, *key_if_any in entries:
+                    key = key_if_any[0] if key_if_any else None
+                    payload = raw[offset : offset + size]
+                    cands.append((Entry(score, int(seq), key=key, group=group_of(payload)), payload))
+                    offset += size
+                read.append(cands)
+            by_step.setdefault((split, int(step)), []).append((rank, int(offered), read[0], read[1]))
     return by_step
 
 

@@ -20,9 +20,10 @@ from .._runtime.lifecycle import close_grace
 from .._security import generated_run_name, logger, shown
 from .._select.base import Sampler
 from .._select.groups import GroupSampler
-from .._select.parts import PartSteps, merge_parts
+from .._select.parts import PartSteps, grant_watched, merge_parts
 from .._select.samplers import SamplerName, resolve_sampler
-from .._session import TraceSession
+from .._select.watch import Watch, WatchCounter
+from .._session import TraceSession, log_watched
 from .._stats import Counts, SessionStats, SinkStats, SpoolStats
 from .._sync import SyncTraceSession, log_payloads
 from ..exceptions import SessionClosedError
@@ -83,7 +84,11 @@ class DistributedTraceLogger:
 
     The writing session is a `TraceSession` built from `project`, `run` and `session_kwargs`
     (any `TraceSession` keyword), or by ``session_factory(rank, run_name)``. In ``"global"`` and
-    ``"per_rank"`` modes selection happens here, so the session gets no cap of its own.
+    ``"per_rank"`` modes selection happens here, so the session gets no cap of its own, and the
+    `watch` list too: a watched sample passes this rank's selection and the merge, within the
+    step's ``max_per_step`` counted once over every rank (rank order, then arrival), and reaches
+    the session marked watched, past every `Selected` sink's selection. In
+    ``"per_rank_stream"`` mode `watch` is the session's own.
     """
 
     def __init__(
@@ -101,6 +106,7 @@ class DistributedTraceLogger:
         on_invalid: Literal["raise", "skip"] = "raise",
         redact: Callable[[Sample], Sample] | None = None,
         device: torch.device | str | None = None,
+        watch: Watch | None = None,
         **session_kwargs: Any,
     ) -> None:
         if mode not in _MODES:
@@ -112,6 +118,8 @@ class DistributedTraceLogger:
                 "(or use mode='per_rank_stream' to write every sample)"
             )
         check_encoding(on_invalid, redact)
+        if watch is not None and not isinstance(watch, Watch):
+            raise ValueError(f"watch must be an asynctrace.Watch, got {type(watch).__name__}")
         if session_factory is not None and session_kwargs:
             raise ValueError("give either session_factory or session keywords, not both")
         # Checked on every rank, not only where a session is made: a name no sink could store
@@ -124,6 +132,7 @@ class DistributedTraceLogger:
         self.sampler = resolve_sampler(sampler)
         self.on_invalid = on_invalid
         self.redact = redact
+        self.watch = watch
         self.group = group
         self._ranks = ranks = Collective(group, dst, device)
         self.rank, self.world_size = ranks.rank, ranks.world_size
@@ -152,6 +161,12 @@ class DistributedTraceLogger:
         # The engine's ledger counts submitted and dropped samples, and warns once per reason;
         # what this rank handed on (to the writing rank, or to its own session) is `written`.
         self._ledger = Ledger((), None, owner="logger", quiet=("capped", "closed"))
+        # The watch list, where selection happens here: this rank's counter passes the first
+        # max_per_step watched samples of a step by its selection; the writing rank's second
+        # one takes the step's places over every rank's (see `grant_watched`).
+        selects = watch is not None and mode != "per_rank_stream"
+        self._watch = WatchCounter(watch) if selects and watch is not None else None
+        self._granted = WatchCounter(watch) if selects and watch is not None and mode == "global" else None
         self._reductions = self._bytes_sent = self._last_bytes = self._payload_bytes = 0
         self._merged_received = self._merged_capped = self._merged_late = 0
         # On the writing rank: the newest step of each split already merged and written.
@@ -163,6 +178,7 @@ class DistributedTraceLogger:
         self._final: RankStats | None = None
 
         session = _make_session(self, session_factory, session_kwargs) if self.writes else None
+        self._session = session
         self._blocking = session is not None and session.on_full == "block"
         self._finish_timeout = session.finish_timeout if session is not None else None
         self._sync = session.start() if session is not None else None
@@ -221,23 +237,33 @@ class DistributedTraceLogger:
                 self._ledger.submitted += len(items)
                 self._ledger.written += len(items)
             return accepted
+        skipped: list[int] = []
         encoded, invalid = encode_samples(
             items,
             redact=self.redact,
             skip_invalid=self.on_invalid == "skip",
             score_needed_by=type(self.sampler).__name__ if self.sampler.needs_score else None,
             group_keys=() if self._steps.group_key is None else (self._steps.group_key,),
+            skipped=skipped,
         )
+        watched: set[int] = set()
+        if self._watch is not None and encoded:
+            # Validated first, then the watch list: an invalid sample takes no watched place.
+            left_out = set(skipped)
+            valid = [obj for i, obj in enumerate(items) if i not in left_out]
+            watched = set(self._watch.split(valid, split, step)[0])
         with self._lock:
             ledger = self._ledger
             ledger.submitted += len(items)
             ledger.drop("invalid", invalid)
             if self._closing:
                 ledger.drop("closed", len(encoded))
-                return 0
-            accepted, cut, late = self._steps.offer(split, step, encoded)
-            ledger.drop("capped", cut)
-            ledger.drop("late", late)
+                accepted, unheld = 0, True
+            else:
+                accepted, cut, late = self._steps.offer(split, step, encoded, watched=watched)
+                ledger.drop("capped", cut)
+                ledger.drop("late", late)
+                unheld = late > 0
             if len(self._steps.open) > _OPEN_STEPS_WARNING and not self._warned_open:
                 self._warned_open = True
                 logger.warning(
@@ -245,7 +271,10 @@ class DistributedTraceLogger:
                     len(self._steps.open),
                     self.rank,
                 )
-            return accepted
+        if watched and unheld and self._watch is not None:
+            # The places taken for watched samples that are not held go back.
+            self._watch.give_back(split, step, len(watched))
+        return accepted
 
     # -- ending steps ---------------------------------------------------------------------------
 
@@ -253,7 +282,7 @@ class DistributedTraceLogger:
         """Remove and return the open steps that end now, counted as handed on from here."""
         with self._lock:
             out = self._steps.end(step, split)
-            self._ledger.written += sum(len(opened.kept) for _, opened in out)
+            self._ledger.written += sum(opened.held for _, opened in out)
         return out
 
     def end_step(self, step: int, split: str | None = None, *, timeout: float | None = None) -> None:
@@ -280,6 +309,8 @@ class DistributedTraceLogger:
             return self._reduce(ended, timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         for (split, step), opened in ended:
+            # This rank's session is the step's only one: its watch counter's places are final.
+            self._write(split, step, [payload for _, payload in opened.watched], deadline, watched=True)
             rows = opened.rows()
             # What a part kept is final for every sampler but one that decides when its step
             # closes (the group sampler holds candidates): the merge of one part decides it.
@@ -298,12 +329,25 @@ class DistributedTraceLogger:
     def _abort(self, ended: Ended) -> None:
         """Count samples taken out of their selections but never handed on as ``"aborted"``."""
         with self._lock:
-            n = sum(len(opened.kept) for _, opened in ended)
+            n = sum(opened.held for _, opened in ended)
             self._ledger.written -= n
             self._ledger.drop("aborted", n)
 
-    def _write(self, split: str, step: int, payloads: Sequence[bytes], deadline: float | None) -> None:
+    def _write(
+        self,
+        split: str,
+        step: int,
+        payloads: Sequence[bytes],
+        deadline: float | None,
+        *,
+        watched: bool = False,
+    ) -> None:
         if not payloads or self._sync is None:
+            return
+        if watched:
+            assert self._session is not None
+            # Past every selection of the session, never waiting for room (as in one process).
+            log_watched(self._session, [orjson.loads(p) for p in payloads], step=step, split=split)
             return
         # This runs on the caller's thread, never on the session's loop thread.
         log_payloads(self._sync, payloads, step=step, split=split, blocking=self._blocking, deadline=deadline)
@@ -332,18 +376,27 @@ class DistributedTraceLogger:
         # process would log in. Sorted, each split's steps come in increasing order, so
         # `_merged_upto` stops only a step that an earlier reduction wrote.
         for (split, step), parts in sorted(by_step.items()):
-            received = sum(len(c) for _, _, c in parts)
+            received = sum(len(c) + len(w) for _, _, c, w in parts)
             self._merged_received += received
             if step <= self._merged_upto.get(split, -1):
                 # Written by an earlier reduction: `flush` ended it only on the ranks that had it
                 # open, and another rank logged some later. Merging again would break the cap.
                 self._merged_late += received
                 continue
-            # The sampler's own merge: exactly what one selection offered every rank's samples,
-            # rank after rank, would keep (see `Sampler.merge`).
-            chosen = merge_parts(self.sampler, split, step, self._steps.k, [cands for _, _, cands in parts])
-            self._merged_capped += received - len(chosen)
+            # The watch list's places over every rank, rank after rank; then the sampler's own
+            # merge: exactly what one selection offered every rank's samples, rank after rank,
+            # would keep (see `Sampler.merge`).
+            k = self._steps.k
+            if self._granted is not None:
+                watched, cands = grant_watched(
+                    self._granted, self.sampler, split, step, k, [(r, c, w) for r, _, c, w in parts]
+                )
+            else:
+                watched, cands = [], [c for _, _, c, _ in parts]
+            chosen = merge_parts(self.sampler, split, step, k, cands)
+            self._merged_capped += received - len(watched) - len(chosen)
             self._merged_upto[split] = step
+            self._write(split, step, watched, deadline, watched=True)
             self._write(split, step, chosen, deadline)
         return deadline
 
@@ -447,6 +500,16 @@ def _make_session(
                 f"in mode {owner.mode!r} the logger selects per step; the session from "
                 "session_factory must have max_traces_per_step=None"
             )
+        if owner.mode != "per_rank_stream" and session.watch is not None:
+            raise ValueError(
+                f"in mode {owner.mode!r} the logger applies the watch list on every rank; give "
+                "watch= to DistributedTraceLogger, not to the session from session_factory"
+            )
+        if owner.mode == "per_rank_stream" and owner.watch is not None:
+            raise ValueError(
+                "in mode 'per_rank_stream' the watch list is the session's: give watch= to the "
+                "session from session_factory"
+            )
         return session
     if kwargs.get("sinks") is None:
         init_kwargs = {"group": owner.trackio_group} if owner.trackio_group else None
@@ -457,6 +520,7 @@ def _make_session(
             sampler=owner.sampler,
             on_invalid=owner.on_invalid,
             redact=owner.redact,
+            watch=owner.watch,
         )
     else:
         # Selection is done by the logger; the session only writes what was selected (it
