@@ -5,7 +5,11 @@ Per (split, step), from the docs' definitions alone:
 - watched: a sample whose prompt id is on the watch list, the first `max_per_step` of a step;
   it passes the session's cap and every `Selected` sink's selection, and is written everywhere;
 - the session's cap keeps, of the other samples, `first`: the first `k` to arrive,
-  `top_bottom`: the `ceil(k/2)` highest and `floor(k/2)` lowest rewards;
+  `top_bottom`: the `ceil(k/2)` highest and `floor(k/2)` lowest rewards, `group:<policy>`: the
+  whole prompt groups choosing.md's group sampler picks (`tests/_group_oracle.py`, groups named
+  by `prompt_id`, seed `GROUP_SEED`);
+- across Ray actors (docs/distributed.md) "the first `max_per_step`" are the first to reach the
+  collector: a step's rows are given in that order;
 - a plain sink holds the watched samples and what the session kept; a `Selected` sink holds the
   watched samples and its own sampler's pick of what the session kept.
 """
@@ -22,6 +26,8 @@ from hypothesis import strategies as st
 import asynctrace as at
 from asynctrace import rollouts
 from asynctrace.testing import MemorySink
+
+from ._group_oracle import pick
 
 WATCHED = "w"
 
@@ -48,18 +54,38 @@ def top_bottom(rows: Sequence[Row], k: int) -> set[str]:
 
 
 PICK = {"first": first, "top_bottom": top_bottom}
+GROUP_SEED = 7
+
+
+def capped(name: str, rows: Sequence[Row], k: int, step: int, split: str = "train") -> set[str]:
+    """The uids the session's cap `name` keeps of one step's rows (in arrival order)."""
+    if not name.startswith("group:"):
+        return PICK[name](rows, k)
+    rewards = [(r.prompt_id, r.reward) for r in rows]
+    chosen = pick(rewards, k, name[6:], seed=GROUP_SEED, split=split, step=step)
+    return {rows[i].uid for i in chosen}
 
 
 def oracle(
-    steps: Sequence[Sequence[Row]], cap: tuple[str, int] | None, tier: int | None, watch: bool
+    steps: Sequence[Sequence[Row]],
+    cap: tuple[str, int] | None,
+    tier: int | None,
+    watch: bool,
+    *,
+    max_per_step: int = 16,
+    split: str = "train",
 ) -> tuple[dict[int, set[str]], dict[int, set[str]]]:
-    """What the plain sink and the tier hold, per step."""
+    """What the plain sink and the tier hold, per step (each step's rows in arrival order)."""
     plain: dict[int, set[str]] = {}
     tiered: dict[int, set[str]] = {}
     for step, rows in enumerate(steps):
-        watched = [r for r in rows if watch and r.prompt_id == WATCHED][:16]
+        watched = [r for r in rows if watch and r.prompt_id == WATCHED][:max_per_step]
         others = [r for r in rows if r not in watched]
-        kept = others if cap is None else [r for r in others if r.uid in PICK[cap[0]](others, cap[1])]
+        kept = (
+            others
+            if cap is None
+            else [r for r in others if r.uid in capped(cap[0], others, cap[1], step, split)]
+        )
         plain[step] = {r.uid for r in watched} | {r.uid for r in kept}
         if tier is not None:
             tiered[step] = {r.uid for r in watched} | top_bottom(kept, tier)

@@ -80,16 +80,24 @@ class WatchCounter:
         hits = [i for i, obj in enumerate(items) if match(obj)]
         if not hits:
             return [], list(range(len(items)))
+        take = hits[: self.take(split, step, len(hits))]
+        chosen = set(take)
+        return take, [i for i in range(len(items)) if i not in chosen]
+
+    def take(self, split: str, step: int, n: int) -> int:
+        """How many of `n` watched samples, matched already (by a Ray client), still fit this
+        step's watch cap: the first ones, which it counts."""
+        if n <= 0:
+            return 0
         with self._lock:
             key = (split, step)
             used = self._counts.get(key, 0)
-            take = hits[: max(0, self.watch.max_per_step - used)]
-            if take:
-                self._counts[key] = used + len(take)
+            taken = min(n, max(0, self.watch.max_per_step - used))
+            if taken:
+                self._counts[key] = used + taken
                 if len(self._counts) > _WINDOW:
                     del self._counts[min(self._counts, key=lambda k: k[1])]
-        chosen = set(take)
-        return take, [i for i in range(len(items)) if i not in chosen]
+        return taken
 
     def give_back(self, split: str, step: int, n: int) -> None:
         """Return `n` places of a step's watch cap that a call which then raised had taken."""
