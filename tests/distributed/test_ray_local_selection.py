@@ -347,3 +347,22 @@ def test_collector_merges_reservoir_parts_by_key_and_counts_late_parts() -> None
     assert (merge.held, merge.capped, merge.late) == (0, 3, 1)
     with pytest.raises(ValueError, match="one row per payload"):
         merge.add("train", 2, 1, [b"a", b"b"], [(0, None, 0.1)], now=12.0)
+
+
+def test_held_group_candidates_count_in_the_client_byte_bound(project: str) -> None:
+    """A group sampler without group_size holds every candidate of an open step on the actor:
+    those count in the client's max_buffered_bytes, so a step larger than the bound is held up
+    to it and the rest dropped as "queue_full", counted, never held without a bound."""
+    collector = start_collector(
+        project, sinks=[MemorySink()], max_traces_per_step=K, sampler=GroupSampler(), finish_at_exit=False
+    )
+    bound = 16 * 1024
+    client = TraceClient(collector, max_buffered_bytes=bound, step_timeout=None)
+    for group in make_groups("held", 0, 200, GROUP_SIZE, seed=0):  # ~130 KB in all
+        client.log_samples_nowait(group, step=0)
+    stats = client.stats()
+    assert stats.held > 0 and stats.held_bytes <= bound
+    assert stats.dropped["queue_full"] == 200 * GROUP_SIZE - stats.held and stats.check()
+    final = client.close(30.0)
+    assert final.check() and final.held == 0 and final.delivered == stats.held
+    assert ray.get(collector.finish.remote()).check()
