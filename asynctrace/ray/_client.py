@@ -221,7 +221,7 @@ class TraceClient:
                 accepted = len(encoded)
                 ship: list[Released] = [(split, step, PLAIN, [p for p, _ in encoded], [])]
             else:
-                marked = [e for i, e in enumerate(encoded) if i in watched]
+                marked = [e for i, e in enumerate(encoded) if i in watched] if watched else []
                 if marked:
                     encoded = [e for i, e in enumerate(encoded) if i not in watched]
                 accepted, capped, ship = self._local.offer(split, step, encoded, now, marked)
