@@ -6,8 +6,12 @@ Per (split, step), from the docs' definitions alone:
   given) of a step; it passes the session's cap and every `Selected` sink's selection, and is
   written everywhere; later ones go on to the cap like any other sample;
 - the session's cap keeps, of the other samples, `first`: the first `k` to arrive,
-  `top_bottom`: the `ceil(k/2)` highest and `floor(k/2)` lowest rewards (or a function of the
-  step's rows and the step, such as the group sampler's oracle in tests/_group_oracle.py);
+  `top_bottom`: the `ceil(k/2)` highest and `floor(k/2)` lowest rewards, `group:<policy>`: the
+  whole prompt groups choosing.md's group sampler picks (`tests/_group_oracle.py`, groups named
+  by `prompt_id`, seed `GROUP_SEED`), or any function of the step's rows and the step;
+- across torch.distributed ranks "the first `max_per_step`" are in rank order, then each rank's
+  arrival order; across Ray actors they are the first to reach the collector: a step's rows are
+  given in that order;
 - a plain sink holds the watched samples and what the session kept; a `Selected` sink holds the
   watched samples and its own sampler's pick of what the session kept.
 """
@@ -24,6 +28,8 @@ from hypothesis import strategies as st
 import asynctrace as at
 from asynctrace import rollouts
 from asynctrace.testing import MemorySink
+
+from ._group_oracle import pick
 
 WATCHED = "w"
 
@@ -50,6 +56,16 @@ def top_bottom(rows: Sequence[Row], k: int) -> set[str]:
 
 
 PICK = {"first": first, "top_bottom": top_bottom}
+GROUP_SEED = 7
+
+
+def capped(name: str, rows: Sequence[Row], k: int, step: int, split: str = "train") -> set[str]:
+    """The uids the session's cap `name` keeps of one step's rows (in arrival order)."""
+    if not name.startswith("group:"):
+        return PICK[name](rows, k)
+    rewards = [(r.prompt_id, r.reward) for r in rows]
+    chosen = pick(rewards, k, name[6:], seed=GROUP_SEED, split=split, step=step)
+    return {rows[i].uid for i in chosen}
 
 
 def watched_rows(rows: Sequence[Row], max_per_step: int = 16) -> list[Row]:
@@ -62,7 +78,13 @@ Cap = tuple[str, int] | Callable[[Sequence[Row], int], set[str]] | None
 
 
 def oracle(
-    steps: Sequence[Sequence[Row]], cap: Cap, tier: int | None, watch: bool, max_per_step: int = 16
+    steps: Sequence[Sequence[Row]],
+    cap: Cap,
+    tier: int | None,
+    watch: bool,
+    max_per_step: int = 16,
+    *,
+    split: str = "train",
 ) -> tuple[dict[int, set[str]], dict[int, set[str]]]:
     """What the plain sink and the tier hold, per step (each step's rows in arrival order)."""
     plain: dict[int, set[str]] = {}
@@ -73,7 +95,7 @@ def oracle(
         if cap is None:
             kept = others
         else:
-            chosen = cap(others, step) if callable(cap) else PICK[cap[0]](others, cap[1])
+            chosen = cap(others, step) if callable(cap) else capped(cap[0], others, cap[1], step, split)
             kept = [r for r in others if r.uid in chosen]
         plain[step] = {r.uid for r in watched} | {r.uid for r in kept}
         if tier is not None:

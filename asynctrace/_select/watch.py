@@ -88,6 +88,8 @@ class WatchCounter:
         """Take places of the step's watch cap for `n` watched samples, in order: how many of
         them (the first ones) still fit. Where several processes found watched samples of one
         step, whoever writes takes their places process after process."""
+        if n <= 0:
+            return 0
         with self._lock:
             key = (split, step)
             used = self._counts.get(key, 0)

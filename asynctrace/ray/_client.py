@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -47,8 +47,9 @@ from .._records.groups import GroupKey
 from .._records.types import Sample, SampleLike
 from .._security import describe
 from .._select.base import Sampler
+from .._select.watch import Watch
 from .._stats import Counts, DropReason
-from ._local import LocalSelection, Released
+from ._local import PLAIN, LocalSelection, Released
 from ._outbox import Call, Outbox
 
 __all__ = ["ClientStats", "TraceClient"]
@@ -186,6 +187,7 @@ class TraceClient:
                 self._ledger.drop("closed" if self._closing else "collector_gone", len(items))
             return 0
         # Validated and encoded in the caller, as the session does.
+        skipped: list[int] = []
         encoded, invalid = encode_samples(
             items,
             redact=self.redact,
@@ -194,7 +196,9 @@ class TraceClient:
             bound="max_batch_bytes",
             score_needed_by=self._score_needed_by,
             group_keys=self._group_keys,
+            skipped=skipped,
         )
+        watched = self._watched(items, skipped, split, step) if encoded else set()
         nbytes = sum(len(p) for p, _ in encoded)
         now = time.monotonic()
         with self._lock:
@@ -215,15 +219,29 @@ class TraceClient:
                 return 0
             if self._local is None:
                 accepted = len(encoded)
-                ship: list[Released] = [(split, step, -1, [p for p, _ in encoded], [])]
+                ship: list[Released] = [(split, step, PLAIN, [p for p, _ in encoded], [])]
             else:
-                accepted, capped, ship = self._local.offer(split, step, encoded, now)
+                marked = [e for i, e in enumerate(encoded) if i in watched] if watched else []
+                if marked:
+                    encoded = [e for i, e in enumerate(encoded) if i not in watched]
+                accepted, capped, ship = self._local.offer(split, step, encoded, now, marked)
                 ledger.drop("capped", capped)
             self._wake(out.append(ship, now))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="asynctrace-ray-client", daemon=True)
                 self._thread.start()
             return accepted
+
+    def _watched(self, items: Sequence[Any], skipped: list[int], split: str, step: int) -> set[int]:
+        """The places, among the call's encoded samples, of those the collector session's watch
+        list passes by, within this client's share of the step's watch budget (counted now)."""
+        watch = self._local.watch if self._local is not None else None
+        if watch is None:
+            return set()
+        if skipped:
+            left_out = set(skipped)
+            items = [obj for i, obj in enumerate(items) if i not in left_out]
+        return set(watch.split(items, split, step)[0])
 
     def end_step(self, step: int, split: str | None = None) -> None:
         """Ship the candidates of every step up to `step` (of `split`, or of every split) now; a
@@ -462,12 +480,14 @@ def _outcome(future: Future[Any]) -> tuple[BaseException | None, DropReason | No
 def _ask_selection(
     collector: ActorHandle[Any], max_open_steps: int, step_timeout: float | None
 ) -> LocalSelection | None:
-    """The local selection matching the collector's cap and sampler, as a part of its own; None
-    when the collector has no cap, or cannot say (then every sample is shipped and selected there)."""
+    """The local selection matching the collector's cap, sampler and watch list, as a part of its
+    own; None when the collector has no cap, or cannot say (then every sample is shipped and
+    selected there)."""
     try:
         ref: Any = collector.selection.remote()
-        answer: tuple[int | None, Sampler | None, int] = ray.get(ref, timeout=SELECTION_TIMEOUT)
-        k, sampler, part = answer
+        answer: tuple[int | None, Sampler | None, int, Watch | None]
+        answer = ray.get(ref, timeout=SELECTION_TIMEOUT)
+        k, sampler, part, watch = answer
     except Exception as exc:
         logger.warning(
             "asynctrace: TraceClient could not ask the collector for its cap (%s); "
@@ -477,7 +497,9 @@ def _ask_selection(
         return None
     if k is None or sampler is None:
         return None
-    return LocalSelection(k, sampler, part, max_open_steps=max_open_steps, step_timeout=step_timeout)
+    return LocalSelection(
+        k, sampler, part, max_open_steps=max_open_steps, step_timeout=step_timeout, watch=watch
+    )
 
 
 # Clients still open at interpreter exit: shipped from a driver, counted as lost elsewhere.

@@ -29,11 +29,12 @@ from .._checks import check_seconds, check_timeout, wait_arg
 from .._runtime.shutdown import hand_on, hook_bound
 from .._security import generated_run_name
 from .._select.base import Sampler
+from .._select.watch import Watch
 from .._session import TraceSession, hurry_finish
 from .._stats import SessionStats
 from .._sync import SyncTraceSession, log_payloads, log_within
 from ..exceptions import SessionClosedError
-from ._local import Released
+from ._local import PLAIN, Released
 from ._merge import Merged, StepMerge
 from ._sinkspec import build_sinks, check_sendable
 
@@ -124,7 +125,11 @@ class TraceCollector:
         if k is not None:
             max_open_steps, step_timeout = session.step_rules
             self._merge = StepMerge(
-                k, session.sampler, max_open_steps=max_open_steps, step_timeout=step_timeout
+                k,
+                session.sampler,
+                max_open_steps=max_open_steps,
+                step_timeout=step_timeout,
+                watch=session.watch,
             )
             # Ray may drop the actor's instance before the exit hooks run (`__ray_terminate__`):
             # the steps still merging then go to the session when the instance goes, so the
@@ -146,10 +151,12 @@ class TraceCollector:
     def ingest_parts(self, groups: Iterable[Released]) -> int:
         """The wire method `TraceClient` calls: one client's parts of (split, step)s, with a row per
         sample for the merge (part -1: a client that does not select, taken as they are). Returns
-        how many samples the session accepted, of those and of the steps this call closed."""
+        how many samples the session accepted, of those and of the steps this call closed.
+        Watched samples (part -2) within the step's watch budget go to the session at once, in
+        order with the merged steps, so its own watch list passes them (docs/distributed.md)."""
         deadline = time.monotonic() + self.ingest_timeout
         groups = list(groups)
-        if self._merge is None or all(part < 0 for _, _, part, _, _ in groups):
+        if self._merge is None or all(part == PLAIN for _, _, part, _, _ in groups):
             # Nothing to merge: no lock, so calls waiting for room (block policy) wait side by side.
             return self._plain([(split, step, p) for split, step, _, p, _ in groups], deadline)
         merge = self._merge
@@ -157,7 +164,7 @@ class TraceCollector:
             now = time.monotonic()
             merged: list[Merged] = []
             for split, step, part, payloads, rows in groups:
-                if part < 0 or merge.closed:
+                if part == PLAIN or merge.closed:
                     # Not selected, or finishing: the session takes them as they are.
                     merged.append((split, step, payloads))
                 else:
@@ -227,14 +234,15 @@ class TraceCollector:
         }
 
     @_group("control")
-    def selection(self) -> tuple[int | None, Sampler | None, int]:
-        """The cap and the sampler a new client selects its part of each step with, and its part
-        number: (k, sampler, part); (None, None, 0) without a cap (clients ship everything)."""
+    def selection(self) -> tuple[int | None, Sampler | None, int, Watch | None]:
+        """The cap, the sampler and the watch list a new client selects its part of each step
+        with, and its part number: (k, sampler, part, watch); (None, None, 0, None) without a
+        cap (clients ship everything, and the session applies its watch list itself)."""
         k = self._session.max_traces_per_step
         if k is None:
-            return None, None, 0
+            return None, None, 0, None
         with self._merge_lock:
-            return k, self._session.sampler, next(self._parts)
+            return k, self._session.sampler, next(self._parts), self._session.watch
 
     @_group("control")
     def flush(self, timeout: float | None = None) -> bool:

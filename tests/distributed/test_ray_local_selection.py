@@ -347,3 +347,57 @@ def test_collector_merges_reservoir_parts_by_key_and_counts_late_parts() -> None
     assert (merge.held, merge.capped, merge.late) == (0, 3, 1)
     with pytest.raises(ValueError, match="one row per payload"):
         merge.add("train", 2, 1, [b"a", b"b"], [(0, None, 0.1)], now=12.0)
+
+
+def test_held_group_candidates_count_in_the_client_byte_bound(project: str) -> None:
+    """A group sampler without group_size holds every candidate of an open step on the actor:
+    those count in the client's max_buffered_bytes, so a step larger than the bound is held up
+    to it and the rest dropped as "queue_full", counted, never held without a bound."""
+    collector = start_collector(
+        project, sinks=[MemorySink()], max_traces_per_step=K, sampler=GroupSampler(), finish_at_exit=False
+    )
+    bound = 16 * 1024
+    client = TraceClient(collector, max_buffered_bytes=bound, step_timeout=None)
+    for group in make_groups("held", 0, 200, GROUP_SIZE, seed=0):  # ~130 KB in all
+        client.log_samples_nowait(group, step=0)
+    stats = client.stats()
+    assert stats.held > 0 and stats.held_bytes <= bound
+    assert stats.dropped["queue_full"] == 200 * GROUP_SIZE - stats.held and stats.check()
+    final = client.close(30.0)
+    assert final.check() and final.held == 0 and final.delivered == stats.held
+    assert ray.get(collector.finish.remote()).check()
+
+
+def test_collector_spends_one_watch_budget_and_merges_the_rest() -> None:
+    """Watched samples within a step's max_per_step go on at once, even for a step already
+    merged; past it they join the step's merge as a part of the collector's own (held, then
+    capped or chosen like any candidate), and are late once their step was merged."""
+    from asynctrace import TopBottomSampler, Watch
+    from asynctrace.ray._local import WATCHED
+    from asynctrace.ray._merge import StepMerge
+
+    merge = StepMerge(
+        2, TopBottomSampler(), max_open_steps=0, step_timeout=None, watch=Watch(ids=["w"], max_per_step=3)
+    )
+
+    def part(prompt: str, rewards: list[float]) -> tuple[list[bytes], list[tuple[int, float, None]]]:
+        payloads = [
+            orjson.dumps({"messages": [], "metadata": {"prompt_id": prompt, "r": r}}) for r in rewards
+        ]
+        return payloads, [(i, r, None) for i, r in enumerate(rewards)]
+
+    watched, rows = part("w", [5.0, 6.0, 7.0, 9.0])
+    assert merge.add("train", 0, WATCHED, watched, rows, now=0.0) == [("train", 0, watched[:3])]
+    assert merge.held == 1  # the fourth: past the budget, a candidate of step 0
+    others, rows = part("p", [1.0, 2.0, 3.0])
+    assert merge.add("train", 0, 1, others, rows, now=0.0) == []
+    nxt, rows = part("p", [4.0])
+    merged = merge.add("train", 1, 1, nxt, rows, now=0.0)  # closes step 0: top 1 and bottom 1 of 4
+    assert merged == [("train", 0, [watched[3], others[0]])]  # parts in order of arrival
+    assert (merge.held, merge.capped, merge.late) == (1, 2, 0)
+    assert merge.add("train", 2, 1, nxt, rows, now=0.0) == [("train", 1, nxt)]  # closes step 1
+    late, rows = part("w", [8.0])
+    assert merge.add("train", 1, WATCHED, late, rows, now=0.0) == [("train", 1, late)]  # never late
+    more, rows = part("w", [1.5])
+    assert merge.add("train", 0, WATCHED, more, rows, now=0.0) == []  # step 0's budget is spent
+    assert (merge.held, merge.capped, merge.late) == (1, 2, 1)
