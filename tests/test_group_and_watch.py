@@ -8,6 +8,7 @@ import threading
 import pytest
 
 import asynctrace as at
+from asynctrace.testing import MemorySink
 from tests._util import read_traces
 
 pytestmark = pytest.mark.anyio
@@ -122,3 +123,31 @@ def test_watch_rejects_bad_arguments() -> None:
         at.Watch(ids=["p7"], max_per_step=0)
     with pytest.raises(ValueError, match=r"watch must be an asynctrace\.Watch"):
         at.TraceSession("p", max_traces_per_step=1, watch=["p7"])  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_an_invalid_watched_sample_takes_no_watch_place() -> None:
+    """choosing.md's order is validate + encode, then the watch list: under on_invalid="skip" an
+    invalid watched sample is counted invalid and the next watched sample gets its place."""
+    mem = MemorySink()
+    ok = {"prompt": "q", "response": "a", "reward": 1.0}
+    async with at.TraceSession(
+        "p",
+        sinks=[mem],
+        max_traces_per_step=1,
+        on_invalid="skip",
+        watch=at.Watch(ids=["w"], max_per_step=1),
+        health_metrics=False,
+    ) as s:
+        call = [
+            dict(ok, prompt_id="w", bad=object()),
+            dict(ok, uid="other"),
+            dict(ok, prompt_id="w", uid="w2"),
+        ]
+        await s.log_samples(call, step=0)
+    stats = s.stats()
+    assert sorted((r.sample.metadata.get("uid"), r.watched) for r in mem.records) == [
+        ("other", False),
+        ("w2", True),
+    ]
+    assert stats.dropped == {"invalid": 1} and stats.written == 2 and stats.check()

@@ -274,19 +274,30 @@ class Intake:
         invalid_watched = 0
         if self.watch is not None:
             picked, others = self.watch.split(items, split, step)
-            part = picked
+            part, divided, held = picked, bool(picked), len(picked)
             try:
-                if picked:
-                    watched, invalid_watched = self.encoder.encode([items[i] for i in picked], step, split)
+                while picked:
+                    part = picked
+                    got, bad = self.encoder.encode([items[i] for i in picked], step, split)
+                    watched += got
+                    invalid_watched += bad
+                    if not bad:
+                        break
+                    # An invalid sample (skipped) takes no place: the next watched ones get it.
+                    self.watch.give_back(split, step, bad)
+                    held -= bad
+                    more, rest = self.watch.split([items[i] for i in others], split, step)
+                    picked, others = [others[j] for j in more], [others[j] for j in rest]
+                    held += len(picked)
                 part = others
                 submitted = self.encoder.submit(
-                    [items[i] for i in others] if picked else items, step, split, key
+                    [items[i] for i in others] if divided else items, step, split, key
                 )
             except BaseException as exc:
-                self.watch.give_back(split, step, len(picked))
+                self.watch.give_back(split, step, held)
                 if (
                     isinstance(exc, RecordError)
-                    and picked
+                    and divided
                     and exc.index is not None
                     and exc.index < len(part)
                 ):
