@@ -8,7 +8,8 @@ one record in 64. ``--archive DIR`` keeps it there and reuses it on the next run
 
 Then runs ``asynctrace view`` itself (the command, in a subprocess) twice: with an empty index
 cache (the first open of an archive) and with the cache the first run left (every later
-start). Each time: seconds until it listens, and until the overview answers. On the second
+start). Each time: seconds until it listens, and until the overview answers; for the first,
+also until its text index is built and kept. On the second
 server it times every view over HTTP, ``--repeat`` times each, after one untimed request;
 the figure is the median, and the slowest is printed too. Side by side, in the same run, it
 answers the overview's, a step's and a prompt's questions with one DuckDB query each straight
@@ -125,7 +126,7 @@ class Server:
 
     def __init__(self, archive: Path, cache: Path) -> None:
         env = dict(os.environ, ASYNCTRACE_VIEW_CACHE=str(cache))
-        started = time.perf_counter()
+        self.started = started = time.perf_counter()
         cmd = [sys.executable, "-m", "asynctrace", "view", str(archive), "--port", "0"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
         assert self.proc.stdout is not None
@@ -202,7 +203,10 @@ def _pages(archive: Path) -> dict[str, str]:
         "record": "/record?" + urlencode({"id": record}),
         "find by id": "/find?" + urlencode({"id": record}),
         "find by reward range": "/find?" + urlencode({"low": 0.5, "high": 1.0}),
-        "find by text (no match: every text read)": "/find?" + urlencode({"q": "zebra crossing"}),
+        "find by text, no match": "/find?" + urlencode({"q": "zebra crossing"}),
+        # One prompt's question: in about 200 records spread over the run's steps.
+        "find by text, a prompt's question": "/find?" + urlencode({"q": f"problem {int(prompt[1:])}:"}),
+        "find by text, a word in most records": "/find?" + urlencode({"q": "Therefore"}),
     }
 
 
@@ -265,9 +269,13 @@ def main(argv: list[str] | None = None) -> int:
 
         cache = scratch / "cache"
         cold = Server(archive, cache)
-        # The index is kept once the pages are ready; the second start needs all of it.
+        # The index is kept once the pages are ready, then the text index is built and kept;
+        # the second start needs all of it.
         while len(list(cache.glob("*.parquet"))) < len(parts):
             time.sleep(0.05)
+        while len(list(cache.glob("text-*/*.parquet"))) < len(parts):
+            time.sleep(0.05)
+        text_ready = time.perf_counter() - cold.started
         cold.close()
         warm = Server(archive, cache)
         try:
@@ -290,12 +298,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"< {START_GOAL_S:.0f} s: {'met' if met else 'not met'} |"
             )
         failed |= warm.indexed >= START_GOAL_S
+        print(
+            f"\nfirst open: text index built and kept {text_ready:.1f} s after the command started "
+            "(until then a search by text reads every message)"
+        )
         print()
         print("| page | median | slowest | goal | one DuckDB query on the files | ratio |")
         print("|---|---|---|---|---|---|")
         for name, (median, slowest) in results.items():
             met = median < GOAL_MS
-            failed |= not met and "text" not in name
+            failed |= not met
             base = direct.get(name)
             extra = f"{base[0]:.0f} ms | {base[0] / median:.1f}x" if base else "— | —"
             print(

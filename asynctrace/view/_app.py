@@ -80,7 +80,10 @@ class Loading:
         finally:
             self.done.set()
         if self.error is None:
-            archive.keep()  # after the pages are ready: the cache saves the next start, not this one
+            # After the overview is ready: the pages that show token-level values wait for them.
+            archive.complete_tokens()
+            archive.keep()  # the cache saves the next start, not this one
+            archive.index_text()  # until then a search by text reads every message
 
 
 def build_app(archive: Archive, *, watch: Sequence[str] = (), loading: Loading | None = None) -> Starlette:
