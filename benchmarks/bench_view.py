@@ -12,8 +12,9 @@ start). Each time: seconds until it listens, and until the overview answers; for
 also until its text index is built and kept. On the second
 server it times every view over HTTP, ``--repeat`` times each, after one untimed request;
 the figure is the median, and the slowest is printed too. Side by side, in the same run, it
-answers the overview's, a step's and a prompt's questions with one DuckDB query each straight
-on the files (what one would type without the viewer) and prints the ratios.
+answers the overview's, a step's and a prompt's questions and each search by text with one
+DuckDB query each straight on the files (what one would type without the viewer; for a search,
+what the viewer did before its text index) and prints the ratios.
 
     python benchmarks/bench_view.py --archive /tmp/view-1m
     python benchmarks/bench_view.py --quick
@@ -36,7 +37,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 GOAL_MS = 300.0
 START_GOAL_S = 2.0
@@ -233,11 +234,21 @@ def direct_queries(archive: Path, page: dict[str, str]) -> dict[str, Callable[[]
     history = f"""
         SELECT step, policy_version, reward, messages FROM '{files}'
         WHERE json_extract_string(metadata, '$.prompt_id') = '{prompt}' ORDER BY step"""
-    return {
+    queries: dict[str, Callable[[], Any]] = {
         "overview": lambda: con.sql(overview).fetchall(),
         "step, by spread": lambda: con.sql(groups).fetchall(),
         "prompt history": lambda: con.sql(history).fetchall(),
     }
+    # A search by text as one query (and as the viewer did before its text index): every message read.
+    for name, path in page.items():
+        if name.startswith("find by text"):
+            text = parse_qs(urlsplit(path).query)["q"][0]
+            search = (
+                f"SELECT id FROM '{files}' WHERE regexp_matches(messages, $p) ORDER BY step, id LIMIT 100"
+            )
+            pattern = {"p": "(?i)" + re.escape(text)}
+            queries[name] = lambda search=search, pattern=pattern: con.execute(search, pattern).fetchall()
+    return queries
 
 
 def main(argv: list[str] | None = None) -> int:

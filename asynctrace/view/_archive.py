@@ -216,9 +216,11 @@ class Archive(Index):
         *,
         metadata: bool = False,
         shown: Callable[[list[Any]], set[str]] | None = None,
+        texts_read: dict[str, str] | None = None,
     ) -> list[Completion]:
         """The index rows matching `where`, with the texts (and with `metadata`, the metadata) of
-        those `shown` picks, every one by default; the others have `loaded` False."""
+        those `shown` picks, every one by default; the others have `loaded` False. `texts_read`
+        gives the messages, by id, where the caller has read them."""
         self._await_tokens()
         with self._query() as con:
             index = con.execute(
@@ -229,9 +231,12 @@ class Archive(Index):
             if not index:
                 return []
             wanted = shown(index) if shown is not None else {r[0] for r in index}
-            picks = [(r[0], r[11], r[12]) for r in index if r[0] in wanted]
-            columns = "messages, " + ("metadata" if metadata else "NULL")
-            texts = {r[0]: r for r in self._rows(con, picks, columns)}
+            if texts_read is not None:  # read already (a search by text): not read again
+                texts = {i: (i, texts_read[i], None) for i in wanted if i in texts_read}
+            else:
+                picks = [(r[0], r[11], r[12]) for r in index if r[0] in wanted]
+                columns = "messages, " + ("metadata" if metadata else "NULL")
+                texts = {r[0]: r for r in self._rows(con, picks, columns)}
         out = []
         for r in index:
             _, raw_messages, raw_metadata = texts.get(r[0], (r[0], None, None))
@@ -360,15 +365,20 @@ class Archive(Index):
             if self.kind == "jsonl":
                 # A case-insensitive regular expression of the literal text: twice as fast as lower().
                 hits = con.execute(
-                    f"SELECT id, step FROM records WHERE {where} AND regexp_matches(messages, $pattern) "
-                    f"ORDER BY step, id LIMIT {int(limit)}",
+                    f"SELECT id, step, messages FROM records WHERE {where} "
+                    f"AND regexp_matches(messages, $pattern) ORDER BY step, id LIMIT {int(limit)}",
                     {"pattern": pattern, **params},
                 ).fetchall()
             else:
                 hits = self._find_text(con, text, pattern, where, params, limit)
         if not hits:
             return []
-        return self._completions("id IN (SELECT unnest($hits))", {"hits": [h[0] for h in hits]}, "step, id")
+        return self._completions(
+            "id IN (SELECT unnest($hits))",
+            {"hits": [h[0] for h in hits]},
+            "step, id",
+            texts_read={h[0]: h[2] for h in hits},
+        )
 
     def _block_steps(self, con: duckdb.DuckDBPyConnection) -> dict[tuple[int, int], int]:
         """The first step of each block of each Parquet file: (src, block) -> step (kept until new files)."""
@@ -388,8 +398,8 @@ class Archive(Index):
         where: str,
         params: dict[str, Any],
         limit: int,
-    ) -> list[tuple[str, int]]:
-        """(id, step) of the first `limit` records, by step and id, matching `where` whose messages
+    ) -> list[tuple[str, int, str]]:
+        """(id, step, messages) of the first `limit` records, by step and id, matching `where` whose messages
         match `pattern` (the text, any case). Files with a text index are read only in the blocks
         that hold every term of the text, the others whole; blocks are read in the order of their
         first step, a batch at a time, until no block left can come before the hits found."""
@@ -408,7 +418,7 @@ class Archive(Index):
         parts = [(firsts.get(key, 0), key[0], key[1], key[1]) for key in holding]
         parts += [(file_first.get(src, 0), src, 0, -1) for src in usable if src not in indexed]
         parts.sort()
-        hits: list[tuple[str, int]] = []
+        hits: list[tuple[str, int, str]] = []
         i, size = 0, _SEARCH_FIRST_ROWS
         while i < len(parts):
             if len(hits) >= limit and parts[i][0] > hits[limit - 1][1]:
@@ -434,8 +444,8 @@ class Archive(Index):
         where: str,
         params: dict[str, Any],
         limit: int,
-    ) -> list[tuple[str, int]]:
-        """(id, step) of the first `limit` matches in these blocks: one scan per run of
+    ) -> list[tuple[str, int, str]]:
+        """(id, step, messages) of the first `limit` matches in these blocks: one scan per run of
         neighbouring blocks, which DuckDB reads by row number."""
         runs: list[tuple[int, int, int]] = []  # (src, first row, last row), last -1: the whole file
         for _, src, first, last in sorted(batch, key=lambda p: (p[1], p[2])):
@@ -448,8 +458,10 @@ class Archive(Index):
             files[f"f{k}"] = self.files[src]
             rows = f"file_row_number BETWEEN {low} AND {high} AND " if high >= 0 else ""
             selects.append(
-                f"SELECT id, step FROM read_parquet($f{k}, file_row_number = true) "
+                f"SELECT id, step, messages FROM read_parquet($f{k}, file_row_number = true) "
                 f"WHERE {rows}{where} AND regexp_matches(messages, $pattern)"
             )
         query = " UNION ALL ".join(selects) + f" ORDER BY step, id LIMIT {int(limit)}"
-        return [(r[0], r[1]) for r in con.execute(query, {"pattern": pattern, **params, **files}).fetchall()]
+        return [
+            (r[0], r[1], r[2]) for r in con.execute(query, {"pattern": pattern, **params, **files}).fetchall()
+        ]
