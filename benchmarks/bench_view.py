@@ -8,7 +8,8 @@ one record in 64. ``--archive DIR`` keeps it there and reuses it on the next run
 
 Then runs ``asynctrace view`` itself (the command, in a subprocess) twice: with an empty index
 cache (the first open of an archive) and with the cache the first run left (every later
-start). Each time: seconds until it listens, and until the overview answers; for the first,
+start). Each time: seconds until it listens, until the overview answers (a later start answers it
+from the summary the first kept), and until every page answers (the index read); for the first,
 also until its text index is built and kept. On the second
 server it times every view over HTTP, ``--repeat`` times each, after one untimed request;
 the figure is the median, and the slowest is printed too. Side by side, in the same run, it
@@ -141,6 +142,11 @@ class Server:
         while fetch(self.url + "/")[0] == 503:
             time.sleep(0.01)
         self.indexed = time.perf_counter() - started
+        # The overview may answer from a kept summary before the index is read: every page
+        # answers once it is.
+        while fetch(self.url + "/step?split=train&step=0")[0] == 503:
+            time.sleep(0.01)
+        self.ready = time.perf_counter() - started
 
     def close(self) -> None:
         self.proc.terminate()
@@ -300,15 +306,15 @@ def main(argv: list[str] | None = None) -> int:
             warm.close()
         failed = False
         print()
-        print("| start | listening | overview answers | goal |")
-        print("|---|---|---|---|")
+        print("| start | listening | overview answers | every page answers | goal (overview) |")
+        print("|---|---|---|---|---|")
         for label, server in (("first open (empty cache)", cold), ("later start (cache kept)", warm)):
             met = server.indexed < START_GOAL_S
             print(
-                f"| {label} | {server.listening:.2f} s | {server.indexed:.2f} s | "
+                f"| {label} | {server.listening:.2f} s | {server.indexed:.2f} s | {server.ready:.2f} s | "
                 f"< {START_GOAL_S:.0f} s: {'met' if met else 'not met'} |"
             )
-        failed |= warm.indexed >= START_GOAL_S
+            failed |= not met
         print(
             f"\nfirst open: text index built and kept {text_ready:.1f} s after the command started "
             "(until then a search by text reads every message)"

@@ -19,6 +19,7 @@ import orjson
 from .._records.tokens import decode_token_fields
 from ._index import TOKEN_COLUMNS, Index
 from ._model import TRUNCATED, Completion, GroupRow, StepRow, Tokens, split_messages
+from ._summary import MAX_PROMPTS, Summary, path_for, read, write
 from ._text import BLOCK, candidates_sql, terms
 
 __all__ = ["Archive"]
@@ -90,7 +91,39 @@ class Archive(Index):
         self.frequent_prompts()
         if keep:
             self.keep()
+            self.keep_summary()
             self.index_text()
+
+    def keep_summary(self) -> None:
+        """Keep the overview's answers in the cache for the next start of these same files (`_summary`)."""
+        if self.cache is None or self.kind != "parquet":
+            return
+        rows, frequent = self.overview(), self.frequent_prompts(50)
+        with self._lock:
+            if "overview" not in self._cache:
+                return  # files came meanwhile: the next start lists others and reads the index anyway
+            names = [self._cached(f) for f in self.files]
+            count = self._con.execute("SELECT count(DISTINCT prompt) FROM idx").fetchone()
+            prompts = None
+            if count is not None and count[0] <= MAX_PROMPTS:
+                counted = self._con.execute(
+                    "SELECT prompt, count(DISTINCT step), count(*) FROM idx "
+                    "WHERE prompt IS NOT NULL GROUP BY prompt"
+                ).fetchall()
+                prompts = {p: (steps, n) for p, steps, n in counted}
+            skipped = {os.path.basename(f): why for f, why in self.skipped.items()}
+        if names and all(n is not None for n in names):
+            key = sorted(n.name for n in names if n is not None)
+            write(path_for(self.cache, key), Summary(rows, frequent, prompts, skipped))
+
+    def read_summary(self) -> Summary | None:
+        """The overview's answers kept for exactly the files the archive holds now, if any."""
+        if self.cache is None or self.kind != "parquet":
+            return None
+        names = [self._cached(f) for f in self._listing()]
+        if not names or any(n is None for n in names):
+            return None
+        return read(path_for(self.cache, sorted(n.name for n in names if n is not None)))
 
     def _await_tokens(self) -> None:
         """Wait (outside the lock) for the token-level values a first open reads after the overview."""

@@ -94,3 +94,45 @@ def test_pages_with_token_values_wait_for_them(tmp_path: Path) -> None:
     waiting.join(10)
     assert answers and answers[0] is not None and list(answers[0].token_ids) == [1, 2, 3]
     assert sum(c.has_tokens for c in archive.find(low=0.0, high=1.0)) == 6
+
+
+def test_a_later_start_answers_the_overview_from_the_kept_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start over the same files answers the overview from what the former one kept, the same
+    page, before its index is read; other pages say "indexing" until it is. A changed archive
+    has no summary."""
+    from asynctrace.view import _app
+    from asynctrace.view._archive import Archive as Store
+
+    from ._html import get
+
+    parquet, _ = _archive.write(tmp_path / "run")
+    cache = tmp_path / "cache"
+    first = Store(parquet, cache=cache)
+    first.load()  # keeps the index and the summary
+    with _archive.serving(_app.build_app(first, watch=("p-alpha",))) as base:
+        indexed = get(base, "/").html
+    release = threading.Event()
+    real_load = Store.load
+
+    def slow_load(self: Any, keep: bool = True) -> None:
+        assert release.wait(20)
+        real_load(self, keep)
+
+    monkeypatch.setattr(Store, "load", slow_load)
+    later = Store(parquet, cache=cache)
+    loading = _app.Loading(later)
+    try:
+        with _archive.serving(_app.build_app(later, watch=("p-alpha",), loading=loading)) as base:
+            early = get(base, "/")
+            assert early.status == 200 and early.html == indexed
+            assert get(base, "/step?step=1").status == 503
+            release.set()
+            assert loading.done.wait(20)
+            assert get(base, "/step?step=1").status == 200 and get(base, "/").html == indexed
+    finally:
+        release.set()
+    assert later.read_summary() is not None
+    _write_with_lengths(parquet)  # one more file: the kept summary is not of these files
+    assert Store(parquet, cache=cache).read_summary() is None
