@@ -236,10 +236,10 @@ def run(
 ) -> None:
     """Listen on `host`:`port` (0: any free port) and serve until interrupted, indexing the
     archive meanwhile."""
-    import uvicorn
-
     archive = Archive(source, cache=cache)
     app = build_app(archive, watch=watch, loading=Loading(archive))
+    import uvicorn  # after the indexing started: it runs while uvicorn loads
+
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
