@@ -36,7 +36,8 @@ LENGTH_KEYS: tuple[str, ...] = ("response_len", "response_length")
 TOKEN_COLUMNS: tuple[str, ...] = ("token_ids", "loss_mask", "logprobs", "advantages")
 # Bumped whenever the index's columns or their meaning change: older cached indexes are not read.
 _INDEX_VERSION = 2
-# The same for the text index (`_text`), kept in a folder of its own beside the index's files.
+# The same for the text index (`_text`: bumped when its words or its BLOCK change), kept in a
+# folder of its own beside the index's files.
 _TEXT_FOLDER = "text-1"
 # The columns every file of a ParquetSink archive has (docs/sinks.md); a file without them is skipped.
 _REQUIRED = frozenset(
@@ -116,6 +117,7 @@ class Index:
         self._udf = False
         self._loading = False
         self._defer = False
+        self._columns: dict[str, frozenset[str]] = {}  # each readable Parquet file's columns
         # Parquet files indexed without their token-level values: (src, file's columns).
         self._untokened: list[tuple[int, frozenset[str]]] = []
         # Cleared while some are: the pages that show token-level values wait for it.
@@ -195,7 +197,6 @@ class Index:
         """The files of the archive's schema, and their columns; any other is skipped with its reason."""
         usable: list[str] = []
         have: set[str] = set()
-        self._columns: dict[str, frozenset[str]] = {}
         for f in files:
             try:
                 columns = {
@@ -282,13 +283,15 @@ class Index:
         try:
             for src, columns in pending:
                 tokens, count = _token_values(columns)
-                cursor.execute(
-                    f"UPDATE idx SET tok = coalesce(t.tok, false), rlen = coalesce(idx.rlen, t.n) "
-                    f"FROM (SELECT file_row_number AS rn, {tokens} AS tok, {count} AS n "
-                    f"FROM read_parquet($file, file_row_number = true)) t "
-                    f"WHERE idx.src = {int(src)} AND idx.rn = t.rn",
-                    {"file": self.files[src]},
-                )
+                # A file that went away since is left without them: its pages say it is gone.
+                with contextlib.suppress(duckdb.Error):
+                    cursor.execute(
+                        f"UPDATE idx SET tok = coalesce(t.tok, false), rlen = coalesce(idx.rlen, t.n) "
+                        f"FROM (SELECT file_row_number AS rn, {tokens} AS tok, {count} AS n "
+                        f"FROM read_parquet($file, file_row_number = true)) t "
+                        f"WHERE idx.src = {int(src)} AND idx.rn = t.rn",
+                        {"file": self.files[src]},
+                    )
         finally:
             cursor.close()
             with self._lock:
@@ -379,13 +382,17 @@ class Index:
             cursor = self._con.cursor()
             try:
                 for src, file in todo:
-                    self._index_words(cursor, src, file)
+                    try:
+                        self._index_words(cursor, src, file)
+                    except duckdb.Error:
+                        continue  # a file that went away: searched whole, which says it is gone
                     with self._lock:
                         self.text_indexed.add(src)
             finally:
                 cursor.close()
 
     def _index_words(self, con: duckdb.DuckDBPyConnection, src: int, file: str) -> None:
+        """Put one file's words in table `words`, from the cache or from the file."""
         kept = self._cached(file)
         path = None if kept is None else kept.parent / _TEXT_FOLDER / kept.name
         if path is not None and path.is_file():
