@@ -1,16 +1,23 @@
-"""`asynctrace demo`: a simulated asynchronous GRPO run that logs its rollouts to a local Trackio project.
+"""`asynctrace demo`: a simulated asynchronous GRPO run, logged the way docs/choosing.md recommends.
 
 Rollout workers (anyio tasks) sample a prompt from a small built-in corpus, "generate" a group
 of completions with the policy version they last synced, score them and send the group into a
 bounded memory stream. The trainer consumes groups with some staleness (policy version lag),
-drops groups that are too stale, logs every sample it trains on through one `TraceSession`
-(capped per step by the ``top_bottom`` sampler) plus per-step metrics, and bumps the policy
-version. Token counts come from a byte-level BPE tokenizer trained on the corpus at start-up
-with the `tokenizers` library; nothing is downloaded.
+drops groups that are too stale, trains on one group of the watched prompt and
+``prompts_per_step - 1`` others a step, logs every sample it trains on through one
+`TraceSession` plus per-step metrics, and bumps the policy version.
+
+The session writes every sample to a Parquet archive (what `asynctrace view` reads) and, to
+Trackio, the group sampler's pick (``GroupSampler("top", stat="spread", group_size=n)``: the
+groups with the most reward spread) plus the watched prompt at every step. Without pyarrow the
+archive is skipped, and the demo says so. Token counts come from a byte-level BPE tokenizer
+trained on the corpus at start-up with the `tokenizers` library; nothing is downloaded.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import itertools
 import math
 import os
@@ -19,16 +26,21 @@ import re
 import shlex
 import statistics
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
+from ._security import generated_run_name
+from ._select.groups import GroupSampler
+from ._select.watch import Watch
 from ._session import TraceSession
-from ._stats import SessionStats
-from .sinks import TrackioSink
+from ._stats import SessionStats, SinkStats
+from .sinks import ParquetSink, Selected, Sink, TrackioSink
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -36,6 +48,8 @@ if TYPE_CHECKING:
 __all__ = ["DemoConfig", "DemoResult", "DemoRun", "Problem", "build_tokenizer", "format_summary"]
 
 DATASET = "asynctrace-demo-math"
+# The prompt the watch list follows at every step (Tom's pencils: solved more often as training goes on).
+WATCHED = 5
 SPECIAL_TOKENS = ("<|user|>", "<|assistant|>", "<|end|>")
 MAX_NEW_TOKENS = 64
 
@@ -169,11 +183,12 @@ class DemoConfig:
 
     project: str = "asynctrace-demo"
     run: str | None = None
+    archive: str = "asynctrace-demo-archive"
     steps: int = 20
-    workers: int = 4
+    workers: int = 8
     group_size: int = 8
-    prompts_per_step: int = 4
-    max_traces: int = 8
+    prompts_per_step: int = 8
+    max_traces: int = 16
     max_staleness: int = 2
     seed: int = 0
     progress: bool = True
@@ -270,7 +285,9 @@ async def _rollout_worker(
     async with send:
         for seq in itertools.count():
             version = policy.version  # the weights this worker synced before generating
-            index = rng.randrange(len(CORPUS))
+            # The data loader puts the watched prompt in about one group in `prompts_per_step`,
+            # as many as the trainer takes of it.
+            index = WATCHED if rng.random() < 1 / cfg.prompts_per_step else rng.randrange(len(CORPUS))
             problem = CORPUS[index]
             completions = [_complete(problem, version, rng, tokenizer) for _ in range(cfg.group_size)]
             # Generation time grows with the longest completion, as with batched decoding.
@@ -289,6 +306,11 @@ def _advantages(rewards: list[float]) -> list[float]:
     return [round((r - mean) / (std + 1e-4), 4) for r in rewards]
 
 
+def prompt_id(index: int) -> str:
+    """The stable id of a corpus prompt: what the watch list and `asynctrace view` follow across steps."""
+    return f"math-{index:02d}"
+
+
 def _samples(group: Group, step: int, staleness: int) -> list[dict[str, Any]]:
     problem = CORPUS[group.prompt_index]
     advantages = _advantages([c.reward for c in group.completions])
@@ -302,6 +324,8 @@ def _samples(group: Group, step: int, staleness: int) -> list[dict[str, Any]]:
             "stop_reason": c.stop_reason,
             "generation_time": round(group.seconds, 4),
             "dataset": DATASET,
+            "prompt_id": prompt_id(group.prompt_index),
+            "group_uid": f"w{group.worker}-g{group.seq}",
             "prompt_index": group.prompt_index,
             "sample_index": i,
             "trajectory_id": f"w{group.worker}-g{group.seq}-s{i}",
@@ -352,19 +376,30 @@ async def _trainer(
     receive: ObjectReceiveStream[Group],
     progress: Any,
 ) -> None:
-    """Consume groups, log each one as it is trained on, then take an optimizer step."""
+    """Consume groups (one of the watched prompt and `prompts_per_step - 1` others a step), log
+    each one as it is trained on, then take an optimizer step. A group the step has no room for
+    waits in a buffer for the next one, as in a replay buffer."""
+    buffer: deque[Group] = deque()
     for step in range(cfg.steps):
         groups: list[Group] = []
         staleness: list[int] = []
-        while len(groups) < cfg.prompts_per_step:
-            group = await receive.receive()
+        wanted = {True: 1, False: cfg.prompts_per_step - 1}  # watched, others
+        spare: deque[Group] = deque()
+        while wanted[True] or wanted[False]:
+            group = buffer.popleft() if buffer else await receive.receive()
             lag = policy.version - group.policy_version
             if lag > cfg.max_staleness:  # too off-policy to train on
                 counters.groups_stale += 1
                 continue
+            watched = group.prompt_index == WATCHED
+            if not wanted[watched]:
+                spare.append(group)
+                continue
+            wanted[watched] -= 1
             groups.append(group)
             staleness.append(lag)
             await session.log_samples(_samples(group, step, lag), step=step)
+        buffer = spare + buffer
         counters.groups_used += len(groups)
         metrics = _step_metrics(groups, staleness, policy.version, counters.groups_stale)
         await session.log_metrics(metrics, step=step)
@@ -400,6 +435,12 @@ class DemoResult:
     elapsed: float
     trackio_dir: str | None = None
     problems: tuple[str, ...] = ()
+    # The Parquet archive of every sample (absolute), or None when it was skipped (`archive_skipped`).
+    archive: str | None = None
+    archive_skipped: str | None = None
+    max_traces: int = 0
+    group_size: int = 0
+    watched: str = ""
 
     @property
     def ok(self) -> bool:
@@ -419,16 +460,36 @@ def trackio_dir() -> str | None:
     return os.path.join(HF_HOME, "trackio")
 
 
+def archive_sink(directory: Path) -> tuple[ParquetSink | None, str | None]:
+    """The Parquet archive's sink, or None and why it was skipped (pyarrow is not installed)."""
+    try:
+        return ParquetSink(directory), None
+    except ImportError as exc:
+        return None, str(exc)
+
+
 class DemoRun:
     """One demo run: its session and the simulated trainer's counters, readable even after an interrupt."""
 
     def __init__(self, cfg: DemoConfig) -> None:
         self.cfg = cfg
+        run = cfg.run or generated_run_name()
+        self.archive_dir = Path(cfg.archive, run).absolute()
+        self.archive, self.archive_skipped = archive_sink(self.archive_dir)
+        self.trackio = TrackioSink()
+        # The tracker tier docs/choosing.md recommends: the groups with the most reward spread.
+        tier = Selected(
+            self.trackio,
+            max_traces_per_step=cfg.max_traces,
+            sampler=GroupSampler("top", stat="spread", group_size=cfg.group_size),
+        )
+        sinks: list[Sink] = [tier] if self.archive is None else [self.archive, tier]
         self.session = TraceSession(
             cfg.project,
-            run=cfg.run,
-            max_traces_per_step=cfg.max_traces,
-            sampler="top_bottom",
+            run=run,
+            sinks=sinks,
+            # The watch list passes every selection by: the watched prompt's whole group, every step.
+            watch=Watch(ids=[prompt_id(WATCHED)], max_per_step=max(16, cfg.group_size)),
         )
         self.policy = _Policy()
         self.counters = _Counters()
@@ -469,9 +530,14 @@ class DemoRun:
         """The run's accounting so far (final once the session has finished)."""
         cfg = self.cfg
         stats = self.session.stats()
-        sink = self.session.sinks[0]
-        finished = isinstance(sink, TrackioSink) and sink.finished
+        finished = self.trackio.finished
         problems = _problems(stats, finished)
+        if self.archive is not None:
+            archived = stats.sinks.get(self.archive.name, SinkStats())
+            if archived.written != stats.written:
+                problems.append(
+                    f"the archive holds {archived.written} of the {stats.written} samples written"
+                )
         if self.policy.version < cfg.steps:
             problems.append(f"interrupted after {self.policy.version} of {cfg.steps} steps")
         return DemoResult(
@@ -488,6 +554,11 @@ class DemoRun:
             elapsed=time.perf_counter() - self.started,
             trackio_dir=trackio_dir(),
             problems=tuple(problems),
+            archive=None if self.archive is None else str(self.archive_dir),
+            archive_skipped=self.archive_skipped,
+            max_traces=cfg.max_traces,
+            group_size=cfg.group_size,
+            watched=prompt_id(WATCHED),
         )
 
 
@@ -517,12 +588,26 @@ def _dropped_line(dropped: Mapping[str, int]) -> str:
     return ", ".join(parts) or "none"
 
 
+def _skipped_line(skipped: Mapping[str, int]) -> str:
+    return ", ".join(f"{reason} {n}" for reason, n in sorted(skipped.items()) if n) or "none"
+
+
 def dashboard_command(project: str, directory: str | None = None) -> str:
     """The shell command that opens Trackio's dashboard on the demo's project."""
     command = f"trackio show --project {_shell_word(project)}"
     if os.environ.get("TRACKIO_DIR") and directory:
         command = f"TRACKIO_DIR={_shell_word(directory)} {command}"
     return command
+
+
+def view_command(archive: str, watched: str) -> str:
+    """The shell command that browses the demo's archive with `asynctrace view`."""
+    return f"asynctrace view {_shell_word(archive)} --watch {_shell_word(watched)}"
+
+
+def _view_missing() -> list[str]:
+    """The packages of the `view` extra that are not installed."""
+    return [name for name in ("duckdb", "starlette", "uvicorn") if importlib.util.find_spec(name) is None]
 
 
 def _shell_word(text: str) -> str:
@@ -532,12 +617,14 @@ def _shell_word(text: str) -> str:
     return shlex.quote(text)
 
 
-def format_summary(result: DemoResult, max_traces: int) -> str:
-    """The end-of-run report: accounting, the invariant check, and how to open the dashboard."""
+def format_summary(result: DemoResult, max_traces: int | None = None) -> str:
+    """The end-of-run report: accounting per sink, the invariant check, and how to open both views."""
     s = result.stats
     total = s.written + s.failed + s.pending + s.dropped_total
     holds = "OK" if s.check() else "FAILED"
-    per_step = min(max_traces, result.samples_per_step)
+    cap = result.max_traces if max_traces is None else max_traces
+    groups = cap // result.group_size if result.group_size else 0
+    tier = s.sinks.get("trackio", SinkStats())
     lines = [
         "",
         f"asynctrace demo: {result.steps_done} of {result.steps} steps in {result.elapsed:.1f}s",
@@ -545,8 +632,21 @@ def format_summary(result: DemoResult, max_traces: int) -> str:
         f"  run         {result.run}",
         f"  rollouts    {result.groups_generated} groups generated, {result.groups_used} trained on, "
         f"{result.groups_stale} dropped as too stale",
-        f"  samples     {s.submitted} submitted, {s.written} written to Trackio "
-        f"(top_bottom, {per_step} of {result.samples_per_step} per step)",
+        f"  samples     {s.submitted} submitted ({result.samples_per_step} per step)",
+    ]
+    if result.archive is not None:
+        archived = s.sinks.get("parquet", SinkStats())
+        lines.append(
+            f"  parquet     {archived.written} written (every sample), {archived.failed} failed, "
+            f"to {result.archive}"
+        )
+    else:
+        lines.append(f"  parquet     skipped: {result.archive_skipped}")
+    lines += [
+        f"  trackio     {tier.written} written: the top {groups} group(s) of {result.group_size} by reward "
+        f"spread a step (GroupSampler, max_traces_per_step={cap}) plus the watched prompt "
+        f"{result.watched}; left out by its selection: {_skipped_line(tier.skipped)}; "
+        f"{tier.failed} failed",
         f"  written     {s.written}",
         f"  dropped     {_dropped_line(s.dropped)}",
         f"  failed      {s.failed}",
@@ -562,9 +662,22 @@ def format_summary(result: DemoResult, max_traces: int) -> str:
         lines.extend(f"PROBLEM: {p}" for p in result.problems)
     lines += [
         "",
-        "Open the dashboard:",
+        "Open the dashboard (the groups with the most signal, and the watched prompt, at every step):",
         f"  {dashboard_command(result.project, result.trackio_dir)}",
     ]
+    if result.archive is not None:
+        lines += [
+            "Browse every sample (steps, GRPO groups, the watched prompt across steps):",
+            f"  {view_command(result.archive, result.watched)}",
+        ]
+        missing = _view_missing()
+        if missing:
+            lines.append(f'  (needs {", ".join(missing)}: pip install "asynctrace[view]")')
+    else:
+        lines.append(
+            "To keep every sample in a Parquet archive and browse it with asynctrace view: "
+            'pip install "asynctrace[parquet,view]"'
+        )
     return "\n".join(lines)
 
 
@@ -579,17 +692,30 @@ def main(cfg: DemoConfig) -> int:
             "the demo trains a small tokenizer with the `tokenizers` package; install it with "
             "`pip install tokenizers` (or `pip install asynctrace[tokenizers]`)"
         ) from None
+    if cfg.max_traces < cfg.group_size:
+        raise click.UsageError(
+            f"--max-traces {cfg.max_traces} keeps no group of --group-size {cfg.group_size}: "
+            "the Trackio tier keeps whole groups, so give at least the group size"
+        )
+    cfg = dataclasses.replace(cfg, run=cfg.run or generated_run_name())
+    folder = Path(cfg.archive, cfg.run or "").absolute()
+    if any(folder.glob("*.parquet")):
+        raise click.UsageError(f"{folder} already holds a run's archive: choose another --run or --archive")
+    demo = DemoRun(cfg)
+    if demo.archive_skipped:
+        click.echo(f"Parquet archive skipped ({demo.archive_skipped}): logging to Trackio only.", err=True)
+    where = f"every sample to {demo.archive_dir}, " if demo.archive is not None else ""
     click.echo(
         f"Simulating asynchronous GRPO: {cfg.workers} rollout workers, groups of {cfg.group_size}, "
-        f"{cfg.prompts_per_step} prompts per step, logging at most {cfg.max_traces} traces per step "
-        f'to Trackio project "{cfg.project}".'
+        f"{cfg.prompts_per_step} prompts per step; logging {where}and to Trackio project "
+        f'"{cfg.project}" the top {cfg.max_traces // cfg.group_size} group(s) by reward spread a step '
+        f"plus the watched prompt {prompt_id(WATCHED)}."
     )
-    demo = DemoRun(cfg)
     try:
         result = anyio.run(demo.run)
     except KeyboardInterrupt:
         # The session finished (shielded) before the interrupt got here: report what it did.
-        click.echo(format_summary(demo.result(), cfg.max_traces))
+        click.echo(format_summary(demo.result()))
         return 130
-    click.echo(format_summary(result, cfg.max_traces))
+    click.echo(format_summary(result))
     return 0 if result.ok else 1

@@ -54,18 +54,21 @@ def _demo_option(name: str, help: str, *, minimum: int | None = None, **kwargs: 
 @main.command()
 @_demo_option("project", "Trackio project to log to.", callback=_plain_name)
 @_demo_option("run", "Run name (generated when omitted).", callback=_plain_name)
+@_demo_option("archive", "Where the Parquet archive of every sample goes (in a folder named after the run).")
 @_demo_option("steps", "Training steps.", minimum=1)
 @_demo_option("workers", "Concurrent rollout workers.", minimum=1)
 @_demo_option("group_size", "Completions per prompt.", minimum=2)
 @_demo_option("prompts_per_step", "Groups the trainer consumes per step.", minimum=1)
-@_demo_option("max_traces", "Traces kept per step (top_bottom sampler).", minimum=1)
+@_demo_option("max_traces", "Traces sent to Trackio per step (whole groups, by reward spread).", minimum=1)
 @_demo_option("max_staleness", "Policy versions a group may lag before the trainer drops it.", minimum=0)
 @_demo_option("seed", "Seed of the simulated rollouts.")
 @_demo_option("progress", "Show a progress bar.")
 def demo(**options: Any) -> None:
-    """Run a simulated asynchronous GRPO trainer that logs its rollouts to a local Trackio project.
+    """Run a simulated asynchronous GRPO trainer, logged the recommended way: every sample to a
+    Parquet archive, and the groups with the most reward spread plus a watched prompt to Trackio.
 
     Trackio stores projects under $TRACKIO_DIR when it is set, else in its default directory.
+    Without pyarrow the archive is skipped, and the demo says so.
     Exits non-zero when any sample is lost or the accounting invariant does not hold.
     """
     # Each option is named after a DemoConfig field: a missing or unknown one fails here.

@@ -8,11 +8,14 @@ one record in 64. ``--archive DIR`` keeps it there and reuses it on the next run
 
 Then runs ``asynctrace view`` itself (the command, in a subprocess) twice: with an empty index
 cache (the first open of an archive) and with the cache the first run left (every later
-start). Each time: seconds until it listens, and until the overview answers. On the second
+start). Each time: seconds until it listens, until the overview answers (a later start answers it
+from the summary the first kept), and until every page answers (the index read); for the first,
+also until its text index is built and kept. On the second
 server it times every view over HTTP, ``--repeat`` times each, after one untimed request;
 the figure is the median, and the slowest is printed too. Side by side, in the same run, it
-answers the overview's, a step's and a prompt's questions with one DuckDB query each straight
-on the files (what one would type without the viewer) and prints the ratios.
+answers the overview's, a step's and a prompt's questions and each search by text with one
+DuckDB query each straight on the files (what one would type without the viewer; for a search,
+what the viewer did before its text index) and prints the ratios.
 
     python benchmarks/bench_view.py --archive /tmp/view-1m
     python benchmarks/bench_view.py --quick
@@ -35,7 +38,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 GOAL_MS = 300.0
 START_GOAL_S = 2.0
@@ -125,7 +128,7 @@ class Server:
 
     def __init__(self, archive: Path, cache: Path) -> None:
         env = dict(os.environ, ASYNCTRACE_VIEW_CACHE=str(cache))
-        started = time.perf_counter()
+        self.started = started = time.perf_counter()
         cmd = [sys.executable, "-m", "asynctrace", "view", str(archive), "--port", "0"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
         assert self.proc.stdout is not None
@@ -139,6 +142,11 @@ class Server:
         while fetch(self.url + "/")[0] == 503:
             time.sleep(0.01)
         self.indexed = time.perf_counter() - started
+        # The overview may answer from a kept summary before the index is read: every page
+        # answers once it is.
+        while fetch(self.url + "/step?split=train&step=0")[0] == 503:
+            time.sleep(0.01)
+        self.ready = time.perf_counter() - started
 
     def close(self) -> None:
         self.proc.terminate()
@@ -202,7 +210,10 @@ def _pages(archive: Path) -> dict[str, str]:
         "record": "/record?" + urlencode({"id": record}),
         "find by id": "/find?" + urlencode({"id": record}),
         "find by reward range": "/find?" + urlencode({"low": 0.5, "high": 1.0}),
-        "find by text (no match: every text read)": "/find?" + urlencode({"q": "zebra crossing"}),
+        "find by text, no match": "/find?" + urlencode({"q": "zebra crossing"}),
+        # One prompt's question: in about 200 records spread over the run's steps.
+        "find by text, a prompt's question": "/find?" + urlencode({"q": f"problem {int(prompt[1:])}:"}),
+        "find by text, a word in most records": "/find?" + urlencode({"q": "Therefore"}),
     }
 
 
@@ -229,11 +240,21 @@ def direct_queries(archive: Path, page: dict[str, str]) -> dict[str, Callable[[]
     history = f"""
         SELECT step, policy_version, reward, messages FROM '{files}'
         WHERE json_extract_string(metadata, '$.prompt_id') = '{prompt}' ORDER BY step"""
-    return {
+    queries: dict[str, Callable[[], Any]] = {
         "overview": lambda: con.sql(overview).fetchall(),
         "step, by spread": lambda: con.sql(groups).fetchall(),
         "prompt history": lambda: con.sql(history).fetchall(),
     }
+    # A search by text as one query (and as the viewer did before its text index): every message read.
+    for name, path in page.items():
+        if name.startswith("find by text"):
+            text = parse_qs(urlsplit(path).query)["q"][0]
+            search = (
+                f"SELECT id FROM '{files}' WHERE regexp_matches(messages, $p) ORDER BY step, id LIMIT 100"
+            )
+            pattern = {"p": "(?i)" + re.escape(text)}
+            queries[name] = lambda search=search, pattern=pattern: con.execute(search, pattern).fetchall()
+    return queries
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,9 +286,13 @@ def main(argv: list[str] | None = None) -> int:
 
         cache = scratch / "cache"
         cold = Server(archive, cache)
-        # The index is kept once the pages are ready; the second start needs all of it.
+        # The index is kept once the pages are ready, then the text index is built and kept;
+        # the second start needs all of it.
         while len(list(cache.glob("*.parquet"))) < len(parts):
             time.sleep(0.05)
+        while len(list(cache.glob("text-*/*.parquet"))) < len(parts):
+            time.sleep(0.05)
+        text_ready = time.perf_counter() - cold.started
         cold.close()
         warm = Server(archive, cache)
         try:
@@ -281,21 +306,25 @@ def main(argv: list[str] | None = None) -> int:
             warm.close()
         failed = False
         print()
-        print("| start | listening | overview answers | goal |")
-        print("|---|---|---|---|")
+        print("| start | listening | overview answers | every page answers | goal (overview) |")
+        print("|---|---|---|---|---|")
         for label, server in (("first open (empty cache)", cold), ("later start (cache kept)", warm)):
             met = server.indexed < START_GOAL_S
             print(
-                f"| {label} | {server.listening:.2f} s | {server.indexed:.2f} s | "
+                f"| {label} | {server.listening:.2f} s | {server.indexed:.2f} s | {server.ready:.2f} s | "
                 f"< {START_GOAL_S:.0f} s: {'met' if met else 'not met'} |"
             )
-        failed |= warm.indexed >= START_GOAL_S
+            failed |= not met
+        print(
+            f"\nfirst open: text index built and kept {text_ready:.1f} s after the command started "
+            "(until then a search by text reads every message)"
+        )
         print()
         print("| page | median | slowest | goal | one DuckDB query on the files | ratio |")
         print("|---|---|---|---|---|---|")
         for name, (median, slowest) in results.items():
             met = median < GOAL_MS
-            failed |= not met and "text" not in name
+            failed |= not met
             base = direct.get(name)
             extra = f"{base[0]:.0f} ms | {base[0] / median:.1f}x" if base else "— | —"
             print(

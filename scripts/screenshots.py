@@ -50,7 +50,8 @@ def _free_port() -> int:
 
 def _run_demo(env: dict[str, str]) -> None:
     cmd = [sys.executable, "-m", "asynctrace", "demo", "--project", PROJECT, "--run", RUN]
-    cmd += ["--steps", "12", "--no-progress"]
+    # The archive goes beside Trackio's data, into the temporary directory.
+    cmd += ["--steps", "12", "--no-progress", "--archive", os.path.join(env["TRACKIO_DIR"], "archive")]
     subprocess.run(cmd, env=env, check=True, timeout=300)
 
 

@@ -18,6 +18,7 @@ from starlette.routing import Route
 from . import _pages as pages
 from ._archive import Archive
 from ._model import prompt_steps
+from ._summary import Summary
 
 __all__ = ["build_app", "run"]
 
@@ -62,25 +63,32 @@ def _text(request: Request, name: str) -> str:
 
 
 class Loading:
-    """An archive being indexed on a thread of its own, so the server answers from its start."""
+    """An archive being indexed on a thread of its own, so the server answers from its start:
+    the overview from the answers a former start kept for the same files (`summary`), if any."""
 
     def __init__(self, archive: Archive) -> None:
         self.done = threading.Event()
         self.error: BaseException | None = None
         self.started = time.monotonic()
+        self.summary: Summary | None = None
         threading.Thread(
             target=self._load, args=(archive,), name="asynctrace-view-index", daemon=True
         ).start()
 
     def _load(self, archive: Archive) -> None:
         try:
+            self.summary = archive.read_summary()
             archive.load(keep=False)
         except BaseException as exc:  # shown on every page: the server stays up to say what failed
             self.error = exc
         finally:
             self.done.set()
         if self.error is None:
-            archive.keep()  # after the pages are ready: the cache saves the next start, not this one
+            # After the overview is ready: the pages that show token-level values wait for them.
+            archive.complete_tokens()
+            archive.keep()  # the cache saves the next start, not this one
+            archive.keep_summary()
+            archive.index_text()  # until then a search by text reads every message
 
 
 def build_app(archive: Archive, *, watch: Sequence[str] = (), loading: Loading | None = None) -> Starlette:
@@ -89,9 +97,16 @@ def build_app(archive: Archive, *, watch: Sequence[str] = (), loading: Loading |
     label = str(archive.path)
     css = resources.files("asynctrace.view").joinpath("static/view.css").read_bytes()
 
-    def page(view: Callable[[Request], Response | str]) -> Callable[[Request], Response]:
+    def kept() -> Summary | None:
+        """The kept overview while the index is read, when it answers the overview whole."""
+        if loading is None or loading.done.is_set() or loading.summary is None:
+            return None
+        return loading.summary if not watch or loading.summary.prompts is not None else None
+
+    def page(view: Callable[[Request], Response | str], early: bool = False) -> Callable[[Request], Response]:
         def endpoint(request: Request) -> Response:
-            if loading is not None and not loading.done.wait(0.25):
+            from_summary = early and kept() is not None
+            if loading is not None and not from_summary and not loading.done.wait(0.25):
                 seconds = time.monotonic() - loading.started
                 return HTMLResponse(
                     pages.loading_page(seconds, archive=label), status_code=503, headers={"Retry-After": "1"}
@@ -119,16 +134,17 @@ def build_app(archive: Archive, *, watch: Sequence[str] = (), loading: Loading |
         return "train" if "train" in splits or not splits else splits[0]
 
     def overview(request: Request) -> str:
-        rows = archive.overview()
-        counts = archive.prompt_counts(list(watch)) if watch else {}
+        summary = kept()
+        if summary is not None:
+            rows, frequent, skipped = summary.overview, summary.frequent[:10], summary.skipped
+            counts = summary.prompt_counts(list(watch))
+        else:
+            rows, frequent = archive.overview(), archive.frequent_prompts()
+            counts = archive.prompt_counts(list(watch)) if watch else {}
+            skipped = {os.path.basename(f): why for f, why in archive.skipped.items()}
         watched = [(p, *counts.get(p, (0, 0))) for p in watch]
         return pages.overview_page(
-            rows,
-            watched,
-            archive.frequent_prompts(),
-            archive=label,
-            total=sum(r.samples for r in rows),
-            skipped={os.path.basename(f): why for f, why in archive.skipped.items()},
+            rows, watched, frequent, archive=label, total=sum(r.samples for r in rows), skipped=skipped
         )
 
     def step(request: Request) -> str:
@@ -197,7 +213,7 @@ def build_app(archive: Archive, *, watch: Sequence[str] = (), loading: Loading |
         return Response(css, media_type="text/css", headers={"Cache-Control": "max-age=3600"})
 
     routes = [
-        Route("/", page(overview)),
+        Route("/", page(overview, early=True)),
         Route("/step", page(step)),
         Route("/group", page(group)),
         Route("/prompt", page(prompt)),
@@ -220,10 +236,10 @@ def run(
 ) -> None:
     """Listen on `host`:`port` (0: any free port) and serve until interrupted, indexing the
     archive meanwhile."""
-    import uvicorn
-
     archive = Archive(source, cache=cache)
     app = build_app(archive, watch=watch, loading=Loading(archive))
+    import uvicorn  # after the indexing started: it runs while uvicorn loads
+
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:

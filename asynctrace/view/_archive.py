@@ -19,12 +19,20 @@ import orjson
 from .._records.tokens import decode_token_fields
 from ._index import TOKEN_COLUMNS, Index
 from ._model import TRUNCATED, Completion, GroupRow, StepRow, Tokens, split_messages
+from ._summary import MAX_PROMPTS, Summary, path_for, read, write
+from ._text import BLOCK, candidates_sql, terms
 
 __all__ = ["Archive"]
 
 # Pages list the archive's directory for new files at most this often.
 _RESCAN_SECONDS = 2.0
 _TRUNCATED_SQL = "(" + ", ".join(f"'{s}'" for s in TRUNCATED) + ")"
+# Seconds a page waits for the token-level values a first open reads after the overview.
+_TOKENS_DEADLINE = 60.0
+# Rows a search by text reads in its first query, and at most in one (a whole file without a
+# text index counts as a full query).
+_SEARCH_FIRST_ROWS = 2 * BLOCK
+_SEARCH_BATCH_ROWS = 32 * BLOCK
 
 
 def _highlights(rows: list[Any]) -> set[str]:
@@ -72,13 +80,55 @@ class Archive(Index):
 
     def load(self, keep: bool = True) -> None:
         """Index every file there is now, answer the overview's questions once (then kept), and
-        with `keep` write the cache (else the caller calls `keep()` when it likes: after
-        the server says it is ready, as `asynctrace view` does)."""
-        self.build()
+        with `keep` write the cache and index the texts. Without it the token-level values wait
+        too (unless the overview needs them): the caller then calls `complete_tokens()`, `keep()`
+        and `index_text()` when it likes, after the server says it is ready, as `asynctrace
+        view` does."""
+        self.build(defer_tokens=not keep)
+        if self.lengths_need_tokens():
+            self.complete_tokens()
         self.overview()
         self.frequent_prompts()
         if keep:
             self.keep()
+            self.keep_summary()
+            self.index_text()
+
+    def keep_summary(self) -> None:
+        """Keep the overview's answers in the cache for the next start of these same files (`_summary`)."""
+        if self.cache is None or self.kind != "parquet":
+            return
+        rows, frequent = self.overview(), self.frequent_prompts(50)
+        with self._lock:
+            if "overview" not in self._cache:
+                return  # files came meanwhile: the next start lists others and reads the index anyway
+            names = [self._cached(f) for f in self.files]
+            count = self._con.execute("SELECT count(DISTINCT prompt) FROM idx").fetchone()
+            prompts = None
+            if count is not None and count[0] <= MAX_PROMPTS:
+                counted = self._con.execute(
+                    "SELECT prompt, count(DISTINCT step), count(*) FROM idx "
+                    "WHERE prompt IS NOT NULL GROUP BY prompt"
+                ).fetchall()
+                prompts = {p: (steps, n) for p, steps, n in counted}
+            skipped = {os.path.basename(f): why for f, why in self.skipped.items()}
+        if names and all(n is not None for n in names):
+            key = sorted(n.name for n in names if n is not None)
+            write(path_for(self.cache, key), Summary(rows, frequent, prompts, skipped))
+
+    def read_summary(self) -> Summary | None:
+        """The overview's answers kept for exactly the files the archive holds now, if any."""
+        if self.cache is None or self.kind != "parquet":
+            return None
+        names = [self._cached(f) for f in self._listing()]
+        if not names or any(n is None for n in names):
+            return None
+        return read(path_for(self.cache, sorted(n.name for n in names if n is not None)))
+
+    def _await_tokens(self) -> None:
+        """Wait (outside the lock) for the token-level values a first open reads after the overview."""
+        if not self.tokens_ready.wait(_TOKENS_DEADLINE):
+            raise TimeoutError("the archive's token-level fields are still being read: try again in a moment")
 
     @contextmanager
     def _query(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -199,9 +249,12 @@ class Archive(Index):
         *,
         metadata: bool = False,
         shown: Callable[[list[Any]], set[str]] | None = None,
+        texts_read: dict[str, str] | None = None,
     ) -> list[Completion]:
         """The index rows matching `where`, with the texts (and with `metadata`, the metadata) of
-        those `shown` picks, every one by default; the others have `loaded` False."""
+        those `shown` picks, every one by default; the others have `loaded` False. `texts_read`
+        gives the messages, by id, where the caller has read them."""
+        self._await_tokens()
         with self._query() as con:
             index = con.execute(
                 "SELECT id, step, split, grp, prompt, reward, advantage, policy_version, stop_reason, "
@@ -211,9 +264,12 @@ class Archive(Index):
             if not index:
                 return []
             wanted = shown(index) if shown is not None else {r[0] for r in index}
-            picks = [(r[0], r[11], r[12]) for r in index if r[0] in wanted]
-            columns = "messages, " + ("metadata" if metadata else "NULL")
-            texts = {r[0]: r for r in self._rows(con, picks, columns)}
+            if texts_read is not None:  # read already (a search by text): not read again
+                texts = {i: (i, texts_read[i], None) for i in wanted if i in texts_read}
+            else:
+                picks = [(r[0], r[11], r[12]) for r in index if r[0] in wanted]
+                columns = "messages, " + ("metadata" if metadata else "NULL")
+                texts = {r[0]: r for r in self._rows(con, picks, columns)}
         out = []
         for r in index:
             _, raw_messages, raw_metadata = texts.get(r[0], (r[0], None, None))
@@ -290,6 +346,7 @@ class Archive(Index):
 
     def tokens(self, record_id: str) -> Tokens | None:
         """The record's token-level fields; None when it has none (or no such record)."""
+        self._await_tokens()
         with self._query() as con:
             found = con.execute(
                 "SELECT id, src, rn FROM idx WHERE id = $id AND tok", {"id": record_id}
@@ -336,21 +393,108 @@ class Archive(Index):
         where = " AND ".join(conditions) or "true"
         if not text:
             return self._completions(where, params, f"step, id LIMIT {int(limit)}")
+        pattern = "(?i)" + re.escape(text)
         with self._query() as con:
-            files = [f for f in self.files if f not in self.skipped]
             if self.kind == "jsonl":
-                relation, extra = "records", {}
-            elif files:
-                relation, extra = "read_parquet($files, union_by_name = true)", {"files": files}
+                # A case-insensitive regular expression of the literal text: twice as fast as lower().
+                hits = con.execute(
+                    f"SELECT id, step, messages FROM records WHERE {where} "
+                    f"AND regexp_matches(messages, $pattern) ORDER BY step, id LIMIT {int(limit)}",
+                    {"pattern": pattern, **params},
+                ).fetchall()
             else:
-                return []
-            # The typed conditions are columns of the files too: one pass over them finds the hits.
-            # A case-insensitive regular expression of the literal text: twice as fast as lower().
-            hits = con.execute(
-                f"SELECT id FROM {relation} WHERE {where} AND regexp_matches(messages, $pattern) "
-                f"ORDER BY step, id LIMIT {int(limit)}",
-                {"pattern": "(?i)" + re.escape(text), **params, **extra},
-            ).fetchall()
+                hits = self._find_text(con, text, pattern, where, params, limit)
         if not hits:
             return []
-        return self._completions("id IN (SELECT unnest($hits))", {"hits": [h[0] for h in hits]}, "step, id")
+        return self._completions(
+            "id IN (SELECT unnest($hits))",
+            {"hits": [h[0] for h in hits]},
+            "step, id",
+            texts_read={h[0]: h[2] for h in hits},
+        )
+
+    def _block_steps(self, con: duckdb.DuckDBPyConnection) -> dict[tuple[int, int], int]:
+        """The first step of each block of each Parquet file: (src, block) -> step (kept until new files)."""
+        if "blocks" not in self._cache:
+            rows = con.execute(
+                f"SELECT src, rn // {BLOCK}, min(step) FROM idx WHERE rn IS NOT NULL GROUP BY ALL"
+            ).fetchall()
+            self._cache["blocks"] = {(src, block): step for src, block, step in rows}
+        blocks: dict[tuple[int, int], int] = self._cache["blocks"]
+        return blocks
+
+    def _find_text(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        text: str,
+        pattern: str,
+        where: str,
+        params: dict[str, Any],
+        limit: int,
+    ) -> list[tuple[str, int, str]]:
+        """(id, step, messages) of the first `limit` records, by step and id, matching `where` whose messages
+        match `pattern` (the text, any case). Files with a text index are read only in the blocks
+        that hold every term of the text, the others whole; blocks are read in the order of their
+        first step, a batch at a time, until no block left can come before the hits found."""
+        usable = [src for src, f in enumerate(self.files) if f not in self.skipped]
+        found = terms(text)
+        indexed = self.text_indexed.intersection(usable) if found else set()
+        holding: set[tuple[int, int]] = set()
+        if indexed:
+            sql, terms_params = candidates_sql(found)
+            holding = {(src, blk) for src, blk in con.execute(sql, terms_params).fetchall() if src in indexed}
+        firsts = self._block_steps(con)
+        file_first: dict[int, int] = {}
+        for (src, _), step in firsts.items():
+            file_first[src] = min(step, file_first.get(src, step))
+        # (first step, src, first block, last block): a block, or a whole file without a text index.
+        parts = [(firsts.get(key, 0), key[0], key[1], key[1]) for key in holding]
+        parts += [(file_first.get(src, 0), src, 0, -1) for src in usable if src not in indexed]
+        parts.sort()
+        hits: list[tuple[str, int, str]] = []
+        i, size = 0, _SEARCH_FIRST_ROWS
+        while i < len(parts):
+            if len(hits) >= limit and parts[i][0] > hits[limit - 1][1]:
+                break  # every block left starts after the last hit kept
+            # A text in most records fills the page from the first blocks; a rare one reads
+            # batches twice as large each time.
+            batch, rows = [], 0
+            while i < len(parts) and rows < size:
+                batch.append(parts[i])
+                rows += BLOCK if parts[i][3] >= 0 else size
+                i += 1
+            size = min(2 * size, _SEARCH_BATCH_ROWS)
+            hits.extend(self._search(con, batch, pattern, where, params, limit))
+            hits.sort(key=lambda h: (h[1], h[0]))
+            del hits[limit:]
+        return hits
+
+    def _search(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        batch: list[tuple[int, int, int, int]],
+        pattern: str,
+        where: str,
+        params: dict[str, Any],
+        limit: int,
+    ) -> list[tuple[str, int, str]]:
+        """(id, step, messages) of the first `limit` matches in these blocks: one scan per run of
+        neighbouring blocks, which DuckDB reads by row number."""
+        runs: list[tuple[int, int, int]] = []  # (src, first row, last row), last -1: the whole file
+        for _, src, first, last in sorted(batch, key=lambda p: (p[1], p[2])):
+            if runs and runs[-1][0] == src and last >= 0 and runs[-1][2] == first * BLOCK - 1:
+                runs[-1] = (src, runs[-1][1], (last + 1) * BLOCK - 1)
+            else:
+                runs.append((src, first * BLOCK, (last + 1) * BLOCK - 1 if last >= 0 else -1))
+        selects, files = [], {}
+        for k, (src, low, high) in enumerate(runs):
+            files[f"f{k}"] = self.files[src]
+            rows = f"file_row_number BETWEEN {low} AND {high} AND " if high >= 0 else ""
+            selects.append(
+                f"SELECT id, step, messages FROM read_parquet($f{k}, file_row_number = true) "
+                f"WHERE {rows}{where} AND regexp_matches(messages, $pattern)"
+            )
+        query = " UNION ALL ".join(selects) + f" ORDER BY step, id LIMIT {int(limit)}"
+        return [
+            (r[0], r[1], r[2]) for r in con.execute(query, {"pattern": pattern, **params, **files}).fetchall()
+        ]

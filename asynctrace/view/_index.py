@@ -26,6 +26,7 @@ from duckdb.func import SPECIAL
 
 from .._records.groups import DEFAULT_GROUP_KEYS
 from .._select.watch import DEFAULT_WATCH_KEYS
+from ._text import words_sql
 
 __all__ = ["LENGTH_KEYS", "TOKEN_COLUMNS", "Index"]
 
@@ -35,6 +36,9 @@ LENGTH_KEYS: tuple[str, ...] = ("response_len", "response_length")
 TOKEN_COLUMNS: tuple[str, ...] = ("token_ids", "loss_mask", "logprobs", "advantages")
 # Bumped whenever the index's columns or their meaning change: older cached indexes are not read.
 _INDEX_VERSION = 2
+# The same for the text index (`_text`: bumped when its words or its BLOCK change), kept in a
+# folder of its own beside the index's files.
+_TEXT_FOLDER = "text-1"
 # The columns every file of a ParquetSink archive has (docs/sinks.md); a file without them is skipped.
 _REQUIRED = frozenset(
     ("id", "step", "split", "messages", "metadata", "reward", "advantage", "policy_version", "stop_reason")
@@ -55,6 +59,19 @@ _PATHS = [_path(k) for k in _KEYS]
 
 def _coalesce(keys: Sequence[str]) -> str:
     return "coalesce(" + ", ".join(f"j[{_KEYS.index(k) + 1}]" for k in keys) + ")"
+
+
+def _token_values(columns: set[str] | frozenset[str]) -> tuple[str, str]:
+    """SQL of whether a record has token-level fields, and of its tokens in the loss (else its
+    tokens), over a Parquet file with these columns."""
+    present = [c for c in TOKEN_COLUMNS if c in columns]
+    tokens = " OR ".join(f"{c} IS NOT NULL" for c in present) or "false"
+    count = "NULL"
+    if "loss_mask" in columns:
+        count = "list_sum(loss_mask)"
+    elif "token_ids" in columns:
+        count = "len(token_ids)"
+    return tokens, count
 
 
 def _mask_count(b64: str | None) -> int | None:
@@ -99,6 +116,13 @@ class Index:
         self._scanned = 0.0
         self._udf = False
         self._loading = False
+        self._defer = False
+        self._columns: dict[str, frozenset[str]] = {}  # each readable Parquet file's columns
+        # Parquet files indexed without their token-level values: (src, file's columns).
+        self._untokened: list[tuple[int, frozenset[str]]] = []
+        # Cleared while some are: the pages that show token-level values wait for it.
+        self.tokens_ready = threading.Event()
+        self.tokens_ready.set()
         # Cache files to write: (path, src) of files indexed but not yet kept.
         self._unkept: list[tuple[Path, int]] = []
         self._keep_lock = threading.Lock()
@@ -107,15 +131,26 @@ class Index:
             "reward DOUBLE, advantage DOUBLE, policy_version BIGINT, stop_reason VARCHAR, rlen BIGINT, "
             "tok BOOLEAN, rn BIGINT, src INTEGER)"
         )
+        # The text index (`_text`): the words of each block of a Parquet file's rows. A search
+        # uses it for the files in `text_indexed` and reads every row of the others.
+        self._con.execute("CREATE TABLE words (src INTEGER, blk INTEGER, w VARCHAR)")
+        self.text_indexed: set[int] = set()
+        self._text_lock = threading.Lock()  # guards the indexing thread's state
+        self._text_running = threading.Lock()  # one text indexing at a time
+        self._text_thread: threading.Thread | None = None
+        self._text_again = False  # files came while a text indexing ran: it runs once more
 
-    def build(self) -> None:
-        """Index every file there is now; the indexes to keep wait for `keep()`."""
+    def build(self, *, defer_tokens: bool = False) -> None:
+        """Index every file there is now; the indexes to keep wait for `keep()`. With
+        `defer_tokens`, what needs the token-level columns (whether a record has any, and the
+        length of one whose metadata has none: most of the reading) waits for `complete_tokens()`."""
         with self._lock:
             self._loading = True
+            self._defer = defer_tokens
             try:
                 self._scan()
             finally:
-                self._loading = False
+                self._loading = self._defer = False
 
     def _indexed(self) -> None:
         """Called, under the lock, once new files are in the index: answers derived from it are stale."""
@@ -144,6 +179,8 @@ class Index:
         else:
             self._index_jsonl(new, first)
         self._indexed()
+        if self.kind == "parquet" and not self._loading:
+            self.index_text_soon()  # a file a running trainer added: searched whole until then
 
     def _index_select(self, relation: str, tokens: str, token_count: str, row: str) -> str:
         """The index's columns from `relation` (a table with the Parquet archive's columns)."""
@@ -174,6 +211,7 @@ class Index:
                 continue
             usable.append(f)
             have |= columns
+            self._columns[f] = frozenset(columns)
         return usable, have
 
     def _index_parquet(self, every: list[str], first: int) -> None:
@@ -184,13 +222,9 @@ class Index:
         self._con.executemany(
             "INSERT INTO new_files VALUES (?, ?)", [(f, first + every.index(f)) for f in files]
         )
-        present = [c for c in TOKEN_COLUMNS if c in have]
-        tokens = " OR ".join(f"{c} IS NOT NULL" for c in present) or "false"
-        count = (
-            "list_sum(loss_mask)"
-            if "loss_mask" in have
-            else ("len(token_ids)" if "token_ids" in have else "NULL")
-        )
+        tokens, count = _token_values(have)
+        if self._defer:
+            tokens, count = "NULL::BOOLEAN", "NULL::BIGINT"
         relation = (
             "(SELECT * FROM read_parquet($files, filename = true, file_row_number = true, "
             "union_by_name = true) JOIN new_files USING (filename))"
@@ -218,12 +252,51 @@ class Index:
             "INSERT INTO idx " + self._index_select(relation, tokens, count, "file_row_number"),
             {"files": rest},
         )
+        if self._defer:
+            self.tokens_ready.clear()
+            self._untokened += [(first + every.index(f), self._columns[f]) for f in rest]
         for f in rest:
             path = kept[f]
             if path is not None:
                 self._unkept.append((path, first + every.index(f)))
         if not self._loading:
             self.keep()
+
+    def lengths_need_tokens(self) -> bool:
+        """Whether a record indexed without its token-level values has no length in its metadata
+        and may have one in its tokens (the overview's lengths then wait for them)."""
+        with self._lock:
+            srcs = [src for src, columns in self._untokened if columns & {"loss_mask", "token_ids"}]
+            if not srcs:
+                return False
+            row = self._con.execute(
+                "SELECT count(*) FROM idx WHERE rlen IS NULL AND src IN (SELECT unnest($s))", {"s": srcs}
+            ).fetchone()
+        return bool(row and row[0])
+
+    def complete_tokens(self) -> None:
+        """Fill in the token-level values the first open left for later (see `build`), through a
+        cursor of its own so that the overview is answered meanwhile."""
+        with self._lock:
+            pending, self._untokened = self._untokened, []
+        cursor = self._con.cursor()
+        try:
+            for src, columns in pending:
+                tokens, count = _token_values(columns)
+                # A file that went away since is left without them: its pages say it is gone.
+                with contextlib.suppress(duckdb.Error):
+                    cursor.execute(
+                        f"UPDATE idx SET tok = coalesce(t.tok, false), rlen = coalesce(idx.rlen, t.n) "
+                        f"FROM (SELECT file_row_number AS rn, {tokens} AS tok, {count} AS n "
+                        f"FROM read_parquet($file, file_row_number = true)) t "
+                        f"WHERE idx.src = {int(src)} AND idx.rn = t.rn",
+                        {"file": self.files[src]},
+                    )
+        finally:
+            cursor.close()
+            with self._lock:
+                if not self._untokened:
+                    self.tokens_ready.set()
 
     def _cached(self, file: str) -> Path | None:
         """Where the index of `file` is kept: named after the file's path, size and time, so a
@@ -253,19 +326,87 @@ class Index:
             cursor.close()
 
     def _keep(self, con: duckdb.DuckDBPyConnection, path: Path, src: int) -> None:
-        """Write one file's index rows; a cache that cannot be written is skipped (it only saves time)."""
+        """Write one file's index rows."""
+        self._keep_rows(con, f"SELECT * EXCLUDE (src) FROM idx WHERE src = {int(src)}", path)
+
+    @staticmethod
+    def _keep_rows(con: duckdb.DuckDBPyConnection, query: str, path: Path) -> None:
+        """Write the rows of `query` to `path`, whole or not at all; a cache that cannot be
+        written is skipped (it only saves time)."""
         temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         quoted = str(temporary).replace("'", "''")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            con.execute(
-                f"COPY (SELECT * EXCLUDE (src) FROM idx WHERE src = {int(src)}) TO '{quoted}' "
-                "(FORMAT parquet, COMPRESSION zstd)"
-            )
+            con.execute(f"COPY ({query}) TO '{quoted}' (FORMAT parquet, COMPRESSION zstd)")
             os.replace(temporary, path)
         except (OSError, duckdb.Error):
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
+
+    def index_text_soon(self) -> None:
+        """Index the words of the files that have no text index yet, on a thread of its own."""
+        with self._text_lock:
+            if self._text_thread is not None and self._text_thread.is_alive():
+                self._text_again = True
+                return
+            self._text_again = False
+            self._text_thread = threading.Thread(
+                target=self._index_text_until_done, name="asynctrace-view-text", daemon=True
+            )
+            self._text_thread.start()
+
+    def _index_text_until_done(self) -> None:
+        while True:
+            self.index_text()
+            with self._text_lock:
+                if not self._text_again:
+                    self._text_thread = None
+                    return
+                self._text_again = False
+
+    def index_text(self) -> None:
+        """Index the words of every Parquet file that has none yet: read from the cache when kept
+        there, else from the file (and kept). It runs through a cursor of its own, so pages are
+        answered meanwhile; a file's words are used once all of them are in."""
+        if self.kind != "parquet":
+            return
+        with self._text_running:
+            with self._lock:
+                todo = [
+                    (src, f)
+                    for src, f in enumerate(self.files)
+                    if src not in self.text_indexed and f not in self.skipped
+                ]
+            if not todo:
+                return
+            cursor = self._con.cursor()
+            try:
+                for src, file in todo:
+                    try:
+                        self._index_words(cursor, src, file)
+                    except duckdb.Error:
+                        continue  # a file that went away: searched whole, which says it is gone
+                    with self._lock:
+                        self.text_indexed.add(src)
+            finally:
+                cursor.close()
+
+    def _index_words(self, con: duckdb.DuckDBPyConnection, src: int, file: str) -> None:
+        """Put one file's words in table `words`, from the cache or from the file."""
+        kept = self._cached(file)
+        path = None if kept is None else kept.parent / _TEXT_FOLDER / kept.name
+        if path is not None and path.is_file():
+            try:
+                con.execute(f"INSERT INTO words SELECT {int(src)}, blk, w FROM read_parquet(?)", [str(path)])
+                return
+            except duckdb.Error:
+                con.execute(f"DELETE FROM words WHERE src = {int(src)}")  # a torn cache file: index anew
+        relation = "read_parquet($file, file_row_number = true)"
+        con.execute(
+            f"INSERT INTO words SELECT {int(src)}, blk, w FROM ({words_sql(relation)})", {"file": file}
+        )
+        if path is not None:
+            self._keep_rows(con, f"SELECT blk, w FROM words WHERE src = {int(src)}", path)
 
     def _index_jsonl(self, files: list[str], first: int) -> None:
         """JSONL files are loaded whole into a table with the Parquet archive's columns."""
