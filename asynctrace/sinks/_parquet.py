@@ -89,6 +89,15 @@ class _InThread:
         self._converter.reset()
 
 
+def _worker_env() -> dict[str, str]:
+    """The trainer's environment, with numpy's BLAS on one thread: the writer process does no
+    linear algebra, and OpenBLAS's idle threads spin on the cores the trainer uses."""
+    env = dict(os.environ)
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.setdefault(name, "1")
+    return env
+
+
 class _WriterGone(RuntimeError):
     """The writer process exited (killed, out of memory): the next write starts another."""
 
@@ -111,6 +120,7 @@ class _WriterProcess:
                 ],
                 stdin=subprocess.DEVNULL,
                 pass_fds=[theirs.fileno()],
+                env=_worker_env(),
             )
         except BaseException:
             ours.close()
