@@ -59,24 +59,24 @@ def token_spans(chunk: bytes, start: int, close: int) -> tuple[int, dict[str, tu
         return None
 
 
-def _decoder() -> Callable[[Any], bytes]:
+def _decoder() -> tuple[str, Callable[[Any], bytes]]:
     try:
         import pybase64
     except ImportError:
-        return lambda data: binascii.a2b_base64(data, strict_mode=True)
+        return "binascii", lambda data: binascii.a2b_base64(data, strict_mode=True)
 
     def decode(data: Any) -> bytes:
         return pybase64.b64decode(data, validate=True)
 
-    return decode
+    return "pybase64", decode
 
 
 class Decoder:
     """Base64 to a field's bytes; None where it is not base64 of whole values of its dtype (the
-    exact way then names what is wrong)."""
+    exact way then names what is wrong). `name`: the module that decodes."""
 
     def __init__(self) -> None:
-        self._decode = _decoder()
+        self.name, self._decode = _decoder()
 
     def field(self, name: str, data: Any) -> bytes | None:
         try:
