@@ -22,7 +22,7 @@ from .._checks import int64_or_none
 from .._records.tokens import TOKEN_FIELDS, token_bytes
 from ._parquet_tokens import Decoder, token_spans
 
-__all__ = ["SAMPLE_KEY", "RowBuffer", "journal_lines", "pyarrow", "schema"]
+__all__ = ["SAMPLE_KEY", "RowBuffer", "journal_lines", "journal_parts", "pyarrow", "schema"]
 
 _ARROW_TYPES = {"int32": "int32", "int8": "int8", "float32": "float32"}
 _SAMPLE = b',"sample":'
@@ -69,10 +69,10 @@ def schema() -> Any:
     return pa.schema(fields)
 
 
-def journal_lines(records: Sequence[Any]) -> tuple[bytes, dict[str, Any]]:
-    """The journal lines of `records` (`TraceRecord`s), one buffer with each payload copied as it
-    is, and their layout (`Layout`): what the writer process needs to cut the lines without
-    reading their headers."""
+def journal_parts(records: Sequence[Any]) -> tuple[list[bytes], dict[str, Any]]:
+    """The journal lines of `records` (`TraceRecord`s) as pieces to write one after another (each
+    payload as it is, never copied into a joined buffer), and their layout: what the writer
+    process needs to cut the lines without reading their headers."""
     dumps = orjson.dumps
     parts: list[bytes] = []
     append = parts.append
@@ -83,6 +83,7 @@ def journal_lines(records: Sequence[Any]) -> tuple[bytes, dict[str, Any]]:
     # once per run of equal ones.
     last: tuple[int, str, str, float] | None = None
     tail = b""
+    close = b""  # the previous line's end, written with this line's head: two pieces a line
     for r in records:
         fields = (r.step, r.split, r.key, r.timestamp)
         if fields != last:
@@ -96,12 +97,20 @@ def journal_lines(records: Sequence[Any]) -> tuple[bytes, dict[str, Any]]:
             runs.append([0, *fields])
         runs[-1][0] += 1
         head = b'{"id":' + dumps(r.id) + tail
-        append(head)
+        append(close + head)
         append(r.payload)
-        append(b"}\n")
+        close = b"}\n"
         heads.append(len(head))
         sizes.append(len(r.payload))
+    if records:
+        append(close)
     layout = {"heads": heads, "sizes": sizes, "ids": [r.id for r in records], "runs": runs}
+    return parts, layout
+
+
+def journal_lines(records: Sequence[Any]) -> tuple[bytes, dict[str, Any]]:
+    """`journal_parts` joined: the lines as one buffer."""
+    parts, layout = journal_parts(records)
     return b"".join(parts), layout
 
 
