@@ -457,10 +457,16 @@ def _stage_costs(name: str, samples: list[Any], args: argparse.Namespace) -> dic
         fd = os.open(journal, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
         try:
             for batch in batches:
-                parts, layout = rows.journal_parts(batch)
                 start = os.lseek(fd, 0, os.SEEK_END)
-                parquet._write_all(fd, parts)
-                described.append((start, start + sum(map(len, parts)), layout))
+                if hasattr(rows, "journal_parts"):
+                    parts, layout = rows.journal_parts(batch)
+                    parquet._write_all(fd, parts)
+                    size = sum(map(len, parts))
+                else:  # the code before 2026-11-27 (one joined buffer), for back-to-back runs
+                    data, layout = rows.journal_lines(batch)
+                    parquet._write_all(fd, data)
+                    size = len(data)
+                described.append((start, start + size, layout))
         finally:
             os.close(fd)
 
