@@ -23,9 +23,18 @@ samples at the same bytes/s) for ``--seconds``, default settings, each sink in a
 (this script re-invoked); RSS is this process's plus its children's (ParquetSink's writer
 process), read every 100 ms. Goal: ParquetSink at most 256 MB, with either sample size.
 
+With ``--breakdown``: where a row's CPU goes, each workload's rows encoded once and then put
+through the sink's stages in this process, the best of ``--rounds``: the sink's thread (the
+journal's lines and their append), and the writer process's work (cutting the journal into
+Arrow columns, the row groups' Parquet encoding and zstd, the rest: reading the journal, the
+footer, the fsync), against `JsonlSink`'s lines and write. The 2.5 KB rows twice: as the
+throughput runs make them (64 texts reused, which zstd compresses 40-fold at little cost), and
+with every text distinct (as a run's are).
+
     python benchmarks/bench_parquet.py
     python benchmarks/bench_parquet.py --quick
     python benchmarks/bench_parquet.py --memory --seconds 90
+    python benchmarks/bench_parquet.py --breakdown
 """
 
 from __future__ import annotations
@@ -415,6 +424,148 @@ def run_memory(args: argparse.Namespace) -> int:
     return 0 if met or not args.strict else 1
 
 
+def _cpu_per_row(n: int, rounds: int, body: Callable[[], Any]) -> float:
+    """The least CPU time of `rounds` calls of `body`, in microseconds a row."""
+    best = float("inf")
+    for _ in range(rounds):
+        gc.collect()
+        t0 = time.process_time()
+        body()
+        best = min(best, time.process_time() - t0)
+    return best / n * 1e6
+
+
+def _stage_costs(name: str, samples: list[Any], args: argparse.Namespace) -> dict[str, float]:
+    """CPU µs a row of each stage (see ``--breakdown``) for `samples`."""
+    import asynctrace as at
+    from asynctrace._records.encode import encode_sample
+    from asynctrace._records.types import TraceRecord
+    from asynctrace.sinks import _parquet as parquet
+    from asynctrace.sinks import _parquet_file as files
+    from asynctrace.sinks import _parquet_rows as rows
+
+    n, when = len(samples), time.time()
+    records = [
+        TraceRecord(f"b-{i}", 1 + i // args.batch, "train", "train/traces", encode_sample(s, i)[0], when)
+        for i, s in enumerate(samples)
+    ]
+    batches = [records[c : c + args.batch] for c in range(0, n, args.batch)]
+    workdir = Path(tempfile.mkdtemp(prefix="asynctrace-bench-breakdown-"))
+    journal = workdir / "journal"
+    described: list[tuple[int, int, dict[str, Any]]] = []
+
+    def append_journal() -> None:
+        described.clear()
+        fd = os.open(journal, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
+        try:
+            for batch in batches:
+                start = os.lseek(fd, 0, os.SEEK_END)
+                if hasattr(rows, "journal_parts"):
+                    parts, layout = rows.journal_parts(batch)
+                    parquet._write_all(fd, parts)
+                    size = sum(map(len, parts))
+                else:  # the code before 2026-11-27 (one joined buffer), for back-to-back runs
+                    data, layout = rows.journal_lines(batch)
+                    parquet._write_all(fd, data)
+                    size = len(data)
+                described.append((start, start + size, layout))
+        finally:
+            os.close(fd)
+
+    def jsonl() -> None:
+        sink = at.JsonlSink(workdir / "out.jsonl")
+        for batch in batches:
+            sink._write_lines(sink._lines(batch), 3)
+        sink._close_file()
+
+    def convert() -> None:
+        converter = files.FileConverter()
+        out = os.open(workdir / "out.parquet", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        converter.start(out, os.open(journal, os.O_RDONLY))
+        for start, end, layout in described:
+            converter.append(end, layout=layout, start=start)
+        _check(converter.finish() == n, f"{name}: rows written")
+
+    # The writer process's stages, timed inside one conversion: cutting lines into columns
+    # (`RowBuffer.add_described`) and writing a row group (`FileConverter._flush`: the table,
+    # its Parquet encoding and zstd, the memory given back).
+    spent = {"cut": 0.0, "encode": 0.0}
+    originals = (rows.RowBuffer.add_described, files.FileConverter._flush)
+
+    def timed(stage: str, method: Callable[..., None]) -> Callable[..., None]:
+        def run(*a: Any) -> None:
+            t0 = time.process_time()
+            method(*a)
+            spent[stage] += time.process_time() - t0
+
+        return run
+
+    try:
+        costs = {
+            "jsonl": _cpu_per_row(n, args.rounds, jsonl),
+            "journal": _cpu_per_row(n, args.rounds, append_journal),
+        }
+        rows.RowBuffer.add_described = timed("cut", originals[0])  # type: ignore[method-assign]
+        files.FileConverter._flush = timed("encode", originals[1])  # type: ignore[method-assign]
+        best = None
+        for _ in range(args.rounds):
+            spent.update(cut=0.0, encode=0.0)
+            total = _cpu_per_row(n, 1, convert)
+            if best is None or total < best[0]:
+                best = (total, spent["cut"] / n * 1e6, spent["encode"] / n * 1e6)
+        assert best is not None
+        costs.update(convert=best[0], cut=best[1], encode=best[2])
+        costs["compressed"] = (workdir / "out.parquet").stat().st_size / journal.stat().st_size
+        return costs
+    finally:
+        rows.RowBuffer.add_described, files.FileConverter._flush = originals  # type: ignore[method-assign]
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run_breakdown(args: argparse.Namespace) -> int:
+    common.print_machine("start")
+    size = common.SIZES["2.5KB"]
+    workloads = [
+        ("text (64 texts, as above)", common.to_samples(common.sample_bodies(args.text_rows, size))),
+        (
+            "text (every one distinct)",
+            common.to_samples(common.sample_bodies(args.text_rows, size, distinct=args.text_rows)),
+        ),
+        ("tokens", token_samples(args.token_rows)),
+    ]
+    table = []
+    for name, samples in workloads:
+        costs = _stage_costs(name, samples, args)
+        table.append(
+            [
+                name,
+                f"{costs['jsonl']:.2f}",
+                f"{costs['journal']:.2f}",
+                f"{costs['convert']:.2f}",
+                f"{costs['cut']:.2f}",
+                f"{costs['encode']:.2f}",
+                f"{costs['convert'] - costs['cut'] - costs['encode']:.2f}",
+                f"{costs['compressed']:.3f}",
+            ]
+        )
+    print(f"CPU µs a row, best of {args.rounds} rounds, batches of {args.batch}")
+    common.print_table(
+        [
+            "rows",
+            "JsonlSink lines + write",
+            "sink thread: journal lines + append",
+            "writer process: all",
+            "of which: cut into columns",
+            "Parquet encode + zstd",
+            "the rest",
+            "file / journal bytes",
+        ],
+        table,
+    )
+    common.print_machine("end")
+    return 0
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -429,6 +580,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--quick", action="store_true", help="a smoke run: 4096 text and 256 token rows, 1 round"
     )
     parser.add_argument("--memory", action="store_true", help="measure peak RSS while streaming instead")
+    parser.add_argument(
+        "--breakdown", action="store_true", help="CPU a row in each stage of the sink instead"
+    )
     parser.add_argument("--seconds", type=float, default=90.0, help="--memory: seconds of streaming")
     parser.add_argument("--rate", type=float, default=5_800.0, help="--memory: 2.5 KB samples a second")
     parser.add_argument("--child", choices=["jsonl", "parquet"], help=argparse.SUPPRESS)
@@ -447,6 +601,8 @@ def main(argv: list[str] | None = None) -> int:
         result = anyio.run(stream_child, args)
         print("RESULT " + json.dumps(result), flush=True)
         return 0
+    if args.breakdown:
+        return run_breakdown(args)
     if args.memory:
         common.cleanup_trackio_dir_at_exit()
         return run_memory(args)

@@ -32,7 +32,7 @@ from ..exceptions import PermanentSinkError
 from ._base import Sink
 from ._guard import Guard
 from ._parquet_file import FileConverter, journal_ids
-from ._parquet_rows import journal_lines, pyarrow, schema
+from ._parquet_rows import journal_parts, pyarrow, schema
 
 try:  # POSIX; elsewhere a journal is recovered only once its writer is gone for good
     import fcntl
@@ -47,6 +47,7 @@ _STEM = re.compile(r"[^A-Za-z0-9._-]+")
 # Errors of the output path itself that no retry fixes: a file where the directory should be.
 _PERMANENT = (errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENAMETOOLONG, errno.ELOOP)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_IOV_MAX = max(16, min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024))
 # Seconds a closing sink waits for its writer process to exit before it kills it.
 _EXIT_WAIT = 10.0
 
@@ -89,6 +90,15 @@ class _InThread:
         self._converter.reset()
 
 
+def _worker_env() -> dict[str, str]:
+    """The trainer's environment, with numpy's BLAS on one thread: the writer process does no
+    linear algebra, and OpenBLAS's idle threads spin on the cores the trainer uses."""
+    env = dict(os.environ)
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.setdefault(name, "1")
+    return env
+
+
 class _WriterGone(RuntimeError):
     """The writer process exited (killed, out of memory): the next write starts another."""
 
@@ -111,6 +121,7 @@ class _WriterProcess:
                 ],
                 stdin=subprocess.DEVNULL,
                 pass_fds=[theirs.fileno()],
+                env=_worker_env(),
             )
         except BaseException:
             ours.close()
@@ -205,10 +216,20 @@ class _WriterProcess:
 _Converter = _InThread | _WriterProcess
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+def _write_all(fd: int, parts: Sequence[bytes]) -> None:
+    """Write `parts` in order, in as few `writev` calls as the system allows: no joined copy of
+    the batch is made, and the GIL is released for the whole of each call."""
+    pending: list[bytes | memoryview] = list(parts)
+    i = 0
+    while i < len(pending):
+        written = os.writev(fd, pending[i : i + _IOV_MAX])
+        while written and i < len(pending):
+            size = len(pending[i])
+            if written < size:  # a short write: on from where it stopped
+                pending[i] = memoryview(pending[i])[written:]
+                break
+            written -= size
+            i += 1
 
 
 def _fsync_dir(path: Path) -> None:
@@ -525,16 +546,17 @@ class ParquetSink(Sink):
             records = self._unseen(records)
             if not records:
                 return
-        data, layout = journal_lines(records)
+        parts, layout = journal_parts(records)
+        length = sum(map(len, parts))
         start = os.lseek(journal, 0, os.SEEK_END)
         count, size = self._count, self._bytes
         try:
-            _write_all(journal, data)
+            _write_all(journal, parts)
             if self.fsync:
                 os.fsync(journal)
             self._count += len(records)
-            self._bytes += sum(len(r.payload) for r in records)
-            self._convert(start, start + len(data), layout)
+            self._bytes += sum(layout["sizes"])
+            self._convert(start, start + length, layout)
             if self._count >= self.max_records or self._bytes >= self.max_bytes:
                 self._roll()
         except BaseException as exc:

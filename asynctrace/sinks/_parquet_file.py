@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Container, Iterator
+from itertools import chain
 from typing import IO, Any
 
 import orjson
@@ -126,7 +127,7 @@ class FileConverter:
                 ):
                     _, stop, layout = described.pop(0)
                     layouts.append(layout)
-                merged = {key: [v for layout in layouts for v in layout[key]] for key in layouts[0]}
+                merged = {k: list(chain.from_iterable(layout[k] for layout in layouts)) for k in layouts[0]}
                 chunk = os.pread(self._journal, stop - self._offset, self._offset)
                 if len(chunk) != stop - self._offset:
                     raise OSError(f"the journal ended at {self._offset + len(chunk)} bytes, expected {stop}")

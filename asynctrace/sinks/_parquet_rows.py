@@ -20,8 +20,9 @@ import orjson
 
 from .._checks import int64_or_none
 from .._records.tokens import TOKEN_FIELDS, token_bytes
+from ._parquet_tokens import Decoder, token_spans
 
-__all__ = ["SAMPLE_KEY", "RowBuffer", "journal_lines", "pyarrow", "schema"]
+__all__ = ["SAMPLE_KEY", "RowBuffer", "journal_lines", "journal_parts", "pyarrow", "schema"]
 
 _ARROW_TYPES = {"int32": "int32", "int8": "int8", "float32": "float32"}
 _SAMPLE = b',"sample":'
@@ -68,10 +69,10 @@ def schema() -> Any:
     return pa.schema(fields)
 
 
-def journal_lines(records: Sequence[Any]) -> tuple[bytes, dict[str, Any]]:
-    """The journal lines of `records` (`TraceRecord`s), one buffer with each payload copied as it
-    is, and their layout (`Layout`): what the writer process needs to cut the lines without
-    reading their headers."""
+def journal_parts(records: Sequence[Any]) -> tuple[list[bytes], dict[str, Any]]:
+    """The journal lines of `records` (`TraceRecord`s) as pieces to write one after another (each
+    payload as it is, never copied into a joined buffer), and their layout: what the writer
+    process needs to cut the lines without reading their headers."""
     dumps = orjson.dumps
     parts: list[bytes] = []
     append = parts.append
@@ -82,6 +83,7 @@ def journal_lines(records: Sequence[Any]) -> tuple[bytes, dict[str, Any]]:
     # once per run of equal ones.
     last: tuple[int, str, str, float] | None = None
     tail = b""
+    close = b""  # the previous line's end, written with this line's head: two pieces a line
     for r in records:
         fields = (r.step, r.split, r.key, r.timestamp)
         if fields != last:
@@ -95,12 +97,20 @@ def journal_lines(records: Sequence[Any]) -> tuple[bytes, dict[str, Any]]:
             runs.append([0, *fields])
         runs[-1][0] += 1
         head = b'{"id":' + dumps(r.id) + tail
-        append(head)
+        append(close + head)
         append(r.payload)
-        append(b"}\n")
+        close = b"}\n"
         heads.append(len(head))
         sizes.append(len(r.payload))
+    if records:
+        append(close)
     layout = {"heads": heads, "sizes": sizes, "ids": [r.id for r in records], "runs": runs}
+    return parts, layout
+
+
+def journal_lines(records: Sequence[Any]) -> tuple[bytes, dict[str, Any]]:
+    """`journal_parts` joined: the lines as one buffer."""
+    parts, layout = journal_parts(records)
     return b"".join(parts), layout
 
 
@@ -126,9 +136,24 @@ def _list_column(pa: Any, dtype: str, values: list[bytes | None]) -> Any:
     offsets = array.array("i", itertools.accumulate((len(v) // width if v else 0 for v in values), initial=0))
     data = pa.py_buffer(b"".join(v for v in values if v))
     flat = pa.Array.from_buffers(item, offsets[-1], [None, data])
-    mask = pa.array([v is None for v in values], pa.bool_())
-    starts = pa.Array.from_buffers(pa.int32(), len(offsets), [None, pa.py_buffer(offsets)])
-    return pa.ListArray.from_arrays(starts, flat, mask=mask)
+    valid = bytearray((len(values) + 7) // 8)
+    for i, v in enumerate(values):
+        if v is not None:
+            valid[i >> 3] |= 1 << (i & 7)
+    return pa.Array.from_buffers(
+        pa.list_(item), len(values), [pa.py_buffer(valid), pa.py_buffer(offsets)], children=[flat]
+    )
+
+
+def _numbers(pa: Any, values: Any, kind: Any) -> Any:
+    """An Arrow array over a numpy array's memory (not `pa.array`, which imports pandas)."""
+    return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)])
+
+
+def _repeated(pa: Any, runs: list[tuple[str, int]]) -> Any:
+    """A string column of `runs`: (value, how many rows) each."""
+    pieces = [value.encode() for value, count in runs for _ in range(count)]
+    return _string_column(pa, pieces)
 
 
 @functools.cache
@@ -286,8 +311,9 @@ def _quick_segment(chunk: bytes, skip: Container[str]) -> Any:
 
 
 def _described_segment(chunk: bytes, layout: dict[str, Any]) -> Any:
-    """The chunk's rows, cut by their `layout` (from `journal_lines`) without a Python step per
-    row, where every payload is ``{"messages":[...],"metadata":{...}}``; None otherwise."""
+    """The chunk's rows, cut by their `layout` (from `journal_lines`) without decoding their JSON,
+    where every payload is ``{"messages":[...],"metadata":{...}}``, with or without token fields
+    after (``,"tokens":{...}``, `_parquet_tokens`); None otherwise."""
     import numpy as np
 
     pa = pyarrow()
@@ -299,65 +325,88 @@ def _described_segment(chunk: bytes, layout: dict[str, Any]) -> Any:
     ends = np.cumsum(lengths)
     if not n or int(ends[-1]) != len(chunk) or len(chunk) >= 2**31 - 1:
         return None
-    starts = ends - lengths
     data = np.frombuffer(chunk, np.uint8)
-    payloads = starts + heads
+    payloads = ends - lengths + heads
+    closes = ends - 3  # each payload's closing brace
     pattern = np.frombuffer(_MESSAGES, np.uint8)
     if not (data[payloads[:, None] + np.arange(len(pattern))] == pattern).all():
         return None
-    if not ((data[ends - 1] == 0x0A) & (data[ends - 2] == 0x7D) & (data[ends - 3] == 0x7D)).all():
+    if not ((data[ends - 1] == 0x0A) & (data[ends - 2] == 0x7D) & (data[closes] == 0x7D)).all():
         return None
+    # Where each payload's metadata object ends: at its closing brace, or before its token fields.
+    # Only a payload ending `"}}}` can end in token fields.
+    bounds = closes.copy()
+    tokens: dict[str, list[bytes | None]] = {}
+    maybe = (data[closes - 1] == 0x7D) & (data[closes - 2] == 0x7D) & (data[closes - 3] == 0x22)
+    if maybe.any():
+        view = memoryview(chunk)
+        decoder = Decoder()
+        for i in np.flatnonzero(maybe).tolist():
+            walked = token_spans(chunk, int(payloads[i]), int(closes[i]))
+            if walked is None:
+                continue  # the metadata's own end (its text is checked below)
+            bounds[i], spans = walked
+            for name, (first, last) in spans.items():
+                raw = decoder.field(name, view[first:last])
+                if raw is None:
+                    return None
+                tokens.setdefault(name, [None] * n)[i] = raw
+
+    # The metadata is the payload's second key, usually near the end of what precedes the token
+    # fields: the last one in the `_TAIL` bytes before that end (a row where there is none goes
+    # the exact way; one found deeper leaves a text that is no object, checked below).
+    rfind = chunk.rfind
+    lows = np.maximum(payloads + len(_MESSAGES), bounds - _TAIL).tolist()
+    found = [rfind(_METADATA, low, high) for low, high in zip(lows, bounds.tolist(), strict=True)]
+    if min(found) < 0:
+        return None
+    metadata_at = np.asarray(found, np.int64)
     buffer = pa.py_buffer(chunk)
 
     def cut(first: Any, last: Any) -> Any:
         # The spans as the even values of one binary array over the chunk (the odd ones are
         # what lies between), taken into an array of their own.
-        bounds = np.empty(2 * n, np.int32)
-        bounds[0::2], bounds[1::2] = first, last
-        spans = pa.Array.from_buffers(pa.binary(), 2 * n - 1, [None, pa.py_buffer(bounds), buffer])
-        return pc.take(spans, pa.array(np.arange(0, 2 * n, 2)))
-
-    # The metadata is the payload's second key, usually near its end: looked for in the last
-    # `_TAIL` bytes of each line (a row where it is not found there goes the exact way).
-    tails = np.maximum(payloads + len(_MESSAGES), ends - _TAIL)
-    found = pc.find_substring(cut(tails, ends), pattern=_METADATA.decode()).to_numpy()
-    if (found < 0).any():
-        return None
-    metadata_at = tails + found
+        edges = np.empty(2 * n, np.int32)
+        edges[0::2], edges[1::2] = first, last
+        spans = pa.Array.from_buffers(pa.binary(), 2 * n - 1, [None, pa.py_buffer(edges), buffer])
+        return pc.take(spans, _numbers(pa, np.arange(0, 2 * n, 2, dtype=np.int64), pa.int64()))
 
     try:
         messages = cut(payloads + len(_MESSAGES) - 1, metadata_at).cast(pa.string())
-        metadata = cut(metadata_at + len(_METADATA) - 1, ends - 3).cast(pa.string())
+        metadata = cut(metadata_at + len(_METADATA) - 1, bounds).cast(pa.string())
     except pa.ArrowInvalid:
         return None  # not UTF-8: the exact path names the record
-    joined = pc.binary_join_element_wise(metadata, "", "\n")
-    size = int(np.frombuffer(joined.buffers()[1], np.int32, n + 1, joined.offset * 4)[-1])
-    typed = _metadata_fields(pa, joined.buffers()[2].slice(0, size), metadata)
+    # The texts back to back: the JSON reader reads one object after another, and a text cut
+    # wrongly (more than one object, or one and more) leaves it unable to, or with more rows.
+    offsets = np.frombuffer(metadata.buffers()[1], np.int32, n + 1, metadata.offset * 4)
+    texts = metadata.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    typed = _metadata_fields(pa, texts, metadata)
     if typed is None:
         return None
-    ids = pa.array(layout["ids"], pa.string())
-    counts = [run[0] for run in layout["runs"]]
     runs = layout["runs"]
+    counts = [run[0] for run in runs]
+    steps = np.repeat(np.asarray([run[1] for run in runs], np.int64), counts)
+    times = np.repeat(np.asarray([int(run[4] * 1_000_000) for run in runs], np.int64), counts)
     columns = {
-        "id": ids,
-        "step": pa.array(np.repeat([run[1] for run in runs], counts), pa.int64()),
-        "split": pa.array([v for run in runs for v in [run[2]] * run[0]], pa.string()),
-        "key": pa.array([v for run in runs for v in [run[3]] * run[0]], pa.string()),
-        "timestamp": pa.array(np.repeat([int(run[4] * 1_000_000) for run in runs], counts), pa.int64()).cast(
-            pa.timestamp("us", tz="UTC")
-        ),
+        "id": _string_column(pa, [rid.encode() for rid in layout["ids"]]),
+        "step": _numbers(pa, steps, pa.int64()),
+        "split": _repeated(pa, [(run[2], run[0]) for run in runs]),
+        "key": _repeated(pa, [(run[3], run[0]) for run in runs]),
+        "timestamp": _numbers(pa, times, pa.timestamp("us", tz="UTC")),
         "messages": messages,
         "metadata": metadata,
         **_empty_rest(pa, n),
         **typed,
     }
+    for name, values in tokens.items():
+        columns[name] = _list_column(pa, TOKEN_FIELDS[name], values)
     return _table(pa, columns)
 
 
 def _metadata_fields(pa: Any, lines: Any, metadata: Any) -> dict[str, Any] | None:
-    """The typed columns from the metadata's JSON (`lines`: a buffer of one object a line, the
-    texts of the `metadata` column); None where a line is not one object (its text was cut
-    wrongly) or a field is not of its column's type: the exact path decides those."""
+    """The typed columns from the metadata's JSON (`lines`: a buffer of one object after another,
+    the texts of the `metadata` column); None where they are not one object a row (a text was
+    cut wrongly) or a field is not of its column's type: the exact path decides those."""
     import pyarrow.compute as pc
     import pyarrow.json as pj
 
@@ -365,7 +414,7 @@ def _metadata_fields(pa: Any, lines: Any, metadata: Any) -> dict[str, Any] | Non
     try:
         typed = pj.read_json(
             pa.BufferReader(lines),
-            read_options=pj.ReadOptions(use_threads=False, block_size=max(lines.size, 1 << 20)),
+            read_options=pj.ReadOptions(use_threads=False, block_size=max(lines.size + 1, 1 << 12)),
             parse_options=pj.ParseOptions(
                 explicit_schema=_meta_schema(pa), unexpected_field_behavior="ignore"
             ),

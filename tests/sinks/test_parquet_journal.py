@@ -1,0 +1,56 @@
+"""ParquetSink's journal appends: a batch's lines written from their pieces, whole, however the
+system splits the writes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asynctrace._records.types import TraceRecord
+from asynctrace.sinks import _parquet as parquet
+from asynctrace.sinks import _parquet_rows as rows
+
+
+def _records(n: int) -> list[TraceRecord]:
+    return [
+        TraceRecord(f"j-{i}", i // 3, "train", "k", b'{"messages":[],"metadata":{"i":%d}}' % i, 1.0)
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("cap", [None, 7, 4096])
+def test_a_batch_is_written_whole_from_its_pieces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cap: int | None
+) -> None:
+    """Pieces past the system's limit per call, and writes cut short at any byte, still append
+    exactly the joined lines."""
+    records = _records(1500)  # 3001 pieces: more than one writev call can take
+    parts, layout = rows.journal_parts(records)
+    joined, joined_layout = rows.journal_lines(records)
+    assert b"".join(parts) == joined and layout == joined_layout
+    if cap is not None:
+        writev = os.writev
+
+        def short(fd: int, buffers: Any) -> int:
+            # The real call, given at most `cap` bytes: as a system call cut short by a signal.
+            out, room = [], cap
+            for b in buffers:
+                view = memoryview(b)[:room]
+                out.append(view)
+                room -= len(view)
+                if not room:
+                    break
+            return writev(fd, out)
+
+        monkeypatch.setattr(parquet.os, "writev", short)
+    path = tmp_path / "journal"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        os.write(fd, b"before\n")
+        parquet._write_all(fd, parts)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"before\n" + joined
