@@ -228,3 +228,21 @@ def test_the_step_closing_rule_is_written_once() -> None:
     assert offences == []
     for name in owners:
         assert "StepWindow" in modules[name][0].read_text(), name
+
+
+def test_every_public_name_resolves_and_imports_nothing_heavy_before_use() -> None:
+    """Each name in asynctrace.__all__ resolves to its defining module's object, and a fresh
+    `import asynctrace` loads neither the session nor any sink until a name is used."""
+    import subprocess
+    import sys
+
+    import asynctrace
+
+    for name in asynctrace.__all__:
+        assert getattr(asynctrace, name) is not None, name
+    probe = (
+        "import sys, asynctrace; "
+        "print(sorted(m for m in sys.modules if m.startswith(('asynctrace._session', 'asynctrace.sinks'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
