@@ -14,8 +14,9 @@ stubborn call goes on alone, holding up nothing.
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.lowlevel
@@ -30,6 +31,9 @@ from .buffer import Batch, Buffer, Marker
 from .group_metrics import GroupMetrics
 from .health import Health
 from .retry import RetryPolicy, call_with_retry
+
+if TYPE_CHECKING:
+    from .._durable.segments import TierState
 
 logger = logging.getLogger("asynctrace")
 
@@ -70,6 +74,8 @@ class _Lane:
         self.done = False
         # Waiting for work: it starts whatever it is handed at its next turn.
         self.idle = False
+        # A selection's closed steps as the spool last heard of them (see Writer._note_tier).
+        self.closed: dict[str, int] = {}
 
 
 class Writer:
@@ -184,6 +190,15 @@ class Writer:
     def wake(self) -> None:
         if self.signal is not None:
             self.signal.set()
+
+    def prime_tiers(self, state: TierState) -> None:
+        """Before a replay: what each `Selected` sink (by its name in the session) had written of
+        each step and which steps it had closed, so its selection keeps at most k a step in all."""
+        for lane in self._lanes:
+            name = self.buffer.ledger.sink_names[lane.index]
+            if lane.selection is not None:
+                lane.selection.prime(state.written.get(name, {}), state.closed.get(name, {}))
+                lane.closed = lane.selection.closed()
 
     def abandon(self) -> None:
         """Stop waiting for a writer that ignores its cancel (a sink call does): it goes on alone."""
@@ -345,6 +360,10 @@ class Writer:
         self, lane: _Lane, batches: list[Batch], on_retry: Callable[[BaseException | None], None]
     ) -> None:
         self.buffer.start(batches)
+        if lane.dead is None and any(r.sinks_done is not None for b in batches for r in b.records):
+            # Replayed records this sink had dealt with before the kill are not sent again.
+            await self._write_replayed(lane, batches, on_retry)
+            return
         if lane.selection is not None and lane.dead is None:
             now = self.buffer.clock()
             picks = [lane.selection.offer(b.records, now) for b in batches]
@@ -365,17 +384,51 @@ class Writer:
         freed = False
         for batch in batches:
             freed |= self.buffer.resolve(batch, lane.index, ok, 0, error)
-        if freed:
-            self._freed()
+        self._resolved(freed)
+
+    async def _write_replayed(
+        self, lane: _Lane, batches: list[Batch], on_retry: Callable[[BaseException | None], None]
+    ) -> None:
+        """Batches holding replayed records: the sink (or its selection) gets only those it had
+        not dealt with; the others are counted `skipped["earlier"]` for it."""
+        name = self.buffer.ledger.sink_names[lane.index]
+        now = self.buffer.clock()
+        picks = []
+        for b in batches:
+            fresh = [r for r in b.records if r.sinks_done is None or name not in r.sinks_done]
+            earlier = len(b.records) - len(fresh)
+            pick = lane.selection.offer(fresh, now) if lane.selection is not None else Picked(write=fresh)
+            if earlier:
+                pick.skipped["earlier"] += earlier
+            picks.append(pick)
+        await self._write_picked(lane, batches, picks, on_retry)
+
+    def _note_tier(self, lane: _Lane, records: list[TraceRecord], failed: set[int]) -> None:
+        """Tell the spool what a `Selected` sink wrote of each step and which steps it closed."""
+        journal = self.buffer.journal
+        selection = lane.selection
+        if journal is None or selection is None:
+            return
+        written: Counter[tuple[str, int]] = Counter(
+            (r.split, r.step) for r in records if not r.watched and id(r) not in failed
+        )
+        closed = selection.closed()
+        changed = {split: upto for split, upto in closed.items() if lane.closed.get(split) != upto}
+        if written or changed:
+            lane.closed = closed
+            journal.tier(self.buffer.ledger.sink_names[lane.index], written, changed)
 
     def _warn_failed(self, lane: _Lane, n: int, error: str) -> None:
         logger.warning(
             "asynctrace: sink %r failed to write %d records for good: %s", lane.sink.name, n, error
         )
 
-    def _freed(self) -> None:
-        self.on_room()
-        if self.buffer.journal is not None:
+    def _resolved(self, freed: bool) -> None:
+        """A lane resolved records: what the spool was told goes to disk (a sink's own
+        acknowledgement too, so that a kill while another sink lags does not resend them)."""
+        if freed:
+            self.on_room()
+        if self.buffer.journal is not None and (freed or self.buffer.journal.spool.has_staged):
             self.buffer.journal.acknowledge()
 
     async def _write_picked(
@@ -401,6 +454,7 @@ class Writer:
                 error = describe(exc)
                 failed.update(id(r) for r in chunk)
                 self._warn_failed(lane, len(chunk), error)
+        self._note_tier(lane, records, failed)
         freed = False
         for batch, pick in zip(batches, picks, strict=False):
             pick.failed = [r for r in pick.write if id(r) in failed] if failed else []
@@ -414,8 +468,7 @@ class Writer:
         else:
             buffer.resolve_held(lane.index, released, "written", None)
         buffer.resolve_held(lane.index, [r for p in picks for r in p.evicted], "capped", None)
-        if freed:
-            self._freed()
+        self._resolved(freed)
 
     async def _write_metrics(
         self, lane: _Lane, item: MetricsItem, on_retry: Callable[[BaseException | None], None]
