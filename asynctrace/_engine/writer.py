@@ -76,6 +76,10 @@ class _Lane:
         self.idle = False
         # A selection's closed steps as the spool last heard of them (see Writer._note_tier).
         self.closed: dict[str, int] = {}
+        # A sink that confirms later: what it wrote, in order, and how to resolve each once confirmed.
+        self.confirming: deque[tuple[Sequence[TraceRecord], Callable[[set[int], str | None], None]]] = deque()
+        self.confirmed = Signal()
+        self.to_confirm = Signal()
 
 
 class Writer:
@@ -149,6 +153,8 @@ class Writer:
             async with anyio.create_task_group() as tg:
                 for lane in self._lanes:
                     tg.start_soon(self._run_lane, lane)
+                    # Idle unless the sink confirms later (it may say so only once open).
+                    tg.start_soon(self._confirm_loop, lane)
                 tg.start_soon(self._dispatch)
                 started.set()
 
@@ -318,6 +324,7 @@ class Writer:
                 if lane.selection is not None and lane.dead is None:
                     # A flush closes the steps a sink's selection holds, as it closes the session's.
                     await self._write_picked(lane, [], [lane.selection.close_all()], on_retry)
+                await self._until_confirmed(lane)
                 item.arrive()
                 continue
             if isinstance(item, MetricsItem):
@@ -371,20 +378,24 @@ class Writer:
             return
         error = lane.dead
         ok = error is None
+        records: list[TraceRecord] = []
         if ok and any(b.records for b in batches):
-            records: list[TraceRecord] = (
-                batches[0].records if len(batches) == 1 else [r for b in batches for r in b.records]
-            )
+            records = batches[0].records if len(batches) == 1 else [r for b in batches for r in b.records]
             try:
                 await call_with_retry(self.retry, lambda: lane.sink.write(records), on_retry)
             except Exception as exc:
                 ok = False
                 error = describe(exc)
                 self._warn_failed(lane, len(records), error)
-        freed = False
-        for batch in batches:
-            freed |= self.buffer.resolve(batch, lane.index, ok, 0, error)
-        self._resolved(freed)
+
+        def settle(failed: set[int], late_error: str | None) -> None:
+            good = ok and not failed
+            freed = False
+            for batch in batches:
+                freed |= self.buffer.resolve(batch, lane.index, good, 0, error if not ok else late_error)
+            self._resolved(freed)
+
+        self._settle(lane, records if ok else [], settle)
 
     async def _write_replayed(
         self, lane: _Lane, batches: list[Batch], on_retry: Callable[[BaseException | None], None]
@@ -454,21 +465,69 @@ class Writer:
                 error = describe(exc)
                 failed.update(id(r) for r in chunk)
                 self._warn_failed(lane, len(chunk), error)
-        self._note_tier(lane, records, failed)
-        freed = False
-        for batch, pick in zip(batches, picks, strict=False):
-            pick.failed = [r for r in pick.write if id(r) in failed] if failed else []
-            freed |= self.buffer.resolve(batch, lane.index, True, 0, error, pick)
-        # After the batches: a record held by one of them and released by a later one is
-        # registered as held before it is resolved.
-        buffer = self.buffer
-        if failed:
-            buffer.resolve_held(lane.index, [r for r in released if id(r) in failed], "failed", error)
-            buffer.resolve_held(lane.index, [r for r in released if id(r) not in failed], "written", None)
-        else:
-            buffer.resolve_held(lane.index, released, "written", None)
-        buffer.resolve_held(lane.index, [r for p in picks for r in p.evicted], "capped", None)
-        self._resolved(freed)
+
+        def settle(lost: set[int], late_error: str | None) -> None:
+            failed.update(lost)
+            why = error or late_error
+            self._note_tier(lane, records, failed)
+            freed = False
+            for batch, pick in zip(batches, picks, strict=False):
+                pick.failed = [r for r in pick.write if id(r) in failed] if failed else []
+                freed |= self.buffer.resolve(batch, lane.index, True, 0, why, pick)
+            # After the batches: a record held by one of them and released by a later one is
+            # registered as held before it is resolved.
+            buffer = self.buffer
+            if failed:
+                buffer.resolve_held(lane.index, [r for r in released if id(r) in failed], "failed", why)
+                buffer.resolve_held(lane.index, [r for r in released if id(r) not in failed], "written", None)
+            else:
+                buffer.resolve_held(lane.index, released, "written", None)
+            buffer.resolve_held(lane.index, [r for p in picks for r in p.evicted], "capped", None)
+            self._resolved(freed)
+
+        self._settle(lane, [r for r in records if id(r) not in failed], settle)
+
+    # -- sinks that confirm later --------------------------------------------------------------
+
+    def _settle(
+        self, lane: _Lane, written: Sequence[TraceRecord], settle: Callable[[set[int], str | None], None]
+    ) -> None:
+        """Resolve what a write did now, or, for a sink that confirms later, once it confirmed
+        `written` (in order: a resolution never overtakes an earlier one)."""
+        if not lane.sink.confirms_later:
+            settle(set(), None)
+            return
+        lane.confirming.append((written, settle))
+        lane.to_confirm.set()
+
+    async def _confirm_loop(self, lane: _Lane) -> None:
+        while True:
+            if not lane.confirming:
+                await lane.to_confirm.wait(None)
+                continue
+            written, settle = lane.confirming[0]
+            lost: set[int] = set()
+            error: str | None = None
+            if written:
+                try:
+                    await lane.sink.confirm(written)
+                except Exception as exc:
+                    error = describe(exc)
+                    lost = {id(r) for r in written}
+                    self._warn_failed(lane, len(written), error)
+            lane.confirming.popleft()
+            settle(lost, error)
+            lane.confirmed.set()
+
+    async def _until_confirmed(self, lane: _Lane) -> None:
+        """A flush waits for what a sink that confirms later has handed over, but not for what
+        only the trainer can have persisted (an attached W&B run's open step)."""
+        while lane.confirming:
+            # Confirmed in order: when the next is held back, so is everything after it.
+            head = lane.confirming[0][0]
+            if head and lane.sink.held_back(head):
+                return
+            await lane.confirmed.wait(0.2)
 
     async def _write_metrics(
         self, lane: _Lane, item: MetricsItem, on_retry: Callable[[BaseException | None], None]
