@@ -332,16 +332,16 @@ class Writer:
                 continue
             # A sink that fell behind gets what piled up in fewer, larger writes, each of at
             # most batch_size records (the contract's bound on one sink write).
-            batches = [item]
+            batches: list[Batch] = [item]
             n = len(item.records)
-            while lane.inbox and isinstance(lane.inbox[0], Batch):
+            while lane.inbox:
                 nxt = lane.inbox[0]
-                if n + len(nxt.records) > batch_size:
+                if not isinstance(nxt, Batch) or n + len(nxt.records) > batch_size:
                     break
                 lane.inbox.popleft()
-                batches.append(nxt)  # type: ignore[arg-type]
-                n += len(nxt.records)  # type: ignore[union-attr]
-            await self._write_batches(lane, batches, on_retry)  # type: ignore[arg-type]
+                batches.append(nxt)
+                n += len(nxt.records)
+            await self._write_batches(lane, batches, on_retry)
             await self._close_idle(lane, on_retry)
 
     def _idle_check_in(self, lane: _Lane) -> float | None:

@@ -5,7 +5,11 @@ tier of 4 a step, a watched prompt (index 13), 16 samples a step (reward = index
 0..9 in batches of 26, so that steps straddle batches. Once the tier has written what it can,
 the process SIGKILLs itself: the tier has closed steps 0..6 (top_bottom) that the archive holds
 only part of, holds steps 7..9 (or, "first", has written 4 of step 9 having seen 12 of it), and
-the tail of step 9 (its watched sample included) was never dispatched.
+the tail of step 9 (its watched sample included) and two late samples of step 3 were never
+dispatched.
+
+``kill-flushed``: the same, with a `flush()` after step 9 (the tier closes and writes every step;
+the archive never answers) before the stragglers are logged.
 
 ``restart``: the same sinks, none stalled, on the same spool: it replays what the killed one left.
 """
@@ -32,7 +36,7 @@ def _row(step: int, i: int) -> dict[str, object]:
 
 def main() -> int:
     mode, spool, archive, tier, sampler = sys.argv[1:6]
-    stall = 26 if mode == "kill" else None
+    stall = 26 if mode.startswith("kill") else None
     sinks: list[at.Sink] = [
         UidFileSink(archive, name="archive", stall_after=stall),
         at.sinks.Selected(UidFileSink(tier, name="tier"), max_traces_per_step=TIER, sampler=sampler),  # type: ignore[arg-type]
@@ -64,9 +68,20 @@ def main() -> int:
                 # 12 of these), dispatched at once; the other 4 wait for a batch that never comes.
                 await session.log_samples(rows[:12], step=step)
                 await session.log_samples(rows[12:], step=step)
+            flushed = mode == "kill-flushed"
+            if flushed:
+                # The archive never answers, but the tier closes every step and writes it all.
+                assert not await session.flush(timeout=1.0)
+            # Two stragglers of step 3, never dispatched either, ranked above and below every
+            # other: late for a top_bottom tier (step 3 closed), past a first tier's 4.
+            late = [_row(3, 16), _row(3, 17)]
+            late[0]["reward"], late[1]["reward"] = 100.0, -100.0
+            await session.log_samples(late, step=3)
             # What the tier can write before the kill: top_bottom, steps 0..6 closed (4 each);
             # first, 4 of each of steps 0..9; and the watched sample of steps 0..8.
             want = (7 * TIER if sampler == "top_bottom" else STEPS * TIER) + STEPS - 1
+            if flushed:
+                want = (TIER + 1) * STEPS
             deadline = time.monotonic() + 60
             while len(uids(Path(tier))) < want:
                 if time.monotonic() > deadline:
