@@ -117,10 +117,14 @@ def test_a_confirmed_flush_is_in_the_wandb_file_when_the_service_is_killed(
     assert increments(trainer.log) == 1, "the rows counted written must be in the log"
 
 
-def test_rows_a_killed_service_never_wrote_count_as_failed(tmp_path: Path, trainers: list[Trainer]) -> None:
+@pytest.mark.parametrize("attach", [False, True], ids=["own-run", "attached"])
+def test_rows_a_killed_service_never_wrote_count_as_failed(
+    tmp_path: Path, trainers: list[Trainer], attach: bool
+) -> None:
     """Rows handed to wandb-core but not in its `.wandb` file when it is killed are never counted
-    written: flush() says so, and they end as failed, with the reason, in the spool's dead letters."""
-    trainer = Trainer(tmp_path, "lost", NEVER, tmp_path / "spool")
+    written: flush() says so, and they end as failed, with the reason, in the spool's dead letters
+    (attached: once the trainer has moved on, so that the rows wait on wandb-core alone)."""
+    trainer = Trainer(tmp_path, "lost", NEVER, tmp_path / "spool", attach=attach)
     trainers.append(trainer)
     logged = trainer.next()
     assert not logged["flushed"] and logged["written"] == 0, logged
