@@ -63,7 +63,8 @@ class SinkStats:
 
     A sink with a selection of its own (`asynctrace.sinks.Selected`) also counts what it left
     out, by reason (`skipped`), and what it holds for steps still open (`held`): every record
-    handed to a sink is ``written + failed + sum(skipped.values()) + held``.
+    handed to a sink is ``written + failed + sum(skipped.values()) + held``. Any sink counts
+    replayed records it had dealt with before a kill as ``skipped["earlier"]``.
     """
 
     written: int = 0

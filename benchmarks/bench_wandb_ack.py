@@ -15,6 +15,17 @@ Reported per variant: the median and 90th percentile seconds per batch; for each
 the latency its acknowledgement adds (median write minus median hand-off) and that over the
 interval.
 
+A second table runs a `WandbSink` attached to a trainer's run (``attach=run``), whose rows W&B
+writes only when the trainer logs its next step: a simulated trainer logs a W&B step every
+``--step-seconds`` and ``--per-step`` samples through a session, for ``--steps`` steps, then
+one more W&B step and a flush. Variants: ``wait_for_log=False`` (counted written once handed
+to wandb-core), ``wait_for_log=True`` (each write waits until its rows are in the `.wandb`
+file) and the default (handed over at once, counted written once the file holds them). Every
+50 ms it compares what the session counts written with the rows the `.wandb` file holds.
+Reported: the most rows counted written but not in the file at any time, what was counted
+written when the last training step ended, the seconds the final flush took, and the median
+`log_samples` time.
+
     python benchmarks/bench_wandb_ack.py            # intervals 0.05, 0.2, 1.0; 20 batches each
     python benchmarks/bench_wandb_ack.py --quick    # smoke run
 """
@@ -31,14 +42,19 @@ os.environ["TRACKIO_DIR"] = tempfile.mkdtemp(prefix="asynctrace-bench-")
 
 import argparse
 import atexit
+import math
 import shutil
 import statistics
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import _common as common
 import anyio
+
+# The attached variants' final flush, after the trainer's one more step.
+FLUSH_TIMEOUT = 30.0
 
 SETTINGS = {"console": "off", "x_disable_stats": True, "x_disable_meta": True, "silent": True}
 
@@ -52,10 +68,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--size", type=int, default=2048, help="bytes of one encoded sample")
     p.add_argument("--intervals", type=float, nargs="+", default=[0.05, 0.2, 1.0])
     p.add_argument("--quick", action="store_true", help="a smoke run: 4 batches, intervals 0.2 and 1")
+    p.add_argument("--steps", type=int, default=8, help="attached: the trainer's steps")
+    p.add_argument("--per-step", type=int, default=128, help="attached: samples logged a step")
+    p.add_argument("--step-seconds", type=float, default=0.5, help="attached: one training step")
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
     if args.quick:
-        args.batches, args.intervals = 4, [0.2, 1.0]
+        args.batches, args.intervals, args.steps = 4, [0.2, 1.0], 3
     return args
 
 
@@ -108,6 +127,72 @@ async def acknowledged(batches: list[list[Any]], interval: float) -> list[float]
     return times
 
 
+def _persisted_rows(tail: Any, files: Path, seen: dict[Path, int]) -> int:
+    """Rows of the table increments the `.wandb` file holds: increments 0 .. n-1 of the table,
+    n being the highest increment number its history holds + 1 (logs of one W&B step are merged
+    into the last one, whose history record stands for the earlier ones too)."""
+    import orjson
+
+    tail.poll()
+    total = 0
+    for key, reached in tail.reached.items():
+        folder, _, stem = f"media/table/{key}".rpartition("/")
+        for path in (files / folder).glob(f"{stem}_*.table.json"):
+            if int(path.name[len(stem) + 1 :].split("_")[0]) < reached:
+                if path not in seen:
+                    seen[path] = len(orjson.loads(path.read_bytes())["data"])
+                total += seen[path]
+    return total
+
+
+async def attached(
+    args: argparse.Namespace, bodies: list[dict[str, Any]], wait: bool | None
+) -> dict[str, float]:
+    """A trainer's run, a W&B step every `step_seconds`, `per_step` samples a step through a
+    session with `WandbSink(attach=run, wait_for_log=wait)`."""
+    import wandb
+
+    import asynctrace as at
+    from asynctrace.sinks._wandb_txlog import LogTail
+
+    settings = {**SETTINGS, "x_transaction_log_flush_interval": 0.2}
+    run = await anyio.to_thread.run_sync(
+        lambda: wandb.init(project="bench", name=f"trainer-{uuid.uuid4().hex[:6]}", settings=settings)
+    )
+    tail, files = LogTail(Path(run.settings.sync_file)), Path(run.dir)
+    seen: dict[Path, int] = {}
+    sink = at.WandbSink(attach=run, wait_for_log=wait)
+    peak = 0
+    caller: list[float] = []
+    session = at.TraceSession(
+        "bench", run="attached", sinks=[sink], batch_size=64, flush_interval=0.05, health_metrics=False
+    )
+    async with session:
+        for step in range(args.steps):
+            run.log({"trainer/loss": 1.0 / (step + 1)}, step=step)
+            rows = [
+                {"prompt": "q", "response": b["messages"][-1]["content"], "reward": float(i)}
+                for i, b in enumerate(bodies[: args.per_step])
+            ]
+            t = time.perf_counter()
+            await session.log_samples(rows, step=step)
+            caller.append(time.perf_counter() - t)
+            end = time.monotonic() + args.step_seconds
+            while time.monotonic() < end:
+                await anyio.sleep(0.05)
+                persisted = await anyio.to_thread.run_sync(_persisted_rows, tail, files, seen)
+                peak = max(peak, session.stats().sinks["wandb"].written - persisted)
+        at_end = session.stats().written / session.stats().submitted
+        run.log({"trainer/loss": 0.0}, step=args.steps)
+        t = time.perf_counter()
+        flushed = await session.flush(timeout=FLUSH_TIMEOUT)
+        flush_s = time.perf_counter() - t if flushed else math.inf
+        persisted = await anyio.to_thread.run_sync(_persisted_rows, tail, files, seen)
+        peak = max(peak, session.stats().sinks["wandb"].written - persisted)
+    await anyio.to_thread.run_sync(run.finish)
+    return {"peak": peak, "at_end": at_end, "flush": flush_s, "caller": statistics.median(caller)}
+
+
 async def main_async(args: argparse.Namespace) -> int:
     common.print_machine("start")
     bodies = common.sample_bodies(args.batches * args.batch, args.size)
@@ -127,6 +212,32 @@ async def main_async(args: argparse.Namespace) -> int:
     print(f"{args.batches} batches of {args.batch} records of ~{args.size} B per variant")
     common.print_table(
         ["variant", "median s/batch", "p90 s/batch", "added s (median)", "added / interval"], rows
+    )
+    print(
+        f"\nattached to the trainer's run: {args.steps} steps of {args.step_seconds:g}s, "
+        f"{args.per_step} samples a step, batch_size 64"
+    )
+    rows = []
+    for name, wait in (("wait_for_log=False", False), ("wait_for_log=True", True), ("default", None)):
+        r = await attached(args, bodies, wait)
+        rows.append(
+            [
+                name,
+                f"{r['peak']:.0f}",
+                f"{r['at_end']:.0%}",
+                f"{r['flush']:.2f}" if math.isfinite(r["flush"]) else f"timed out ({FLUSH_TIMEOUT:g})",
+                f"{r['caller'] * 1e3:.2f}",
+            ]
+        )
+    common.print_table(
+        [
+            "variant",
+            "peak rows written not in file",
+            "written at last step's end",
+            "final flush s",
+            "log_samples ms",
+        ],
+        rows,
     )
     common.print_machine("end")
     return 0

@@ -6,7 +6,7 @@ delivers what a previous session left unacknowledged, ahead of new records, by a
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -72,6 +72,18 @@ class Journal:
         if done:
             self.spool.resolve(done)
 
+    def sink_done(self, records: Sequence[TraceRecord], sink: str) -> None:
+        """One sink dealt with records (wrote them, or its selection decided them) that not every
+        sink has yet: a replay sends them only to the others."""
+        mine = [r for r in records if r.spool_slot is not None]
+        if mine:
+            self.spool.sink_done(mine, sink)
+
+    def tier(self, sink: str, written: Mapping[tuple[str, int], int], closed: Mapping[str, int]) -> None:
+        """A `Selected` sink wrote `written` more records of these (split, step)s and has closed
+        its steps up to `closed` per split: a replay's selection counts them (at most k a step)."""
+        self.spool.tier(sink, written, closed)
+
     def resolved(
         self, ok: Sequence[TraceRecord], bad: Sequence[TraceRecord], errors: list[tuple[str, str]]
     ) -> None:
@@ -100,9 +112,10 @@ async def replay_backlog(
     plan: ReplayPlan,
     replay: bool,
     admit: Callable[[Sequence[TraceRecord]], Awaitable[None]],
+    prime: Callable[[segments.TierState], None] | None = None,
 ) -> None:
     """Report what `scan` found, then `admit` the records `plan` selects (only warn with
-    ``replay=False``)."""
+    ``replay=False``); before them, `prime` is told what the `Selected` sinks had done."""
     for name, problem in scan.problems:
         logger.warning("asynctrace: spool file %s: %s", spool.directory / name, problem)
     source = plan.source
@@ -131,6 +144,13 @@ async def replay_backlog(
         mine = plan.sessions is None or f.session in plan.sessions
         return wanted and mine and (f.project, f.run) == source
 
+    state = scan.tiers(source, plan.sessions)
+    if state:
+        if prime is not None:
+            prime(state)
+        # Carried on: this session's segments hold these totals too, should it be killed as well.
+        for sink in set(state.written) | set(state.closed):
+            spool.tier(sink, state.written.get(sink, {}), state.closed.get(sink, {}), absolute=True)
     backlog = spool.backlog(scan, selects)
     total = 0
     while True:

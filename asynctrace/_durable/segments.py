@@ -1,8 +1,11 @@
 """The spool's on-disk format: segment files of orjson lines, each sealed with a CRC32.
 
 A segment (``seg-*.jsonl``) starts with a header line naming its project and run, then holds
-record lines (a record's fields and its encoded sample, as submitted) and acknowledgement lines
-(ids of records every sink has dealt with). A dead-letter file (``dead-*.jsonl``) holds records
+record lines (a record's fields and its encoded sample, as submitted; ``"w":1`` when it was
+watched), acknowledgement lines (ids of records every sink has dealt with), sink lines (ids of
+records one sink has dealt with, before the others) and tier lines (what each `Selected` sink
+wrote of a step, and which steps it closed: see `TierState`). Format 1 files (no watched mark,
+no sink or tier lines) read as before. A dead-letter file (``dead-*.jsonl``) holds records
 whose sink failed for good, with the error. Every line ends ``,"c":<crc32>}`` where the CRC
 covers the bytes before ``,"c":``, so a torn or corrupted line is detected rather than parsed
 into wrong data.
@@ -32,6 +35,7 @@ __all__ = [
     "DirScan",
     "FileScan",
     "RawRecord",
+    "TierState",
     "ack_line",
     "dead_line",
     "header_line",
@@ -39,14 +43,18 @@ __all__ = [
     "new_file_name",
     "record_line_parts",
     "scan_dir",
+    "sink_ack_line",
+    "tier_line",
 ]
 
-FORMAT_VERSION = 1
+# 2: record lines may carry the watched mark; sink and tier lines. Version 1 files read as before.
+FORMAT_VERSION = 2
 SEGMENT: Final = "seg"
 DEAD: Final = "dead"
 SUFFIX = ".jsonl"
 CORRUPT_SUFFIX = ".corrupt"
 ACK_PREFIX = b'{"t":"a"'  # how every acknowledgement line starts
+SINK_ACK_PREFIX = b'{"t":"s"'  # a sink's own acknowledgement (see `sink_ack_line`)
 FileKind = Literal["seg", "dead"]
 
 _CRC = b',"c":'
@@ -89,6 +97,9 @@ def _record_head(record: TraceRecord, kind: str, extra: dict[str, Any] | None = 
         "ts": record.timestamp,
         "score": record.score,
     }
+    if record.watched:
+        # On the watch list: a replay passes it by every selection again.
+        fields["w"] = 1
     if extra:
         fields.update(extra)
     return orjson.dumps(fields)[:-1]
@@ -116,6 +127,49 @@ def ack_line(ids: Iterable[str], dead_file: str | None = None) -> bytes:
     return _seal(orjson.dumps(body)[:-1])
 
 
+def sink_ack_line(ids: Iterable[str], sink: str) -> bytes:
+    """Records one sink (by its session name) has dealt with while others have not yet: a replay
+    sends them to the others only."""
+    return _seal(orjson.dumps({"t": "s", "ids": list(ids), "s": sink})[:-1])
+
+
+def tier_line(sink: str, written: Iterable[tuple[str, int, int]], closed: Iterable[tuple[str, int]]) -> bytes:
+    """A `Selected` sink's progress: (split, step, records written so far) and (split, last step
+    closed), each a running total, so the last line of a key is what holds."""
+    body = {"t": "k", "s": sink, "w": [list(w) for w in written], "x": [list(c) for c in closed]}
+    return _seal(orjson.dumps(body)[:-1])
+
+
+@dataclass(slots=True)
+class TierState:
+    """What `Selected` sinks had done before a kill, by sink name: records written per (split,
+    step), and each split's last closed step (later records of a closed step are late)."""
+
+    written: dict[str, dict[tuple[str, int], int]] = field(default_factory=dict)
+    closed: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def add(
+        self, sink: str, written: Iterable[tuple[str, int, int]], closed: Iterable[tuple[str, int]]
+    ) -> None:
+        """Running totals: the larger of two values of a key is the later one."""
+        mine = self.written.setdefault(sink, {})
+        for split, step, n in written:
+            key = (split, step)
+            mine[key] = max(mine.get(key, 0), n)
+        upto = self.closed.setdefault(sink, {})
+        for split, last in closed:
+            upto[split] = max(upto.get(split, last), last)
+
+    def merge(self, other: TierState) -> None:
+        for sink, steps in other.written.items():
+            self.add(sink, ((sp, st, n) for (sp, st), n in steps.items()), ())
+        for sink, upto in other.closed.items():
+            self.add(sink, (), upto.items())
+
+    def __bool__(self) -> bool:
+        return bool(self.written or self.closed)
+
+
 # -- reading -----------------------------------------------------------------------------------
 
 
@@ -133,6 +187,9 @@ class RawRecord:
     size: int
     error: str | None = None
     sinks: list[str] | None = None
+    watched: bool = False
+    # Set by `scan_dir`: the sinks that had dealt with it (sink lines), when only some had.
+    done: frozenset[str] | None = None
 
 
 @dataclass(slots=True)
@@ -149,6 +206,8 @@ class FileScan:
     header_ok: bool = False
     records: list[RawRecord] = field(default_factory=list)
     acks: list[tuple[list[str], str | None]] = field(default_factory=list)
+    sink_acks: list[tuple[list[str], str]] = field(default_factory=list)
+    tiers: TierState = field(default_factory=TierState)
     torn: int = 0  # an unterminated last line: the process was killed mid-write
     corrupt: int = 0  # lines whose CRC or JSON is wrong
     corrupt_acks: int = 0  # of those, lines still recognisable as acknowledgements
@@ -225,6 +284,7 @@ def _parse_record(body: bytes, offset: int) -> RawRecord | None:
         size=len(body) - start,
         error=head.get("error"),
         sinks=head.get("sinks"),
+        watched=bool(head.get("w")),
     )
 
 
@@ -253,7 +313,7 @@ def read_file(path: Path, kind: FileKind) -> FileScan:
                 parsed = False
         if not parsed:
             scan.corrupt += 1
-            if line.startswith(ACK_PREFIX):
+            if line.startswith(ACK_PREFIX) or line.startswith(SINK_ACK_PREFIX):
                 scan.corrupt_acks += 1
         first = False
         pos = end + 1
@@ -283,6 +343,17 @@ def _take_line(scan: FileScan, body: bytes, offset: int, first: bool) -> bool:
         dead = obj.get("dl")
         scan.acks.append(([str(i) for i in ids], None if dead is None else str(dead)))
         return True
+    if kind == "s":
+        ids = obj["ids"]
+        if not isinstance(ids, list):
+            return False
+        scan.sink_acks.append(([str(i) for i in ids], str(obj["s"])))
+        return True
+    if kind == "k":
+        written = [(str(sp), int(st), int(n)) for sp, st, n in obj["w"]]
+        closed = [(str(sp), int(last)) for sp, last in obj["x"]]
+        scan.tiers.add(str(obj["s"]), written, closed)
+        return True
     return False
 
 
@@ -298,6 +369,14 @@ class DirScan:
 
     def pending(self, kind: FileKind = SEGMENT) -> int:
         return sum(len(f.unresolved) for f in self.files if f.kind == kind and f.usable)
+
+    def tiers(self, source: tuple[str, str], sessions: frozenset[str] | None = None) -> TierState:
+        """What the `Selected` sinks of `source`'s sessions (or of these `sessions`) had done."""
+        out = TierState()
+        for f in self.files:
+            if f.usable and (f.project, f.run) == source and (sessions is None or f.session in sessions):
+                out.merge(f.tiers)
+        return out
 
     def groups(self, kind: FileKind = SEGMENT) -> dict[tuple[str, str], int]:
         """Unresolved records per (project, run)."""
@@ -344,9 +423,21 @@ def scan_dir(directory: Path) -> DirScan:
                 dead_acked.setdefault(dead, set()).update(ids)
                 if dead != f.name:
                     f.deps.add(dead)
+    by_sink: dict[str, set[str]] = {}
+    for f in files:
+        for ids, sink in f.sink_acks:
+            for i in ids:
+                by_sink.setdefault(i, set()).add(sink)
+                target = holder.get(i)
+                if target is not None and target != f.name:
+                    f.deps.add(target)
     for f in files:
         done = acked if f.kind == SEGMENT else dead_acked.get(f.name, set())
         f.unresolved = [r for r in f.records if r.id not in done]
+        if by_sink and f.kind == SEGMENT:
+            for r in f.unresolved:
+                sinks = by_sink.get(r.id)
+                r.done = frozenset(sinks) if sinks else None
     return DirScan(files)
 
 
@@ -358,5 +449,8 @@ def load_records(scan: FileScan, records: Sequence[RawRecord]) -> list[TraceReco
     out = []
     for r in records:
         payload = data[r.offset : r.offset + r.size]
-        out.append(TraceRecord(r.id, r.step, r.split, r.key, payload, r.ts, r.score, replayed=True))
+        record = TraceRecord(r.id, r.step, r.split, r.key, payload, r.ts, r.score, replayed=True)
+        record.watched = r.watched
+        record.sinks_done = r.done
+        out.append(record)
     return out

@@ -4,10 +4,16 @@ Records are *staged* in memory (cheap, safe under the buffer lock) and *committe
 segment by whoever needs them on disk: the caller in ``durability="enqueue"``, the writer's
 dispatcher in ``"writer"``. Resolutions (written, dropped, failed) are staged the same way and
 committed lazily as acknowledgement lines (a failed record also gets a dead-letter line), through
-the same ordered list, so a record's line is always written before its acknowledgement.
+the same ordered list, so a record's line is always written before its acknowledgement. While
+several sinks are at work, what one of them has dealt with is committed as a sink line, so a
+replay sends each record only to the sinks that lack it; each `Selected` sink's progress (what it
+wrote of each step, the steps it closed) is committed as tier lines, running totals that every
+new segment starts with again, so the newest one always holds all of them.
 
 A segment is deleted when none of its records is unresolved and every segment it holds
-acknowledgements for is gone (deleting it earlier would bring those records back on replay).
+acknowledgements for is gone (deleting it earlier would bring those records back on replay);
+a session's newest segment with tier lines also stays while any file of that session holds
+unresolved records (their replay needs what the tiers had done).
 A failed write (a full disk) truncates the partial line away, counts the records as
 ``unspooled`` and logs one error: the records are still delivered to the sinks.
 """
@@ -46,9 +52,14 @@ SEGMENT_BYTES = 16 * 2**20
 _STAGE = 0
 _ACK = 1
 _DEAD = 2
+_SINK = 3  # one sink dealt with records (error: the sink's name)
+_TIER = 4  # a tier's progress (error: the sink's name; extra: (written deltas, closed prefix, set))
 
-# One staged operation: (kind, records, error, failed sinks, pre-encoded lines or None).
-_Op = tuple[int, Sequence[TraceRecord], str | None, Sequence[str], list[bytes] | None]
+# Steps a tier's written counts are kept for, per split (as a gate counts steps: COUNTER_WINDOW).
+TIER_STEPS = 4096
+
+# One staged operation: (kind, records, error, failed sinks, pre-encoded lines or None, extra).
+_Op = tuple[int, Sequence[TraceRecord], str | None, Sequence[str], list[bytes] | None, Any]
 
 
 @dataclass(slots=True)
@@ -60,6 +71,8 @@ class _File:
     size: int = 0
     live: int = 0  # records it holds that are not resolved yet
     deps: set[int] = field(default_factory=set)  # files its acknowledgements refer to
+    session: str | None = None
+    tiers: bool = False  # holds tier lines
     fd: int | None = None
     deleted: bool = False
     keep: bool = False  # unreadable header: never deleted by the spool
@@ -100,6 +113,10 @@ class Spool:
         self._secrets_at = -math.inf
         self._secret_bytes: list[bytes] = []
         self.closed = False
+        # Running totals of this session's tiers (see `tier`): written per (split, step), closed prefix.
+        self._tier_written: dict[str, dict[tuple[str, int], int]] = {}
+        self._tier_closed: dict[str, dict[str, int]] = {}
+        self._state_at: int | None = None  # this session's newest file with tier lines
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -122,7 +139,8 @@ class Spool:
         return scan
 
     def _register(self, scan: seg.FileScan) -> _File:
-        f = _File(self._next, scan.name, scan.path, scan.kind, size=scan.size)
+        f = _File(self._next, scan.name, scan.path, scan.kind, size=scan.size, session=scan.session)
+        f.tiers = bool(scan.tiers)
         self._next += 1
         if scan.empty:
             self._unlink(f)
@@ -180,14 +198,32 @@ class Spool:
             for r in fresh:
                 seg.record_line_parts(r, secrets, lines)
         with self._plock:
-            self._ops.append((_STAGE, fresh, None, (), lines))
+            self._ops.append((_STAGE, fresh, None, (), lines, None))
 
     def resolve(
         self, records: Sequence[TraceRecord], error: str | None = None, sinks: Sequence[str] = ()
     ) -> None:
         """Records are done: written or dropped (`error` None), or failed for good (dead letters)."""
         with self._plock:
-            self._ops.append((_ACK if error is None else _DEAD, records, error, sinks, None))
+            self._ops.append((_ACK if error is None else _DEAD, records, error, sinks, None, None))
+
+    def sink_done(self, records: Sequence[TraceRecord], sink: str) -> None:
+        """One sink (its name in the session) dealt with records that others may not have yet."""
+        with self._plock:
+            self._ops.append((_SINK, records, sink, (), None, None))
+
+    def tier(
+        self,
+        sink: str,
+        written: Mapping[tuple[str, int], int],
+        closed: Mapping[str, int],
+        *,
+        absolute: bool = False,
+    ) -> None:
+        """A `Selected` sink wrote `written` more records of these (split, step)s, and has closed
+        each split's steps up to `closed`; with `absolute`, the counts are totals (a replay's)."""
+        with self._plock:
+            self._ops.append((_TIER, (), sink, (), None, (dict(written), dict(closed), absolute)))
 
     @property
     def has_staged(self) -> bool:
@@ -225,8 +261,19 @@ class Spool:
         fresh: list[TraceRecord] = []
         done: list[TraceRecord] = []
         dead: list[tuple[TraceRecord, str, Sequence[str]]] = []
+        partial: dict[str, list[TraceRecord]] = {}
+        tiers: dict[str, tuple[set[tuple[str, int]], set[str]]] = {}
         lost = 0
-        for kind, records, error, sinks, encoded in ops:
+        for kind, records, error, sinks, encoded, extra in ops:
+            if kind == _SINK:
+                assert error is not None
+                partial.setdefault(error, []).extend(records)
+                continue
+            if kind == _TIER:
+                assert error is not None
+                written, closed, absolute = extra
+                self._tier_update(error, written, closed, absolute, tiers.setdefault(error, (set(), set())))
+                continue
             if kind == _STAGE:
                 # Staged records are still STAGED here: nothing else resolves a record before
                 # the commit that writes it (its acknowledgement is always staged after it).
@@ -251,6 +298,10 @@ class Spool:
         if dead:
             done.extend(self._write_dead(dead, secrets))
         acks, deps = self._ack_lines(done, active)
+        if partial:
+            acks += self._sink_lines(partial, done, active, deps)
+        if tiers and active is not None:
+            acks += self._tier_lines({k: v for k, v in tiers.items()})
         ok = True
         if active is not None and (lines or acks):
             error = self._append(active, b"".join(lines) + acks)
@@ -267,6 +318,9 @@ class Spool:
             self.appended += len(fresh)
             if ok:
                 active.deps.update(deps)
+                if tiers:
+                    active.tiers = True
+                    self._state_at = active.index
         for r in done:
             where = r.spool_slot
             if where is not None and where >= 0:
@@ -296,6 +350,73 @@ class Spool:
         out = [seg.ack_line(ids)] if ids else []
         out += [seg.ack_line(v, self._files[k].name) for k, v in by_dead.items()]
         return b"".join(out), deps
+
+    def _sink_lines(
+        self,
+        partial: dict[str, list[TraceRecord]],
+        done: list[TraceRecord],
+        active: _File | None,
+        deps: set[int],
+    ) -> bytes:
+        """Sink lines for what each sink dealt with, less what every sink is done with (an
+        acknowledgement in this same commit says more)."""
+        resolved = {id(r) for r in done}
+        out = []
+        for sink, records in partial.items():
+            ids = []
+            for r in records:
+                where = r.spool_slot
+                if where is None or where < 0 or id(r) in resolved:
+                    continue
+                f = self._files.get(where)
+                if f is None or f.kind != seg.SEGMENT:
+                    continue
+                ids.append(r.id)
+                if active is None or where != active.index:
+                    deps.add(where)
+            if ids:
+                out.append(seg.sink_ack_line(ids, sink))
+        return b"".join(out)
+
+    def _tier_update(
+        self,
+        sink: str,
+        written: dict[tuple[str, int], int],
+        closed: dict[str, int],
+        absolute: bool,
+        changed: tuple[set[tuple[str, int]], set[str]],
+    ) -> None:
+        totals = self._tier_written.setdefault(sink, {})
+        upto = self._tier_closed.setdefault(sink, {})
+        for key, n in written.items():
+            totals[key] = max(totals.get(key, 0), n) if absolute else totals.get(key, 0) + n
+            changed[0].add(key)
+        for split, last in closed.items():
+            if upto.get(split, -1) < last:
+                upto[split] = last
+                changed[1].add(split)
+        # A closed step's count is no longer needed: its later records are late anyway.
+        for key in [k for k in totals if k[1] <= upto.get(k[0], -1)]:
+            del totals[key]
+            changed[0].discard(key)
+        if len(totals) > TIER_STEPS:
+            for split in {k[0] for k in totals}:
+                steps = sorted(k[1] for k in totals if k[0] == split)
+                for step in steps[: max(0, len(steps) - TIER_STEPS)]:
+                    del totals[(split, step)]
+                    changed[0].discard((split, step))
+
+    def _tier_lines(self, changed: dict[str, tuple[set[tuple[str, int]], set[str]]] | None) -> bytes:
+        """Tier lines with the running totals of what changed (None: everything)."""
+        out = []
+        for sink in sorted(set(self._tier_written) | set(self._tier_closed)):
+            totals, upto = self._tier_written.get(sink, {}), self._tier_closed.get(sink, {})
+            keys, splits = (set(totals), set(upto)) if changed is None else changed.get(sink, (set(), set()))
+            if not keys and not splits:
+                continue
+            written = [(sp, st, totals[(sp, st)]) for sp, st in sorted(keys) if (sp, st) in totals]
+            out.append(seg.tier_line(sink, written, [(sp, upto[sp]) for sp in sorted(splits)]))
+        return b"".join(out)
 
     def _write_dead(
         self, dead: list[tuple[TraceRecord, str, Sequence[str]]], secrets: list[bytes]
@@ -328,11 +449,14 @@ class Spool:
         except OSError as exc:
             self._errors.failed(describe(exc), 0)
             return None
-        f = _File(self._next, name, path, kind, fd=fd)
+        f = _File(self._next, name, path, kind, fd=fd, session=self.session)
         self._next += 1
         self._files[f.index] = f
         self._by_name[name] = f
-        error = self._append(f, seg.header_line(self.project, self.run, self.session, kind))
+        head = seg.header_line(self.project, self.run, self.session, kind)
+        # A new segment starts with every tier total, so the newest one holds them all.
+        state = self._tier_lines(None) if kind == seg.SEGMENT else b""
+        error = self._append(f, head + state)
         if error is not None:
             self._errors.failed(error, 0)
             self._close_file(f)
@@ -340,6 +464,9 @@ class Spool:
             return None
         if kind == seg.SEGMENT:
             self._active = f
+            if state:
+                f.tiers = True
+                self._state_at = f.index
         else:
             self._dead = f
         return f
@@ -379,6 +506,7 @@ class Spool:
 
     def _collect(self) -> None:
         """Delete every file with nothing unresolved whose acknowledged files are already gone."""
+        holders = self._tier_holders()
         changed = True
         while changed:
             changed = False
@@ -386,6 +514,10 @@ class Spool:
                 if f.deleted or f.keep or f.live > 0 or f.fd is not None:
                     continue
                 if any(not self._files[d].deleted for d in f.deps if d in self._files):
+                    continue
+                if f.index in holders and any(
+                    g.live > 0 and not g.deleted and g.session == f.session for g in self._files.values()
+                ):
                     continue
                 try:
                     f.path.unlink()
@@ -396,6 +528,16 @@ class Spool:
                     continue
                 f.deleted = True
                 changed = True
+
+    def _tier_holders(self) -> set[int]:
+        """Each session's newest file with tier lines."""
+        newest: dict[str | None, _File] = {}
+        for f in self._files.values():
+            if f.tiers and not f.deleted and f.kind == seg.SEGMENT:
+                have = newest.get(f.session)
+                if have is None or f.name > have.name:
+                    newest[f.session] = f
+        return {f.index for f in newest.values()}
 
     # -- closing ---------------------------------------------------------------------------
 

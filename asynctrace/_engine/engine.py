@@ -156,7 +156,10 @@ class Engine:
     async def replay(self) -> None:
         """Deliver what a killed session left in the spool, ahead of anything new."""
         if self.spool is not None and self._scan is not None:
-            await replay_backlog(self.spool, self._scan, self.plan, self.settings.replay, self.intake.replay)
+            prime = self.writer.prime_tiers if self.writer is not None else None
+            await replay_backlog(
+                self.spool, self._scan, self.plan, self.settings.replay, self.intake.replay, prime
+            )
 
     def after_fork(self) -> None:
         """In a forked child: the locks may have been held by a thread the child does not have."""

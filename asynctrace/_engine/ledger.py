@@ -126,6 +126,8 @@ class Ledger:
             sink.last_error = error
             batch.errors.append((self.sink_names[lane], error or "failed"))
         batch.lanes_left -= 1
+        if self.journal is not None and (batch.lanes_left or self.holds.held):
+            self._sink_done(batch, lane, failed, picked)
         if batch.lanes_left:
             return False
         self.resolved(*self.holds.settle(batch))
@@ -147,7 +149,25 @@ class Ledger:
             failure = (self.sink_names[lane], error or "failed")
         else:
             sink.skipped[outcome] += len(records)
-        self.resolved(*self.holds.decide(records, failure))
+        ok, bad, errors = self.holds.decide(records, failure)
+        if self.journal is not None and failure is None and len(ok) + len(bad) < len(records):
+            # Decided by this sink, not yet by every holder: the spool notes this sink has them.
+            settled = {id(r) for r in (*ok, *bad)}
+            self.journal.sink_done([r for r in records if id(r) not in settled], self.sink_names[lane])
+        self.resolved(ok, bad, errors)
+
+    def _sink_done(self, batch: Batch, lane: int, failed: bool, picked: Picked | None) -> None:
+        """Tell the spool which of a batch's records this sink dealt with (wrote, or its
+        selection left out), while other sinks or holders are not done with them."""
+        assert self.journal is not None
+        if picked is None:
+            if not failed:
+                self.journal.sink_done(batch.records, self.sink_names[lane])
+            return
+        undecided = {id(r) for r in picked.held}
+        undecided.update(id(r) for r in picked.failed)
+        done = [r for r in batch.records if id(r) not in undecided] if undecided else batch.records
+        self.journal.sink_done(done, self.sink_names[lane])
 
     def resolved(
         self, ok: Sequence[TraceRecord], bad: Sequence[TraceRecord], errors: list[tuple[str, str]]

@@ -14,8 +14,9 @@ stubborn call goes on alone, holding up nothing.
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.lowlevel
@@ -30,6 +31,9 @@ from .buffer import Batch, Buffer, Marker
 from .group_metrics import GroupMetrics
 from .health import Health
 from .retry import RetryPolicy, call_with_retry
+
+if TYPE_CHECKING:
+    from .._durable.segments import TierState
 
 logger = logging.getLogger("asynctrace")
 
@@ -70,6 +74,12 @@ class _Lane:
         self.done = False
         # Waiting for work: it starts whatever it is handed at its next turn.
         self.idle = False
+        # A selection's closed steps as the spool last heard of them (see Writer._note_tier).
+        self.closed: dict[str, int] = {}
+        # A sink that confirms later: what it wrote, in order, and how to resolve each once confirmed.
+        self.confirming: deque[tuple[Sequence[TraceRecord], Callable[[set[int], str | None], None]]] = deque()
+        self.confirmed = Signal()
+        self.to_confirm = Signal()
 
 
 class Writer:
@@ -143,6 +153,8 @@ class Writer:
             async with anyio.create_task_group() as tg:
                 for lane in self._lanes:
                     tg.start_soon(self._run_lane, lane)
+                    # Idle unless the sink confirms later (it may say so only once open).
+                    tg.start_soon(self._confirm_loop, lane)
                 tg.start_soon(self._dispatch)
                 started.set()
 
@@ -184,6 +196,15 @@ class Writer:
     def wake(self) -> None:
         if self.signal is not None:
             self.signal.set()
+
+    def prime_tiers(self, state: TierState) -> None:
+        """Before a replay: what each `Selected` sink (by its name in the session) had written of
+        each step and which steps it had closed, so its selection keeps at most k a step in all."""
+        for lane in self._lanes:
+            name = self.buffer.ledger.sink_names[lane.index]
+            if lane.selection is not None:
+                lane.selection.prime(state.written.get(name, {}), state.closed.get(name, {}))
+                lane.closed = lane.selection.closed()
 
     def abandon(self) -> None:
         """Stop waiting for a writer that ignores its cancel (a sink call does): it goes on alone."""
@@ -303,6 +324,7 @@ class Writer:
                 if lane.selection is not None and lane.dead is None:
                     # A flush closes the steps a sink's selection holds, as it closes the session's.
                     await self._write_picked(lane, [], [lane.selection.close_all()], on_retry)
+                await self._until_confirmed(lane)
                 item.arrive()
                 continue
             if isinstance(item, MetricsItem):
@@ -310,16 +332,16 @@ class Writer:
                 continue
             # A sink that fell behind gets what piled up in fewer, larger writes, each of at
             # most batch_size records (the contract's bound on one sink write).
-            batches = [item]
+            batches: list[Batch] = [item]
             n = len(item.records)
-            while lane.inbox and isinstance(lane.inbox[0], Batch):
+            while lane.inbox:
                 nxt = lane.inbox[0]
-                if n + len(nxt.records) > batch_size:
+                if not isinstance(nxt, Batch) or n + len(nxt.records) > batch_size:
                     break
                 lane.inbox.popleft()
-                batches.append(nxt)  # type: ignore[arg-type]
-                n += len(nxt.records)  # type: ignore[union-attr]
-            await self._write_batches(lane, batches, on_retry)  # type: ignore[arg-type]
+                batches.append(nxt)
+                n += len(nxt.records)
+            await self._write_batches(lane, batches, on_retry)
             await self._close_idle(lane, on_retry)
 
     def _idle_check_in(self, lane: _Lane) -> float | None:
@@ -345,6 +367,10 @@ class Writer:
         self, lane: _Lane, batches: list[Batch], on_retry: Callable[[BaseException | None], None]
     ) -> None:
         self.buffer.start(batches)
+        if lane.dead is None and any(r.sinks_done is not None for b in batches for r in b.records):
+            # Replayed records this sink had dealt with before the kill are not sent again.
+            await self._write_replayed(lane, batches, on_retry)
+            return
         if lane.selection is not None and lane.dead is None:
             now = self.buffer.clock()
             picks = [lane.selection.offer(b.records, now) for b in batches]
@@ -352,30 +378,68 @@ class Writer:
             return
         error = lane.dead
         ok = error is None
+        records: list[TraceRecord] = []
         if ok and any(b.records for b in batches):
-            records: list[TraceRecord] = (
-                batches[0].records if len(batches) == 1 else [r for b in batches for r in b.records]
-            )
+            records = batches[0].records if len(batches) == 1 else [r for b in batches for r in b.records]
             try:
                 await call_with_retry(self.retry, lambda: lane.sink.write(records), on_retry)
             except Exception as exc:
                 ok = False
                 error = describe(exc)
                 self._warn_failed(lane, len(records), error)
-        freed = False
-        for batch in batches:
-            freed |= self.buffer.resolve(batch, lane.index, ok, 0, error)
-        if freed:
-            self._freed()
+
+        def settle(failed: set[int], late_error: str | None) -> None:
+            good = ok and not failed
+            freed = False
+            for batch in batches:
+                freed |= self.buffer.resolve(batch, lane.index, good, 0, error if not ok else late_error)
+            self._resolved(freed)
+
+        self._settle(lane, records if ok else [], settle)
+
+    async def _write_replayed(
+        self, lane: _Lane, batches: list[Batch], on_retry: Callable[[BaseException | None], None]
+    ) -> None:
+        """Batches holding replayed records: the sink (or its selection) gets only those it had
+        not dealt with; the others are counted `skipped["earlier"]` for it."""
+        name = self.buffer.ledger.sink_names[lane.index]
+        now = self.buffer.clock()
+        picks = []
+        for b in batches:
+            fresh = [r for r in b.records if r.sinks_done is None or name not in r.sinks_done]
+            earlier = len(b.records) - len(fresh)
+            pick = lane.selection.offer(fresh, now) if lane.selection is not None else Picked(write=fresh)
+            if earlier:
+                pick.skipped["earlier"] += earlier
+            picks.append(pick)
+        await self._write_picked(lane, batches, picks, on_retry)
+
+    def _note_tier(self, lane: _Lane, records: list[TraceRecord], failed: set[int]) -> None:
+        """Tell the spool what a `Selected` sink wrote of each step and which steps it closed."""
+        journal = self.buffer.journal
+        selection = lane.selection
+        if journal is None or selection is None:
+            return
+        written: Counter[tuple[str, int]] = Counter(
+            (r.split, r.step) for r in records if not r.watched and id(r) not in failed
+        )
+        closed = selection.closed()
+        changed = {split: upto for split, upto in closed.items() if lane.closed.get(split) != upto}
+        if written or changed:
+            lane.closed = closed
+            journal.tier(self.buffer.ledger.sink_names[lane.index], written, changed)
 
     def _warn_failed(self, lane: _Lane, n: int, error: str) -> None:
         logger.warning(
             "asynctrace: sink %r failed to write %d records for good: %s", lane.sink.name, n, error
         )
 
-    def _freed(self) -> None:
-        self.on_room()
-        if self.buffer.journal is not None:
+    def _resolved(self, freed: bool) -> None:
+        """A lane resolved records: what the spool was told goes to disk (a sink's own
+        acknowledgement too, so that a kill while another sink lags does not resend them)."""
+        if freed:
+            self.on_room()
+        if self.buffer.journal is not None and (freed or self.buffer.journal.spool.has_staged):
             self.buffer.journal.acknowledge()
 
     async def _write_picked(
@@ -401,21 +465,69 @@ class Writer:
                 error = describe(exc)
                 failed.update(id(r) for r in chunk)
                 self._warn_failed(lane, len(chunk), error)
-        freed = False
-        for batch, pick in zip(batches, picks, strict=False):
-            pick.failed = [r for r in pick.write if id(r) in failed] if failed else []
-            freed |= self.buffer.resolve(batch, lane.index, True, 0, error, pick)
-        # After the batches: a record held by one of them and released by a later one is
-        # registered as held before it is resolved.
-        buffer = self.buffer
-        if failed:
-            buffer.resolve_held(lane.index, [r for r in released if id(r) in failed], "failed", error)
-            buffer.resolve_held(lane.index, [r for r in released if id(r) not in failed], "written", None)
-        else:
-            buffer.resolve_held(lane.index, released, "written", None)
-        buffer.resolve_held(lane.index, [r for p in picks for r in p.evicted], "capped", None)
-        if freed:
-            self._freed()
+
+        def settle(lost: set[int], late_error: str | None) -> None:
+            failed.update(lost)
+            why = error or late_error
+            self._note_tier(lane, records, failed)
+            freed = False
+            for batch, pick in zip(batches, picks, strict=False):
+                pick.failed = [r for r in pick.write if id(r) in failed] if failed else []
+                freed |= self.buffer.resolve(batch, lane.index, True, 0, why, pick)
+            # After the batches: a record held by one of them and released by a later one is
+            # registered as held before it is resolved.
+            buffer = self.buffer
+            if failed:
+                buffer.resolve_held(lane.index, [r for r in released if id(r) in failed], "failed", why)
+                buffer.resolve_held(lane.index, [r for r in released if id(r) not in failed], "written", None)
+            else:
+                buffer.resolve_held(lane.index, released, "written", None)
+            buffer.resolve_held(lane.index, [r for p in picks for r in p.evicted], "capped", None)
+            self._resolved(freed)
+
+        self._settle(lane, [r for r in records if id(r) not in failed], settle)
+
+    # -- sinks that confirm later --------------------------------------------------------------
+
+    def _settle(
+        self, lane: _Lane, written: Sequence[TraceRecord], settle: Callable[[set[int], str | None], None]
+    ) -> None:
+        """Resolve what a write did now, or, for a sink that confirms later, once it confirmed
+        `written` (in order: a resolution never overtakes an earlier one)."""
+        if not lane.sink.confirms_later:
+            settle(set(), None)
+            return
+        lane.confirming.append((written, settle))
+        lane.to_confirm.set()
+
+    async def _confirm_loop(self, lane: _Lane) -> None:
+        while True:
+            if not lane.confirming:
+                await lane.to_confirm.wait(None)
+                continue
+            written, settle = lane.confirming[0]
+            lost: set[int] = set()
+            error: str | None = None
+            if written:
+                try:
+                    await lane.sink.confirm(written)
+                except Exception as exc:
+                    error = describe(exc)
+                    lost = {id(r) for r in written}
+                    self._warn_failed(lane, len(written), error)
+            lane.confirming.popleft()
+            settle(lost, error)
+            lane.confirmed.set()
+
+    async def _until_confirmed(self, lane: _Lane) -> None:
+        """A flush waits for what a sink that confirms later has handed over, but not for what
+        only the trainer can have persisted (an attached W&B run's open step)."""
+        while lane.confirming:
+            # Confirmed in order: when the next is held back, so is everything after it.
+            head = lane.confirming[0][0]
+            if head and lane.sink.held_back(head):
+                return
+            await lane.confirmed.wait(0.2)
 
     async def _write_metrics(
         self, lane: _Lane, item: MetricsItem, on_retry: Callable[[BaseException | None], None]

@@ -52,6 +52,7 @@ class TraceRecord:
         "payload",
         "replayed",
         "score",
+        "sinks_done",
         "split",
         "spool_slot",
         "step",
@@ -83,6 +84,9 @@ class TraceRecord:
         self.spool_slot: int | None = None
         # On the watch list: past the session's cap and every `Selected` sink's selection.
         self.watched = False
+        # A replayed record: the sinks (by session name) that had it before the kill, which it
+        # is not sent to again; None when none had.
+        self.sinks_done: frozenset[str] | None = None
 
     @property
     def sample(self) -> Sample:
@@ -150,6 +154,7 @@ def records_for(
         r.replayed = False
         r.spool_slot = None
         r.watched = False
+        r.sinks_done = None
         out.append(r)
     return out
 

@@ -51,6 +51,8 @@ class Gate:
         self._warned = False
         # A selection `keeps` started for a step not open yet (one at most).
         self._fresh: dict[tuple[str, int], StepSelection] = {}
+        # Places of a step already used before a restart (a replay's tier): its selection has fewer.
+        self.spent: dict[tuple[str, int], int] = {}
 
     def is_closed(self, split: str, step: int) -> bool:
         """True when samples for this step are late."""
@@ -125,9 +127,10 @@ class Gate:
         opened = self._open.get(key)
         if opened is None:
             fresh = self._fresh.pop(key, None)
-            opened = self._open[key] = (
-                fresh if fresh is not None else self.sampler.new_step(split, step, self.k)
-            )
+            k = self.k
+            if self.spent and key in self.spent:
+                fresh, k = None, max(0, k - self.spent.pop(key))
+            opened = self._open[key] = fresh if fresh is not None else self.sampler.new_step(split, step, k)
         holds = self.sampler.holds
         flags, pushed_out = opened.offer_all(entries)
         for e, kept in zip(entries, flags, strict=True):

@@ -93,6 +93,17 @@ class LaneSelection:
                 picked.skipped["late" if id(e) in late else "capped"] += 1
         return picked
 
+    def prime(self, written: dict[tuple[str, int], int], closed: dict[str, int]) -> None:
+        """What this sink had done before a restart: `written` records of these steps take
+        places of their selections, and the steps up to `closed` of each split are closed."""
+        for split, upto in closed.items():
+            self.gate.window.close_upto(split, upto)
+        self.gate.spent.update(written)
+
+    def closed(self) -> dict[str, int]:
+        """Each split's last closed step."""
+        return self.gate.window.closed()
+
     def close_all(self) -> Picked:
         """Close every open step (a flush or finish): what they hold is released."""
         picked = Picked()

@@ -37,6 +37,10 @@ class StepWindow:
         closed = self._closed_upto.get(split)
         return not self.reopen and closed is not None and step <= closed
 
+    def closed(self) -> dict[str, int]:
+        """Each split's last closed step."""
+        return dict(self._closed_upto)
+
     def is_open(self, split: str, step: int) -> bool:
         return (split, step) in self._seen
 

@@ -22,6 +22,12 @@ class Sink(abc.ABC):
 
     name: str = "sink"
 
+    @property
+    def confirms_later(self) -> bool:
+        """True when `write` returns once the records are handed over, and `confirm` says when
+        they are persisted: the session counts them written only then, and writes on meanwhile."""
+        return False
+
     def bind(self, project: str, run: str) -> None:  # noqa: B027 - optional hook
         """Called by the session before `open` with its project and run name."""
 
@@ -37,6 +43,15 @@ class Sink(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Flush and release resources; called once, from `finish()`."""
+
+    async def confirm(self, records: Sequence[TraceRecord]) -> None:  # noqa: B027 - optional hook
+        """With `confirms_later`: return once `records`, handed over by `write`, are persisted;
+        raise when they never will be (they count as failed). Cancelled at `finish()`'s deadline."""
+
+    def held_back(self, records: Sequence[TraceRecord]) -> bool:
+        """With `confirms_later`: True while `records` wait on something only the trainer does
+        (an attached W&B run's next step), so a flush does not wait for their confirmation."""
+        return False
 
     def recovery_args(self) -> dict[str, Any] | None:
         """The keyword arguments that make this sink again, for `asynctrace recover`, or None

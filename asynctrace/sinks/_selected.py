@@ -58,6 +58,16 @@ class Selected(Sink):
     async def write(self, records: Sequence[TraceRecord]) -> None:
         await self.sink.write(records)
 
+    @property
+    def confirms_later(self) -> bool:
+        return self.sink.confirms_later
+
+    async def confirm(self, records: Sequence[TraceRecord]) -> None:
+        await self.sink.confirm(records)
+
+    def held_back(self, records: Sequence[TraceRecord]) -> bool:
+        return self.sink.held_back(records)
+
     async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         await self.sink.write_metrics(step, metrics)
 

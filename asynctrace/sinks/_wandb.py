@@ -150,7 +150,10 @@ class WandbSink(Sink):
     The sink opens (and finishes) a run of its own unless ``attach=True`` (`wandb.run`) or
     ``attach=<run>`` names the trainer's. When its logs commit W&B steps (on a run it opens, by
     default) or with ``wait_for_log=True``, a write returns once the run's `.wandb` file holds
-    its rows. Tables, columns, steps, acknowledgements and attached runs: docs/sinks.md.
+    its rows. Attached, by default, a write hands its rows to W&B, which writes them with the
+    trainer's step, and the session counts them written once the `.wandb` file holds them
+    (`confirm`); ``wait_for_log=False`` counts them once handed over. Tables, columns, steps,
+    acknowledgements and attached runs: docs/sinks.md.
     """
 
     def __init__(
@@ -221,6 +224,11 @@ class WandbSink(Sink):
         self._files: dict[str, list[str | None]] = {}
         self._known: dict[str, set[str]] = {}
         self._tail: LogTail | None = None
+        # Attached, by default: writes hand rows over, `confirm` waits for them (see _open_run).
+        self._defers = False
+        # The W&B step each of the sink's logs of a key went into (parallel to `_files`).
+        self._steps: dict[str, list[int]] = {}
+        self._unconfirmed = 0
         # A deadline walks away from a call a stalled W&B service blocks; `_io` keeps the calls
         # in order on the run.
         self._io = Serial("WandbSink", _permanent)
@@ -251,10 +259,12 @@ class WandbSink(Sink):
             self._start_run()
         self.wandb_run.define_metric(self.step_metric, hidden=True)
         # Rows logged without a commit (an attached run's default) are written with the trainer's
-        # step, when the trainer moves on: waiting for that would hold each write for a training
-        # step, so there it is opt-in.
+        # step, when the trainer moves on. A write that waited for that would hold the sink's
+        # lane for a training step, one write a step (bench_wandb_ack.py), so by default a write
+        # hands them over and `confirm` tells the session once the log holds them.
         waits = self._commits() if self.wait_for_log is None else self.wait_for_log
-        if waits and self._tail is None:
+        self._defers = self.wait_for_log is None and not self._commits() and not self._owns
+        if (waits or self._defers) and self._tail is None:
             self._tail = self._log_tail(self.wandb_run)
 
     def _start_run(self) -> None:
@@ -304,8 +314,8 @@ class WandbSink(Sink):
         if not self._owns and (not interval or interval > _SLOW_FLUSH):
             logger.warning(
                 "asynctrace: the attached W&B run writes its .wandb file every %s; rows count as "
-                "written only once there, so each write waits as long: set "
-                "x_transaction_log_flush_interval (seconds) lower in its wandb.Settings",
+                "written only once there, so they wait as long (and a flush or finish with them): "
+                "set x_transaction_log_flush_interval (seconds) lower in its wandb.Settings",
                 f"{interval:g} s" if interval else "32 KiB block",
             )
         return LogTail(Path(path))
@@ -351,6 +361,9 @@ class WandbSink(Sink):
                 raise
             files = self._files.setdefault(name, [])
             files.append(self._new_table_file(name) if self._tail is not None else None)
+            self._steps.setdefault(name, []).append(self.wandb_run.step)
+            if self._defers:
+                self._unconfirmed += len(group)
             for r in group:
                 self._logged[r.id] = (name, len(files))
 
@@ -383,6 +396,13 @@ class WandbSink(Sink):
         run = self.wandb_run
         if run is None:
             return
+        if self._unconfirmed:
+            logger.warning(
+                "asynctrace: %d trace rows wait in the trainer's open W&B step, which W&B writes "
+                "when the trainer logs its next step or finishes its run: they count as pending, "
+                "not written (with a spool, they stay in it and the next session logs them again)",
+                self._unconfirmed,
+            )
         try:
             if self.final_table:
                 wandb = _import_wandb()
@@ -402,10 +422,35 @@ class WandbSink(Sink):
             raise PermanentSinkError("WandbSink needs a project and run (given or from the session)")
         await self._io.run(self._open_run)
 
+    @property
+    def confirms_later(self) -> bool:
+        return self._defers
+
     async def write(self, records: Sequence[TraceRecord]) -> None:
         await self._io.run(self._write_rows, records)
-        if self._tail is not None:
+        if self._tail is not None and not self._defers:
             await self._persisted(records)
+
+    async def confirm(self, records: Sequence[TraceRecord]) -> None:
+        """Return once the run's `.wandb` file holds the rows of `records` (attached, by default)."""
+        await self._persisted(records)
+        self._unconfirmed -= sum(1 for r in records if r.id in self._logged)
+
+    def held_back(self, records: Sequence[TraceRecord]) -> bool:
+        """True while the W&B step the rows of `records` went into is still the trainer's open
+        one: W&B writes them only when the trainer logs its next step (or finishes the run)."""
+        run = self.wandb_run
+        if run is None or not self._defers:
+            return False
+        try:
+            current = int(run.step)
+        except Exception:  # a finished run: its rows are written, or never will be
+            return False
+        for r in records:
+            logged = self._logged.get(r.id)
+            if logged is not None and self._steps[logged[0]][logged[1] - 1] >= current:
+                return True
+        return False
 
     async def _persisted(self, records: Sequence[TraceRecord]) -> None:
         """Return once the run's `.wandb` file holds every row of `records`.
@@ -428,7 +473,10 @@ class WandbSink(Sink):
             if all(self._in_log(tail, name, n) for name, n in need.items()):
                 return
             if time.monotonic() >= probe_at:
-                await self._io.run(self._probe)
+                # Rows in the trainer's open step are not written until it moves on: no reason
+                # to ask the service (each probe is a request) while they wait for that.
+                if not self.held_back(records):
+                    await self._io.run(self._probe)
                 probe_at = time.monotonic() + _PROBE_EVERY
             await anyio.sleep(pause)
             pause = min(pause * 2, _POLL_MAX)

@@ -9,6 +9,10 @@ stops, kills or resumes the service in between):
 2. it logs ``SAMPLES`` samples (5 by default) and flushes for at most ``FLUSH`` seconds (2):
    whether the flush confirmed them, the sink's counts and the samples' ids;
 3. it flushes for at most 30 s, finishes the session and prints the final counts.
+
+With ``ATTACH=1`` the sink is attached to a trainer's run the child opens (its `.wandb` file
+written every INTERVAL seconds), and in stage 2 the trainer logs its next W&B step after the
+samples, so that W&B writes their rows.
 """
 
 from __future__ import annotations
@@ -45,7 +49,16 @@ def counts(session: at.TraceSession) -> dict[str, Any]:
 
 
 async def main(root: str, run: str, interval: float, spool: str | None) -> None:
-    sink = at.WandbSink(init_kwargs={"dir": root, "settings": dict(SETTINGS)}, log_flush_interval=interval)
+    trainer: Any = None
+    if os.environ.get("ATTACH") == "1":
+        import wandb
+
+        settings = wandb.Settings(**SETTINGS, x_transaction_log_flush_interval=interval)  # type: ignore[arg-type]
+        trainer = wandb.init(project="p", name=f"{run}-trainer", dir=root, settings=settings)
+        sink = at.WandbSink(attach=trainer)
+    else:
+        init = {"dir": root, "settings": dict(SETTINGS)}
+        sink = at.WandbSink(init_kwargs=init, log_flush_interval=interval)
     memory = at.testing.MemorySink("memory")
     kwargs: dict[str, Any] = {"spool_dir": spool} if spool else {}
     retry = at.RetryPolicy(max_attempts=2, initial_backoff=0.05, attempt_timeout=30.0)
@@ -58,6 +71,10 @@ async def main(root: str, run: str, interval: float, spool: str | None) -> None:
         n = int(os.environ.get("SAMPLES", "5"))
         if n:
             await s.log_samples([sample(i) for i in range(n)], step=0)
+        if trainer is not None:
+            # Handed to the trainer's open step, where they wait for it: a flush does not.
+            assert await s.flush(timeout=30.0) and s.stats().sinks["wandb"].written == 0
+            trainer.log({"trainer/loss": 0.0}, step=1)
         flushed = await s.flush(timeout=float(os.environ.get("FLUSH", "2")))
         emit({"flushed": flushed, **counts(s), "ids": [r.id for r in memory.records]})
         await anyio.to_thread.run_sync(sys.stdin.readline)

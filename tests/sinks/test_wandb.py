@@ -186,7 +186,8 @@ async def test_attach_names_the_run_object_when_wandb_run_is_unset(offline_wandb
         async with at.TraceSession("p", run="a", sinks=[at.WandbSink(attach=True)]) as s:
             await s.log_samples([sample(0)], step=0)
         assert "attach=run" in str(s.stats().sinks["wandb"].last_error)
-        sink = at.WandbSink(attach=run)
+        # Counted at hand-off: this run writes its log every 15 s, and its step stays open.
+        sink = at.WandbSink(attach=run, wait_for_log=False)
         async with at.TraceSession("p", run="a", sinks=[sink]) as s:
             await s.log_samples([sample(0)], step=0)
         assert s.stats().sinks["wandb"].written == 1 and sink.wandb_run is run
@@ -259,9 +260,41 @@ async def test_attached_run_keeps_the_trainers_steps_and_stays_open(offline_wand
     assert len(ids) == len(set(ids)) == 12
 
 
-async def test_an_attached_run_counts_rows_handed_to_its_service(offline_wandb: Path) -> None:
-    """Attached, by default a row counts as written once handed to wandb-core: W&B writes it with
-    the trainer's step, in its log only once the trainer has moved on."""
+async def test_an_attached_run_counts_rows_once_its_log_holds_them(offline_wandb: Path) -> None:
+    """Attached, by default, writes hand rows to wandb-core without waiting (several batches in
+    one trainer step), and they count as written only once W&B has written them to the `.wandb`
+    file, which it does when the trainer logs its next step; a flush meanwhile does not wait."""
+    import wandb
+
+    settings = wandb.Settings(**_SETTINGS, x_transaction_log_flush_interval=0.05)  # type: ignore[arg-type]
+    run = await anyio.to_thread.run_sync(
+        lambda: wandb.init(project="p", name="confirmed", dir=str(offline_wandb), settings=settings)
+    )
+    log = Path(run.settings.sync_file)
+    try:
+        async with at.TraceSession("p", run="confirmed", sinks=[at.WandbSink(attach=run)], batch_size=4) as s:
+            run.log({"trainer/loss": 0.0}, step=0)
+            await s.log_samples([sample(i) for i in range(12)], step=0)
+            with anyio.fail_after(10):  # three writes, none waiting for the trainer's step
+                assert await s.flush(timeout=10)
+            assert s.stats().written == 0 and s.stats().pending == 12
+            await anyio.sleep(0.5)  # ten of the run's flush intervals: the step is still open
+            assert increments(log) == 0 and s.stats().written == 0
+            run.log({"trainer/loss": 1.0}, step=1)
+            with anyio.fail_after(30):
+                while s.stats().written < 12:
+                    await anyio.sleep(0.01)
+            assert increments(log) >= 1, "counted written before the log held the rows"
+            assert s.stats().check() and s.stats().pending == 0
+    finally:
+        await anyio.to_thread.run_sync(run.finish)
+    ids = [row["id"] for row in table_rows(Path(run.dir), "train/traces-incr")]
+    assert len(ids) == len(set(ids)) == 12
+
+
+async def test_wait_for_log_false_counts_rows_handed_to_its_service(offline_wandb: Path) -> None:
+    """Attached with ``wait_for_log=False``, a row counts as written once handed to wandb-core:
+    W&B writes it with the trainer's step, in its log only once the trainer has moved on."""
     import wandb
 
     settings = wandb.Settings(**_SETTINGS, x_transaction_log_flush_interval=0.05)  # type: ignore[arg-type]
@@ -270,7 +303,8 @@ async def test_an_attached_run_counts_rows_handed_to_its_service(offline_wandb: 
     )
     log = Path(run.settings.sync_file)
     try:
-        async with at.TraceSession("p", run="handed", sinks=[at.WandbSink(attach=run)], batch_size=4) as s:
+        sink = at.WandbSink(attach=run, wait_for_log=False)
+        async with at.TraceSession("p", run="handed", sinks=[sink], batch_size=4) as s:
             run.log({"trainer/loss": 0.0}, step=0)
             await s.log_samples([sample(i) for i in range(4)], step=0)
             assert await s.flush(timeout=30) and s.stats().written == 4

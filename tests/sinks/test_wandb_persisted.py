@@ -38,13 +38,14 @@ class Trainer:
         *,
         samples: int = 5,
         flush: float = 2.0,
+        attach: bool = False,
     ) -> None:
         args = [sys.executable, "-m", "tests.sinks._wandb_child", str(root), run, str(interval)]
         if spool is not None:
             args.append(str(spool))
         # Not this process's W&B service (wandb.setup() names it in WANDB_SERVICE): its own.
         env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
-        env.update(SAMPLES=str(samples), FLUSH=str(flush))
+        env.update(SAMPLES=str(samples), FLUSH=str(flush), ATTACH="1" if attach else "0")
         self.proc = subprocess.Popen(
             args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=Path(__file__).parents[2]
         )
@@ -116,10 +117,14 @@ def test_a_confirmed_flush_is_in_the_wandb_file_when_the_service_is_killed(
     assert increments(trainer.log) == 1, "the rows counted written must be in the log"
 
 
-def test_rows_a_killed_service_never_wrote_count_as_failed(tmp_path: Path, trainers: list[Trainer]) -> None:
+@pytest.mark.parametrize("attach", [False, True], ids=["own-run", "attached"])
+def test_rows_a_killed_service_never_wrote_count_as_failed(
+    tmp_path: Path, trainers: list[Trainer], attach: bool
+) -> None:
     """Rows handed to wandb-core but not in its `.wandb` file when it is killed are never counted
-    written: flush() says so, and they end as failed, with the reason, in the spool's dead letters."""
-    trainer = Trainer(tmp_path, "lost", NEVER, tmp_path / "spool")
+    written: flush() says so, and they end as failed, with the reason, in the spool's dead letters
+    (attached: once the trainer has moved on, so that the rows wait on wandb-core alone)."""
+    trainer = Trainer(tmp_path, "lost", NEVER, tmp_path / "spool", attach=attach)
     trainers.append(trainer)
     logged = trainer.next()
     assert not logged["flushed"] and logged["written"] == 0, logged
@@ -165,6 +170,31 @@ def test_a_spooled_run_killed_with_its_service_is_replayed(tmp_path: Path, train
     assert increments(trainer.log) == 0
 
     again = Trainer(tmp_path, "spooled", 0.2, spool, samples=0, flush=30.0)
+    trainers.append(again)
+    assert again.opened["replayed"] == 5
+    replayed = again.next()
+    assert replayed["flushed"] and replayed["written"] == 5, replayed
+    assert increments(again.log) == 1
+    last = again.next()
+    assert last["check"] and last["failed"] == 0, last
+
+
+def test_an_attached_runs_rows_count_once_its_log_holds_them(tmp_path: Path, trainers: list[Trainer]) -> None:
+    """Attached to the trainer's run (the default), rows handed to wandb-core are not counted
+    written until its `.wandb` file holds them: with its service killed before it wrote them,
+    they stay in the spool and the next session logs them into its own trainer's run."""
+    spool = tmp_path / "spool"
+    trainer = Trainer(tmp_path, "attached", NEVER, spool, attach=True)
+    trainers.append(trainer)
+    logged = trainer.next()
+    # The trainer has moved on to its next step, so W&B would write them, but not in 600 s.
+    assert not logged["flushed"] and logged["written"] == 0 and logged["failed"] == 0, logged
+    trainer.proc.kill()
+    trainer.proc.wait(PATIENCE)
+    kill(trainer.service)
+    assert increments(trainer.log) == 0
+
+    again = Trainer(tmp_path, "attached", 0.2, spool, samples=0, flush=30.0, attach=True)
     trainers.append(again)
     assert again.opened["replayed"] == 5
     replayed = again.next()
