@@ -119,7 +119,7 @@ async def test_backoff_doubles_from_initial_and_stops_at_max_attempts() -> None:
     """call_with_retry waits initial*2**k (+ jitter below initial) between its max_attempts attempts."""
     from asynctrace._engine.retry import call_with_retry
 
-    policy = at.RetryPolicy(max_attempts=4, initial_backoff=0.05, max_backoff=0.15, attempt_timeout=1.0)
+    policy = at.RetryPolicy(max_attempts=4, initial_backoff=0.2, max_backoff=0.6, attempt_timeout=1.0)
     starts: list[float] = []
     retried: list[BaseException | None] = []
 
@@ -131,9 +131,10 @@ async def test_backoff_doubles_from_initial_and_stops_at_max_attempts() -> None:
         await call_with_retry(policy, always_fails, retried.append)
     assert len(starts) == 4 and len(retried) == 3
     gaps = [b - a for a, b in itertools.pairwise(starts)]
-    # 0.05, 0.10, then 0.20 clipped to max_backoff=0.15; each plus jitter in [0, 0.05].
-    for gap, base in zip(gaps, (0.05, 0.10, 0.15), strict=True):
-        assert base * 0.95 <= gap <= base + 0.05 + 0.05, gaps
+    # 0.2, 0.4, then 0.8 clipped to max_backoff=0.6; each plus jitter in [0, 0.2]. The waits are
+    # long enough that a loaded machine's late wake-up (allowed: 0.15 s) cannot blur them.
+    for gap, base in zip(gaps, (0.2, 0.4, 0.6), strict=True):
+        assert base * 0.95 <= gap <= base + 0.2 + 0.15, gaps
 
 
 async def test_a_permanent_error_on_the_first_attempt_is_not_retried() -> None:
