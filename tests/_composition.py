@@ -5,9 +5,15 @@ Per (split, step), from the docs' definitions alone:
 - watched: a sample whose prompt id is on the watch list, the first `max_per_step` of a step;
   it passes the session's cap and every `Selected` sink's selection, and is written everywhere;
 - the session's cap keeps, of the other samples, `first`: the first `k` to arrive,
-  `top_bottom`: the `ceil(k/2)` highest and `floor(k/2)` lowest rewards;
+  `top_bottom`: the `ceil(k/2)` highest and `floor(k/2)` lowest rewards, `reservoir`: a uniform
+  random `k` (which ones is the seed's: the oracle knows only how many, and from which samples),
+  a `GroupSampler`: whole prompt groups (`metadata["prompt_id"]` here) as choosing.md's "whole
+  groups" takes them (tests/_group_oracle.py);
 - a plain sink holds the watched samples and what the session kept; a `Selected` sink holds the
-  watched samples and its own sampler's pick of what the session kept.
+  watched samples and its own sampler's pick of what the session kept, in the order it was logged.
+
+A selection is written as a tuple: ``("first", k)``, ``("top_bottom", k)``, ``("reservoir", k)``
+or ``("group", k, policy, count)``; a tier given as an int `k` is ``("top_bottom", k)``.
 """
 
 from __future__ import annotations
@@ -23,7 +29,10 @@ import asynctrace as at
 from asynctrace import rollouts
 from asynctrace.testing import MemorySink
 
+from ._group_oracle import pick as group_pick
+
 WATCHED = "w"
+GROUP_KEY = "prompt_id"  # the metadata key that names a row's prompt group
 
 
 @dataclass(frozen=True)
@@ -49,20 +58,49 @@ def top_bottom(rows: Sequence[Row], k: int) -> set[str]:
 
 PICK = {"first": first, "top_bottom": top_bottom}
 
+Selection = tuple[Any, ...]
+
+
+def choose(selection: Selection, rows: Sequence[Row], step: int) -> set[str] | None:
+    """The uids a selection keeps of one step's `rows` (in the order they were logged); None for
+    `reservoir`, whose pick only its seed knows."""
+    kind, k = selection[0], selection[1]
+    if kind == "reservoir":
+        return None
+    if kind == "group":
+        policy, count = selection[2], selection[3] if len(selection) > 3 else "samples"
+        kept = group_pick([(r.prompt_id, r.reward) for r in rows], k, policy, count=count, step=step)
+        return {rows[i].uid for i in kept}
+    return PICK[kind](rows, k)
+
 
 def oracle(
-    steps: Sequence[Sequence[Row]], cap: tuple[str, int] | None, tier: int | None, watch: bool
+    steps: Sequence[Sequence[Row]],
+    cap: Selection | None,
+    tier: int | Selection | None,
+    watch: bool,
+    plain_held: dict[int, set[str]] | None = None,
 ) -> tuple[dict[int, set[str]], dict[int, set[str]]]:
-    """What the plain sink and the tier hold, per step."""
+    """What the plain sink and the tier hold, per step. With a `reservoir` cap the session's pick
+    is read from `plain_held` (what the plain sink holds), after checking that it is as many as
+    the cap allows and only from the samples the cap chose among."""
+    tiered_by = ("top_bottom", tier) if isinstance(tier, int) else tier
     plain: dict[int, set[str]] = {}
     tiered: dict[int, set[str]] = {}
     for step, rows in enumerate(steps):
         watched = [r for r in rows if watch and r.prompt_id == WATCHED][:16]
         others = [r for r in rows if r not in watched]
-        kept = others if cap is None else [r for r in others if r.uid in PICK[cap[0]](others, cap[1])]
-        plain[step] = {r.uid for r in watched} | {r.uid for r in kept}
-        if tier is not None:
-            tiered[step] = {r.uid for r in watched} | top_bottom(kept, tier)
+        shown = {r.uid for r in watched}
+        kept = {r.uid for r in others} if cap is None else choose(cap, others, step)
+        if kept is None:
+            kept = (plain_held or {}).get(step, set()) - shown
+            assert kept <= {r.uid for r in others}, (step, kept)
+            assert len(kept) == min(cap[1], len(others)), (step, kept)  # type: ignore[index]
+        plain[step] = shown | kept
+        if tiered_by is not None:
+            tier_kept = choose(tiered_by, [r for r in others if r.uid in kept], step)
+            assert tier_kept is not None, "a reservoir tier's pick is the seed's"
+            tiered[step] = shown | tier_kept
     return plain, tiered
 
 
@@ -95,7 +133,8 @@ def rollout_columns(rows: Sequence[Row]) -> dict[str, Any]:
 
 @st.composite
 def runs(draw: st.DrawFn) -> list[list[Row]]:
-    """A few steps of rows with distinct rewards; some rows carry the watched prompt id."""
+    """A few steps of rows with distinct rewards in up to four prompt groups, each spread over
+    the step; some rows carry the watched prompt id."""
     n_steps = draw(st.integers(1, 5))
     sizes = [draw(st.integers(1, 14)) for _ in range(n_steps)]
     rewards = draw(st.lists(st.integers(0, 10_000), min_size=sum(sizes), max_size=sum(sizes), unique=True))
@@ -103,7 +142,7 @@ def runs(draw: st.DrawFn) -> list[list[Row]]:
     for step, size in enumerate(sizes):
         rows = []
         for j in range(size):
-            prompt = WATCHED if draw(st.integers(0, 4)) == 0 else f"p{j % 3}"
+            prompt = WATCHED if draw(st.integers(0, 4)) == 0 else f"p{j % 4}"
             rows.append(Row(f"s{step}-{j}", prompt, rewards[i] / 7.0))
             i += 1
         out.append(rows)
