@@ -160,9 +160,9 @@ class _GroupSelection(StepSelection):
         self._part = part
         self._held: dict[Hashable, _Group] = {}
         self._refused: set[Hashable] = set()
-        # With `group_size`: the held groups that have at least that many samples, and their
-        # statistic (final once a group is complete), so a call looks only at its own groups
-        # and these, never at every held sample.
+        # With `group_size`: the held groups that have at least that many samples, each as
+        # (statistic, random key, first arrival), the statistic final once a group is complete,
+        # so that a call looks only at its own groups and these, never at every held sample.
         self._complete: dict[Hashable, tuple[float, float, int]] = {}
         self._n = 0  # samples offered: orders groups by their first arrival
         # Group-less samples offered: names each (never refused early, so the session's
