@@ -14,22 +14,71 @@ import asynctrace as at
 from asynctrace import rollouts
 from asynctrace.testing import MemorySink
 
-from ._composition import WATCHED, Row, held, oracle, rollout_columns, runs, sample, top_bottom
+from ._composition import (
+    GROUP_KEY,
+    WATCHED,
+    Row,
+    Selection,
+    held,
+    oracle,
+    rollout_columns,
+    runs,
+    sample,
+    top_bottom,
+)
+
+ENTRIES = ("log_samples", "blocking", "nowait", "log_rollouts")
+# The session's cap: none, each sampler, each group mode and count (a count of groups keeps 2).
+CAPS: tuple[Selection | None, ...] = (
+    None,
+    ("first", 5),
+    ("top_bottom", 6),
+    ("reservoir", 5),
+    *(
+        ("group", 6 if count == "samples" else 2, policy, count)
+        for policy in ("first", "top", "bottom", "top_bottom", "random")
+        for count in ("samples", "groups")
+    ),
+)
+TIERS: tuple[Selection | None, ...] = (None, ("top_bottom", 4), ("group", 5, "top_bottom"))
+
+
+def _name(selection: Selection | None) -> str:
+    return "none" if selection is None else "-".join(map(str, selection))
+
+
+# Every cap with every entry point; each cap, and each entry point, with every tier and both
+# watch settings; every tier with both watch settings (a covering set of the whole product).
+def _cases() -> list[Any]:
+    out = []
+    for i, cap in enumerate(CAPS):
+        for j, entry in enumerate(ENTRIES):
+            tier, watch = TIERS[(i + j) % len(TIERS)], (i + j) % 2 == 0
+            name = f"{entry}-{_name(cap)}-tier-{_name(tier)}-{'watch' if watch else 'no-watch'}"
+            out.append(pytest.param(entry, cap, tier, watch, id=name))
+    return out
+
+
+def _sampler(selection: Selection) -> Any:
+    if selection[0] == "group":
+        count = selection[3] if len(selection) > 3 else "samples"
+        return at.GroupSampler(selection[2], key=GROUP_KEY, count=count)
+    return selection[0]
 
 
 def _session(
-    cap: tuple[str, int] | None, tier: int | None, watch: bool
+    cap: Selection | None, tier: Selection | None, watch: bool
 ) -> tuple[Any, MemorySink, MemorySink]:
     plain, tracker = MemorySink("archive"), MemorySink("tracker")
     sinks: list[at.Sink] = [plain] + (
-        [at.Selected(tracker, max_traces_per_step=tier, sampler="top_bottom")] if tier else []
+        [at.Selected(tracker, max_traces_per_step=tier[1], sampler=_sampler(tier))] if tier else []
     )
     session = at.TraceSession(
         "composition",
         run="r",
         sinks=sinks,
         max_traces_per_step=None if cap is None else cap[1],
-        sampler="first" if cap is None else cap[0],
+        sampler="first" if cap is None else _sampler(cap),
         watch=at.Watch(ids=[WATCHED]) if watch else None,
         health_metrics=False,
     )
@@ -63,24 +112,20 @@ def _log_blocking(steps: list[list[Row]], cap: Any, tier: Any, watch: bool) -> t
     return session.stats(), plain, tracker
 
 
-@pytest.mark.parametrize("entry", ["log_samples", "blocking", "nowait", "log_rollouts"])
-@pytest.mark.parametrize(
-    "cap", [None, ("first", 5), ("top_bottom", 6)], ids=["no-cap", "first-5", "top_bottom-6"]
-)
-@pytest.mark.parametrize("tier", [None, 4], ids=["no-tier", "tier-4"])
-@pytest.mark.parametrize("watch", [False, True], ids=["no-watch", "watch"])
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.parametrize(("entry", "cap", "tier", "watch"), _cases())
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=runs())
 def test_every_sink_holds_what_the_oracle_says(
-    entry: str, cap: tuple[str, int] | None, tier: int | None, watch: bool, steps: list[list[Row]]
+    entry: str, cap: Selection | None, tier: Selection | None, watch: bool, steps: list[list[Row]]
 ) -> None:
-    """Every entry point, cap, tier and watch: each sink holds exactly the oracle's pick per step,
-    watched prompts in every step they were logged in, nothing late, the accounting exact."""
+    """Every entry point, cap (each sampler, each group mode and count), tier and watch: each sink
+    holds exactly the oracle's pick per step, groups whole, watched prompts in every step they
+    were logged in, nothing late, the accounting exact."""
     if entry == "blocking":
         stats, plain, tracker = _log_blocking(steps, cap, tier, watch)
     else:
         stats, plain, tracker = anyio.run(_log_async, entry, steps, cap, tier, watch)
-    want_plain, want_tier = oracle(steps, cap, tier, watch)
+    want_plain, want_tier = oracle(steps, cap, tier, watch, plain_held=held(plain))
     assert held(plain) == {s: v for s, v in want_plain.items() if v}
     if tier is not None:
         assert held(tracker) == {s: v for s, v in want_tier.items() if v}

@@ -279,6 +279,19 @@ def test_group_size_refuses_groups_before_encoding(policy: str) -> None:
     assert {e.seq for e in sel.close()[0]} == pick(rows, 16, policy)
 
 
+def test_top_bottom_refuses_a_complete_group_outside_its_alternation() -> None:
+    """`group_size=2`, a cap of two groups: once a best and a worst complete group are held, a
+    complete group between them can never be taken (the alternation takes the best, then the
+    worst) and is refused before encoding; one above the best or below the worst still enters."""
+    sel = at.GroupSampler("top_bottom", group_size=2).new_step("train", 0, 4)
+    held = [Entry(r, i, group=g) for i, (g, r) in enumerate([("A", 5.0), ("A", 5.0), ("B", 1.0), ("B", 1.0)])]
+    sel.offer_all(held)
+    between, above, below = [3.0, 3.0], [9.0, 9.0], [0.0, 0.0]
+    assert sel.keeps(between, 5, groups=["C", "C"]) == [False, False]  # type: ignore[call-arg]
+    assert sel.keeps(above, 5, groups=["D", "D"]) == [True, True]  # type: ignore[call-arg]
+    assert sel.keeps(below, 5, groups=["E", "E"]) == [True, True]  # type: ignore[call-arg]
+
+
 def test_a_selected_tier_writes_whole_groups_and_counts_the_rest() -> None:
     """Issue 27 case 4 in a `Selected` tier: the tier decides when its step closes, writes B only,
     and counts A's five samples as capped for that sink alone."""

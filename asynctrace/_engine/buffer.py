@@ -70,12 +70,14 @@ class Buffer(Queue):
         ticket: int | None = None,
         gaps: Sequence[int] | None = None,
         gated: bool = True,
+        groups: Sequence[Hashable | None] | None = None,
     ) -> Admission:
         """Count and admit one submission (records of one split and step). `refused` counts
         samples the cap turned away before they were encoded (see `keeps`), `gaps` how many of
-        them came right before each record; `ticket` is the submission's flush ticket, given
-        back should finish() give up its waiting records. `gated=False` passes the cap by (the
-        watch list has its own)."""
+        them came right before each record, `groups` each record's prompt group where the
+        encoder read it (a group sampler then parses no payload); `ticket` is the submission's
+        flush ticket, given back should finish() give up its waiting records. `gated=False`
+        passes the cap by (the watch list has its own)."""
         out = Admission()
         n = len(records)
         with self.lock:
@@ -97,13 +99,15 @@ class Buffer(Queue):
                 if stop < n:
                     out.waiting = Waiting(records, stop)
             else:
-                stop = self.gated.offer(records, 0, split, step, out, on_full, gaps)
+                stop = self.gated.offer(records, 0, split, step, out, on_full, gaps, groups)
                 if gaps is not None and refused > sum(gaps):
                     # Refused after the last record: passed over now, so a positional sampler
                     # (the reservoir) counts them before any later submission's rows.
                     self.gated.gate.skip(split, step, refused - sum(gaps))
                 if stop < n:
-                    out.waiting = Waiting(records, stop, gated=True, split=split, step=step, gaps=gaps)
+                    out.waiting = Waiting(
+                        records, stop, gated=True, split=split, step=step, gaps=gaps, groups=groups
+                    )
             if out.waiting is not None:
                 out.waiting.ticket = ticket
                 self.waitings.add(out.waiting)
@@ -187,7 +191,14 @@ class Buffer(Queue):
             if waiting.gated:
                 assert self.gated is not None
                 waiting.start = self.gated.offer(
-                    waiting.records, waiting.start, waiting.split, waiting.step, out, "block", waiting.gaps
+                    waiting.records,
+                    waiting.start,
+                    waiting.split,
+                    waiting.step,
+                    out,
+                    "block",
+                    waiting.gaps,
+                    waiting.groups,
                 )
                 waiting.lost += out.refused
                 if out.waiting is not None:

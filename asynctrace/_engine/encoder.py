@@ -10,7 +10,16 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .._checks import MAX_STEP, check_split, check_step
-from .._records.encode import UNKNOWN, as_list, encode_checked, encode_samples, missing_score, preview_score
+from .._records.encode import (
+    RESERVED_KEYS,
+    UNKNOWN,
+    as_list,
+    encode_checked,
+    encode_samples,
+    missing_score,
+    preview_metadata,
+    preview_score,
+)
 from .._records.groups import GroupKey, GroupKeyError, group_of, group_value
 from .._records.types import Sample, SampleLike, TraceRecord, records_for
 from .._security import shown
@@ -20,9 +29,11 @@ __all__ = ["Encoder"]
 
 # Which of a submission's samples (by score) the cap would keep if offered now; None: cannot tell.
 Keeps = Callable[..., list[bool] | None]
-Kept = tuple[list[tuple[bytes, float | None]], int, int, list[int]]
+Kept = tuple[list[tuple[bytes, float | None]], int, int, list[int], list[Hashable | None] | None]
+# What `submit` returns: records, invalid, refused before encoding, gaps, groups (see there).
+Submitted = tuple[list[TraceRecord], int, int, list[int] | None, list[Hashable | None] | None]
 # What `encode_kept` returns for a submission the buffer counted whole as refused.
-REFUSED_WHOLE: Kept = ([], 0, 0, [])
+REFUSED_WHOLE: Kept = ([], 0, 0, [], None)
 
 
 class Encoder:
@@ -109,22 +120,21 @@ class Encoder:
         )
         return records_for(encoded, self._ids, self._id_prefix, step, split, key, time.time()), invalid
 
-    def submit(
-        self, items: Sequence[Any], step: int, split: str, key: str
-    ) -> tuple[list[TraceRecord], int, int, list[int] | None] | None:
+    def submit(self, items: Sequence[Any], step: int, split: str, key: str) -> Submitted | None:
         """Validate and encode a submission (`prepare`d), in the caller, with a cap only what it
         would keep; returns records, the invalid count, how many the cap refused before they
         were encoded and, then, how many of those came right before each record (a positional
-        sampler counts them). None when the cap refused the whole submission: the buffer
+        sampler counts them) and each record's prompt group as the cap read it (a group sampler
+        takes it from there). None when the cap refused the whole submission: the buffer
         counted it."""
         kept = self.encode_kept(items, step, split) if self.precheck else None
         if kept is None:
-            return (*self._encode_all(items, step, split, key, None), 0, None)
+            return (*self._encode_all(items, step, split, key, None), 0, None, None)
         if kept is REFUSED_WHOLE:
             return None
-        encoded, invalid, refused, gaps = kept
+        encoded, invalid, refused, gaps, groups = kept
         records = records_for(encoded, self._ids, self._id_prefix, step, split, key, time.time())
-        return records, invalid, refused, gaps
+        return records, invalid, refused, gaps, groups
 
     def encode_kept(self, items: Sequence[Any], step: int, split: str) -> Kept | None:
         """Encode only the samples the cap would keep if offered now; None when that cannot be
@@ -222,21 +232,38 @@ class Encoder:
                     gap = 0
                 else:
                     gap += 1
-        return [encoded[i] for i in sorted(encoded)], len(invalid), n - len(invalid) - len(encoded), gaps
+        order = sorted(encoded)
+        return (
+            [encoded[i] for i in order],
+            len(invalid),
+            n - len(invalid) - len(encoded),
+            gaps,
+            None if groups is None else [groups[i] for i in order],
+        )
 
     def groups_of(self, items: Sequence[Any]) -> tuple[list[Hashable | None], dict[int, GroupKeyError]]:
-        """Each sample's prompt group, read from its metadata (a group sampler's `keeps` ranks by
-        it), and the samples whose group value cannot name one (they are invalid)."""
+        """Each sample's prompt group, read from its metadata as encoding will find it (a group
+        sampler's `keeps` ranks by it, and the selection takes it from here rather than from
+        the payload), and the samples whose group value cannot name one (they are invalid)."""
         key = self._group_key
         assert key is not None
+        # Metadata key names none of which a mapping sample reserves: such a sample's own dict
+        # reads the same as the metadata encoding makes of it.
+        names = key if type(key) is tuple and RESERVED_KEYS.isdisjoint(key) else None
         out: list[Hashable | None] = []
         bad: dict[int, GroupKeyError] = {}
+        metadata: Mapping[str, Any] | None
         for i, obj in enumerate(items):
-            metadata = obj.metadata if type(obj) is Sample else obj.get("metadata", obj)
+            if type(obj) is Sample:
+                metadata = obj.metadata
+            elif names is not None and type(obj) is dict and "metadata" not in obj:
+                metadata = obj
+            else:
+                metadata = preview_metadata(obj)
             try:
-                if type(metadata) is dict and type(key) is tuple:
+                if names is not None and type(metadata) is dict:
                     # The common case inline (a call per sample is a measurable part of this path).
-                    for name in key:
+                    for name in names:
                         value = metadata.get(name)
                         if value is not None:
                             out.append(

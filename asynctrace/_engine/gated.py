@@ -3,7 +3,7 @@ queue, counted in the ledger as the gate decides them."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
 from .._records.types import TraceRecord
@@ -88,12 +88,14 @@ class GatedAdmission:
         out: Admission,
         on_full: OnFull,
         gaps: Sequence[int] | None = None,
+        groups: Sequence[Hashable | None] | None = None,
     ) -> int:
         """Offer records from `start` on to the gate and queue what it passes; those the cap
         refuses (or the policy drops) are taken off `out.accepted` (and counted in
         `out.refused`). `gaps`: per record, how many samples the cap refused right before it
-        (see `keeps`). Returns where "block" stopped, before the gate; what it passed and the
-        queue has no room for is left in `out.waiting`."""
+        (see `keeps`); `groups`: per record, its prompt group as the encoder read it. Returns
+        where "block" stopped, before the gate; what it passed and the queue has no room for
+        is left in `out.waiting`."""
         if start >= len(records):
             return start
         if not self.room_for_held(split, step, records[start].nbytes, on_full):
@@ -110,6 +112,9 @@ class GatedAdmission:
         if gaps is not None:
             for e, gap in zip(entries, gaps[start:], strict=True):
                 e.gap = gap
+        if groups is not None:
+            for e, group in zip(entries, groups[start:], strict=True):
+                e.group = group
         result = self.gate.offer(split, step, entries, self.clock())
         if self.staging is not None:
             # Staged before anything is dropped below, so every drop finds it staged.

@@ -12,36 +12,16 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
-from .._records.encode import UNKNOWN, preview_score, sample_from
+from .._records.encode import UNKNOWN, preview_metadata, preview_score, sample_from
 from .._records.groups import GroupKey, GroupSummary, group_of
-from .._records.types import MetricsItem, Sample
+from .._records.types import MetricsItem
 from .._select.window import Step, StepWindow
 from .health import PREFIX
 
 __all__ = ["GroupMetrics", "group_metrics"]
-
-_RESERVED = frozenset({"messages", "prompt", "response", "spans", "score", "metadata"})
-
-
-def _metadata(obj: Any) -> Mapping[str, Any] | None:
-    """A sample's metadata as encoding will find it, without encoding anything."""
-    if type(obj) is Sample:
-        return obj.metadata
-    if type(obj) is dict:
-        extra = obj.get("metadata")
-        if extra is None:
-            return obj  # group_of reads named keys; the reserved ones are never group keys
-        meta = {k: v for k, v in obj.items() if k not in _RESERVED}
-        if isinstance(extra, Mapping):
-            meta.update(extra)
-        return meta
-    try:
-        return sample_from(obj).metadata
-    except Exception:  # an invalid sample: encoding reports it
-        return None
 
 
 def _score(obj: Any) -> float | None:
@@ -80,7 +60,7 @@ class GroupMetrics:
         rewards: list[tuple[Hashable, float]] = []
         key = self.key
         for obj in items:
-            meta = _metadata(obj)
+            meta = preview_metadata(obj)
             if meta is None:
                 continue
             try:

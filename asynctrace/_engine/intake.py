@@ -315,7 +315,7 @@ class Intake:
         )
         if submitted is None:  # the cap refused it whole, and the buffer counted it
             return accepted_watched, _REFUSED, 0
-        records, invalid, refused, gaps = submitted
+        records, invalid, refused, gaps, groups = submitted
         adm = self.buffer.admit(
             records,
             split=split,
@@ -325,6 +325,7 @@ class Intake:
             refused=refused,
             ticket=ticket,
             gaps=gaps,
+            groups=groups,
         )
         self._after_admit(adm, blocking=not nowait)
         return accepted_watched, adm, len(records) + invalid

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -85,6 +85,7 @@ class Waiting:
     split: str = ""
     step: int = 0
     gaps: Sequence[int] | None = None
+    groups: Sequence[Hashable | None] | None = None
     lost: int = 0
     ticket: int | None = None
 

@@ -15,13 +15,23 @@ from .groups import GroupKey, GroupKeyError, group_of
 from .tokens import encode_token_fields
 from .types import Sample, SampleLike, finite_or_none
 
-__all__ = ["as_list", "encode_checked", "encode_samples", "preview_score", "sample_from"]
+__all__ = [
+    "RESERVED_KEYS",
+    "as_list",
+    "encode_checked",
+    "encode_samples",
+    "preview_metadata",
+    "preview_score",
+    "sample_from",
+]
 
 _DUMPS_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 _NO_LIMIT = float("inf")
 _dumps = orjson.dumps
 _isfinite = math.isfinite
 _RESERVED_MAPPING_KEYS = frozenset({"messages", "prompt", "response", "spans", "score", "metadata"})
+# The keys of a mapping sample that are not metadata.
+RESERVED_KEYS = _RESERVED_MAPPING_KEYS
 
 
 def _coerce(obj: Any) -> Any:
@@ -436,6 +446,23 @@ def preview_score(obj: Any) -> Any:
                 return UNKNOWN
         return _fast_score(raw)
     return UNKNOWN
+
+
+def preview_metadata(obj: Any) -> Mapping[str, Any] | None:
+    """A sample's metadata as encoding will find it, without encoding anything (None for a
+    sample encoding will refuse); the group of a sample is read from it before encoding."""
+    if type(obj) is Sample:
+        return obj.metadata
+    if type(obj) is dict:
+        extra = obj.get("metadata")
+        meta = {k: v for k, v in obj.items() if k not in _RESERVED_MAPPING_KEYS}
+        if isinstance(extra, Mapping):
+            meta.update(extra)
+        return meta
+    try:
+        return sample_from(obj).metadata
+    except Exception:  # an invalid sample: encoding reports it
+        return None
 
 
 def sample_from(obj: SampleLike, index: int = 0) -> Sample:

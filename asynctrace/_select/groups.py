@@ -10,12 +10,12 @@ arrives ("first" and "random" with ``count="groups"``), groups behind `k` others
 
 from __future__ import annotations
 
-import bisect
 import hashlib
+import itertools
 import logging
 import math
 import os
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Literal
 
 import orjson
@@ -56,10 +56,11 @@ def group_random_key(seed: int | str, split: str, step: int, group: Hashable) ->
 
 
 class _Group:
-    __slots__ = ("entries", "first", "rkey")
+    __slots__ = ("entries", "first", "rkey", "scores")
 
     def __init__(self, first: int, rkey: float) -> None:
         self.entries: list[Entry] = []
+        self.scores: list[float] = []  # each entry's score (0.0 for none), kept beside it
         self.first = first  # arrival index of its first sample in the step: "first" ranks by it
         self.rkey = rkey  # its random key: "random" takes the smallest first
 
@@ -107,8 +108,47 @@ def _order(policy: GroupPolicy, cands: dict[Hashable, tuple[float, float, int]])
     return out
 
 
+def _behind_front(
+    policy: GroupPolicy, front: Sequence[tuple[float, float, int]], c: tuple[float, float, int]
+) -> bool:
+    """Whether a group (statistic, random key, first arrival) falls behind a full `front` of
+    complete groups, the policy's first ``len(front)``: True only when that is certain."""
+    value, rkey, first = c
+    if policy == "first":
+        return all(f[2] < first for f in front)
+    if policy == "random":
+        return all((f[1], f[2]) < (rkey, first) for f in front)
+    if policy == "top":
+        return all((-f[0], f[2]) < (-value, first) for f in front)
+    if policy == "bottom":
+        return all((f[0], f[2]) < (value, first) for f in front)
+    # top_bottom: with no tie on the statistic, the high order is the low one reversed, so the
+    # group is reached at pick 2*above from the top or 2*below+1 from the bottom.
+    above = below = 0
+    for f in front:
+        if f[0] > value:
+            above += 1
+        elif f[0] < value:
+            below += 1
+        else:
+            return False  # a tie: the full order decides
+    slots = len(front)
+    return 2 * above >= slots and 2 * below + 1 >= slots
+
+
 class _GroupSelection(StepSelection):
-    __slots__ = ("_held", "_k", "_n", "_part", "_refused", "_sampler", "_singles", "_split", "_step")
+    __slots__ = (
+        "_complete",
+        "_held",
+        "_k",
+        "_n",
+        "_part",
+        "_refused",
+        "_sampler",
+        "_singles",
+        "_split",
+        "_step",
+    )
 
     def __init__(self, sampler: GroupSampler, k: int, split: str, step: int, *, part: bool) -> None:
         self._sampler = sampler
@@ -120,6 +160,10 @@ class _GroupSelection(StepSelection):
         self._part = part
         self._held: dict[Hashable, _Group] = {}
         self._refused: set[Hashable] = set()
+        # With `group_size`: the held groups that have at least that many samples, each as
+        # (statistic, random key, first arrival), the statistic final once a group is complete,
+        # so that a call looks only at its own groups and these, never at every held sample.
+        self._complete: dict[Hashable, tuple[float, float, int]] = {}
         self._n = 0  # samples offered: orders groups by their first arrival
         # Group-less samples offered: names each (never refused early, so the session's
         # precheck and encode-first paths, and a merge, number them alike).
@@ -159,98 +203,158 @@ class _GroupSelection(StepSelection):
             return not self._part
         return sampler.policy == "random" and not (self._part and sampler.seed is None)
 
+    def _note(self, g: Hashable) -> None:
+        """Keep `_complete` in step with held group `g` (after it changed)."""
+        gs = self._sampler.group_size
+        group = self._held.get(g)
+        if gs is None or group is None or len(group.entries) < gs or _is_single(g):
+            self._complete.pop(g, None)
+        else:
+            self._complete[g] = (self._value(group.scores), group.rkey, group.first)
+
+    def _value(self, scores: Sequence[float | None]) -> float:
+        """A group's statistic, where the policy ranks by one."""
+        if not self._sampler.needs_score:
+            return 0.0
+        if None in scores:
+            scores = [0.0 if x is None else x for x in scores]
+        return _stat(scores, self._sampler.stat)  # type: ignore[arg-type]
+
     # -- deciding --------------------------------------------------------------------------------
 
     def _plan(
-        self, keyed: Sequence[tuple[Hashable, float | None, float | None]]
+        self,
+        names: Sequence[Hashable],
+        scores: Sequence[float | None],
+        carried: Sequence[float | None] | None = None,
     ) -> tuple[set[Hashable], dict[Hashable, _Group], dict[Hashable, int]]:
-        """The groups that can never be taken once these (group, carried key, score) samples
-        join the held ones, the groups new to the step, and every group's size: changes nothing."""
-        sizes = {g: len(held.entries) for g, held in self._held.items()}
-        new: dict[Hashable, _Group] = {}
-        added: dict[Hashable, list[float]] = {}
-        n = self._n
-        for g, carried, score in keyed:
-            n += 1
-            if g in self._refused:
+        """The groups that can never be taken once these samples (each one's group, score and
+        carried random key) join the held ones, the groups new to the step, and the size of
+        each group of the call: changes nothing. Looks at the call's groups and, with
+        `group_size`, the complete ones, never at every held sample."""
+        held, refused = self._held, self._refused
+        added: dict[Hashable, list[float | None]] = {}
+        for g, score in zip(names, scores, strict=True):
+            if g in refused:
                 continue
-            if g not in sizes:
-                sizes[g] = 0
-                new[g] = _Group(n, self._rkey(g, carried))
-            sizes[g] += 1
-            added.setdefault(g, []).append(0.0 if score is None else score)
+            got = added.get(g)
+            if got is None:
+                added[g] = [score]
+            else:
+                got.append(score)
+        new: dict[Hashable, _Group] = {}
+        sizes: dict[Hashable, int] = {}
+        for g, got in added.items():
+            group = held.get(g)
+            if group is None:
+                i = names.index(g)  # its first sample's place in the call orders it ("first")
+                new[g] = _Group(self._n + i + 1, self._rkey(g, None if carried is None else carried[i]))
+                sizes[g] = len(got)
+            else:
+                sizes[g] = len(got) + len(group.entries)
         k = self._k
         # A part keeps a group larger than the cap: the merge must see every sample of it to
         # know the group is too large (another part's share of it may fit on its own).
-        out = set() if self._part else {g for g, size in sizes.items() if self._size(size) > k}
+        if self._part:
+            out: set[Hashable] = set()
+        elif self._sampler.count == "samples":
+            out = {g for g, size in sizes.items() if size > k}
+        else:
+            out = set()  # a group counts 1
         if self._ranked_early():
-            groups = {**self._held, **new}
-            live = [g for g in groups if g not in out and not _is_single(g)]
-            if len(live) > k:
-                cands = {g: (0.0, groups[g].rkey, groups[g].first) for g in live}
-                out.update(_order(self._sampler.policy, cands)[k:])
-        if self._sampler.group_size is not None:
-            out |= self._settled_out(sizes, new, added, out)
+            out |= self._behind(new, out)
+        if self._sampler.group_size is not None and added:
+            out |= self._settled_out(added, sizes, new, out)
         return out, new, sizes
+
+    def _behind(self, new: dict[Hashable, _Group], out: set[Hashable]) -> set[Hashable]:
+        """Groups whose place is fixed on arrival behind `k` others ("first", "random" with
+        ``count="groups"``). Held groups beyond the first `k` were let go, so only the held
+        ones and the call's new ones are looked at."""
+        live = {
+            g: group
+            for g, group in itertools.chain(self._held.items(), new.items())
+            if g not in out and not _is_single(g)
+        }
+        if len(live) <= self._k:
+            return set()
+        cands = {g: (0.0, group.rkey, group.first) for g, group in live.items()}
+        return set(_order(self._sampler.policy, cands)[self._k :])
 
     def _settled_out(
         self,
+        added: dict[Hashable, list[float | None]],
         sizes: dict[Hashable, int],
         new: dict[Hashable, _Group],
-        added: dict[Hashable, list[float]],
         out: set[Hashable],
     ) -> set[Hashable]:
-        """Complete groups (`group_size` samples) that can never be taken: as many complete
-        groups as the cap has room for come before them, whatever else arrives.
+        """Groups with `group_size` samples or more that can never be taken.
 
-        Each complete group before one of `group_size` samples is either taken (using its
-        size) or skipped because less than `group_size` was left; so once `k // group_size`
-        (with ``count="groups"``: `k`) of them come before it, it cannot fit. A complete
-        group's statistic is final, so "before" holds for good: for `"top_bottom"` a group
-        is placed after every group before it in the high order or after every one before it
-        in the low order, so the smaller count of the two bounds it. Leaving such a group out
-        changes no other group's fate: a group not taken uses none of the cap.
+        A complete group (exactly `group_size` samples) is ranked for good. Each complete group
+        placed before another group is either taken (using `group_size`) or skipped because
+        less than that was left, so a group placed after `slots` complete ones (`k // group_size`,
+        with ``count="groups"`` `k`) cannot fit. Over complete groups only, the policy's first
+        `slots` (its front) are the only ones that can still be taken: a group that arrives
+        later never moves one of them ahead, and one out of the front never comes back, so the
+        front is computed over the held front and the call's groups alone. For
+        ``"top_bottom"`` this is exact while every group has `group_size` samples (the
+        alternation of the others changes when a smaller group takes its turn, see
+        docs/choosing.md); for the other policies a group's place among complete ones is fixed
+        by its own key, so it holds whatever the sizes. Leaving a group out changes no other
+        group's fate: a group not taken uses none of the cap.
         """
         sampler = self._sampler
         gs = sampler.group_size
         assert gs is not None
-        slots = self._k // gs if sampler.count == "samples" else self._k
         policy = sampler.policy
         if policy == "random" and self._part and sampler.seed is None:
             return set()  # keys drawn per part: another part may rank a group differently
-        groups = {**self._held, **new}
-        full = [g for g in groups if g not in out and sizes[g] >= gs and not _is_single(g)]
-        counted = [g for g in full if sizes[g] == gs]
-        if len(counted) < max(slots, 1):
-            return set()
-
-        def keys(g: Hashable) -> tuple[tuple[float, int], tuple[float, int]]:
-            group = groups[g]
-            if policy == "first":
-                return (0.0, group.first), (0.0, group.first)
-            if policy == "random":
-                return (group.rkey, group.first), (group.rkey, group.first)
-            held = self._held.get(g)
-            scores = [0.0 if e.score is None else e.score for e in held.entries] if held is not None else []
-            value = _stat(scores + added.get(g, []), sampler.stat)
-            return (-value, group.first), (value, group.first)
-
-        keyed = {g: keys(g) for g in full}
-        high = sorted(keyed[g][0] for g in counted)
-        low = sorted(keyed[g][1] for g in counted)
-        settled: set[Hashable] = set()
-        for g in full:
-            hk, lk = keyed[g]
-            before_high = bisect.bisect_left(high, hk)
-            before_low = bisect.bisect_left(low, lk)
-            if policy == "bottom":
-                before = before_low
-            elif policy == "top_bottom":
-                before = min(before_high, before_low)
+        held = self._held
+        # Every group with at least `group_size` samples once the call joins, as (statistic,
+        # random key, first arrival): the call's own, and the held ones it does not touch.
+        full = {g: c for g, c in self._complete.items() if g not in added}
+        over: list[Hashable] = []  # more samples than `group_size` promised
+        for g, got in added.items():
+            size = sizes[g]
+            if size < gs or g in out or _is_single(g):
+                continue
+            group = held.get(g)
+            if group is None:
+                group = new[g]
+                value = self._value(got)
             else:
-                before = before_high
-            if before >= slots:
-                settled.add(g)
+                value = self._value(group.scores + got)
+            full[g] = (value, group.rkey, group.first)
+            if size > gs:
+                over.append(g)
+        for g in full:
+            if g not in added and len(held[g].entries) > gs:
+                over.append(g)
+        if not full:
+            return set()
+        slots = self._k // gs if sampler.count == "samples" else self._k
+        if slots == 0:
+            return set(full)  # `group_size` samples already exceed the cap
+        counted = {g: c for g, c in full.items() if g not in over} if over else full
+        if len(counted) <= slots and not over:
+            return set()
+        if not over:
+            # The usual call: the held front is full and each of the call's complete groups,
+            # set against it alone, falls behind it; then together they do too (a group never
+            # moves another ahead), and the front stays as it is.
+            base = [c for g, c in counted.items() if g not in added]
+            if len(base) == slots:
+                fresh = [g for g in counted if g in added]
+                if all(_behind_front(policy, base, counted[g]) for g in fresh):
+                    return set(fresh)
+        front = _order(policy, counted)[:slots]
+        settled = {g for g in counted if g not in front}
+        if over and len(front) == slots:
+            # A group with more samples than promised: out when placed after `slots` complete ones.
+            fronted = {g: counted[g] for g in front}
+            for g in over:
+                if _order(policy, {**fronted, g: full[g]}).index(g) >= slots:
+                    settled.add(g)
         return settled
 
     def keeps(
@@ -261,84 +365,93 @@ class _GroupSelection(StepSelection):
     ) -> list[bool] | None:
         if groups is None:
             return None  # the group of each sample is needed first
-        keyed: list[tuple[Hashable, float | None, float | None]] = []
-        singles = self._singles
-        for g, score in zip(groups, scores, strict=True):
-            if g is None:
-                singles += 1
-                g = (_SINGLE, singles)
-            keyed.append((g, None, score))
-        out, _, sizes = self._plan(keyed)
-        refused, held, k = self._refused, self._held, self._k
+        names: Sequence[Hashable] = groups
+        if None in groups:
+            singles = self._singles
+            named: list[Hashable] = []
+            for g in groups:
+                if g is None:
+                    singles += 1
+                    g = (_SINGLE, singles)
+                named.append(g)
+            names = named
+        out, _, sizes = self._plan(names, scores)
+        held, k, count = self._held, self._k, self._sampler.count
         # Refused without offering: only what offering would change nothing about. A group the
         # call makes larger than the cap is offered, so that it is dropped whole (held) and its
         # later samples are refused by name (new): its size is known only to the selection.
-        return [
-            g not in refused and (g not in out or g in held or self._size(sizes[g]) > k) for g, _, _ in keyed
-        ]
+        keep = {
+            g: g not in out or g in held or (count == "samples" and size > k) for g, size in sizes.items()
+        }
+        # A group of the call that is not in `sizes` was refused before.
+        return [keep.get(g, False) for g in names]
 
     def offer(self, entry: Entry) -> tuple[bool, Entry | None]:
         raise NotImplementedError("the group sampler takes a call's samples together (offer_all)")
 
     def offer_all(self, entries: Sequence[Entry]) -> tuple[list[bool], list[Entry]]:
         names = self._groups_of(entries)
-        keyed = [(g, e.key, e.score) for g, e in zip(names, entries, strict=True)]
-        out, new, sizes = self._plan(keyed)
+        scores = [e.score for e in entries]
+        out, new, sizes = self._plan(names, scores, [e.key for e in entries])
         self._n += len(entries)
         self._singles += sum(1 for g in names if _is_single(g))
+        held, refused = self._held, self._refused
         evicted: list[Entry] = []
         for g in out:
-            held = self._held.pop(g, None)
-            if held is not None:
-                evicted.extend(held.entries)
-            self._refused.add(g)
+            group = held.pop(g, None)
+            if group is not None:
+                evicted.extend(group.entries)
+            self._complete.pop(g, None)
+            refused.add(g)
         kept: list[bool] = []
-        for e, (g, _, _) in zip(entries, keyed, strict=True):
-            if g in self._refused:
+        random = self._sampler.policy == "random"
+        for e, g, score in zip(entries, names, scores, strict=True):
+            if g in refused:
                 kept.append(False)
                 continue
-            group = self._held.get(g)
+            group = held.get(g)
             if group is None:
-                group = self._held[g] = new[g]
-            if self._sampler.policy == "random":
+                group = held[g] = new[g]
+            if random:
                 e.key = group.rkey
             group.entries.append(e)
+            group.scores.append(0.0 if score is None else score)
             kept.append(True)
-        self._warn(out, sizes)
         sampler = self._sampler
+        if sampler.group_size is not None:
+            for g in sizes:
+                if g not in out:
+                    self._note(g)
+        self._warn(out, sizes)
         if (
             sampler.group_size is None
             and not sampler.warned_holding
             and self._n > max(_HOLDING_WARNING, 64 * self._k)
         ):
-            n_held = sum(len(g.entries) for g in self._held.values())
+            n_held = sum(len(g.entries) for g in held.values())
             if n_held > max(_HOLDING_WARNING, 64 * self._k):
                 sampler.warn_holding(n_held, self._step)
         return kept, evicted
 
-    def _warn(self, out: set[Hashable], sizes: dict[Hashable, int]) -> None:
-        over = [sizes[g] for g in out if self._size(sizes[g]) > self._k]
+    def _warn(self, out: Iterable[Hashable], sizes: dict[Hashable, int]) -> None:
+        over = [sizes[g] for g in out if g in sizes and self._size(sizes[g]) > self._k]
         if over:
             self._sampler.warn_oversized(max(over), self._k)
 
     def _pick(self) -> set[Hashable]:
         stat, k = self._sampler.stat, self._k
         sizes = {g: len(held.entries) for g, held in self._held.items()}
-        self._warn(set(sizes), sizes)
+        self._warn(sizes, sizes)
         # A group larger than the cap is never written, nor ranked (a part holds them).
         cands = {
-            g: (
-                _stat([0.0 if e.score is None else e.score for e in held.entries], stat),
-                held.rkey,
-                held.first,
-            )
+            g: (_stat(held.scores, stat), held.rkey, held.first)
             for g, held in self._held.items()
             if self._size(sizes[g]) <= k
         }
         picked: set[Hashable] = set()
         left = k
         for g in _order(self._sampler.policy, cands):
-            size = self._size(len(self._held[g].entries))
+            size = self._size(sizes[g])
             if size <= left:
                 picked.add(g)
                 left -= size
@@ -366,6 +479,7 @@ class _GroupSelection(StepSelection):
                 group = self._held[real] = _Group(single.first, self._rkey(real, None))
             group.first = min(group.first, single.first)
             group.entries.append(e)
+            group.scores.append(single.scores[0])
         return gone
 
     def close(self) -> tuple[list[Entry], list[Entry]]:
@@ -383,9 +497,14 @@ class _GroupSelection(StepSelection):
         gone = {id(e) for e in entries}
         for name in list(self._held):
             group = self._held[name]
-            group.entries = [e for e in group.entries if id(e) not in gone]
+            if not any(id(e) in gone for e in group.entries):
+                continue
+            pairs = [(e, s) for e, s in zip(group.entries, group.scores, strict=True) if id(e) not in gone]
+            group.entries = [e for e, _ in pairs]
+            group.scores = [s for _, s in pairs]
             if not group.entries:
                 del self._held[name]
+            self._note(name)
 
 
 class GroupSampler(Sampler):
