@@ -7,7 +7,6 @@ queued) is one `Room` subscription: no polling.
 
 from __future__ import annotations
 
-import functools
 import sys
 import threading
 import time
@@ -27,6 +26,7 @@ from ..exceptions import RecordError
 from .buffer import Admission, Buffer, Marker, Waiting
 from .encoder import Encoder
 from .group_metrics import GroupMetrics
+from .rollout_intake import log_rollouts, renumbered
 
 __all__ = ["Intake"]
 
@@ -302,7 +302,7 @@ class Intake:
                     and exc.index < len(part)
                 ):
                     # The encoder numbered the part it was encoding: name the caller's sample.
-                    raise _renumbered(exc, part[exc.index]) from None
+                    raise renumbered(exc, part[exc.index]) from None
                 raise
         else:
             submitted = self.encoder.submit(items, step, split, key)
@@ -397,136 +397,10 @@ class Intake:
     async def log_rollouts(
         self, input_ids: Any, *, tokenizer: Any, step: int, split: str, rewards: Any, **decode_kwargs: Any
     ) -> int:
-        """See `TraceSession.log_rollouts`: decode only the rows the cap would keep, validate
-        and encode them, then reserve places by reward and fill them.
-
-        Bad input follows `log_samples`' rules: a problem with the whole batch (shapes that do
-        not match, an unknown token field) raises before anything is counted; a bad row raises
-        a `RecordError` naming it, before anything is counted, or with ``on_invalid="skip"`` is
-        counted ``"invalid"`` alone.
-        """
-        from ..rollouts._decode import row_scores
-        from ..rollouts._rows import check_rows
-
-        n = len(input_ids)
-        # `rows` picks (and orders) the rows to log, as in decode_rollouts; the cap chooses
-        # among those.
-        candidates = check_rows(decode_kwargs.pop("rows", None), n)
-        if self.watch is not None:
-            from ..rollouts import decode_rollouts
-
-            # A watched row may be any row: decode them all and take log_samples' one path, so
-            # the watch, the group metrics and the cap decide as they do for log_samples.
-            every_row = functools.partial(
-                decode_rollouts,
-                input_ids,
-                tokenizer=tokenizer,
-                rewards=rewards,
-                rows=candidates,
-                **decode_kwargs,
-            )
-            return await self.log(await anyio.to_thread.run_sync(every_row), step, split, None)
-        scores = row_scores(rewards, n)
-        decode = functools.partial(
-            _decode_rows, input_ids, tokenizer=tokenizer, rewards=rewards, **decode_kwargs
+        """See `TraceSession.log_rollouts` and `rollout_intake.log_rollouts`."""
+        return await log_rollouts(
+            self, input_ids, tokenizer=tokenizer, step=step, split=split, rewards=rewards, **decode_kwargs
         )
-        skip = self.encoder.skip_invalid
-        ranked_by = self.encoder.score_needed_by
-        bad: set[int] = set()  # rows left out as invalid (on_invalid="skip")
-        if ranked_by is not None:
-            bad = {i for i in candidates if scores[i] is None}  # row_scores: None unless finite
-            if bad and not skip:
-                i = next(i for i in candidates if i in bad)
-                raise RecordError(
-                    f"sample {i}: rewards: the {ranked_by} ranks by score; every row needs a finite reward",
-                    index=i,
-                    path="rewards",
-                )
-        # Taken before anything is counted, so a flush() from now on waits until these rows are queued.
-        ticket = self.buffer.take_ticket()
-        try:
-            encoded: dict[int, TraceRecord] = {}
-            checked = False  # whether the batch was decoded from (a batch problem raises there)
-            while True:
-                # Only the rows the cap would keep now are decoded (it only gets harder to enter).
-                live = [i for i in candidates if i not in bad]
-                keeps = self.buffer.keeps([scores[i] for i in live], split=split, step=step)
-                todo = [i for j, i in enumerate(live) if (keeps is None or keeps[j]) and i not in encoded]
-                if not todo:
-                    if not checked:  # the cap keeps none: a bad batch still raises, uncounted
-                        await anyio.to_thread.run_sync(decode, [])
-                    break
-                decoded, failed = await anyio.to_thread.run_sync(decode, todo)
-                checked = True
-                if failed and not skip:
-                    raise failed[next(i for i in todo if i in failed)]
-                rows = [i for i in todo if i in decoded]
-                skipped: list[int] = []
-                try:
-                    records, _ = self.encoder.encode([decoded[i] for i in rows], step, split, skipped=skipped)
-                except RecordError as exc:
-                    raise _renumbered(exc, None if exc.index is None else rows[exc.index]) from None
-                left_out = failed.keys() | {rows[j] for j in skipped}
-                encoded.update(zip([i for i in rows if i not in left_out], records, strict=True))
-                if not left_out:
-                    break
-                # An invalid row takes no place, so one refused in its favour may fit now.
-                bad |= left_out
-            kept, entries = await self.reserve(scores, live, step=step, split=split, invalid=len(bad))
-            lost = [e for i, e in zip(kept, entries, strict=True) if i not in encoded]
-            if lost:  # the cap kept a row it would have refused when asked: none to fill it with
-                self.cancel(lost, "capped", split=split, step=step)
-            filled = [(e, encoded[i]) for i, e in zip(kept, entries, strict=True) if i in encoded]
-            if not filled:
-                return 0
-            return await self.fill([e for e, _ in filled], [r for _, r in filled])
-        finally:
-            self.buffer.return_ticket(ticket)
 
     def cancel(self, entries: Sequence[Entry], reason: DropReason, *, step: int, split: str) -> None:
         self.buffer.cancel(entries, reason, split=split, step=step)
-
-
-def _decode_rows(
-    input_ids: Any, rows: list[int], **kwargs: Any
-) -> tuple[dict[int, Any], dict[int, RecordError]]:
-    """Decode `rows` of a batch: each row's sample, and a `RecordError` for each row that could
-    not be decoded. A problem of the whole batch raises as it is (nothing was counted yet)."""
-    from ..rollouts import decode_rollouts
-
-    try:
-        return dict(zip(rows, decode_rollouts(input_ids, rows=rows, **kwargs), strict=True)), {}
-    except Exception as exc:
-        first = exc
-    decode_rollouts(input_ids, rows=[], **kwargs)  # a whole-batch problem raises here
-    if not rows:
-        raise first
-    good: dict[int, Any] = {}
-    bad: dict[int, RecordError] = {}
-    for row in rows:  # only after a failure: find the rows that caused it
-        try:
-            good[row] = decode_rollouts(input_ids, rows=[row], **kwargs)[0]
-        except Exception as exc:
-            bad[row] = _row_error(row, exc)
-    return good, bad
-
-
-def _row_error(row: int, exc: Exception) -> RecordError:
-    """The `RecordError` for row `row` of a batch whose decoding raised `exc`."""
-    text = str(exc)
-    field = text.split(":", 1)[0] if ":" in text else ""
-    if field.startswith("token_fields"):
-        path = "tokens"
-    elif field.isidentifier() or field.startswith("metadata["):
-        path = field
-    else:
-        path = ""
-    return RecordError(f"sample {row}: {text}", index=row, path=path)
-
-
-def _renumbered(exc: RecordError, row: int | None) -> RecordError:
-    """`exc`, raised for the `exc.index`-th decoded row, naming that row of the batch instead."""
-    message = str(exc)
-    if row is not None and exc.index is not None and message.startswith(f"sample {exc.index}:"):
-        message = f"sample {row}:" + message[len(f"sample {exc.index}:") :]
-    return RecordError(message, index=row, path=exc.path)

@@ -14,13 +14,12 @@ import orjson
 from .._checks import MAX_STEP, check_encoding, check_int, check_project_run, check_step, check_timeout
 from .._engine.ledger import Ledger
 from .._records.encode import as_list, encode_samples
-from .._records.groups import payload_group
 from .._records.types import Sample, SampleLike
 from .._runtime.lifecycle import close_grace
 from .._security import generated_run_name, logger, shown
 from .._select.base import Sampler
 from .._select.groups import GroupSampler
-from .._select.parts import PartSteps, grant_watched, merge_parts
+from .._select.parts import PartSteps, merge_parts
 from .._select.samplers import SamplerName, resolve_sampler
 from .._select.watch import Watch, WatchCounter
 from .._session import TraceSession, log_watched
@@ -28,7 +27,8 @@ from .._stats import Counts, SessionStats, SinkStats, SpoolStats
 from .._sync import SyncTraceSession, log_payloads
 from ..exceptions import SessionClosedError
 from ..sinks import TrackioSink
-from ._collective import Collective, Ended, frame, unframe
+from ._collective import Collective, Ended
+from ._reduction import Reduction
 
 if TYPE_CHECKING:
     import torch
@@ -166,11 +166,8 @@ class DistributedTraceLogger:
         # one takes the step's places over every rank's (see `grant_watched`).
         selects = watch is not None and mode != "per_rank_stream"
         self._watch = WatchCounter(watch) if selects and watch is not None else None
-        self._granted = WatchCounter(watch) if selects and watch is not None and mode == "global" else None
-        self._reductions = self._bytes_sent = self._last_bytes = self._payload_bytes = 0
-        self._merged_received = self._merged_capped = self._merged_late = 0
-        # On the writing rank: the newest step of each split already merged and written.
-        self._merged_upto: dict[str, int] = {}
+        granted = WatchCounter(watch) if selects and watch is not None and mode == "global" else None
+        self._reduction = Reduction(ranks, self._steps, self.sampler, granted, self._write, self._abort)
         self._warned_open = False
         # Set (under `_lock`) when finish() starts: from then on nothing is held any more, so
         # samples offered meanwhile are counted as "closed" instead of being held forever.
@@ -306,7 +303,7 @@ class DistributedTraceLogger:
         """Hand ended steps on; `timeout` bounds waiting for room in the session. Returns the
         deadline that applied (None without `timeout`)."""
         if self.mode == "global":
-            return self._reduce(ended, timeout)
+            return self._reduction.reduce(ended, timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         for (split, step), opened in ended:
             # This rank's session is the step's only one: its watch counter's places are final.
@@ -351,54 +348,6 @@ class DistributedTraceLogger:
             return
         # This runs on the caller's thread, never on the session's loop thread.
         log_payloads(self._sync, payloads, step=step, split=split, blocking=self._blocking, deadline=deadline)
-
-    # -- the reduction (global mode) ------------------------------------------------------------
-
-    def _reduce(self, ended: Ended, timeout: float | None) -> float | None:
-        data, payload_bytes = frame(self.rank, ended)
-        try:
-            frames, sent = self._ranks.gather(data)
-        except BaseException:
-            # The collective failed (a peer died, a timeout): this rank's candidates never
-            # reached the writing rank, or cannot be known to have; count them, then re-raise.
-            self._abort(ended)
-            raise
-        # The clock starts after the gather: waiting for slower ranks is not waiting for room.
-        deadline = None if timeout is None else time.monotonic() + timeout
-        self._reductions += 1
-        self._payload_bytes += payload_bytes
-        self._last_bytes = sent  # 0 in a world of one, where nothing is sent
-        self._bytes_sent += sent
-        if frames is None:
-            return deadline
-        by_step = unframe(frames, lambda payload: payload_group(payload, self._steps.group_key))
-        # Each step's parts are in rank order, as `gather` returns the frames: the order one
-        # process would log in. Sorted, each split's steps come in increasing order, so
-        # `_merged_upto` stops only a step that an earlier reduction wrote.
-        for (split, step), parts in sorted(by_step.items()):
-            received = sum(len(c) + len(w) for _, _, c, w in parts)
-            self._merged_received += received
-            if step <= self._merged_upto.get(split, -1):
-                # Written by an earlier reduction: `flush` ended it only on the ranks that had it
-                # open, and another rank logged some later. Merging again would break the cap.
-                self._merged_late += received
-                continue
-            # The watch list's places over every rank, rank after rank; then the sampler's own
-            # merge: exactly what one selection offered every rank's samples, rank after rank,
-            # would keep (see `Sampler.merge`).
-            k = self._steps.k
-            if self._granted is not None:
-                watched, cands = grant_watched(
-                    self._granted, self.sampler, split, step, k, [(r, c, w) for r, _, c, w in parts]
-                )
-            else:
-                watched, cands = [], [c for _, _, c, _ in parts]
-            chosen = merge_parts(self.sampler, split, step, k, cands)
-            self._merged_capped += received - len(watched) - len(chosen)
-            self._merged_upto[split] = step
-            self._write(split, step, watched, deadline, watched=True)
-            self._write(split, step, chosen, deadline)
-        return deadline
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -450,6 +399,7 @@ class DistributedTraceLogger:
         """A snapshot of this rank's accounting (and its session's, on ranks that write)."""
         if self._final is not None:
             return self._final
+        reduction = self._reduction
         with self._lock:
             return RankStats(
                 rank=self.rank,
@@ -459,13 +409,13 @@ class DistributedTraceLogger:
                 handed_on=self._ledger.written,
                 held=self._steps.held,
                 dropped=dict(self._ledger.dropped),
-                reductions=self._reductions,
-                bytes_sent=self._bytes_sent,
-                last_reduction_bytes=self._last_bytes,
-                payload_bytes_sent=self._payload_bytes,
-                merged_received=self._merged_received,
-                merged_capped=self._merged_capped,
-                merged_late=self._merged_late,
+                reductions=reduction.reductions,
+                bytes_sent=reduction.bytes_sent,
+                last_reduction_bytes=reduction.last_bytes,
+                payload_bytes_sent=reduction.payload_bytes,
+                merged_received=reduction.merged_received,
+                merged_capped=reduction.merged_capped,
+                merged_late=reduction.merged_late,
                 session=self._sync.stats() if self._sync is not None else None,
             )
 

@@ -19,8 +19,9 @@ import orjson
 from .._records.tokens import decode_token_fields
 from ._index import TOKEN_COLUMNS, Index
 from ._model import TRUNCATED, Completion, GroupRow, StepRow, Tokens, split_messages
+from ._search import find_text
 from ._summary import MAX_PROMPTS, Summary, path_for, read, write
-from ._text import BLOCK, candidates_sql, terms
+from ._text import BLOCK
 
 __all__ = ["Archive"]
 
@@ -29,10 +30,6 @@ _RESCAN_SECONDS = 2.0
 _TRUNCATED_SQL = "(" + ", ".join(f"'{s}'" for s in TRUNCATED) + ")"
 # Seconds a page waits for the token-level values a first open reads after the overview.
 _TOKENS_DEADLINE = 60.0
-# Rows a search by text reads in its first query, and at most in one (a whole file without a
-# text index counts as a full query).
-_SEARCH_FIRST_ROWS = 2 * BLOCK
-_SEARCH_BATCH_ROWS = 32 * BLOCK
 
 
 def _highlights(rows: list[Any]) -> set[str]:
@@ -403,7 +400,18 @@ class Archive(Index):
                     {"pattern": pattern, **params},
                 ).fetchall()
             else:
-                hits = self._find_text(con, text, pattern, where, params, limit)
+                hits = find_text(
+                    con,
+                    files=self.files,
+                    skipped=self.skipped,
+                    text_indexed=self.text_indexed,
+                    firsts=self._block_steps(con),
+                    text=text,
+                    pattern=pattern,
+                    where=where,
+                    params=params,
+                    limit=limit,
+                )
         if not hits:
             return []
         return self._completions(
@@ -422,79 +430,3 @@ class Archive(Index):
             self._cache["blocks"] = {(src, block): step for src, block, step in rows}
         blocks: dict[tuple[int, int], int] = self._cache["blocks"]
         return blocks
-
-    def _find_text(
-        self,
-        con: duckdb.DuckDBPyConnection,
-        text: str,
-        pattern: str,
-        where: str,
-        params: dict[str, Any],
-        limit: int,
-    ) -> list[tuple[str, int, str]]:
-        """(id, step, messages) of the first `limit` records, by step and id, matching `where` whose messages
-        match `pattern` (the text, any case). Files with a text index are read only in the blocks
-        that hold every term of the text, the others whole; blocks are read in the order of their
-        first step, a batch at a time, until no block left can come before the hits found."""
-        usable = [src for src, f in enumerate(self.files) if f not in self.skipped]
-        found = terms(text)
-        indexed = self.text_indexed.intersection(usable) if found else set()
-        holding: set[tuple[int, int]] = set()
-        if indexed:
-            sql, terms_params = candidates_sql(found)
-            holding = {(src, blk) for src, blk in con.execute(sql, terms_params).fetchall() if src in indexed}
-        firsts = self._block_steps(con)
-        file_first: dict[int, int] = {}
-        for (src, _), step in firsts.items():
-            file_first[src] = min(step, file_first.get(src, step))
-        # (first step, src, first block, last block): a block, or a whole file without a text index.
-        parts = [(firsts.get(key, 0), key[0], key[1], key[1]) for key in holding]
-        parts += [(file_first.get(src, 0), src, 0, -1) for src in usable if src not in indexed]
-        parts.sort()
-        hits: list[tuple[str, int, str]] = []
-        i, size = 0, _SEARCH_FIRST_ROWS
-        while i < len(parts):
-            if len(hits) >= limit and parts[i][0] > hits[limit - 1][1]:
-                break  # every block left starts after the last hit kept
-            # A text in most records fills the page from the first blocks; a rare one reads
-            # batches twice as large each time.
-            batch, rows = [], 0
-            while i < len(parts) and rows < size:
-                batch.append(parts[i])
-                rows += BLOCK if parts[i][3] >= 0 else size
-                i += 1
-            size = min(2 * size, _SEARCH_BATCH_ROWS)
-            hits.extend(self._search(con, batch, pattern, where, params, limit))
-            hits.sort(key=lambda h: (h[1], h[0]))
-            del hits[limit:]
-        return hits
-
-    def _search(
-        self,
-        con: duckdb.DuckDBPyConnection,
-        batch: list[tuple[int, int, int, int]],
-        pattern: str,
-        where: str,
-        params: dict[str, Any],
-        limit: int,
-    ) -> list[tuple[str, int, str]]:
-        """(id, step, messages) of the first `limit` matches in these blocks: one scan per run of
-        neighbouring blocks, which DuckDB reads by row number."""
-        runs: list[tuple[int, int, int]] = []  # (src, first row, last row), last -1: the whole file
-        for _, src, first, last in sorted(batch, key=lambda p: (p[1], p[2])):
-            if runs and runs[-1][0] == src and last >= 0 and runs[-1][2] == first * BLOCK - 1:
-                runs[-1] = (src, runs[-1][1], (last + 1) * BLOCK - 1)
-            else:
-                runs.append((src, first * BLOCK, (last + 1) * BLOCK - 1 if last >= 0 else -1))
-        selects, files = [], {}
-        for k, (src, low, high) in enumerate(runs):
-            files[f"f{k}"] = self.files[src]
-            rows = f"file_row_number BETWEEN {low} AND {high} AND " if high >= 0 else ""
-            selects.append(
-                f"SELECT id, step, messages FROM read_parquet($f{k}, file_row_number = true) "
-                f"WHERE {rows}{where} AND regexp_matches(messages, $pattern)"
-            )
-        query = " UNION ALL ".join(selects) + f" ORDER BY step, id LIMIT {int(limit)}"
-        return [
-            (r[0], r[1], r[2]) for r in con.execute(query, {"pattern": pattern, **params, **files}).fetchall()
-        ]

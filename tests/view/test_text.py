@@ -17,6 +17,7 @@ pytest.importorskip("uvicorn")
 
 import asynctrace as at  # noqa: E402
 from asynctrace.view import _archive as archive_module  # noqa: E402
+from asynctrace.view import _search as search_module  # noqa: E402
 from asynctrace.view import _text  # noqa: E402
 from asynctrace.view._archive import Archive  # noqa: E402
 from asynctrace.view._text import Term, terms  # noqa: E402
@@ -65,8 +66,9 @@ def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Blocks of 4 rows, so that a small archive has many and a search reads several batches."""
     monkeypatch.setattr(_text, "BLOCK", 4)
     monkeypatch.setattr(archive_module, "BLOCK", 4)
-    monkeypatch.setattr(archive_module, "_SEARCH_FIRST_ROWS", 8)
-    monkeypatch.setattr(archive_module, "_SEARCH_BATCH_ROWS", 32)
+    monkeypatch.setattr(search_module, "BLOCK", 4)
+    monkeypatch.setattr(search_module, "_SEARCH_FIRST_ROWS", 8)
+    monkeypatch.setattr(search_module, "_SEARCH_BATCH_ROWS", 32)
 
 
 @pytest.fixture(scope="module")
