@@ -395,7 +395,7 @@ def scan_dir(directory: Path) -> DirScan:
     A record is resolved by an acknowledgement anywhere in the spool: acknowledgements are
     written to whichever segment was active when the record was done, which is never an
     earlier one. `deps` records which files a file's acknowledgements refer to, so a file is
-    deleted only after those (see `_spool.Spool._collect`).
+    deleted only after those (see `books.Books.collect`).
     """
     paths = sorted(p for p in directory.iterdir() if p.suffix == SUFFIX and p.is_file())
     files: list[FileScan] = []

@@ -10,8 +10,9 @@ replay sends each record only to the sinks that lack it; each `Selected` sink's 
 wrote of each step, the steps it closed) is committed as tier lines, running totals that every
 new segment starts with again, so the newest one always holds all of them.
 
-A segment is deleted when none of its records is unresolved and every segment it holds
-acknowledgements for is gone (deleting it earlier would bring those records back on replay);
+The files' table, the acknowledgement, sink and tier lines, and which files may go are kept by
+`books.py`. A segment is deleted when none of its records is unresolved and every segment it
+holds acknowledgements for is gone (deleting it earlier would bring those records back on replay);
 a session's newest segment with tier lines also stays while any file of that session holds
 unresolved records (their replay needs what the tiers had done).
 A failed write (a full disk) truncates the partial line away, counts the records as
@@ -26,7 +27,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,6 +35,7 @@ from .._security import describe, logger, secret_bytes
 from .._stats import SpoolStats
 from ..exceptions import SpoolError
 from . import segments as seg
+from .books import Books, SpoolFile
 from .directory import SpoolDir, WriteErrors
 from .setup import remove_setup, write_setup
 
@@ -55,27 +56,8 @@ _DEAD = 2
 _SINK = 3  # one sink dealt with records (error: the sink's name)
 _TIER = 4  # a tier's progress (error: the sink's name; extra: (written deltas, closed prefix, set))
 
-# Steps a tier's written counts are kept for, per split (as a gate counts steps: COUNTER_WINDOW).
-TIER_STEPS = 4096
-
 # One staged operation: (kind, records, error, failed sinks, pre-encoded lines or None, extra).
 _Op = tuple[int, Sequence[TraceRecord], str | None, Sequence[str], list[bytes] | None, Any]
-
-
-@dataclass(slots=True)
-class _File:
-    index: int
-    name: str
-    path: Path
-    kind: seg.FileKind
-    size: int = 0
-    live: int = 0  # records it holds that are not resolved yet
-    deps: set[int] = field(default_factory=set)  # files its acknowledgements refer to
-    session: str | None = None
-    tiers: bool = False  # holds tier lines
-    fd: int | None = None
-    deleted: bool = False
-    keep: bool = False  # unreadable header: never deleted by the spool
 
 
 class Spool:
@@ -98,11 +80,12 @@ class Spool:
         self.run = run
         self.session = session
         self.durability = durability
-        self._files: dict[int, _File] = {}
-        self._by_name: dict[str, _File] = {}
+        self._books = Books()
+        self._files = self._books.files  # the books' table: the spool adds, writes and closes files
+        self._by_name: dict[str, SpoolFile] = {}
         self._next = 0
-        self._active: _File | None = None
-        self._dead: _File | None = None
+        self._active: SpoolFile | None = None
+        self._dead: SpoolFile | None = None
         self._made = 0
         self._ops: list[_Op] = []
         self._plock = threading.Lock()  # guards _ops; taken under the buffer lock
@@ -113,9 +96,6 @@ class Spool:
         self._secrets_at = -math.inf
         self._secret_bytes: list[bytes] = []
         self.closed = False
-        # Running totals of this session's tiers (see `tier`): written per (split, step), closed prefix.
-        self._tier_written: dict[str, dict[tuple[str, int], int]] = {}
-        self._tier_closed: dict[str, dict[str, int]] = {}
         self._state_at: int | None = None  # this session's newest file with tier lines
 
     # -- opening ---------------------------------------------------------------------------
@@ -127,7 +107,7 @@ class Spool:
             scan = seg.scan_dir(self.directory)
             for f in scan.files:
                 self._register(f)
-            self._collect()
+            self._books.collect()
             if self._setup is not None:
                 write_setup(self.directory, self.session, self.project, self.run, self._setup)
         except OSError as exc:
@@ -138,8 +118,8 @@ class Spool:
             raise
         return scan
 
-    def _register(self, scan: seg.FileScan) -> _File:
-        f = _File(self._next, scan.name, scan.path, scan.kind, size=scan.size, session=scan.session)
+    def _register(self, scan: seg.FileScan) -> SpoolFile:
+        f = SpoolFile(self._next, scan.name, scan.path, scan.kind, size=scan.size, session=scan.session)
         f.tiers = bool(scan.tiers)
         self._next += 1
         if scan.empty:
@@ -272,7 +252,9 @@ class Spool:
             if kind == _TIER:
                 assert error is not None
                 written, closed, absolute = extra
-                self._tier_update(error, written, closed, absolute, tiers.setdefault(error, (set(), set())))
+                self._books.tier_update(
+                    error, written, closed, absolute, tiers.setdefault(error, (set(), set()))
+                )
                 continue
             if kind == _STAGE:
                 # Staged records are still STAGED here: nothing else resolves a record before
@@ -297,11 +279,11 @@ class Spool:
             self._errors.failed(self._errors.last_error or "no segment could be created", lost)
         if dead:
             done.extend(self._write_dead(dead, secrets))
-        acks, deps = self._ack_lines(done, active)
+        acks, deps = self._books.ack_lines(done, active)
         if partial:
-            acks += self._sink_lines(partial, done, active, deps)
+            acks += self._books.sink_lines(partial, done, active, deps)
         if tiers and active is not None:
-            acks += self._tier_lines({k: v for k, v in tiers.items()})
+            acks += self._books.tier_lines({k: v for k, v in tiers.items()})
         ok = True
         if active is not None and (lines or acks):
             error = self._append(active, b"".join(lines) + acks)
@@ -328,95 +310,7 @@ class Spool:
                 if f is not None:
                     f.live -= 1
                     self.acknowledged += 1
-        self._collect()
-
-    def _ack_lines(self, done: list[TraceRecord], active: _File | None) -> tuple[bytes, set[int]]:
-        ids: list[str] = []
-        by_dead: dict[int, list[str]] = {}
-        deps: set[int] = set()
-        for r in done:
-            where = r.spool_slot
-            if where is None or where < 0:
-                continue
-            f = self._files.get(where)
-            if f is None:
-                continue
-            if f.kind == seg.DEAD:
-                by_dead.setdefault(where, []).append(r.id)
-            else:
-                ids.append(r.id)
-            if active is None or where != active.index:
-                deps.add(where)
-        out = [seg.ack_line(ids)] if ids else []
-        out += [seg.ack_line(v, self._files[k].name) for k, v in by_dead.items()]
-        return b"".join(out), deps
-
-    def _sink_lines(
-        self,
-        partial: dict[str, list[TraceRecord]],
-        done: list[TraceRecord],
-        active: _File | None,
-        deps: set[int],
-    ) -> bytes:
-        """Sink lines for what each sink dealt with, less what every sink is done with (an
-        acknowledgement in this same commit says more)."""
-        resolved = {id(r) for r in done}
-        out = []
-        for sink, records in partial.items():
-            ids = []
-            for r in records:
-                where = r.spool_slot
-                if where is None or where < 0 or id(r) in resolved:
-                    continue
-                f = self._files.get(where)
-                if f is None or f.kind != seg.SEGMENT:
-                    continue
-                ids.append(r.id)
-                if active is None or where != active.index:
-                    deps.add(where)
-            if ids:
-                out.append(seg.sink_ack_line(ids, sink))
-        return b"".join(out)
-
-    def _tier_update(
-        self,
-        sink: str,
-        written: dict[tuple[str, int], int],
-        closed: dict[str, int],
-        absolute: bool,
-        changed: tuple[set[tuple[str, int]], set[str]],
-    ) -> None:
-        totals = self._tier_written.setdefault(sink, {})
-        upto = self._tier_closed.setdefault(sink, {})
-        for key, n in written.items():
-            totals[key] = max(totals.get(key, 0), n) if absolute else totals.get(key, 0) + n
-            changed[0].add(key)
-        for split, last in closed.items():
-            if upto.get(split, -1) < last:
-                upto[split] = last
-                changed[1].add(split)
-        # A closed step's count is no longer needed: its later records are late anyway.
-        for key in [k for k in totals if k[1] <= upto.get(k[0], -1)]:
-            del totals[key]
-            changed[0].discard(key)
-        if len(totals) > TIER_STEPS:
-            for split in {k[0] for k in totals}:
-                steps = sorted(k[1] for k in totals if k[0] == split)
-                for step in steps[: max(0, len(steps) - TIER_STEPS)]:
-                    del totals[(split, step)]
-                    changed[0].discard((split, step))
-
-    def _tier_lines(self, changed: dict[str, tuple[set[tuple[str, int]], set[str]]] | None) -> bytes:
-        """Tier lines with the running totals of what changed (None: everything)."""
-        out = []
-        for sink in sorted(set(self._tier_written) | set(self._tier_closed)):
-            totals, upto = self._tier_written.get(sink, {}), self._tier_closed.get(sink, {})
-            keys, splits = (set(totals), set(upto)) if changed is None else changed.get(sink, (set(), set()))
-            if not keys and not splits:
-                continue
-            written = [(sp, st, totals[(sp, st)]) for sp, st in sorted(keys) if (sp, st) in totals]
-            out.append(seg.tier_line(sink, written, [(sp, upto[sp]) for sp in sorted(splits)]))
-        return b"".join(out)
+        self._books.collect()
 
     def _write_dead(
         self, dead: list[tuple[TraceRecord, str, Sequence[str]]], secrets: list[bytes]
@@ -435,7 +329,7 @@ class Spool:
         self.dead_letters += len(dead)
         return [r for r, _, _ in dead]
 
-    def _ensure_file(self, kind: seg.FileKind) -> _File | None:
+    def _ensure_file(self, kind: seg.FileKind) -> SpoolFile | None:
         current = self._active if kind == seg.SEGMENT else self._dead
         if current is not None and current.fd is not None and current.size < SEGMENT_BYTES:
             return current
@@ -449,13 +343,13 @@ class Spool:
         except OSError as exc:
             self._errors.failed(describe(exc), 0)
             return None
-        f = _File(self._next, name, path, kind, fd=fd, session=self.session)
+        f = SpoolFile(self._next, name, path, kind, fd=fd, session=self.session)
         self._next += 1
         self._files[f.index] = f
         self._by_name[name] = f
         head = seg.header_line(self.project, self.run, self.session, kind)
         # A new segment starts with every tier total, so the newest one holds them all.
-        state = self._tier_lines(None) if kind == seg.SEGMENT else b""
+        state = self._books.tier_lines(None) if kind == seg.SEGMENT else b""
         error = self._append(f, head + state)
         if error is not None:
             self._errors.failed(error, 0)
@@ -471,7 +365,7 @@ class Spool:
             self._dead = f
         return f
 
-    def _append(self, f: _File, data: bytes) -> str | None:
+    def _append(self, f: SpoolFile, data: bytes) -> str | None:
         """Append all of `data` or nothing: a failed write is truncated away, so no torn line stays."""
         assert f.fd is not None
         view = memoryview(data)
@@ -489,7 +383,7 @@ class Spool:
         f.size += len(data)
         return None
 
-    def _close_file(self, f: _File) -> None:
+    def _close_file(self, f: SpoolFile) -> None:
         fd, f.fd = f.fd, None
         if fd is not None:
             with contextlib.suppress(OSError):
@@ -499,47 +393,10 @@ class Spool:
         if f is self._dead:
             self._dead = None
 
-    def _unlink(self, f: _File) -> None:
+    def _unlink(self, f: SpoolFile) -> None:
         with contextlib.suppress(FileNotFoundError):
             f.path.unlink()
         f.deleted = True
-
-    def _collect(self) -> None:
-        """Delete every file with nothing unresolved whose acknowledged files are already gone."""
-        holders = self._tier_holders()
-        changed = True
-        while changed:
-            changed = False
-            for f in self._files.values():
-                if f.deleted or f.keep or f.live > 0 or f.fd is not None:
-                    continue
-                if any(not self._files[d].deleted for d in f.deps if d in self._files):
-                    continue
-                if f.index in holders and any(
-                    g.live > 0 and not g.deleted and g.session == f.session for g in self._files.values()
-                ):
-                    continue
-                try:
-                    f.path.unlink()
-                except FileNotFoundError:
-                    pass
-                except OSError as exc:
-                    logger.warning("asynctrace: cannot delete spool file %s: %s", f.path, describe(exc))
-                    continue
-                f.deleted = True
-                changed = True
-
-    def _tier_holders(self) -> set[int]:
-        """Each session's newest file with tier lines."""
-        newest: dict[str | None, _File] = {}
-        for f in self._files.values():
-            if f.tiers and not f.deleted and f.kind == seg.SEGMENT:
-                have = newest.get(f.session)
-                if have is None or f.name > have.name:
-                    newest[f.session] = f
-        return {f.index for f in newest.values()}
-
-    # -- closing ---------------------------------------------------------------------------
 
     def close(self) -> None:
         """Commit what is staged, close the files, delete what is fully acknowledged, unlock."""
@@ -551,7 +408,7 @@ class Spool:
                 for f in list(self._files.values()):
                     if f.fd is not None:
                         self._close_file(f)
-                self._collect()
+                self._books.collect()
                 self.closed = True
         finally:
             self._dir.unlock()

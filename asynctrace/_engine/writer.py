@@ -13,8 +13,8 @@ stubborn call goes on alone, holding up nothing.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -24,62 +24,21 @@ import anyio.lowlevel
 from .._records.types import MetricsItem, TraceRecord
 from .._runtime.abandon import spawn_detached, wait_first
 from .._security import describe
-from .._select.lane import LaneSelection, Picked
+from .._select.lane import Picked
 from ..sinks._base import Sink
-from ..sinks._selected import Selected
 from .buffer import Batch, Buffer, Marker
 from .group_metrics import GroupMetrics
 from .health import Health
+from .lane import Lane, selection_for
 from .retry import RetryPolicy, call_with_retry
+from .wakeup import Signal
 
 if TYPE_CHECKING:
     from .._durable.segments import TierState
 
 logger = logging.getLogger("asynctrace")
 
-__all__ = ["Signal", "Writer"]
-
-
-class Signal:
-    """A level-triggered wake-up for one waiting task (event-loop thread only)."""
-
-    def __init__(self) -> None:
-        self._event = anyio.Event()
-        self._flag = False
-
-    def set(self) -> None:
-        if not self._flag:  # set already: the event is set too, until the waiter takes it
-            self._flag = True
-            self._event.set()
-
-    async def wait(self, timeout: float | None) -> None:
-        if not self._flag:
-            with anyio.move_on_after(timeout):
-                await self._event.wait()
-        self._flag = False
-        if self._event.is_set():
-            self._event = anyio.Event()
-
-
-class _Lane:
-    def __init__(self, index: int, sink: Sink, selection: LaneSelection | None = None) -> None:
-        self.index = index
-        self.sink = sink
-        # A `Selected` sink's own per-step selection (see _select/lane.py).
-        self.selection = selection
-        self.next_idle_check = 0.0
-        self.inbox: deque[Batch | Marker | MetricsItem] = deque()
-        self.signal = Signal()
-        self.dead: str | None = None
-        self.done = False
-        # Waiting for work: it starts whatever it is handed at its next turn.
-        self.idle = False
-        # A selection's closed steps as the spool last heard of them (see Writer._note_tier).
-        self.closed: dict[str, int] = {}
-        # A sink that confirms later: what it wrote, in order, and how to resolve each once confirmed.
-        self.confirming: deque[tuple[Sequence[TraceRecord], Callable[[set[int], str | None], None]]] = deque()
-        self.confirmed = Signal()
-        self.to_confirm = Signal()
+__all__ = ["Writer"]
 
 
 class Writer:
@@ -116,7 +75,7 @@ class Writer:
         self.stopped = anyio.Event()
         # Set by finish() when a sink call ignored the writer's cancel for STOP_GRACE seconds.
         self.abandoned: anyio.Event | None = None
-        self._lanes: list[_Lane] = []
+        self._lanes: list[Lane] = []
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Stand in for the writer in the session's task group until it ends or is abandoned;
@@ -149,24 +108,15 @@ class Writer:
     async def _run(self, started: anyio.Event) -> None:
         with anyio.CancelScope(shield=True) as self.scope:
             self.signal = Signal()
-            self._lanes = [_Lane(i, s, self._selection_for(s)) for i, s in enumerate(self.sinks)]
+            steps = (self.max_open_steps, self.sink_step_timeout)
+            self._lanes = [Lane(i, s, selection_for(s, *steps)) for i, s in enumerate(self.sinks)]
             async with anyio.create_task_group() as tg:
                 for lane in self._lanes:
                     tg.start_soon(self._run_lane, lane)
                     # Idle unless the sink confirms later (it may say so only once open).
-                    tg.start_soon(self._confirm_loop, lane)
+                    tg.start_soon(lane.confirms.run, functools.partial(self._warn_failed, lane))
                 tg.start_soon(self._dispatch)
                 started.set()
-
-    def _selection_for(self, sink: Sink) -> LaneSelection | None:
-        if not isinstance(sink, Selected):
-            return None
-        return LaneSelection(
-            sink.max_traces_per_step,
-            sink.sampler,
-            max_open_steps=self.max_open_steps,
-            step_timeout=self.sink_step_timeout,
-        )
 
     def final_health(self) -> bool:
         """Queue the health metrics once more (finish, after the drain); False when they are off."""
@@ -201,10 +151,7 @@ class Writer:
         """Before a replay: what each `Selected` sink (by its name in the session) had written of
         each step and which steps it had closed, so its selection keeps at most k a step in all."""
         for lane in self._lanes:
-            name = self.buffer.ledger.sink_names[lane.index]
-            if lane.selection is not None:
-                lane.selection.prime(state.written.get(name, {}), state.closed.get(name, {}))
-                lane.closed = lane.selection.closed()
+            lane.prime(state, self.buffer.ledger.sink_names[lane.index])
 
     def abandon(self) -> None:
         """Stop waiting for a writer that ignores its cancel (a sink call does): it goes on alone."""
@@ -278,7 +225,7 @@ class Writer:
 
     # -- lanes -----------------------------------------------------------------------------
 
-    def _retry_counter(self, lane: _Lane) -> Callable[[BaseException | None], None]:
+    def _retry_counter(self, lane: Lane) -> Callable[[BaseException | None], None]:
         def on_retry(exc: BaseException | None) -> None:
             self.buffer.note_retries(lane.index, 1)
             logger.debug(
@@ -292,13 +239,13 @@ class Writer:
         names = [repr(lane.sink.name) for lane in self._lanes if not lane.done]
         return ", ".join(names) or "the writer's dispatcher"
 
-    async def _run_lane(self, lane: _Lane) -> None:
+    async def _run_lane(self, lane: Lane) -> None:
         try:
             await self._lane_loop(lane)
         finally:
             lane.done = True
 
-    async def _lane_loop(self, lane: _Lane) -> None:
+    async def _lane_loop(self, lane: Lane) -> None:
         on_retry = self._retry_counter(lane)
         try:
             await call_with_retry(self.retry, lane.sink.open, on_retry)
@@ -314,7 +261,7 @@ class Writer:
             if not lane.inbox:
                 lane.idle = True
                 try:
-                    await lane.signal.wait(self._idle_check_in(lane))
+                    await lane.signal.wait(lane.idle_check_in(self.buffer.clock))
                 finally:
                     lane.idle = False
                 await self._close_idle(lane, on_retry)
@@ -324,7 +271,7 @@ class Writer:
                 if lane.selection is not None and lane.dead is None:
                     # A flush closes the steps a sink's selection holds, as it closes the session's.
                     await self._write_picked(lane, [], [lane.selection.close_all()], on_retry)
-                await self._until_confirmed(lane)
+                await lane.confirms.until_confirmed()
                 item.arrive()
                 continue
             if isinstance(item, MetricsItem):
@@ -344,14 +291,7 @@ class Writer:
             await self._write_batches(lane, batches, on_retry)
             await self._close_idle(lane, on_retry)
 
-    def _idle_check_in(self, lane: _Lane) -> float | None:
-        """How long an idle lane may wait before its selection's idle steps must be closed."""
-        selection = lane.selection
-        if selection is None or not selection.holding or selection.step_timeout is None:
-            return None
-        return max(0.0, lane.next_idle_check - self.buffer.clock())
-
-    async def _close_idle(self, lane: _Lane, on_retry: Callable[[BaseException | None], None]) -> None:
+    async def _close_idle(self, lane: Lane, on_retry: Callable[[BaseException | None], None]) -> None:
         selection = lane.selection
         if selection is None or not selection.holding or selection.step_timeout is None:
             return
@@ -364,7 +304,7 @@ class Writer:
             await self._write_picked(lane, [], [picked], on_retry)
 
     async def _write_batches(
-        self, lane: _Lane, batches: list[Batch], on_retry: Callable[[BaseException | None], None]
+        self, lane: Lane, batches: list[Batch], on_retry: Callable[[BaseException | None], None]
     ) -> None:
         self.buffer.start(batches)
         if lane.dead is None and any(r.sinks_done is not None for b in batches for r in b.records):
@@ -395,10 +335,10 @@ class Writer:
                 freed |= self.buffer.resolve(batch, lane.index, good, 0, error if not ok else late_error)
             self._resolved(freed)
 
-        self._settle(lane, records if ok else [], settle)
+        lane.confirms.settle(records if ok else [], settle)
 
     async def _write_replayed(
-        self, lane: _Lane, batches: list[Batch], on_retry: Callable[[BaseException | None], None]
+        self, lane: Lane, batches: list[Batch], on_retry: Callable[[BaseException | None], None]
     ) -> None:
         """Batches holding replayed records: the sink (or its selection) gets only those it had
         not dealt with; the others are counted `skipped["earlier"]` for it."""
@@ -414,22 +354,7 @@ class Writer:
             picks.append(pick)
         await self._write_picked(lane, batches, picks, on_retry)
 
-    def _note_tier(self, lane: _Lane, records: list[TraceRecord], failed: set[int]) -> None:
-        """Tell the spool what a `Selected` sink wrote of each step and which steps it closed."""
-        journal = self.buffer.journal
-        selection = lane.selection
-        if journal is None or selection is None:
-            return
-        written: Counter[tuple[str, int]] = Counter(
-            (r.split, r.step) for r in records if not r.watched and id(r) not in failed
-        )
-        closed = selection.closed()
-        changed = {split: upto for split, upto in closed.items() if lane.closed.get(split) != upto}
-        if written or changed:
-            lane.closed = closed
-            journal.tier(self.buffer.ledger.sink_names[lane.index], written, changed)
-
-    def _warn_failed(self, lane: _Lane, n: int, error: str) -> None:
+    def _warn_failed(self, lane: Lane, n: int, error: str) -> None:
         logger.warning(
             "asynctrace: sink %r failed to write %d records for good: %s", lane.sink.name, n, error
         )
@@ -444,7 +369,7 @@ class Writer:
 
     async def _write_picked(
         self,
-        lane: _Lane,
+        lane: Lane,
         batches: list[Batch],
         picks: list[Picked],
         on_retry: Callable[[BaseException | None], None],
@@ -469,7 +394,7 @@ class Writer:
         def settle(lost: set[int], late_error: str | None) -> None:
             failed.update(lost)
             why = error or late_error
-            self._note_tier(lane, records, failed)
+            lane.note_tier(self.buffer.journal, self.buffer.ledger.sink_names[lane.index], records, failed)
             freed = False
             for batch, pick in zip(batches, picks, strict=False):
                 pick.failed = [r for r in pick.write if id(r) in failed] if failed else []
@@ -485,52 +410,10 @@ class Writer:
             buffer.resolve_held(lane.index, [r for p in picks for r in p.evicted], "capped", None)
             self._resolved(freed)
 
-        self._settle(lane, [r for r in records if id(r) not in failed], settle)
-
-    # -- sinks that confirm later --------------------------------------------------------------
-
-    def _settle(
-        self, lane: _Lane, written: Sequence[TraceRecord], settle: Callable[[set[int], str | None], None]
-    ) -> None:
-        """Resolve what a write did now, or, for a sink that confirms later, once it confirmed
-        `written` (in order: a resolution never overtakes an earlier one)."""
-        if not lane.sink.confirms_later:
-            settle(set(), None)
-            return
-        lane.confirming.append((written, settle))
-        lane.to_confirm.set()
-
-    async def _confirm_loop(self, lane: _Lane) -> None:
-        while True:
-            if not lane.confirming:
-                await lane.to_confirm.wait(None)
-                continue
-            written, settle = lane.confirming[0]
-            lost: set[int] = set()
-            error: str | None = None
-            if written:
-                try:
-                    await lane.sink.confirm(written)
-                except Exception as exc:
-                    error = describe(exc)
-                    lost = {id(r) for r in written}
-                    self._warn_failed(lane, len(written), error)
-            lane.confirming.popleft()
-            settle(lost, error)
-            lane.confirmed.set()
-
-    async def _until_confirmed(self, lane: _Lane) -> None:
-        """A flush waits for what a sink that confirms later has handed over, but not for what
-        only the trainer can have persisted (an attached W&B run's open step)."""
-        while lane.confirming:
-            # Confirmed in order: when the next is held back, so is everything after it.
-            head = lane.confirming[0][0]
-            if head and lane.sink.held_back(head):
-                return
-            await lane.confirmed.wait(0.2)
+        lane.confirms.settle([r for r in records if id(r) not in failed], settle)
 
     async def _write_metrics(
-        self, lane: _Lane, item: MetricsItem, on_retry: Callable[[BaseException | None], None]
+        self, lane: Lane, item: MetricsItem, on_retry: Callable[[BaseException | None], None]
     ) -> None:
         try:
             await self._write_metrics_once(lane, item, on_retry)
@@ -539,7 +422,7 @@ class Writer:
                 self.on_room()
 
     async def _write_metrics_once(
-        self, lane: _Lane, item: MetricsItem, on_retry: Callable[[BaseException | None], None]
+        self, lane: Lane, item: MetricsItem, on_retry: Callable[[BaseException | None], None]
     ) -> None:
         if lane.dead is not None:
             self.buffer.note_metrics_failure(lane.index, lane.dead)
