@@ -246,3 +246,16 @@ def test_every_public_name_resolves_and_imports_nothing_heavy_before_use() -> No
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_sizes_a_newcomer_can_read() -> None:
+    """At most 14 files at the top of asynctrace/, TraceSession under 300 lines, no class over 400."""
+    assert len(list(ROOT.glob("*.py"))) <= 14
+    sizes = {
+        f"{name}.{node.name}": node.end_lineno - node.lineno + 1  # type: ignore[operator]
+        for name, (_, tree) in _modules().items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+    }
+    assert sizes["asynctrace._session.TraceSession"] < 300
+    assert {name: n for name, n in sizes.items() if n > 400} == {}
