@@ -25,6 +25,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = "asynctrace-demo"
@@ -84,44 +85,48 @@ def _dashboard(env: dict[str, str]) -> Iterator[str]:
             proc.wait()
 
 
-def _shoot(url: str, chromium: str, out: Path) -> None:
+@contextlib.contextmanager
+def headless_chromium(chromium: str) -> Iterator[Any]:
+    """A browser context of the machine's own Chromium (never a download), headless, with a
+    throwaway profile; scripts/view_screenshots.py uses it too."""
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory(prefix="asynctrace-chromium-") as profile, sync_playwright() as pw:
         browser = pw.chromium.launch_persistent_context(
-            profile,
-            executable_path=chromium,
-            args=CHROMIUM_ARGS,
-            headless=True,
-            viewport=VIEWPORT,
+            profile, executable_path=chromium, args=CHROMIUM_ARGS, headless=True, viewport=VIEWPORT
         )
         try:
-            page = browser.new_page()
-            page.goto(f"{url}/?project={PROJECT}", wait_until="networkidle")
-            page.wait_for_selector("canvas, svg", timeout=30_000)
-            page.wait_for_timeout(1500)  # plots animate in
-            page.screenshot(path=str(out / "trackio-metrics.png"))
-
-            page.goto(f"{url}/traces?project={PROJECT}", wait_until="networkidle")
-            page.wait_for_selector(".trace-row", timeout=30_000)
-            chips = page.locator(".trace-id-chip").all_inner_texts()
-            statuses = page.locator(".trace-row .status-pill").all_inner_texts()
-            if len(set(chips)) != len(chips):
-                raise SystemExit(f"id chips repeat on the Traces tab: {chips}")
-            if not statuses:
-                raise SystemExit("no status shown on the Traces tab")
-            print(f"{len(chips)} rows, distinct chips, statuses {sorted(set(statuses))}")
-            page.screenshot(path=str(out / "trackio-traces.png"))
-            # One trace opened, to show its id, status, latency and metadata.
-            row = page.locator(".trace-row", has_text="truncated").first
-            if not row.count():
-                row = page.locator(".trace-row").first
-            row.click()
-            page.wait_for_selector(".trace-detail", timeout=10_000)
-            page.locator(".trace-detail").first.scroll_into_view_if_needed()
-            page.screenshot(path=str(out / "trackio-trace-detail.png"))
+            yield browser
         finally:
             browser.close()
+
+
+def _shoot(url: str, chromium: str, out: Path) -> None:
+    with headless_chromium(chromium) as browser:
+        page = browser.new_page()
+        page.goto(f"{url}/?project={PROJECT}", wait_until="networkidle")
+        page.wait_for_selector("canvas, svg", timeout=30_000)
+        page.wait_for_timeout(1500)  # plots animate in
+        page.screenshot(path=str(out / "trackio-metrics.png"))
+
+        page.goto(f"{url}/traces?project={PROJECT}", wait_until="networkidle")
+        page.wait_for_selector(".trace-row", timeout=30_000)
+        chips = page.locator(".trace-id-chip").all_inner_texts()
+        statuses = page.locator(".trace-row .status-pill").all_inner_texts()
+        if len(set(chips)) != len(chips):
+            raise SystemExit(f"id chips repeat on the Traces tab: {chips}")
+        if not statuses:
+            raise SystemExit("no status shown on the Traces tab")
+        print(f"{len(chips)} rows, distinct chips, statuses {sorted(set(statuses))}")
+        page.screenshot(path=str(out / "trackio-traces.png"))
+        # One trace opened, to show its id, status, latency and metadata.
+        row = page.locator(".trace-row", has_text="truncated").first
+        if not row.count():
+            row = page.locator(".trace-row").first
+        row.click()
+        page.wait_for_selector(".trace-detail", timeout=10_000)
+        page.locator(".trace-detail").first.scroll_into_view_if_needed()
+        page.screenshot(path=str(out / "trackio-trace-detail.png"))
 
 
 def main() -> int:

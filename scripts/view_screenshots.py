@@ -27,17 +27,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from screenshots import headless_chromium  # this folder's sibling script: one browser launch
+
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-VIEWPORT = {"width": 1440, "height": 900}
 QUESTIONS = [
     ("gsm8k-0001", "A farmer has 12 cows and buys 7 more. How many cows does he have?", 19),
     ("gsm8k-0002", "What is 15% of 240?", 36),
@@ -121,44 +113,36 @@ def write_archive(directory: Path, steps: int = 24) -> None:
 
 
 def _shoot(url: str, chromium: str, out: Path) -> list[Path]:
-    from playwright.sync_api import sync_playwright
-
     shots = []
-    with tempfile.TemporaryDirectory(prefix="asynctrace-chromium-") as profile, sync_playwright() as pw:
-        browser = pw.chromium.launch_persistent_context(
-            profile, executable_path=chromium, args=CHROMIUM_ARGS, headless=True, viewport=VIEWPORT
-        )
-        try:
-            page = browser.new_page()
+    with headless_chromium(chromium) as browser:
+        page = browser.new_page()
 
-            def shot(name: str) -> None:
-                path = out / f"view-{name}.png"
-                page.screenshot(path=str(path))
-                shots.append(path)
+        def shot(name: str) -> None:
+            path = out / f"view-{name}.png"
+            page.screenshot(path=str(path))
+            shots.append(path)
 
-            page.goto(url)
-            page.wait_for_selector("table.steps")
-            shot("overview")
-            # A step with a zero-signal group, to show how it is marked.
-            page.locator("table.steps tr:has(td.warn) td[data-k=step] a").last.click()
-            page.wait_for_selector("table.groups")
-            shot("step")
-            page.locator("table.groups td[data-k=group] a").first.click()
-            page.wait_for_selector("article.completion")
-            shot("group")
-            page.click("a.history")
-            page.wait_for_selector("section.diff")
-            shot("prompt")
-            page.go_back()
-            page.go_back()
-            page.wait_for_selector("table.groups")
-            page.locator("table.groups td[data-k=group] a").first.click()
-            page.wait_for_selector("article.completion")
-            page.locator("a.tokens-link").first.click()
-            page.wait_for_selector("svg.heat")
-            shot("tokens")
-        finally:
-            browser.close()
+        page.goto(url)
+        page.wait_for_selector("table.steps")
+        shot("overview")
+        # A step with a zero-signal group, to show how it is marked.
+        page.locator("table.steps tr:has(td.warn) td[data-k=step] a").last.click()
+        page.wait_for_selector("table.groups")
+        shot("step")
+        page.locator("table.groups td[data-k=group] a").first.click()
+        page.wait_for_selector("article.completion")
+        shot("group")
+        page.click("a.history")
+        page.wait_for_selector("section.diff")
+        shot("prompt")
+        page.go_back()
+        page.go_back()
+        page.wait_for_selector("table.groups")
+        page.locator("table.groups td[data-k=group] a").first.click()
+        page.wait_for_selector("article.completion")
+        page.locator("a.tokens-link").first.click()
+        page.wait_for_selector("svg.heat")
+        shot("tokens")
     return shots
 
 
