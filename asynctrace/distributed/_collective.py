@@ -78,11 +78,21 @@ class Collective:
         raw = name.encode()
         if len(raw) > _RUN_NAME_BYTES:
             raise ValueError(f"run name is longer than {_RUN_NAME_BYTES} bytes: {shown(name)}")
+        src = self._dist.get_global_rank(self.group, 0) if self.group is not None else 0
+        return self._broadcast(raw, src).decode()
+
+    def told_by_writer(self, text: str) -> str:
+        """The writing rank's `text` (cut to a few hundred bytes), on every rank."""
+        if self.alone:
+            return text
+        raw = text.encode()[:_RUN_NAME_BYTES]
+        return self._broadcast(raw, self.dst).decode(errors="replace")
+
+    def _broadcast(self, raw: bytes, src: int) -> bytes:
         buf = _padded(raw, _RUN_NAME_BYTES)
         tensor = self._torch.frombuffer(buf, dtype=self._torch.uint8).to(self.device)
-        src = self._dist.get_global_rank(self.group, 0) if self.group is not None else 0
         self._dist.broadcast(tensor, src=src, group=self.group)
-        return _unpadded(_tensor_bytes(tensor)).decode()
+        return _unpadded(_tensor_bytes(tensor))
 
     def gather(self, frame: bytes) -> tuple[list[bytes] | None, int]:
         """Every rank's frame, on the writing rank (None elsewhere), and the bytes this rank sent."""

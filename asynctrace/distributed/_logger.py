@@ -16,7 +16,7 @@ from .._engine.ledger import Ledger
 from .._records.encode import as_list, encode_samples
 from .._records.types import Sample, SampleLike
 from .._runtime.lifecycle import close_grace
-from .._security import generated_run_name, logger, shown
+from .._security import generated_run_name, logger, scrub, shown
 from .._select.base import Sampler
 from .._select.groups import GroupSampler
 from .._select.parts import PartSteps, merge_parts
@@ -174,13 +174,38 @@ class DistributedTraceLogger:
         self._closing = False
         self._final: RankStats | None = None
 
-        session = _make_session(self, session_factory, session_kwargs) if self.writes else None
+        session, self._sync = self._open_session(session_factory, session_kwargs)
         self._session = session
         self._blocking = session is not None and session.on_full == "block"
         self._finish_timeout = session.finish_timeout if session is not None else None
-        self._sync = session.start() if session is not None else None
 
     # -- set-up ---------------------------------------------------------------------------------
+
+    def _open_session(
+        self, factory: Callable[[int, str], TraceSession] | None, kwargs: dict[str, Any]
+    ) -> tuple[TraceSession | None, SyncTraceSession | None]:
+        """This rank's writing session, opened; in ``"global"`` mode every rank learns whether the
+        writing rank's opened, so a failure there raises on every rank instead of leaving the
+        others to wait in their first collective."""
+        session: TraceSession | None = None
+        sync: SyncTraceSession | None = None
+        error: Exception | None = None
+        if self.writes:
+            try:
+                session = _make_session(self, factory, kwargs)
+                sync = session.start()
+            except Exception as exc:
+                if self.mode != "global":
+                    raise
+                error = exc
+        if self.mode == "global":
+            failure = "" if error is None else scrub(f"{type(error).__name__}: {error}")
+            told = self._ranks.told_by_writer(failure)
+            if error is not None:
+                raise error
+            if told:
+                raise RuntimeError(f"the writing rank ({self.dst}) could not open its session: {told}")
+        return session, sync
 
     def __repr__(self) -> str:
         return (

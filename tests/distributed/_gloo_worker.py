@@ -167,6 +167,18 @@ def run_pair(rank: int, world_size: int, port: int, project: str, out_dir: str) 
         result["flush_stats"] = [asdict(s) for s in gathered]
         result["flush_written"] = [r.step for r in sink.records]
 
+    # The writing rank's session_factory fails: every rank raises at construction, none waits
+    # in a collective for a writer that is not there.
+    def broken(rank: int, run: str) -> Any:
+        raise OSError("disk full")
+
+    try:
+        DistributedTraceLogger(
+            project, "broken", mode="global", max_traces_per_step=2, session_factory=broken
+        )
+    except Exception as exc:
+        result["broken"] = f"{type(exc).__name__}: {exc}"
+
     # Rank 1 dies; rank 0's end_step fails in the collective.
     failing = DistributedTraceLogger(
         project, "dies", mode="global", max_traces_per_step=4, sinks=[MemorySink()]

@@ -292,6 +292,16 @@ def test_failed_collective_counts_held_samples_as_aborted(pair: dict[int, dict[s
     assert stats["session"]["submitted"] == 0
 
 
+def test_a_writing_rank_that_cannot_open_its_session_fails_every_rank(
+    pair: dict[int, dict[str, Any]],
+) -> None:
+    """When the writing rank's session_factory raises, the writing rank raises that error and the
+    other rank a RuntimeError naming it, both at construction (not in a later collective)."""
+    assert pair[0]["broken"] == "OSError: disk full"
+    told = "RuntimeError: the writing rank (0) could not open its session: OSError: disk full"
+    assert pair[1]["broken"] == told
+
+
 def _logger(project: str, **kwargs: Any) -> Any:
     from asynctrace.distributed import DistributedTraceLogger
 
