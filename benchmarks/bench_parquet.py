@@ -27,9 +27,10 @@ With ``--breakdown``: where a row's CPU goes, each workload's rows encoded once 
 through the sink's stages in this process, the best of ``--rounds``: the sink's thread (the
 journal's lines and their append), and the writer process's work (cutting the journal into
 Arrow columns, the row groups' Parquet encoding and zstd, the rest: reading the journal, the
-footer, the fsync), against `JsonlSink`'s lines and write. The 2.5 KB rows twice: as the
-throughput runs make them (64 texts reused, which zstd compresses 40-fold at little cost), and
-with every text distinct (as a run's are).
+footer, the fsync), against `JsonlSink`'s lines and write, and the part of that on the
+session's loop (the lines' pieces) against the lines joined there into one buffer, as before.
+The 2.5 KB rows twice: as the throughput runs make them (64 texts reused, which zstd compresses
+40-fold at little cost), and with every text distinct (as a run's are).
 
     python benchmarks/bench_parquet.py
     python benchmarks/bench_parquet.py --quick
@@ -440,7 +441,11 @@ def _stage_costs(name: str, samples: list[Any], args: argparse.Namespace) -> dic
     import asynctrace as at
     from asynctrace._records.encode import encode_sample
     from asynctrace._records.types import TraceRecord
-    from asynctrace.sinks import _parquet as parquet
+
+    try:
+        from asynctrace.sinks._appends import write_all
+    except ImportError:  # the code before the appends had a module of their own
+        from asynctrace.sinks._parquet import _write_all as write_all  # type: ignore[attr-defined,no-redef]
     from asynctrace.sinks import _parquet_file as files
     from asynctrace.sinks import _parquet_rows as rows
 
@@ -462,11 +467,11 @@ def _stage_costs(name: str, samples: list[Any], args: argparse.Namespace) -> dic
                 start = os.lseek(fd, 0, os.SEEK_END)
                 if hasattr(rows, "journal_parts"):
                     parts, layout = rows.journal_parts(batch)
-                    parquet._write_all(fd, parts)
+                    write_all(fd, parts)
                     size = sum(map(len, parts))
                 else:  # the code before 2026-11-27 (one joined buffer), for back-to-back runs
                     data, layout = rows.journal_lines(batch)
-                    parquet._write_all(fd, data)
+                    write_all(fd, [data])
                     size = len(data)
                 described.append((start, start + size, layout))
         finally:
@@ -477,6 +482,17 @@ def _stage_costs(name: str, samples: list[Any], args: argparse.Namespace) -> dic
         for batch in batches:
             sink._write_lines(sink._lines(batch), 3)
         sink._close_file()
+
+    # What the session's loop does for JsonlSink: the lines' pieces; before, also their join.
+    loop_sink = at.JsonlSink(workdir / "unused.jsonl")
+
+    def jsonl_loop() -> None:
+        for batch in batches:
+            loop_sink._lines(batch)
+
+    def jsonl_loop_joined() -> None:
+        for batch in batches:
+            b"".join(loop_sink._lines(batch))
 
     def convert() -> None:
         converter = files.FileConverter()
@@ -503,6 +519,8 @@ def _stage_costs(name: str, samples: list[Any], args: argparse.Namespace) -> dic
     try:
         costs = {
             "jsonl": _cpu_per_row(n, args.rounds, jsonl),
+            "jsonl_loop": _cpu_per_row(n, args.rounds, jsonl_loop),
+            "jsonl_loop_joined": _cpu_per_row(n, args.rounds, jsonl_loop_joined),
             "journal": _cpu_per_row(n, args.rounds, append_journal),
         }
         rows.RowBuffer.add_described = timed("cut", originals[0])  # type: ignore[method-assign]
@@ -540,6 +558,7 @@ def run_breakdown(args: argparse.Namespace) -> int:
             [
                 name,
                 f"{costs['jsonl']:.2f}",
+                f"{costs['jsonl_loop']:.2f} ({costs['jsonl_loop_joined'] / costs['jsonl_loop']:.1f}x less)",
                 f"{costs['journal']:.2f}",
                 f"{costs['convert']:.2f}",
                 f"{costs['cut']:.2f}",
@@ -553,6 +572,7 @@ def run_breakdown(args: argparse.Namespace) -> int:
         [
             "rows",
             "JsonlSink lines + write",
+            "of which on the loop (than lines + join)",
             "sink thread: journal lines + append",
             "writer process: all",
             "of which: cut into columns",

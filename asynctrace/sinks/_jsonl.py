@@ -13,6 +13,7 @@ import orjson
 from .._checks import check_bool, check_int
 from .._records.types import TraceRecord
 from .._runtime.abandon import Backlog, run_sync_daemon
+from ._appends import write_all
 from ._base import Sink
 from ._guard import Guard
 
@@ -76,7 +77,8 @@ class JsonlSink(Sink):
             self._file.close()
         path = self._next_path()
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(path, "ab")  # noqa: SIM115 - closed in close()/_roll()
+        # Unbuffered: each batch goes down in writev calls from the pieces it is given.
+        self._file = open(path, "ab", buffering=0)  # noqa: SIM115 - closed in close()/_roll()
         self.paths.append(path)
         self._in_file = 0
         return self._file
@@ -85,7 +87,7 @@ class JsonlSink(Sink):
         """Write lines given as `per_line` consecutive pieces each (no joined copy is made)."""
         f = self._file or self._roll()
         if self.rotate_every is None:
-            f.writelines(parts)
+            write_all(f.fileno(), parts)
         else:
             lines = len(parts) // per_line
             i = 0
@@ -93,10 +95,9 @@ class JsonlSink(Sink):
                 if self._in_file >= self.rotate_every:
                     f = self._roll()
                 take = min(self.rotate_every - self._in_file, lines - i)
-                f.writelines(parts[i * per_line : (i + take) * per_line])
+                write_all(f.fileno(), parts[i * per_line : (i + take) * per_line])
                 self._in_file += take
                 i += take
-        f.flush()
         if self.fsync:
             os.fsync(f.fileno())
 
@@ -119,7 +120,7 @@ class JsonlSink(Sink):
         )
 
     def _lines(self, records: Sequence[TraceRecord]) -> list[bytes]:
-        """The batch's lines, as one buffer or (when rotating) three pieces a line."""
+        """The batch's lines, three pieces a line."""
         # Three pieces a line: a small header, the sample bytes encoded at submission, and the
         # closing brace. Only the header is made here; the payload is never copied or re-encoded.
         parts: list[bytes] = []
@@ -143,11 +144,8 @@ class JsonlSink(Sink):
             append(b'{"id":' + dumps(r.id) + tail)
             append(r.payload)
             append(b"}\n")
-        if self.rotate_every is None:
-            # One joined buffer (a memcpy, here) makes one write call that releases the GIL for
-            # its whole length; many small writes from the thread would trade the GIL with the
-            # training loop at every buffer flush.
-            parts = [b"".join(parts)]
+        # Not joined here (a copy of the whole batch, on the session's loop): the sink's thread
+        # hands the pieces to writev, which releases the GIL for the whole of each call.
         return parts
 
     async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:

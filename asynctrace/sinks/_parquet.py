@@ -29,6 +29,7 @@ from .._checks import check_bool, check_int
 from .._records.types import TraceRecord
 from .._runtime.abandon import Backlog, run_sync_daemon
 from ..exceptions import PermanentSinkError
+from ._appends import write_all
 from ._base import Sink
 from ._guard import Guard
 from ._parquet_file import FileConverter, journal_ids
@@ -47,7 +48,6 @@ _STEM = re.compile(r"[^A-Za-z0-9._-]+")
 # Errors of the output path itself that no retry fixes: a file where the directory should be.
 _PERMANENT = (errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENAMETOOLONG, errno.ELOOP)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_IOV_MAX = max(16, min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024))
 # Seconds a closing sink waits for its writer process to exit before it kills it.
 _EXIT_WAIT = 10.0
 
@@ -214,22 +214,6 @@ class _WriterProcess:
 
 
 _Converter = _InThread | _WriterProcess
-
-
-def _write_all(fd: int, parts: Sequence[bytes]) -> None:
-    """Write `parts` in order, in as few `writev` calls as the system allows: no joined copy of
-    the batch is made, and the GIL is released for the whole of each call."""
-    pending: list[bytes | memoryview] = list(parts)
-    i = 0
-    while i < len(pending):
-        written = os.writev(fd, pending[i : i + _IOV_MAX])
-        while written and i < len(pending):
-            size = len(pending[i])
-            if written < size:  # a short write: on from where it stopped
-                pending[i] = memoryview(pending[i])[written:]
-                break
-            written -= size
-            i += 1
 
 
 def _fsync_dir(path: Path) -> None:
@@ -551,7 +535,7 @@ class ParquetSink(Sink):
         start = os.lseek(journal, 0, os.SEEK_END)
         count, size = self._count, self._bytes
         try:
-            _write_all(journal, parts)
+            write_all(journal, parts)
             if self.fsync:
                 os.fsync(journal)
             self._count += len(records)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from asynctrace._records.types import TraceRecord
-from asynctrace.sinks import _parquet as parquet
+from asynctrace.sinks import _appends as appends
 from asynctrace.sinks import _parquet_rows as rows
 
 
@@ -45,12 +45,12 @@ def test_a_batch_is_written_whole_from_its_pieces(
                     break
             return writev(fd, out)
 
-        monkeypatch.setattr(parquet.os, "writev", short)
+        monkeypatch.setattr(appends.os, "writev", short)
     path = tmp_path / "journal"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
         os.write(fd, b"before\n")
-        parquet._write_all(fd, parts)
+        appends.write_all(fd, parts)
     finally:
         os.close(fd)
     assert path.read_bytes() == b"before\n" + joined
