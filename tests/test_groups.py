@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import enum
 import math
+from typing import Any
 
-from asynctrace._records.groups import GroupSummary, group_of
+import torch
+
+import asynctrace as at
+from asynctrace._records.encode import encode_sample
+from asynctrace._records.groups import DEFAULT_GROUP_KEYS, GroupSummary, group_of, payload_group
+from asynctrace.testing import MemorySink
 from tests._groups import summarize_groups
 
 
@@ -29,3 +36,52 @@ def test_summary_counts_zero_spread_groups() -> None:
     assert summary.groups == 3 and summary.zero_spread == 2
     assert math.isclose(summary.mean_spread, 0.5 / 3)
     assert summarize_groups({}) == GroupSummary(0, 0, 0.0)
+
+
+class _Prompt(enum.Enum):
+    A = 0
+    B = 1
+
+
+def test_a_group_named_by_a_tensor_or_an_enum_is_the_group_its_payload_names() -> None:
+    """A 0-d tensor, a numpy scalar or an enum member names the group its encoded value names,
+    before encoding as after (a tensor is hashed by identity: read as it is, each sample would
+    be a group of its own)."""
+    import numpy as np
+
+    for value, expected in ((torch.tensor(3), 3), (np.int64(3), 3), (np.array(3), 3), (_Prompt.B, 1)):
+        meta = {"prompt_index": value}
+        assert group_of(meta) == expected
+        payload = encode_sample({"prompt": "q", "response": "r", "metadata": meta}, 0)[0]
+        assert payload_group(payload, DEFAULT_GROUP_KEYS) == expected
+    assert group_of({"prompt_index": (torch.tensor(1), "a")}) == (1, "a")
+
+
+def _written(ids: list[Any], watch: at.Watch | None = None) -> list[float]:
+    sink = MemorySink()
+    rows = [
+        {"prompt": f"q{i}", "response": "r", "reward": r, "metadata": {"prompt_index": ids[i]}}
+        for i, r in enumerate([0.0, 10.0, 4.0, 4.0])
+    ]
+    with at.TraceSession(
+        "p",
+        sinks=[sink],
+        max_traces_per_step=2,
+        sampler=at.GroupSampler("top", group_size=2),
+        watch=watch,
+        health_metrics=False,
+    ) as session:
+        session.log_samples(rows, step=0)
+    return sorted(float(r.sample.metadata["reward"]) for r in sink.records)
+
+
+def test_the_group_sampler_and_the_watch_read_tensor_and_enum_prompt_ids() -> None:
+    """Prompt ids given as `batch["index"][i]` (0-d tensors) or enum members form the same groups
+    as plain ints: the best group by mean (rewards 0 and 10) is written whole; a watch on the id
+    finds its samples."""
+    assert _written([0, 0, 1, 1]) == [0.0, 10.0]
+    assert _written([torch.tensor(i) for i in (0, 0, 1, 1)]) == [0.0, 10.0]
+    assert _written([_Prompt.A, 0, _Prompt.B, 1]) == [0.0, 10.0]
+    # Watched: group 1 passes the cap whole, as well as the pick.
+    watched = at.Watch(ids=[_Prompt.B])
+    assert _written([torch.tensor(i) for i in (0, 0, 1, 1)], watched) == [0.0, 4.0, 4.0, 10.0]

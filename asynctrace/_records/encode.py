@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -11,6 +10,7 @@ import orjson
 
 from .._security import describe, shown
 from ..exceptions import RecordError
+from .coerce import DUMPS_OPTIONS, coerce
 from .groups import GroupKey, GroupKeyError, group_of
 from .tokens import encode_token_fields
 from .types import Sample, SampleLike, finite_or_none
@@ -25,7 +25,6 @@ __all__ = [
     "sample_from",
 ]
 
-_DUMPS_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 _NO_LIMIT = float("inf")
 _dumps = orjson.dumps
 _isfinite = math.isfinite
@@ -34,42 +33,9 @@ _RESERVED_MAPPING_KEYS = frozenset({"messages", "prompt", "response", "spans", "
 RESERVED_KEYS = _RESERVED_MAPPING_KEYS
 
 
-def _coerce(obj: Any) -> Any:
-    """orjson `default`: coerce values whose JSON meaning is unambiguous; refuse everything else."""
-    module = type(obj).__module__
-    if module == "numpy":
-        if getattr(obj, "ndim", None) == 0:
-            # orjson writes numpy arrays and scalars, but not a 0-d array (what np.asarray(x)
-            # or a reduction with keepdims gives): it is a scalar, as a 0-d torch tensor is.
-            value = obj.item()
-            if isinstance(value, complex) or getattr(getattr(obj, "dtype", None), "kind", "") == "c":
-                raise TypeError(f"complex number {value!r} has no JSON form")
-            if type(value).__module__ == "numpy":  # longdouble: no Python type holds it
-                return float(value)
-            return value
-        tolist = getattr(obj, "tolist", None)
-        if callable(tolist):
-            # orjson writes C-contiguous arrays of native types only: a column view, a
-            # transposed or a longdouble array arrives here.
-            return tolist()
-    if module.startswith("torch"):
-        dim = getattr(obj, "dim", None)
-        if callable(dim) and dim() == 0:
-            return obj.item()
-        if callable(dim):
-            raise TypeError(
-                f"torch tensor of shape {tuple(obj.shape)} is not a scalar; convert it with .tolist()"
-            )
-    if isinstance(obj, os.PathLike):
-        return os.fspath(obj)
-    if isinstance(obj, (set, frozenset)):
-        raise TypeError(f"{type(obj).__name__} has no order; pass a list")
-    raise TypeError(f"Type is not JSON serializable: {type(obj).__name__}")
-
-
 def _json_ok(value: Any) -> str | None:
     try:
-        orjson.dumps(value, default=_coerce, option=_DUMPS_OPTIONS)
+        orjson.dumps(value, default=coerce, option=DUMPS_OPTIONS)
     except TypeError as exc:
         return str(exc)
     return None
@@ -94,7 +60,7 @@ def _find_bad_path(value: Any, path: str, depth: int = 0) -> tuple[str, str]:
     if not isinstance(value, (Mapping, list, tuple, str, int, float)):
         # orjson reports only the type; our coercion knows why (e.g. a tensor's shape).
         try:
-            _coerce(value)
+            coerce(value)
         except TypeError as exc:
             reason = str(exc)
     return path, reason
@@ -217,7 +183,7 @@ def _encode_body(body: dict[str, Any], index: int) -> bytes:
         # orjson's result keeps its growth buffer (16 KiB held for a 2.5 KB sample), and a
         # queued payload lives until written: an exact-size copy keeps the byte bound true to
         # memory.
-        return bytes(memoryview(orjson.dumps(body, default=_coerce, option=_DUMPS_OPTIONS)))
+        return bytes(memoryview(orjson.dumps(body, default=coerce, option=DUMPS_OPTIONS)))
     except TypeError as exc:
         path, reason = _find_bad_path(body, "")
         raise RecordError(f"sample {index}: {path or '<sample>'}: {reason}", index=index, path=path) from exc
@@ -360,7 +326,7 @@ def encode_samples(
                     try:
                         payload = bytes(
                             memoryview(
-                                _dumps({"messages": messages, "metadata": metadata}, _coerce, _DUMPS_OPTIONS)
+                                _dumps({"messages": messages, "metadata": metadata}, coerce, DUMPS_OPTIONS)
                             )
                         )
                     except TypeError:

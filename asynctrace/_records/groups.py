@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from .._security import describe
+from .coerce import json_form
 
 __all__ = [
     "DEFAULT_GROUP_KEYS",
@@ -51,14 +52,16 @@ def group_value(value: Any, path: str) -> Hashable:
     """`value` as a group name; `GroupKeyError` naming `path` when it cannot be one."""
     if type(value) is str or type(value) is int:
         return value
-    if isinstance(value, (list, tuple)):
-        value = _frozen(value)
+    kind = type(value).__name__
     try:
+        # The name as the payload will hold it: a 0-d tensor is hashed by its identity, an enum
+        # member differs from its value, so read as they are, every sample of a group given
+        # `batch["index"][i]` would be a group of its own here and one group read back.
+        value = _frozen(json_form(value))
         hash(value)
     except TypeError:
         raise GroupKeyError(
-            f"a {type(value).__name__} cannot name a prompt group; give a str, an int or a list of them",
-            path,
+            f"a {kind} cannot name a prompt group; give a str, an int or a list of them", path
         ) from None
     return value  # type: ignore[no-any-return]
 

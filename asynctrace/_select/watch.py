@@ -9,7 +9,7 @@ from typing import Any
 
 from .._checks import check_int
 from .._records.encode import sample_from
-from .._records.groups import GroupKey, group_of
+from .._records.groups import GroupKey, group_of, group_value
 from .._records.types import Sample
 from .._security import shown
 
@@ -41,7 +41,9 @@ class Watch:
         if isinstance(self.ids, (str, bytes)) or not isinstance(self.ids, Collection):
             raise ValueError(f"Watch ids must be a collection of prompt ids, got {shown(self.ids)}")
         try:
-            ids = frozenset(tuple(i) if isinstance(i, list) else i for i in self.ids)
+            # Read as a sample's prompt id is read (`group_value`), so that an id given as an
+            # enum member, a tensor or a list finds the samples that name it.
+            ids = frozenset(group_value(i, "ids") for i in self.ids)
         except TypeError:
             raise ValueError(f"Watch ids must be hashable (str, int, tuple), got {shown(self.ids)}") from None
         if self.predicate is not None and not callable(self.predicate):
