@@ -27,6 +27,7 @@ import orjson
 
 from .._checks import check_bool, check_int
 from .._records.types import TraceRecord
+from .._runtime import forks
 from .._runtime.abandon import Backlog, run_sync_daemon
 from ..exceptions import PermanentSinkError
 from ._base import Sink
@@ -88,6 +89,9 @@ class _InThread:
 
     def close(self) -> None:
         self._converter.reset()
+
+    def forget(self) -> None:
+        pass  # it holds no lock and keeps no other process waiting
 
 
 def _worker_env() -> dict[str, str]:
@@ -200,6 +204,10 @@ class _WriterProcess:
         self._send({"op": "reset"})
         self._drain(wait=True)
         self._failure = None  # what failed is dropped with the file
+
+    def forget(self) -> None:
+        """In a forked child: close the child's copy of the socket (the parent's stays connected)."""
+        self._socket.close()
 
     def close(self) -> None:
         """End of input: the process exits; killed when it does not in time."""
@@ -470,6 +478,7 @@ class ParquetSink(Sink):
                 os.close(journal)
                 raise
             self._journal = journal
+            forks.hold(self, self._after_fork_in_child)
         except OSError as exc:
             raise _permanent(exc, self.directory) or exc from exc
 
@@ -601,6 +610,7 @@ class ParquetSink(Sink):
     def _close_journal(self) -> None:
         journal, self._journal = self._journal, None
         converter = self._converter
+        forks.release(self)
         try:
             if journal is None:
                 return
@@ -619,6 +629,17 @@ class ParquetSink(Sink):
             self._converter = None
             if converter is not None:
                 converter.close()
+
+    def _after_fork_in_child(self) -> None:
+        # fork shares the journal's open file (so its lock) and the writer's socket: a child outliving
+        # a killed trainer would keep the journal locked against recovery and the writer waiting.
+        # Closing the child's copies leaves the parent's as they are (unlocking would not).
+        journal, self._journal = self._journal, None
+        if journal is not None:
+            with contextlib.suppress(OSError):
+                os.close(journal)
+        if self._converter is not None:
+            self._converter.forget()
 
     # -- threads -----------------------------------------------------------------------------
 

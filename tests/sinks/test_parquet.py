@@ -4,6 +4,7 @@ files only, roll-over, unique names, recovery after SIGKILL and no duplicates af
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import os
 import random
@@ -459,3 +460,64 @@ async def test_one_large_batch_reaches_the_writer_process_whole(tmp_path: Path) 
     await sink.close()
     ids = pq.read_table(tmp_path).column("id").to_pylist()
     assert sorted(ids) == sorted(f"big-{i}" for i in range(30_000))
+
+
+def _unlocked(path: Path, within: float = 10.0) -> bool:
+    """Whether `path` can be locked (no live sink holds it) within `within` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        with open(path, "rb") as f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True  # closing `f` lets go of it again
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    return False
+        time.sleep(0.02)
+
+
+def _ended(pid: int, within: float = 10.0) -> bool:
+    """Whether process `pid` exits within `within` seconds (a zombie nobody reaps has exited)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_forked_child_keeps_neither_the_journal_nor_the_writer_of_a_killed_trainer(tmp_path: Path) -> None:
+    """A child forked by the trainer (a DataLoader worker) holds no copy of the journal, so when
+    the trainer is SIGKILLed its journal is recovered at once and its writer process exits, while
+    the child lives on."""
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "tests.sinks._parquet_child", "fork-then-killed", str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    printed: dict[str, int] = {}
+    try:
+        assert trainer.stdout is not None
+        while len(printed) < 3 and (line := trainer.stdout.readline()):
+            name, value = line.split()
+            printed[name] = int(value)
+        assert trainer.wait(60) == -signal.SIGKILL and len(printed) == 3, printed
+        holder = psutil.Process(printed["HOLDER"])
+        (journal,) = tmp_path.glob(".*.journal")
+        assert _unlocked(journal, within=0.5), "the journal stays locked while the child lives"
+        assert _ended(printed["WRITER"]), "the writer process waits on the child's copy of its socket"
+        assert printed["HOLDS"] == 0, "the child has the journal open"
+        assert holder.is_running(), "the child was to outlive the trainer"
+        assert at.ParquetSink(tmp_path).finalize_journals() == 30
+        ids = pq.read_table(tmp_path).column("id").to_pylist()
+        assert len(ids) == len(set(ids)) == 30
+    finally:
+        trainer.kill()
+        for pid in (printed.get("HOLDER"), printed.get("WRITER")):
+            if pid is not None:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    psutil.Process(pid).kill()
