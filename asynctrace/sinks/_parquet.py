@@ -75,7 +75,7 @@ class _InThread:
     def start(self, out: int, journal: int, offset: int) -> None:
         self._converter.start(out, journal, offset)
 
-    def append(self, start: int, end: int, layout: dict[str, Any]) -> None:
+    def append(self, start: int, end: int, layout: dict[str, Any] | None) -> None:
         self._converter.append(end, layout=layout, start=start)
 
     def finish(self) -> int:
@@ -198,7 +198,7 @@ class _WriterProcess:
             os.close(out)
             os.close(journal)
 
-    def append(self, start: int, end: int, layout: dict[str, Any]) -> None:
+    def append(self, start: int, end: int, layout: dict[str, Any] | None) -> None:
         self._send({"op": "append", "start": start, "end": end, "layout": layout})
 
     def finish(self) -> int:
@@ -502,9 +502,9 @@ class ParquetSink(Sink):
             return _WriterProcess(self.compression_level)
         return _InThread(self.compression_level)
 
-    def _convert(self, start: int, end: int, layout: dict[str, Any]) -> None:
+    def _convert(self, start: int, end: int, layout: dict[str, Any] | None) -> None:
         """The journal's lines up to `end` into the open file, which is started first if need be
-        (`layout`: that of the batch written from `start` on)."""
+        (`layout`: that of the batch written from `start` on, if known)."""
         assert self.stem is not None
         if self._converter is None:
             self._converter = self._new_converter()
@@ -631,6 +631,8 @@ class ParquetSink(Sink):
             try:
                 if self._count and self._gave_up:
                     raise RuntimeError("ParquetSink: closing was given up on")
+                if self._count and self._temporary is None:  # a failed write dropped the file
+                    self._convert(self._base, os.lseek(journal, 0, os.SEEK_END), None)
                 if self._count:
                     self._roll()
             except BaseException:
@@ -658,8 +660,7 @@ class ParquetSink(Sink):
             self._converter.forget()
 
     def _give_up(self) -> str:
-        """Close is given up on: the writer process is killed, so that a call waiting on it fails
-        and lets go of the journal; what the journal holds is then left for recovery."""
+        """Kill the writer process: a call waiting on it fails and lets go of the journal."""
         self._gave_up = True
         converter = self._converter
         said = converter.stop() if converter is not None else "no writer process was running"

@@ -590,3 +590,22 @@ async def test_a_close_behind_a_stuck_write_lets_go_of_the_journal(tmp_path: Pat
     finally:
         for process in _writer_processes():
             process.kill()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_close_after_a_failed_last_write_still_makes_the_last_file(tmp_path: Path) -> None:
+    """The last write failed (its writer process killed) and dropped the open file: closing starts
+    it again from the journal and names it, holding the records written before, and nothing else."""
+    sink = at.ParquetSink(tmp_path)
+    sink.bind("p", "r")
+    await sink.open()
+    await sink.write([_record(f"w-{i}") for i in range(5)])
+    (writer,) = _writer_processes()
+    writer.kill()
+    writer.wait(30)
+    with pytest.raises(RuntimeError, match="writer process exited"):
+        await sink.write([_record(f"x-{i}") for i in range(5)])
+    await sink.close()
+    assert sorted(pq.read_table(tmp_path).column("id").to_pylist()) == [f"w-{i}" for i in range(5)]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert not _writer_processes()
