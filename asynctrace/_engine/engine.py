@@ -186,8 +186,9 @@ class Engine:
         life.drain_scope = None
         assert self.writer is not None
         left = await after_drain(life, self.writer, self.intake.until_queued, self.spool, self.buffer)
-        await close_sinks(self.sinks, self.sink_names, left)
-        if self.spool is not None:
+        closed = await close_sinks(self.sinks, self.sink_names, left)
+        if self.spool is not None and closed:
+            # Otherwise `recover` still needs the sinks, to finish what a close left undone.
             self.spool.forget_setup()
         stats = self.stats()
         report_finish(stats, self.spool, drained, life.budget)

@@ -96,21 +96,27 @@ async def after_drain(
     return max(life.deadline - anyio.current_time(), close_grace(life.budget))
 
 
-async def close_sinks(sinks: Sequence[Sink], names: Sequence[str], budget: float) -> None:
-    """Close every sink at once, each within `budget` seconds."""
+async def close_sinks(sinks: Sequence[Sink], names: Sequence[str], budget: float) -> bool:
+    """Close every sink at once, each within `budget` seconds; whether every one closed cleanly
+    (a close that failed or ran out of time may have left something for `asynctrace recover`,
+    such as a `ParquetSink`'s journal)."""
+    failed: list[str] = []
     async with anyio.create_task_group() as tg:
         for sink, name in zip(sinks, names, strict=True):
-            tg.start_soon(_close_sink, sink, name, budget)
+            tg.start_soon(_close_sink, sink, name, budget, failed)
+    return not failed
 
 
-async def _close_sink(sink: Sink, name: str, budget: float) -> None:
+async def _close_sink(sink: Sink, name: str, budget: float, failed: list[str]) -> None:
     with anyio.move_on_after(budget) as scope:
         try:
             # A close that ignores its cancel is left running on its own at the deadline.
             await call_abandonable(sink.close, grace=0.0)
         except Exception as exc:
+            failed.append(name)
             logger.error("asynctrace: closing sink %r failed: %s", name, describe(exc))
     if scope.cancelled_caught:
+        failed.append(name)
         logger.error("asynctrace: closing sink %r did not finish within %.1fs", name, budget)
 
 

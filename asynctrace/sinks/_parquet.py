@@ -27,7 +27,9 @@ import orjson
 
 from .._checks import check_bool, check_int
 from .._records.types import TraceRecord
+from .._runtime import forks
 from .._runtime.abandon import Backlog, run_sync_daemon
+from .._security import logger
 from ..exceptions import PermanentSinkError
 from ._appends import write_all
 from ._base import Sink
@@ -50,6 +52,8 @@ _PERMANENT = (errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENAMETOOLONG, err
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 # Seconds a closing sink waits for its writer process to exit before it kills it.
 _EXIT_WAIT = 10.0
+# What a close given up on leaves (the journal's path).
+_LEFT = "records not in a file by then stay in {} for the next ParquetSink there or `asynctrace recover`"
 
 
 def _has_pyarrow() -> None:
@@ -71,7 +75,7 @@ class _InThread:
     def start(self, out: int, journal: int, offset: int) -> None:
         self._converter.start(out, journal, offset)
 
-    def append(self, start: int, end: int, layout: dict[str, Any]) -> None:
+    def append(self, start: int, end: int, layout: dict[str, Any] | None) -> None:
         self._converter.append(end, layout=layout, start=start)
 
     def finish(self) -> int:
@@ -88,6 +92,13 @@ class _InThread:
 
     def close(self) -> None:
         self._converter.reset()
+
+    def stop(self) -> str:
+        # Its work is the sink's own thread's: bounded by the journal, waiting on no one.
+        return "its thread goes on with the file"
+
+    def forget(self) -> None:
+        pass  # it holds no lock and keeps no other process waiting
 
 
 def _worker_env() -> dict[str, str]:
@@ -187,7 +198,7 @@ class _WriterProcess:
             os.close(out)
             os.close(journal)
 
-    def append(self, start: int, end: int, layout: dict[str, Any]) -> None:
+    def append(self, start: int, end: int, layout: dict[str, Any] | None) -> None:
         self._send({"op": "append", "start": start, "end": end, "layout": layout})
 
     def finish(self) -> int:
@@ -200,6 +211,16 @@ class _WriterProcess:
         self._send({"op": "reset"})
         self._drain(wait=True)
         self._failure = None  # what failed is dropped with the file
+
+    def stop(self) -> str:
+        """Kill the process (from any thread): a call waiting on it fails at once."""
+        with contextlib.suppress(OSError):
+            self._process.kill()
+        return "its writer process is killed"
+
+    def forget(self) -> None:
+        """In a forked child: close the child's copy of the socket (the parent's stays connected)."""
+        self._socket.close()
 
     def close(self) -> None:
         """End of input: the process exits; killed when it does not in time."""
@@ -307,6 +328,8 @@ class ParquetSink(Sink):
         # not write (the next sink recovers them), so any error of that release is dropped.
         self._guarded = Guard("ParquetSink", self._close_journal, Exception)
         self._backlog = Backlog("ParquetSink")
+        self._released = False  # the journal's descriptor closed, by close or the last call out
+        self._gave_up = False  # close was given up on: the journal is left for recovery
 
     def bind(self, project: str, run: str) -> None:
         if self.stem is None:
@@ -454,6 +477,7 @@ class ParquetSink(Sink):
                 os.close(journal)
                 raise
             self._journal = journal
+            forks.hold(self, self._after_fork_in_child)
         except OSError as exc:
             raise _permanent(exc, self.directory) or exc from exc
 
@@ -462,9 +486,9 @@ class ParquetSink(Sink):
             return _WriterProcess(self.compression_level)
         return _InThread(self.compression_level)
 
-    def _convert(self, start: int, end: int, layout: dict[str, Any]) -> None:
+    def _convert(self, start: int, end: int, layout: dict[str, Any] | None) -> None:
         """The journal's lines up to `end` into the open file, which is started first if need be
-        (`layout`: that of the batch written from `start` on)."""
+        (`layout`: that of the batch written from `start` on, if known)."""
         assert self.stem is not None
         if self._converter is None:
             self._converter = self._new_converter()
@@ -584,25 +608,47 @@ class ParquetSink(Sink):
 
     def _close_journal(self) -> None:
         journal, self._journal = self._journal, None
-        converter = self._converter
+        forks.release(self)
         try:
             if journal is None:
                 return
             try:
+                if self._count and self._gave_up:
+                    raise RuntimeError("ParquetSink: closing was given up on")
+                if self._count and self._temporary is None:  # a failed write dropped the file
+                    self._convert(self._base, os.lseek(journal, 0, os.SEEK_END), None)
                 if self._count:
                     self._roll()
             except BaseException:
                 self._discard()  # the journal keeps the records: the next sink recovers them
                 raise
-            path = self.directory / f".{self.stem}{_JOURNAL}"
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+                os.unlink(self.directory / f".{self.stem}{_JOURNAL}")
         finally:
             if journal is not None:
                 os.close(journal)
-            self._converter = None
+            converter, self._converter = self._converter, None
             if converter is not None:
                 converter.close()
+            self._released = True
+
+    def _after_fork_in_child(self) -> None:
+        # fork shares the journal's open file (so its lock) and the writer's socket: a child outliving
+        # a killed trainer would keep the journal locked against recovery and the writer waiting.
+        # Closing the child's copies leaves the parent's as they are (unlocking would not).
+        journal, self._journal = self._journal, None
+        if journal is not None:
+            with contextlib.suppress(OSError):
+                os.close(journal)
+        if self._converter is not None:
+            self._converter.forget()
+
+    def _give_up(self) -> str:
+        """Kill the writer process: a call waiting on it fails and lets go of the journal."""
+        self._gave_up = True
+        converter = self._converter
+        said = converter.stop() if converter is not None else "no writer process was running"
+        return f"{said}; {_LEFT.format(self.directory / f'.{self.stem}{_JOURNAL}')}"
 
     # -- threads -----------------------------------------------------------------------------
 
@@ -613,4 +659,11 @@ class ParquetSink(Sink):
         await run_sync_daemon(self._guarded, self._write, records, backlog=self._backlog)
 
     async def close(self) -> None:
-        await run_sync_daemon(self._guarded.close)
+        try:
+            await run_sync_daemon(self._guarded.close)
+        except BaseException:
+            if not self._released:  # cancelled at the session's close deadline
+                logger.error("ParquetSink: closing was given up on; %s", self._give_up())
+            raise
+        if not self._released:  # a call given up on earlier is still out (it releases)
+            raise RuntimeError(f"ParquetSink: closed with a call still out; {self._give_up()}")

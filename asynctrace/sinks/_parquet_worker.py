@@ -7,7 +7,7 @@ file to write and the journal to read, both opened by the sink); each gets one J
 The sink sends requests without waiting; they are answered in order, after a first line saying
 the process is ready (pyarrow imported). The process never creates, names or deletes a file:
 what it leaves behind when its sink is killed is a temporary the next sink deletes. It exits at
-end of input (its sink closed or died).
+end of input (its sink closed or died); a sink whose close is given up on kills it.
 """
 
 from __future__ import annotations

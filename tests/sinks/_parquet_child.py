@@ -7,6 +7,9 @@
   to 100 a file, then SIGKILLs itself: they are in its journal only.
 - ``stream DIR NAME``: writes batches of 10 records (``NAME-0`` ...) straight to a sink that rolls
   a file every 20 records, printing ``WRITTEN <n>`` after each write returns, until it is killed.
+- ``fork-then-killed DIR``: a session logs 30 samples to a sink (its writer in a process),
+  forks a child that sleeps, and SIGKILLs itself. It prints ``WRITER <pid>``, ``HOLDER <pid>``
+  and, from the child, ``HOLDS <n>``: how many descriptors on the journal the child has.
 - ``disk-full DIR``: a write the file-size limit refuses (RLIMIT_FSIZE: EFBIG, as a full disk's
   ENOSPC), then the same write again without the limit; prints ``refused <errno>`` and whether
   the archive then holds the ten records exactly once.
@@ -14,13 +17,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import signal
 import sys
 import time
+from pathlib import Path
 
 import anyio
+import psutil
 import pyarrow.parquet as pq
 
 import asynctrace as at
@@ -70,6 +76,33 @@ async def stream(directory: str, name: str) -> None:
         print(f"WRITTEN {written}", flush=True)
 
 
+def _say(line: str) -> None:
+    """One line in one write: the trainer and its forked child share stdout."""
+    os.write(1, f"{line}\n".encode())
+
+
+async def fork_then_killed(directory: str) -> None:
+    async with at.TraceSession("p", run="forked", sinks=[at.ParquetSink(directory)]) as session:
+        await session.log_samples([sample(i) for i in range(30)], step=0)
+        assert await session.flush(timeout=60)
+        (writer,) = [p for p in psutil.Process().children() if "_parquet_worker" in " ".join(p.cmdline())]
+        _say(f"WRITER {writer.pid}")
+        (journal,) = [str(p) for p in Path(directory).glob(".*.journal")]
+        pid = os.fork()
+        if pid == 0:
+            held = 0
+            for name in os.listdir("/proc/self/fd"):
+                with contextlib.suppress(OSError):
+                    held += os.readlink(f"/proc/self/fd/{name}") == journal
+            _say(f"HOLDS {held}")
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+            time.sleep(30)
+            os._exit(0)
+        _say(f"HOLDER {pid}")
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 async def disk_full(directory: str) -> None:
     sink = await _open(directory, 10)
     records = [_record(f"x-{i}", pad=5000) for i in range(10)]
@@ -94,5 +127,6 @@ if __name__ == "__main__":
         "killed-after-write": killed_after_write,
         "disk-full": disk_full,
         "stream": stream,
+        "fork-then-killed": fork_then_killed,
     }
     anyio.run(modes[sys.argv[1]], *sys.argv[2:])

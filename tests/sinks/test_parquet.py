@@ -4,7 +4,9 @@ files only, roll-over, unique names, recovery after SIGKILL and no duplicates af
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
+import logging
 import os
 import random
 import signal
@@ -24,6 +26,7 @@ import pytest
 
 import asynctrace as at
 from asynctrace._records.types import TraceRecord
+from asynctrace._runtime.lifecycle import finish_bound
 from tests._util import sample
 from tests.sinks._contract import CONTRACT, RETRY, Backend, run_contract
 from tests.sinks.test_files import _stalled_fifo
@@ -459,3 +462,150 @@ async def test_one_large_batch_reaches_the_writer_process_whole(tmp_path: Path) 
     await sink.close()
     ids = pq.read_table(tmp_path).column("id").to_pylist()
     assert sorted(ids) == sorted(f"big-{i}" for i in range(30_000))
+
+
+def _unlocked(path: Path, within: float = 10.0) -> bool:
+    """Whether `path` can be locked (no live sink holds it) within `within` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        with open(path, "rb") as f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True  # closing `f` lets go of it again
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    return False
+        time.sleep(0.02)
+
+
+def _ended(pid: int, within: float = 10.0) -> bool:
+    """Whether process `pid` exits within `within` seconds (a zombie nobody reaps has exited)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_forked_child_keeps_neither_the_journal_nor_the_writer_of_a_killed_trainer(tmp_path: Path) -> None:
+    """A child forked by the trainer (a DataLoader worker) holds no copy of the journal, so when
+    the trainer is SIGKILLed its journal is recovered at once and its writer process exits, while
+    the child lives on."""
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "tests.sinks._parquet_child", "fork-then-killed", str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    printed: dict[str, int] = {}
+    try:
+        assert trainer.stdout is not None
+        while len(printed) < 3 and (line := trainer.stdout.readline()):
+            name, value = line.split()
+            printed[name] = int(value)
+        assert trainer.wait(60) == -signal.SIGKILL and len(printed) == 3, printed
+        holder = psutil.Process(printed["HOLDER"])
+        (journal,) = tmp_path.glob(".*.journal")
+        assert _unlocked(journal, within=0.5), "the journal stays locked while the child lives"
+        assert _ended(printed["WRITER"]), "the writer process waits on the child's copy of its socket"
+        assert printed["HOLDS"] == 0, "the child has the journal open"
+        assert holder.is_running(), "the child was to outlive the trainer"
+        assert at.ParquetSink(tmp_path).finalize_journals() == 30
+        ids = pq.read_table(tmp_path).column("id").to_pylist()
+        assert len(ids) == len(set(ids)) == 30
+    finally:
+        trainer.kill()
+        for pid in (printed.get("HOLDER"), printed.get("WRITER")):
+            if pid is not None:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    psutil.Process(pid).kill()
+
+
+async def test_a_close_past_its_deadline_leaves_the_journal_to_recover(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A writer process that stops answering (SIGSTOP) holds the last file past finish()'s
+    deadline: finish() returns on time with honest counts, the writer is killed, the journal is let
+    go of, and `recover` on the spool turns it into a file holding every record once."""
+    from asynctrace._recover import recover
+
+    archive, spool = tmp_path / "archive", tmp_path / "spool"
+    memory = at.testing.MemorySink("memory")
+    sink = at.ParquetSink(archive)
+    try:
+        async with at.TraceSession("p", run="r", sinks=[sink, memory], spool_dir=spool) as s:
+            await s.log_samples([sample(i) for i in range(50)], step=0)
+            assert await s.flush(timeout=60)
+            (writer,) = _writer_processes()
+            writer.suspend()
+            started = time.monotonic()
+            with caplog.at_level(logging.ERROR, logger="asynctrace"):
+                stats = await s.finish(timeout=0.5)
+            assert time.monotonic() - started < finish_bound(0.5) + 5.0
+        assert stats.check() and stats.written == 50 and stats.sinks[sink.name].written == 50, stats
+        (journal,) = archive.glob(".*.journal")
+        assert f"writer process is killed; records not in a file by then stay in {journal}" in caplog.text
+        assert _ended(writer.pid), "the stopped writer process is left running"
+        assert _unlocked(journal), "the journal stays locked in this process"
+        report = await recover(spool, progress=False)
+        assert report.finalized == 50, report
+        ids = pq.read_table(archive).column("id").to_pylist()
+        assert sorted(ids) == sorted(r.id for r in memory.records)
+        assert not [p for p in archive.iterdir() if p.name.startswith(".")]
+        assert not list(spool.glob("setup-*.json"))
+    finally:
+        for process in _writer_processes():
+            process.kill()
+
+
+async def test_a_close_behind_a_stuck_write_lets_go_of_the_journal(tmp_path: Path) -> None:
+    """A write given up on while it waits for a stopped writer process is still out at close:
+    close says so, kills the writer, and the journal, with the written records only, is left
+    to the next sink."""
+    sink = at.ParquetSink(tmp_path, max_records=10)
+    sink.bind("p", "r")
+    try:
+        await sink.open()
+        await sink.write([_record(f"w-{i}") for i in range(5)])
+        (writer,) = _writer_processes()
+        writer.suspend()
+        (journal,) = tmp_path.glob(".*.journal")
+        size = journal.stat().st_size
+        with anyio.move_on_after(0.3) as scope:
+            await sink.write([_record(f"x-{i}") for i in range(5)])  # the 10th record: a roll
+        assert scope.cancelled_caught
+        with anyio.fail_after(30):
+            while journal.stat().st_size == size:  # the write is under way: it waits for the roll
+                await anyio.sleep(0.01)
+        with pytest.raises(RuntimeError, match="call still out"):
+            await sink.close()
+        assert _ended(writer.pid), "the stopped writer process is left running"
+        assert _unlocked(journal), "the journal stays locked in this process"
+        assert at.ParquetSink(tmp_path).finalize_journals() == 5
+        assert sorted(pq.read_table(tmp_path).column("id").to_pylist()) == [f"w-{i}" for i in range(5)]
+    finally:
+        for process in _writer_processes():
+            process.kill()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_close_after_a_failed_last_write_still_makes_the_last_file(tmp_path: Path) -> None:
+    """The last write failed (its writer process killed) and dropped the open file: closing starts
+    it again from the journal and names it, holding the records written before, and nothing else."""
+    sink = at.ParquetSink(tmp_path)
+    sink.bind("p", "r")
+    await sink.open()
+    await sink.write([_record(f"w-{i}") for i in range(5)])
+    (writer,) = _writer_processes()
+    writer.kill()
+    writer.wait(30)
+    with pytest.raises(RuntimeError, match="writer process exited"):
+        await sink.write([_record(f"x-{i}") for i in range(5)])
+    await sink.close()
+    assert sorted(pq.read_table(tmp_path).column("id").to_pylist()) == [f"w-{i}" for i in range(5)]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert not _writer_processes()
