@@ -96,7 +96,6 @@ class Spool:
         self._secrets_at = -math.inf
         self._secret_bytes: list[bytes] = []
         self.closed = False
-        self._state_at: int | None = None  # this session's newest file with tier lines
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -302,7 +301,6 @@ class Spool:
                 active.deps.update(deps)
                 if tiers:
                     active.tiers = True
-                    self._state_at = active.index
         for r in done:
             where = r.spool_slot
             if where is not None and where >= 0:
@@ -360,7 +358,6 @@ class Spool:
             self._active = f
             if state:
                 f.tiers = True
-                self._state_at = f.index
         else:
             self._dead = f
         return f

@@ -37,15 +37,14 @@ def group_key_of(sampler: Sampler) -> GroupKey | None:
 
 class PartStep:
     """One part's selection of one (split, step): O(k) entries at most, with their payloads;
-    `part` is the part number it selects as, `last_seen` when it was last offered samples.
+    `part` is the part number it selects as.
     `watched`: the samples this part's watch list passed by the selection (see `grant_watched`)."""
 
-    __slots__ = ("kept", "last_seen", "nbytes", "offered", "part", "selection", "watched")
+    __slots__ = ("kept", "nbytes", "offered", "part", "selection", "watched")
 
-    def __init__(self, selection: StepSelection, part: int = 0, now: float = 0.0) -> None:
+    def __init__(self, selection: StepSelection, part: int = 0) -> None:
         self.selection = selection
         self.part = part
-        self.last_seen = now
         self.kept: dict[int, tuple[Entry, bytes]] = {}  # by sequence number, in arrival order
         self.watched: list[tuple[Entry, bytes]] = []  # in arrival order
         self.offered = 0
@@ -174,8 +173,7 @@ class PartSteps:
         if opened is None:
             part = self.part + self._rounds.get(key, 0) * ROUND_STRIDE
             selection = self.sampler.new_part_step(split, step, self.k, part)
-            opened = self.open[key] = PartStep(selection, part, now)
-        opened.last_seen = now
+            opened = self.open[key] = PartStep(selection, part)
         before, before_bytes = len(opened.kept), opened.nbytes
         cands = []
         passed = 0

@@ -44,9 +44,6 @@ class StepWindow:
     def is_open(self, split: str, step: int) -> bool:
         return (split, step) in self._seen
 
-    def open_steps(self) -> list[Step]:
-        return list(self._seen)
-
     def behind(self, split: str, step: int) -> int | None:
         """The last step of `split` an arrival for `step` closes, when it closes any not closed yet."""
         upto = step - self.max_open_steps - 1
