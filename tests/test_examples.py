@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,10 +20,13 @@ EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.py") if p.stem not
 @pytest.fixture(scope="module")
 def ran(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, object]]:
     """Run them all once, in one child process (see tests/_examples_runner.py)."""
-    out = tmp_path_factory.mktemp("examples") / "results.json"
+    work = tmp_path_factory.mktemp("examples")
+    out = work / "results.json"
     subprocess.run(
         [sys.executable, "-m", "tests._examples_runner", str(out), *EXAMPLES],
         cwd=ROOT,
+        # The examples' working directories (and what they write there) go under pytest's own.
+        env={**os.environ, "TMPDIR": str(work)},
         timeout=300,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
