@@ -485,6 +485,31 @@ def _make_session(
                 "in mode 'per_rank_stream' the watch list is the session's: give watch= to the "
                 "session from session_factory"
             )
+        if owner.mode == "per_rank_stream":
+            # The rank's session takes every sample itself: the logger's own settings would
+            # never be applied (a redact never run would leave secrets in the traces).
+            given = [
+                name
+                for name, value in (
+                    ("redact", owner.redact),
+                    ("on_invalid", None if owner.on_invalid == "raise" else owner.on_invalid),
+                    ("max_traces_per_step", owner.max_traces_per_step),
+                )
+                if value is not None
+            ]
+            if given:
+                raise ValueError(
+                    f"in mode 'per_rank_stream' the session applies {', '.join(given)}: give "
+                    "them to the session from session_factory, not to DistributedTraceLogger"
+                )
+        elif session.on_invalid != "skip":
+            # The logger validated every sample on its rank; the session counts what it still
+            # rejects (a sample over its max_queue_bytes) instead of raising it out of end_step.
+            raise ValueError(
+                f"in mode {owner.mode!r} the logger validates on every rank and the session counts "
+                "what it still rejects as dropped: build the session from session_factory with "
+                "on_invalid='skip'"
+            )
         return session
     if kwargs.get("sinks") is None:
         init_kwargs = {"group": owner.trackio_group} if owner.trackio_group else None

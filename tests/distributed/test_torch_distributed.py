@@ -528,3 +528,50 @@ def test_an_unhashable_group_key_is_refused_in_the_caller(project: str) -> None:
         stats = logger.stats()
         assert stats.check() and stats.submitted == (0 if on_invalid == "raise" else 4)
         assert len(sink.records) == (0 if on_invalid == "raise" else 3)
+
+
+def _redact(sample: at.Sample) -> at.Sample:
+    return at.Sample(messages=sample.messages, metadata={**sample.metadata, "secret": "***"})
+
+
+def test_a_factory_session_is_refused_where_a_setting_would_go_unapplied(project: str) -> None:
+    """per_rank_stream with session_factory: the logger's redact, on_invalid or cap (which only the
+    session would apply) is a ValueError naming it, never a secret written as logged; global and
+    per_rank: a factory session must count what it still rejects (on_invalid="skip")."""
+    from asynctrace.distributed import DistributedTraceLogger
+
+    def factory(rank: int, run: str) -> at.TraceSession:
+        return at.TraceSession(project, run, sinks=[MemorySink()])
+
+    for given in ({"redact": _redact}, {"on_invalid": "skip"}, {"max_traces_per_step": 2}):
+        name = next(iter(given))
+        with pytest.raises(ValueError, match=f"the session applies {name}"):
+            DistributedTraceLogger(project, "r", mode="per_rank_stream", session_factory=factory, **given)
+    for mode in ("global", "per_rank"):
+        with pytest.raises(ValueError, match="on_invalid='skip'"):
+            DistributedTraceLogger(project, "r", mode=mode, max_traces_per_step=2, session_factory=factory)
+
+
+@pytest.mark.parametrize("mode", ["global", "per_rank"])
+def test_a_factory_session_counts_a_sample_over_its_byte_bound(project: str, mode: str) -> None:
+    """A sample the rank accepted but the writing session's max_queue_bytes refuses is counted
+    "invalid" there, with the step's other samples written; end_step does not raise."""
+    from asynctrace.distributed import DistributedTraceLogger
+
+    sink = MemorySink()
+    logger = DistributedTraceLogger(
+        project,
+        "bytes",
+        mode=mode,  # type: ignore[arg-type]
+        max_traces_per_step=4,
+        redact=_redact,
+        session_factory=lambda rank, run: at.TraceSession(
+            project, run, sinks=[sink], on_invalid="skip", max_queue_bytes=2000
+        ),
+    )
+    logger.log_samples([{"prompt": "x" * 5000, "reward": 1.0}, {"prompt": "y", "reward": 0.5}], step=0)
+    logger.end_step(0)
+    stats = logger.finish(10.0)
+    assert stats.check() and stats.session is not None and stats.session.check()
+    assert stats.session.dropped == {"invalid": 1} and stats.session.written == 1
+    assert [r.sample.metadata["secret"] for r in sink.records] == ["***"]
