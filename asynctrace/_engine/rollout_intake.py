@@ -68,23 +68,25 @@ async def log_rollouts(
     # `rows` picks (and orders) the rows to log, as in decode_rollouts; the cap chooses
     # among those.
     candidates = check_rows(decode_kwargs.pop("rows", None), n)
-    if intake.watch is not None:
-        from ..rollouts import decode_rollouts
-
-        # A watched row may be any row: decode them all and take log_samples' one path, so
-        # the watch, the group metrics and the cap decide as they do for log_samples.
-        every_row = functools.partial(
-            decode_rollouts,
-            input_ids,
-            tokenizer=tokenizer,
-            rewards=rewards,
-            rows=candidates,
-            **decode_kwargs,
-        )
-        return await intake.log(await anyio.to_thread.run_sync(every_row), step, split, None)
-    scores = row_scores(rewards, n)
     decode = functools.partial(_decode_rows, input_ids, tokenizer=tokenizer, rewards=rewards, **decode_kwargs)
     skip = intake.encoder.skip_invalid
+    if intake.watch is not None:
+        # A watched row may be any row: decode them all and take log_samples' one path, so
+        # the watch, the group metrics and the cap decide as they do for log_samples. A row
+        # that cannot be decoded is what it is on the other path: a RecordError naming it, or
+        # with on_invalid="skip" that row alone counted "invalid".
+        decoded, failed = await anyio.to_thread.run_sync(decode, candidates)
+        if failed and not skip:
+            raise failed[next(i for i in candidates if i in failed)]
+        rows = [i for i in candidates if i in decoded]
+        try:
+            accepted = await intake.log([decoded[i] for i in rows], step, split, None)
+        except RecordError as exc:
+            raise renumbered(exc, None if exc.index is None else rows[exc.index]) from None
+        if failed:
+            intake.buffer.count_invalid(len(candidates) - len(rows))
+        return accepted
+    scores = row_scores(rewards, n)
     ranked_by = intake.encoder.score_needed_by
     bad: set[int] = set()  # rows left out as invalid (on_invalid="skip")
     if ranked_by is not None:
