@@ -19,6 +19,7 @@ from .._stats import DropReason
 from ..exceptions import RecordError
 from .buffer import Buffer
 from .encoder import Encoder
+from .group_metrics import GroupMetrics
 
 __all__ = ["RolloutFront", "log_rollouts", "renumbered"]
 
@@ -29,6 +30,7 @@ class RolloutFront(Protocol):
     buffer: Buffer
     encoder: Encoder
     watch: WatchCounter | None
+    groups: GroupMetrics | None
 
     async def log(
         self, samples: SampleLike | Iterable[SampleLike], step: int, split: str, timeout: float | None
@@ -54,7 +56,8 @@ async def log_rollouts(
     **decode_kwargs: Any,
 ) -> int:
     """`TraceSession.log_rollouts` through `intake`: decode only the rows the cap would keep, validate
-    and encode them, then reserve places by reward and fill them.
+    and encode them, then reserve places by reward and fill them; or, where log_samples would not
+    ask the cap first (see `_log_every_row`), decode every row and take its path.
 
     Bad input follows `log_samples`' rules: a problem with the whole batch (shapes that do
     not match, an unknown token field) raises before anything is counted; a bad row raises
@@ -70,22 +73,8 @@ async def log_rollouts(
     candidates = check_rows(decode_kwargs.pop("rows", None), n)
     decode = functools.partial(_decode_rows, input_ids, tokenizer=tokenizer, rewards=rewards, **decode_kwargs)
     skip = intake.encoder.skip_invalid
-    if intake.watch is not None:
-        # A watched row may be any row: decode them all and take log_samples' one path, so
-        # the watch, the group metrics and the cap decide as they do for log_samples. A row
-        # that cannot be decoded is what it is on the other path: a RecordError naming it, or
-        # with on_invalid="skip" that row alone counted "invalid".
-        decoded, failed = await anyio.to_thread.run_sync(decode, candidates)
-        if failed and not skip:
-            raise failed[next(i for i in candidates if i in failed)]
-        rows = [i for i in candidates if i in decoded]
-        try:
-            accepted = await intake.log([decoded[i] for i in rows], step, split, None)
-        except RecordError as exc:
-            raise renumbered(exc, None if exc.index is None else rows[exc.index]) from None
-        if failed:
-            intake.buffer.count_invalid(len(candidates) - len(rows))
-        return accepted
+    if intake.watch is not None or intake.groups is not None or not intake.encoder.precheck:
+        return await _log_every_row(intake, decode, candidates, step=step, split=split)
     scores = row_scores(rewards, n)
     ranked_by = intake.encoder.score_needed_by
     bad: set[int] = set()  # rows left out as invalid (on_invalid="skip")
@@ -136,6 +125,38 @@ async def log_rollouts(
         if not filled:
             return 0
         return await intake.fill([e for e, _ in filled], [r for _, r in filled])
+    finally:
+        intake.buffer.return_ticket(ticket)
+
+
+async def _log_every_row(
+    intake: RolloutFront, decode: functools.partial[Any], candidates: list[int], *, step: int, split: str
+) -> int:
+    """Decode every row and take log_samples' one path: where something must see every row
+    before the cap (a watched row may be any row; the group metrics count every row submitted)
+    or where log_samples itself encodes before it asks the cap (a `redact`, which may change a
+    score; no cap at all), so both keep, count and rank the same rows. A row that cannot be
+    decoded is what it is on the capped path: a RecordError naming its row, or with
+    on_invalid="skip" that row alone counted "invalid"."""
+    # Taken before anything is counted, so a flush() from now on waits until these rows are queued.
+    ticket = intake.buffer.take_ticket()
+    try:
+        decoded, failed = await anyio.to_thread.run_sync(decode, candidates)
+        if failed and not intake.encoder.skip_invalid:
+            raise failed[next(i for i in candidates if i in failed)]
+        rows = [i for i in candidates if i in decoded]
+        left_out = len(candidates) - len(rows)
+        if intake.buffer.closed:
+            # finish() ran while these rows were decoded: counted as the capped path counts them.
+            intake.buffer.count_closed(len(rows), left_out)
+            return 0
+        try:
+            accepted = await intake.log([decoded[i] for i in rows], step, split, None)
+        except RecordError as exc:
+            raise renumbered(exc, None if exc.index is None else rows[exc.index]) from None
+        if left_out:
+            intake.buffer.count_invalid(left_out)
+        return accepted
     finally:
         intake.buffer.return_ticket(ticket)
 
