@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
 import orjson
 
 from .._checks import MAX_STEP, check_encoding, check_int, check_project_run, check_step, check_timeout
+from .._engine.engine import selection_group_keys
 from .._engine.ledger import Ledger
 from .._records.encode import as_list, encode_samples
 from .._records.types import Sample, SampleLike
@@ -176,6 +177,13 @@ class DistributedTraceLogger:
 
         session, self._sync = self._open_session(session_factory, session_kwargs)
         self._session = session
+        # What the rank validates for the writing session: a group every group sampler there
+        # reads (the logger's, and its Selected tiers') can name. A rank that does not write
+        # knows the tiers from the same sinks= (not those a session_factory builds on dst).
+        sinks = session.sinks if session is not None else session_kwargs.get("sinks")
+        self._group_keys = tuple(
+            selection_group_keys(self.sampler, sinks if isinstance(sinks, (list, tuple)) else ())
+        )
         self._blocking = session is not None and session.on_full == "block"
         self._finish_timeout = session.finish_timeout if session is not None else None
 
@@ -265,7 +273,7 @@ class DistributedTraceLogger:
             redact=self.redact,
             skip_invalid=self.on_invalid == "skip",
             score_needed_by=type(self.sampler).__name__ if self.sampler.needs_score else None,
-            group_keys=() if self._steps.group_key is None else (self._steps.group_key,),
+            group_keys=self._group_keys,
             skipped=skipped,
         )
         watched: set[int] = set()

@@ -575,3 +575,34 @@ def test_a_factory_session_counts_a_sample_over_its_byte_bound(project: str, mod
     assert stats.check() and stats.session is not None and stats.session.check()
     assert stats.session.dropped == {"invalid": 1} and stats.session.written == 1
     assert [r.sample.metadata["secret"] for r in sink.records] == ["***"]
+
+
+@pytest.mark.parametrize("mode", ["global", "per_rank"])
+def test_a_tiers_group_key_is_validated_on_the_rank(project: str, mode: str) -> None:
+    """A Selected tier's GroupSampler in the writing session reads key "g": a dict there is a
+    RecordError naming metadata.g on the rank (as one session raises it), or with
+    on_invalid="skip" counted "invalid" by the rank, not handed on."""
+    from asynctrace.distributed import DistributedTraceLogger
+
+    rows = [{"prompt": "x", "reward": 1.0, "g": "a"}, {"prompt": "y", "reward": 2.0, "g": {"bad": 1}}]
+    for on_invalid in ("raise", "skip"):
+        archive = MemorySink("archive")
+        tier = at.Selected(MemorySink("tier"), max_traces_per_step=2, sampler=at.GroupSampler("top", key="g"))
+        logger = DistributedTraceLogger(
+            project,
+            f"tier-keys-{on_invalid}",
+            mode=mode,  # type: ignore[arg-type]
+            max_traces_per_step=4,
+            sampler="top_bottom",
+            on_invalid=on_invalid,  # type: ignore[arg-type]
+            sinks=[archive, tier],
+        )
+        if on_invalid == "raise":
+            with pytest.raises(at.RecordError, match=r"sample 1: metadata\.g"):
+                logger.log_samples(rows, step=0)
+        else:
+            assert logger.log_samples(rows, step=0) == 1
+        stats = logger.finish(10.0)
+        assert stats.check() and stats.session is not None and stats.session.check()
+        assert stats.dropped == ({} if on_invalid == "raise" else {"invalid": 1})
+        assert stats.session.dropped == {} and len(archive.records) == (0 if on_invalid == "raise" else 1)
