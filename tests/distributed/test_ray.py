@@ -576,14 +576,20 @@ def test_start_collector_takes_sinks_that_hold_locks(
     assert len((tmp_path / "traces/ids.txt").read_text().split()) == 5
 
 
-def test_client_refuses_an_unhashable_group_key(project: str) -> None:
-    """A client selecting with the collector's group sampler refuses a dict as group_uid in the
-    caller: a RecordError naming the field, or with on_invalid="skip" that sample alone "invalid"."""
-    from asynctrace import GroupSampler, RecordError
+@pytest.mark.parametrize("where", ["cap", "tier"])
+def test_client_refuses_an_unhashable_group_key(project: str, where: str) -> None:
+    """A client refuses a dict as group_uid in the caller where a group sampler of the collector's
+    session reads it, its cap's or (with no cap) a Selected tier's: a RecordError naming the
+    field, or with on_invalid="skip" that sample alone "invalid"."""
+    from asynctrace import GroupSampler, RecordError, Selected
 
-    collector = start_collector(
-        project, "groups", max_traces_per_step=8, sampler=GroupSampler("top"), finish_at_exit=False
-    )
+    if where == "cap":
+        collector = start_collector(
+            project, "groups", max_traces_per_step=8, sampler=GroupSampler("top"), finish_at_exit=False
+        )
+    else:
+        tier = Selected(MemorySink("tier"), max_traces_per_step=2, sampler=GroupSampler("top"))
+        collector = start_collector(project, "tier-groups", sinks=[MemorySink(), tier], finish_at_exit=False)
     samples = make_samples("g", 0, 4, seed=0)
     for i, s in enumerate(samples):
         s["group_uid"] = {"bad": 1} if i == 1 else f"g{i // 2}"
