@@ -123,6 +123,8 @@ class DistributedTraceLogger:
             raise ValueError(f"watch must be an asynctrace.Watch, got {type(watch).__name__}")
         if session_factory is not None and session_kwargs:
             raise ValueError("give either session_factory or session keywords, not both")
+        if mode != "per_rank_stream" and session_kwargs.get("group_key") is not None:
+            raise ValueError(_GROUP_METRICS_SELECTED.format(mode=mode))
         # Checked on every rank, not only where a session is made: a name no sink could store
         # fails here, before any collective call.
         check_project_run(project, run)
@@ -470,6 +472,14 @@ class DistributedTraceLogger:
         self.finish(collective=exc_type is None)
 
 
+# Group metrics count every sample of a step before the cap; a session that is handed only the
+# step's selection would report the selection's groups as the step's.
+_GROUP_METRICS_SELECTED = (
+    "in mode {mode!r} the writing session sees only each step's selection, so its group metrics "
+    "(group_key=) would count the selected groups as the step's: use mode='per_rank_stream' for them"
+)
+
+
 def _make_session(
     owner: DistributedTraceLogger, factory: Callable[[int, str], TraceSession] | None, kwargs: dict[str, Any]
 ) -> TraceSession:
@@ -510,6 +520,8 @@ def _make_session(
                     f"in mode 'per_rank_stream' the session applies {', '.join(given)}: give "
                     "them to the session from session_factory, not to DistributedTraceLogger"
                 )
+        elif session.group_key is not None:
+            raise ValueError(_GROUP_METRICS_SELECTED.format(mode=owner.mode))
         elif session.on_invalid != "skip":
             # The logger validated every sample on its rank; the session counts what it still
             # rejects (a sample over its max_queue_bytes) instead of raising it out of end_step.

@@ -606,3 +606,43 @@ def test_a_tiers_group_key_is_validated_on_the_rank(project: str, mode: str) -> 
         assert stats.check() and stats.session is not None and stats.session.check()
         assert stats.dropped == ({} if on_invalid == "raise" else {"invalid": 1})
         assert stats.session.dropped == {} and len(archive.records) == (0 if on_invalid == "raise" else 1)
+
+
+def test_group_metrics_are_refused_where_the_session_sees_only_the_selection(project: str) -> None:
+    """group_key= counts every sample of a step before the cap: in "global" and "per_rank" modes
+    (whose session gets only the selection) it is a ValueError, by keyword or from a
+    session_factory; in "per_rank_stream" the session counts all three groups of the step."""
+    from asynctrace.distributed import DistributedTraceLogger
+
+    for mode in ("global", "per_rank"):
+        with pytest.raises(ValueError, match=r"group metrics \(group_key=\)"):
+            DistributedTraceLogger(project, "r", mode=mode, max_traces_per_step=2, group_key="g")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=r"group metrics \(group_key=\)"):
+            DistributedTraceLogger(
+                project,
+                "r",
+                mode=mode,  # type: ignore[arg-type]
+                max_traces_per_step=2,
+                session_factory=lambda rank, run: at.TraceSession(
+                    project, run, sinks=[MemorySink()], on_invalid="skip", group_key="g"
+                ),
+            )
+    sink = MemorySink()
+    rows = [
+        {"prompt": f"{g}{j}", "reward": float(g * 4 + j % 2), "g": f"g{g}"}
+        for g in range(3)
+        for j in range(4)
+    ]
+    logger = DistributedTraceLogger(
+        project,
+        "stream",
+        mode="per_rank_stream",
+        max_traces_per_step=2,
+        sampler="top_bottom",
+        sinks=[sink],
+        group_key="g",
+        health_metrics=False,
+    )
+    logger.log_samples(rows, step=0)
+    assert logger.finish(10.0).check()
+    assert sink.metrics[0][1]["asynctrace/groups/train/count"] == 3.0
