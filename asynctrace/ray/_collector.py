@@ -241,11 +241,12 @@ class TraceCollector:
         with, its part number, and the keys every group sampler of the session reads (its cap's,
         its tiers'; the client validates for them): (k, sampler, part, watch, keys); (None, None,
         0, None, keys) without a cap (clients ship everything, and the session applies its watch
-        list itself)."""
+        list itself), as with group metrics (`group_key=`), which count every sample of a step
+        before the cap: a client that selected would ship only its candidates."""
         session = self._session
         k = session.max_traces_per_step
         keys = tuple(selection_group_keys(session.sampler if k is not None else None, session.sinks))
-        if k is None:
+        if k is None or session.group_key is not None:
             return None, None, 0, None, keys
         with self._merge_lock:
             return k, session.sampler, next(self._parts), session.watch, keys

@@ -601,3 +601,35 @@ def test_client_refuses_an_unhashable_group_key(project: str, where: str) -> Non
         assert skipping.log_samples_nowait(samples, step=0) == 3
     assert Counter(skipping.stats().dropped) == Counter({"invalid": 1})
     assert ray.get(collector.finish.remote(30.0)).written == 3
+
+
+def test_group_metrics_count_every_sample_of_a_capped_collector(project: str, tmp_path: Path) -> None:
+    """With group_key= and a cap, clients ship every sample (no local selection), so the
+    collector's group metrics count the step's three groups, not the two samples kept."""
+    from asynctrace import JsonlSink
+
+    path = tmp_path / "run.jsonl"
+    collector = start_collector(
+        project,
+        "group-metrics",
+        sinks=[JsonlSink(str(path))],
+        max_traces_per_step=2,
+        sampler="top_bottom",
+        group_key="g",
+        health_metrics=False,
+        finish_at_exit=False,
+    )
+    rows = [
+        {"prompt": f"{g}{j}", "reward": float(g * 4 + j % 2), "g": f"g{g}"}
+        for g in range(3)
+        for j in range(4)
+    ]
+    with TraceClient(collector) as client:
+        assert client.log_samples_nowait(rows, step=0) == 12
+    assert ray.get(collector.finish.remote(30.0)).written == 2
+    lines = [orjson.loads(line) for line in path.read_text().splitlines()]
+    (metrics,) = [line["metrics"] for line in lines if "metrics" in line]
+    assert (
+        metrics["asynctrace/groups/train/count"] == 3.0
+        and metrics["asynctrace/groups/train/zero_spread"] == 0.0
+    )
