@@ -304,3 +304,26 @@ async def test_log_rollouts_keeps_and_counts_what_log_samples_of_the_decoded_row
         assert s.stats().check()
         got.append((sorted(x.metadata["sample_index"] for x in mem.samples), mem.metrics, s.stats().dropped))
     assert got[0] == got[1]
+
+
+@pytest.mark.parametrize("sampler", ["first", "top_bottom"])
+async def test_a_row_named_twice_in_rows_is_two_samples_under_a_cap(sampler: str) -> None:
+    """rows=[1, 1, 0, 2] with row 1's log-probs a value short, and rows=[0, 0, 2]: under a cap
+    each place is a sample of its own, as decode_rollouts returns it: a record and an id each,
+    and row 1 counted "invalid" twice (the accounting adds up to the four rows passed)."""
+    tok = rollouts.toy_tokenizer()
+    ids = [tok.encode(f"problem {i} answer {i}").ids for i in range(4)]
+    logprobs = [[-0.5] * len(row) for row in ids]
+    logprobs[1] = logprobs[1][:-1]
+    kw: dict[str, Any] = {"tokenizer": tok, "rewards": [1.0, 2.0, 3.0, 4.0]}
+    mem = at.testing.MemorySink()
+    async with at.TraceSession(
+        "p", sinks=[mem], max_traces_per_step=8, sampler=sampler, on_invalid="skip", health_metrics=False
+    ) as s:
+        assert await s.log_rollouts(ids, step=0, rows=[0, 0, 2], **kw) == 3
+        fields = {"logprobs": logprobs}
+        assert await s.log_rollouts(ids, step=1, rows=[1, 1, 0, 2], token_fields=fields, **kw) == 2
+    stats = s.stats()
+    assert stats.submitted == 7 and stats.dropped == {"invalid": 2} and stats.written == 5 and stats.check()
+    assert len({r.id for r in mem.records}) == 5
+    assert sorted(r.sample.metadata["sample_index"] for r in mem.records if r.step == 0) == [0, 0, 2]

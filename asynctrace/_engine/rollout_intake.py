@@ -75,13 +75,18 @@ async def log_rollouts(
     skip = intake.encoder.skip_invalid
     if intake.watch is not None or intake.groups is not None or not intake.encoder.precheck:
         return await _log_every_row(intake, decode, candidates, step=step, split=split)
-    scores = row_scores(rewards, n)
+    # Places, not rows, from here on: `rows=` may name a row twice, and each is a sample of its
+    # own (as decode_rollouts returns it twice), with a record and an id of its own.
+    row_of = candidates
+    by_row = row_scores(rewards, n)
+    scores = [by_row[i] for i in row_of]
+    places = range(len(row_of))
     ranked_by = intake.encoder.score_needed_by
-    bad: set[int] = set()  # rows left out as invalid (on_invalid="skip")
+    bad: set[int] = set()  # places left out as invalid (on_invalid="skip")
     if ranked_by is not None:
-        bad = {i for i in candidates if scores[i] is None}  # row_scores: None unless finite
+        bad = {p for p in places if scores[p] is None}  # row_scores: None unless finite
         if bad and not skip:
-            i = next(i for i in candidates if i in bad)
+            i = row_of[min(bad)]
             raise RecordError(
                 f"sample {i}: rewards: the {ranked_by} ranks by score; every row needs a finite reward",
                 index=i,
@@ -94,34 +99,38 @@ async def log_rollouts(
         checked = False  # whether the batch was decoded from (a batch problem raises there)
         while True:
             # Only the rows the cap would keep now are decoded (it only gets harder to enter).
-            live = [i for i in candidates if i not in bad]
-            keeps = intake.buffer.keeps([scores[i] for i in live], split=split, step=step)
-            todo = [i for j, i in enumerate(live) if (keeps is None or keeps[j]) and i not in encoded]
+            live = [p for p in places if p not in bad]
+            keeps = intake.buffer.keeps([scores[p] for p in live], split=split, step=step)
+            todo = [p for j, p in enumerate(live) if (keeps is None or keeps[j]) and p not in encoded]
             if not todo:
                 if not checked:  # the cap keeps none: a bad batch still raises, uncounted
                     await anyio.to_thread.run_sync(decode, [])
                 break
-            decoded, failed = await anyio.to_thread.run_sync(decode, todo)
+            decoded, failed = await anyio.to_thread.run_sync(
+                decode, list(dict.fromkeys(row_of[p] for p in todo))
+            )
             checked = True
             if failed and not skip:
-                raise failed[next(i for i in todo if i in failed)]
-            rows = [i for i in todo if i in decoded]
+                raise failed[next(row_of[p] for p in todo if row_of[p] in failed)]
+            done = [p for p in todo if row_of[p] in decoded]
             skipped: list[int] = []
             try:
-                records, _ = intake.encoder.encode([decoded[i] for i in rows], step, split, skipped=skipped)
+                records, _ = intake.encoder.encode(
+                    [decoded[row_of[p]] for p in done], step, split, skipped=skipped
+                )
             except RecordError as exc:
-                raise renumbered(exc, None if exc.index is None else rows[exc.index]) from None
-            left_out = failed.keys() | {rows[j] for j in skipped}
-            encoded.update(zip([i for i in rows if i not in left_out], records, strict=True))
+                raise renumbered(exc, None if exc.index is None else row_of[done[exc.index]]) from None
+            left_out = {p for p in todo if row_of[p] in failed} | {done[j] for j in skipped}
+            encoded.update(zip([p for p in done if p not in left_out], records, strict=True))
             if not left_out:
                 break
             # An invalid row takes no place, so one refused in its favour may fit now.
             bad |= left_out
         kept, entries = await intake.reserve(scores, live, step=step, split=split, invalid=len(bad))
-        lost = [e for i, e in zip(kept, entries, strict=True) if i not in encoded]
+        lost = [e for p, e in zip(kept, entries, strict=True) if p not in encoded]
         if lost:  # the cap kept a row it would have refused when asked: none to fill it with
             intake.cancel(lost, "capped", split=split, step=step)
-        filled = [(e, encoded[i]) for i, e in zip(kept, entries, strict=True) if i in encoded]
+        filled = [(e, encoded[p]) for p, e in zip(kept, entries, strict=True) if p in encoded]
         if not filled:
             return 0
         return await intake.fill([e for e, _ in filled], [r for _, r in filled])
