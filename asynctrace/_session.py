@@ -114,7 +114,7 @@ class TraceSession:
         self.batch_size, self.flush_interval, self.retry = s.batch_size, s.flush_interval, s.retry_policy
         self.finish_timeout, self.trace_key, self.on_invalid = s.finish_timeout, s.trace_key, s.on_invalid
         self.redact, self.durability, self.replay = s.redact, s.durability, s.replay
-        self.shutdown_hooks = s.shutdown_hooks
+        self.shutdown_hooks, self.group_key = s.shutdown_hooks, s.group_key
         # The step-closing rules, which a `Selected` sink's own selection follows too.
         self._step_rules = (s.max_open_steps, s.step_timeout)
         self._life = Lifecycle(

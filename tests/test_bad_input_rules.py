@@ -156,6 +156,60 @@ async def test_log_rollouts_token_field_errors_name_the_row_and_tokens() -> None
     assert sorted(x.metadata["sample_index"] for x in mem.samples) == [0, 2, 3]
 
 
+@pytest.mark.parametrize("cap", [{}, {"max_traces_per_step": 2, "sampler": "top_bottom"}])
+async def test_log_rollouts_with_a_watch_list_treats_a_bad_row_alike(cap: dict[str, Any]) -> None:
+    """With a watch list (every row decoded), a row whose log-probs do not match its tokens is
+    still RecordError(index=row, path="tokens") naming the row asked for, or with
+    on_invalid="skip" that row alone "invalid", the others logged as log_samples would."""
+    tok, ids = _rows()
+    logprobs = [[-0.5] * len(row) for row in ids]
+    logprobs[1] = logprobs[1][:-1]  # one value short
+    kw: dict[str, Any] = {
+        "tokenizer": tok,
+        "step": 0,
+        "rewards": [1.0, 2.0, 3.0, 4.0],
+        "token_fields": {"logprobs": logprobs},
+        "metadata": {"prompt_id": ["w", "x", "y", "z"]},
+    }
+    watch = at.Watch(ids=["w"])
+    async with at.TraceSession("p", sinks=[at.testing.MemorySink()], watch=watch, **cap) as s:
+        with pytest.raises(at.RecordError) as info:
+            await s.log_rollouts(ids, rows=[3, 1, 0], **kw)
+        assert info.value.index == 1 and info.value.path == "tokens"
+    assert s.stats().submitted == 0
+    mem = at.testing.MemorySink()
+    async with at.TraceSession("p", sinks=[mem], watch=watch, on_invalid="skip", **cap) as s:
+        assert await s.log_rollouts(ids, **kw) == 3
+    st = s.stats()
+    assert st.dropped == {"invalid": 1} and st.written == 3 and st.check()
+    assert sorted(x.metadata["sample_index"] for x in mem.samples) == [0, 2, 3]
+
+
+@pytest.mark.parametrize("watch", [None, at.Watch(ids=["w"])])
+async def test_log_rollouts_names_the_batch_row_with_rows_and_a_watch(watch: at.Watch | None) -> None:
+    """rows=[2, 0] with row 2's group_uid a dict: the RecordError names row 2 of the batch, with
+    or without a watch list (which decodes every row and takes log_samples' path)."""
+    tok, ids = _rows()
+    async with at.TraceSession(
+        "p",
+        sinks=[at.testing.MemorySink()],
+        watch=watch,
+        max_traces_per_step=8,
+        sampler=at.GroupSampler("top"),
+    ) as s:
+        with pytest.raises(at.RecordError) as info:
+            await s.log_rollouts(
+                ids,
+                tokenizer=tok,
+                step=0,
+                rewards=[1.0, 2.0, 3.0, 4.0],
+                rows=[2, 0],
+                metadata={"prompt_id": ["w", "x", "y", "z"], "group_uid": ["a", "a", BAD_GROUP, "b"]},
+            )
+        assert info.value.index == 2 and info.value.path == "metadata.group_uid"
+    assert s.stats().submitted == 0
+
+
 async def test_log_rollouts_with_a_cap_counts_only_the_bad_row() -> None:
     """Under a cap with on_invalid="skip", a bad row is "invalid", the others capped or logged,
     and nothing is counted twice."""

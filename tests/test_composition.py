@@ -172,6 +172,29 @@ async def test_watch_with_a_tier_loses_no_step() -> None:
 
 
 @pytest.mark.anyio
+async def test_a_watched_sample_for_a_closed_step_is_not_late() -> None:
+    """After flush() closed step 0 (the session's and the tier's), a watched sample for it still
+    passes every selection by and reaches both sinks; an unwatched one is "late"."""
+    rows = [Row(f"u{i}", "p", float(i)) for i in range(4)]
+    archive, tracker = MemorySink("archive"), MemorySink("tracker")
+    async with at.TraceSession(
+        "p",
+        sinks=[archive, at.Selected(tracker, max_traces_per_step=1, sampler="top_bottom")],
+        max_traces_per_step=2,
+        sampler="top_bottom",
+        watch=at.Watch(ids=[WATCHED]),
+        health_metrics=False,
+    ) as s:
+        await s.log_samples([sample(r) for r in rows], step=0)
+        await s.flush()
+        await s.log_samples([sample(Row("w0", WATCHED, 0.5)), sample(Row("late", "p", 9.0))], step=0)
+    assert held(archive) == {0: {"u0", "u3", "w0"}} and held(tracker) == {0: {"u3", "w0"}}
+    assert [r.sample.metadata["uid"] for r in archive.records if r.watched] == ["w0"]
+    stats = s.stats()
+    assert stats.dropped == {"capped": 2, "late": 1} and stats.check()
+
+
+@pytest.mark.anyio
 async def test_log_rollouts_follows_the_watch_list() -> None:
     """The same 32 rows, cap 16, a watch on one prompt: log_rollouts keeps the 8 watched rows as
     log_samples(decode_rollouts(...)) does."""

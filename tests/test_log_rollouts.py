@@ -139,9 +139,11 @@ async def test_rows_picks_and_orders_what_the_cap_chooses_from() -> None:
             await s.log_rollouts(ids, tokenizer=tok, step=0, loss_mask=loss, rows=[9])
 
 
-async def test_rows_decoded_after_finish_are_counted_closed() -> None:
+@pytest.mark.parametrize("watch", [None, at.Watch(ids=["nothing"])])
+async def test_rows_decoded_after_finish_are_counted_closed(watch: at.Watch | None) -> None:
     """Rows reserved before finish() but decoded after it are dropped as "closed", not reported
-    as accepted into a buffer nothing drains any more."""
+    as accepted into a buffer nothing drains any more (with a watch list too, where every row is
+    decoded first)."""
     import time
 
     tok, ids, (loss, _), _ = _batch(4)
@@ -152,7 +154,7 @@ async def test_rows_decoded_after_finish_are_counted_closed() -> None:
             return super().batch_decode(sequences, **kw)
 
     sink = at.testing.MemorySink()
-    s = at.TraceSession("p", sinks=[sink])
+    s = at.TraceSession("p", sinks=[sink], watch=watch)
     async with s:
         got: list[int] = []
 
@@ -263,3 +265,65 @@ async def test_the_group_sampler_keeps_whole_groups_of_rollouts() -> None:
     assert sorted(r.sample.metadata["group_uid"] for r in mem.records) == ["g1"] * 4
     st = s.stats()
     assert st.written == 4 and st.dropped == {"capped": 8} and st.check()
+
+
+def _reward_halved(sample: at.Sample) -> at.Sample:
+    return at.Sample(
+        messages=sample.messages, metadata={**sample.metadata, "reward": sample.metadata["reward"] // 2}
+    )
+
+
+@pytest.mark.parametrize(
+    "session",
+    [
+        {"redact": _reward_halved, "max_traces_per_step": 3, "sampler": "top_bottom"},
+        {"group_key": "g", "max_traces_per_step": 4, "sampler": at.GroupSampler("top", key="g")},
+    ],
+    ids=["redact-changes-scores", "group-metrics"],
+)
+async def test_log_rollouts_keeps_and_counts_what_log_samples_of_the_decoded_rows_does(
+    session: dict[str, Any],
+) -> None:
+    """A redact that changes rewards ranks by the redacted score, and group_key= counts every row
+    in the group metrics, in log_rollouts as in log_samples(decode_rollouts(...))."""
+    tok, ids, (loss, _), _ = _batch(8)
+    kw: dict[str, Any] = {
+        "tokenizer": tok,
+        "loss_mask": loss,
+        "rewards": [3.0, 7.0, 2.0, 6.0, 1.0, 5.0, 0.0, 4.0],
+        "metadata": {"g": ["a", "a", "b", "b", "c", "c", "d", "d"]},
+    }
+    got = []
+    for entry in ("log_rollouts", "log_samples"):
+        mem = at.testing.MemorySink()
+        async with at.TraceSession("p", sinks=[mem], health_metrics=False, **session) as s:
+            if entry == "log_rollouts":
+                await s.log_rollouts(ids, step=0, **kw)
+            else:
+                await s.log_samples(rollouts.decode_rollouts(ids, **kw), step=0)
+        assert s.stats().check()
+        got.append((sorted(x.metadata["sample_index"] for x in mem.samples), mem.metrics, s.stats().dropped))
+    assert got[0] == got[1]
+
+
+@pytest.mark.parametrize("sampler", ["first", "top_bottom"])
+async def test_a_row_named_twice_in_rows_is_two_samples_under_a_cap(sampler: str) -> None:
+    """rows=[1, 1, 0, 2] with row 1's log-probs a value short, and rows=[0, 0, 2]: under a cap
+    each place is a sample of its own, as decode_rollouts returns it: a record and an id each,
+    and row 1 counted "invalid" twice (the accounting adds up to the four rows passed)."""
+    tok = rollouts.toy_tokenizer()
+    ids = [tok.encode(f"problem {i} answer {i}").ids for i in range(4)]
+    logprobs = [[-0.5] * len(row) for row in ids]
+    logprobs[1] = logprobs[1][:-1]
+    kw: dict[str, Any] = {"tokenizer": tok, "rewards": [1.0, 2.0, 3.0, 4.0]}
+    mem = at.testing.MemorySink()
+    async with at.TraceSession(
+        "p", sinks=[mem], max_traces_per_step=8, sampler=sampler, on_invalid="skip", health_metrics=False
+    ) as s:
+        assert await s.log_rollouts(ids, step=0, rows=[0, 0, 2], **kw) == 3
+        fields = {"logprobs": logprobs}
+        assert await s.log_rollouts(ids, step=1, rows=[1, 1, 0, 2], token_fields=fields, **kw) == 2
+    stats = s.stats()
+    assert stats.submitted == 7 and stats.dropped == {"invalid": 2} and stats.written == 5 and stats.check()
+    assert len({r.id for r in mem.records}) == 5
+    assert sorted(r.sample.metadata["sample_index"] for r in mem.records if r.step == 0) == [0, 0, 2]

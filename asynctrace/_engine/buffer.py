@@ -128,6 +128,14 @@ class Buffer(Queue):
             self.ledger.submitted += n
             self.ledger.drop("invalid", n)
 
+    def count_closed(self, n: int, invalid: int = 0) -> None:
+        """`n` samples (and `invalid` ones) a caller finished preparing after finish() began:
+        counted as submitted and dropped ("closed", "invalid"), as a reservation then is."""
+        with self.lock:
+            self.ledger.submitted += n + invalid
+            self.ledger.drop("invalid", invalid)
+            self.ledger.drop("closed", n)
+
     def take_ticket(self) -> int:
         with self.lock:
             self._ticket += 1

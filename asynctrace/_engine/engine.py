@@ -35,7 +35,7 @@ from .intake import Intake
 from .settings import Settings
 from .writer import Writer
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "selection_group_keys"]
 
 
 class Engine:
@@ -96,7 +96,7 @@ class Engine:
             keeps=self.buffer.keeps,
             id_prefix=id_prefix,
             group_key=getattr(sampler, "group_key", None),
-            group_keys=_selection_group_keys(sampler if gate is not None else None, self.sinks),
+            group_keys=selection_group_keys(sampler if gate is not None else None, self.sinks),
         )
         self.intake = Intake(
             self.buffer,
@@ -204,8 +204,9 @@ class Engine:
         return dataclasses.replace(snapshot, spool=spool.stats(duplicates))
 
 
-def _selection_group_keys(sampler: object, sinks: Sequence[Sink]) -> list[GroupKey]:
-    """The keys the session's group samplers (its cap's, its `Selected` tiers') read groups by."""
+def selection_group_keys(sampler: object, sinks: Sequence[Sink]) -> list[GroupKey]:
+    """The keys the session's group samplers (its cap's, its `Selected` tiers') read groups by: a
+    sample none of them can name a group of is invalid (also where a front validates for it)."""
     samplers = [sampler]
     for sink in sinks:
         while isinstance(sink, Selected):  # a tier may wrap another

@@ -19,6 +19,7 @@ from .._stats import DropReason
 from ..exceptions import RecordError
 from .buffer import Buffer
 from .encoder import Encoder
+from .group_metrics import GroupMetrics
 
 __all__ = ["RolloutFront", "log_rollouts", "renumbered"]
 
@@ -29,6 +30,7 @@ class RolloutFront(Protocol):
     buffer: Buffer
     encoder: Encoder
     watch: WatchCounter | None
+    groups: GroupMetrics | None
 
     async def log(
         self, samples: SampleLike | Iterable[SampleLike], step: int, split: str, timeout: float | None
@@ -54,7 +56,8 @@ async def log_rollouts(
     **decode_kwargs: Any,
 ) -> int:
     """`TraceSession.log_rollouts` through `intake`: decode only the rows the cap would keep, validate
-    and encode them, then reserve places by reward and fill them.
+    and encode them, then reserve places by reward and fill them; or, where log_samples would not
+    ask the cap first (see `_log_every_row`), decode every row and take its path.
 
     Bad input follows `log_samples`' rules: a problem with the whole batch (shapes that do
     not match, an unknown token field) raises before anything is counted; a bad row raises
@@ -68,29 +71,22 @@ async def log_rollouts(
     # `rows` picks (and orders) the rows to log, as in decode_rollouts; the cap chooses
     # among those.
     candidates = check_rows(decode_kwargs.pop("rows", None), n)
-    if intake.watch is not None:
-        from ..rollouts import decode_rollouts
-
-        # A watched row may be any row: decode them all and take log_samples' one path, so
-        # the watch, the group metrics and the cap decide as they do for log_samples.
-        every_row = functools.partial(
-            decode_rollouts,
-            input_ids,
-            tokenizer=tokenizer,
-            rewards=rewards,
-            rows=candidates,
-            **decode_kwargs,
-        )
-        return await intake.log(await anyio.to_thread.run_sync(every_row), step, split, None)
-    scores = row_scores(rewards, n)
     decode = functools.partial(_decode_rows, input_ids, tokenizer=tokenizer, rewards=rewards, **decode_kwargs)
     skip = intake.encoder.skip_invalid
+    if intake.watch is not None or intake.groups is not None or not intake.encoder.precheck:
+        return await _log_every_row(intake, decode, candidates, step=step, split=split)
+    # Places, not rows, from here on: `rows=` may name a row twice, and each is a sample of its
+    # own (as decode_rollouts returns it twice), with a record and an id of its own.
+    row_of = candidates
+    by_row = row_scores(rewards, n)
+    scores = [by_row[i] for i in row_of]
+    places = range(len(row_of))
     ranked_by = intake.encoder.score_needed_by
-    bad: set[int] = set()  # rows left out as invalid (on_invalid="skip")
+    bad: set[int] = set()  # places left out as invalid (on_invalid="skip")
     if ranked_by is not None:
-        bad = {i for i in candidates if scores[i] is None}  # row_scores: None unless finite
+        bad = {p for p in places if scores[p] is None}  # row_scores: None unless finite
         if bad and not skip:
-            i = next(i for i in candidates if i in bad)
+            i = row_of[min(bad)]
             raise RecordError(
                 f"sample {i}: rewards: the {ranked_by} ranks by score; every row needs a finite reward",
                 index=i,
@@ -103,37 +99,73 @@ async def log_rollouts(
         checked = False  # whether the batch was decoded from (a batch problem raises there)
         while True:
             # Only the rows the cap would keep now are decoded (it only gets harder to enter).
-            live = [i for i in candidates if i not in bad]
-            keeps = intake.buffer.keeps([scores[i] for i in live], split=split, step=step)
-            todo = [i for j, i in enumerate(live) if (keeps is None or keeps[j]) and i not in encoded]
+            live = [p for p in places if p not in bad]
+            keeps = intake.buffer.keeps([scores[p] for p in live], split=split, step=step)
+            todo = [p for j, p in enumerate(live) if (keeps is None or keeps[j]) and p not in encoded]
             if not todo:
                 if not checked:  # the cap keeps none: a bad batch still raises, uncounted
                     await anyio.to_thread.run_sync(decode, [])
                 break
-            decoded, failed = await anyio.to_thread.run_sync(decode, todo)
+            decoded, failed = await anyio.to_thread.run_sync(
+                decode, list(dict.fromkeys(row_of[p] for p in todo))
+            )
             checked = True
             if failed and not skip:
-                raise failed[next(i for i in todo if i in failed)]
-            rows = [i for i in todo if i in decoded]
+                raise failed[next(row_of[p] for p in todo if row_of[p] in failed)]
+            done = [p for p in todo if row_of[p] in decoded]
             skipped: list[int] = []
             try:
-                records, _ = intake.encoder.encode([decoded[i] for i in rows], step, split, skipped=skipped)
+                records, _ = intake.encoder.encode(
+                    [decoded[row_of[p]] for p in done], step, split, skipped=skipped
+                )
             except RecordError as exc:
-                raise renumbered(exc, None if exc.index is None else rows[exc.index]) from None
-            left_out = failed.keys() | {rows[j] for j in skipped}
-            encoded.update(zip([i for i in rows if i not in left_out], records, strict=True))
+                raise renumbered(exc, None if exc.index is None else row_of[done[exc.index]]) from None
+            left_out = {p for p in todo if row_of[p] in failed} | {done[j] for j in skipped}
+            encoded.update(zip([p for p in done if p not in left_out], records, strict=True))
             if not left_out:
                 break
             # An invalid row takes no place, so one refused in its favour may fit now.
             bad |= left_out
         kept, entries = await intake.reserve(scores, live, step=step, split=split, invalid=len(bad))
-        lost = [e for i, e in zip(kept, entries, strict=True) if i not in encoded]
+        lost = [e for p, e in zip(kept, entries, strict=True) if p not in encoded]
         if lost:  # the cap kept a row it would have refused when asked: none to fill it with
             intake.cancel(lost, "capped", split=split, step=step)
-        filled = [(e, encoded[i]) for i, e in zip(kept, entries, strict=True) if i in encoded]
+        filled = [(e, encoded[p]) for p, e in zip(kept, entries, strict=True) if p in encoded]
         if not filled:
             return 0
         return await intake.fill([e for e, _ in filled], [r for _, r in filled])
+    finally:
+        intake.buffer.return_ticket(ticket)
+
+
+async def _log_every_row(
+    intake: RolloutFront, decode: functools.partial[Any], candidates: list[int], *, step: int, split: str
+) -> int:
+    """Decode every row and take log_samples' one path: where something must see every row
+    before the cap (a watched row may be any row; the group metrics count every row submitted)
+    or where log_samples itself encodes before it asks the cap (a `redact`, which may change a
+    score; no cap at all), so both keep, count and rank the same rows. A row that cannot be
+    decoded is what it is on the capped path: a RecordError naming its row, or with
+    on_invalid="skip" that row alone counted "invalid"."""
+    # Taken before anything is counted, so a flush() from now on waits until these rows are queued.
+    ticket = intake.buffer.take_ticket()
+    try:
+        decoded, failed = await anyio.to_thread.run_sync(decode, candidates)
+        if failed and not intake.encoder.skip_invalid:
+            raise failed[next(i for i in candidates if i in failed)]
+        rows = [i for i in candidates if i in decoded]
+        left_out = len(candidates) - len(rows)
+        if intake.buffer.closed:
+            # finish() ran while these rows were decoded: counted as the capped path counts them.
+            intake.buffer.count_closed(len(rows), left_out)
+            return 0
+        try:
+            accepted = await intake.log([decoded[i] for i in rows], step, split, None)
+        except RecordError as exc:
+            raise renumbered(exc, None if exc.index is None else rows[exc.index]) from None
+        if left_out:
+            intake.buffer.count_invalid(left_out)
+        return accepted
     finally:
         intake.buffer.return_ticket(ticket)
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
 import orjson
 
 from .._checks import MAX_STEP, check_encoding, check_int, check_project_run, check_step, check_timeout
+from .._engine.engine import selection_group_keys
 from .._engine.ledger import Ledger
 from .._records.encode import as_list, encode_samples
 from .._records.types import Sample, SampleLike
@@ -122,6 +123,8 @@ class DistributedTraceLogger:
             raise ValueError(f"watch must be an asynctrace.Watch, got {type(watch).__name__}")
         if session_factory is not None and session_kwargs:
             raise ValueError("give either session_factory or session keywords, not both")
+        if mode != "per_rank_stream" and session_kwargs.get("group_key") is not None:
+            raise ValueError(_GROUP_METRICS_SELECTED.format(mode=mode))
         # Checked on every rank, not only where a session is made: a name no sink could store
         # fails here, before any collective call.
         check_project_run(project, run)
@@ -176,6 +179,13 @@ class DistributedTraceLogger:
 
         session, self._sync = self._open_session(session_factory, session_kwargs)
         self._session = session
+        # What the rank validates for the writing session: a group every group sampler there
+        # reads (the logger's, and its Selected tiers') can name. A rank that does not write
+        # knows the tiers from the same sinks= (not those a session_factory builds on dst).
+        sinks = session.sinks if session is not None else session_kwargs.get("sinks")
+        self._group_keys = tuple(
+            selection_group_keys(self.sampler, sinks if isinstance(sinks, (list, tuple)) else ())
+        )
         self._blocking = session is not None and session.on_full == "block"
         self._finish_timeout = session.finish_timeout if session is not None else None
 
@@ -265,7 +275,7 @@ class DistributedTraceLogger:
             redact=self.redact,
             skip_invalid=self.on_invalid == "skip",
             score_needed_by=type(self.sampler).__name__ if self.sampler.needs_score else None,
-            group_keys=() if self._steps.group_key is None else (self._steps.group_key,),
+            group_keys=self._group_keys,
             skipped=skipped,
         )
         watched: set[int] = set()
@@ -462,6 +472,14 @@ class DistributedTraceLogger:
         self.finish(collective=exc_type is None)
 
 
+# Group metrics count every sample of a step before the cap; a session that is handed only the
+# step's selection would report the selection's groups as the step's.
+_GROUP_METRICS_SELECTED = (
+    "in mode {mode!r} the writing session sees only each step's selection, so its group metrics "
+    "(group_key=) would count the selected groups as the step's: use mode='per_rank_stream' for them"
+)
+
+
 def _make_session(
     owner: DistributedTraceLogger, factory: Callable[[int, str], TraceSession] | None, kwargs: dict[str, Any]
 ) -> TraceSession:
@@ -484,6 +502,33 @@ def _make_session(
             raise ValueError(
                 "in mode 'per_rank_stream' the watch list is the session's: give watch= to the "
                 "session from session_factory"
+            )
+        if owner.mode == "per_rank_stream":
+            # The rank's session takes every sample itself: the logger's own settings would
+            # never be applied (a redact never run would leave secrets in the traces).
+            given = [
+                name
+                for name, value in (
+                    ("redact", owner.redact),
+                    ("on_invalid", None if owner.on_invalid == "raise" else owner.on_invalid),
+                    ("max_traces_per_step", owner.max_traces_per_step),
+                )
+                if value is not None
+            ]
+            if given:
+                raise ValueError(
+                    f"in mode 'per_rank_stream' the session applies {', '.join(given)}: give "
+                    "them to the session from session_factory, not to DistributedTraceLogger"
+                )
+        elif session.group_key is not None:
+            raise ValueError(_GROUP_METRICS_SELECTED.format(mode=owner.mode))
+        elif session.on_invalid != "skip":
+            # The logger validated every sample on its rank; the session counts what it still
+            # rejects (a sample over its max_queue_bytes) instead of raising it out of end_step.
+            raise ValueError(
+                f"in mode {owner.mode!r} the logger validates on every rank and the session counts "
+                "what it still rejects as dropped: build the session from session_factory with "
+                "on_invalid='skip'"
             )
         return session
     if kwargs.get("sinks") is None:

@@ -143,11 +143,14 @@ class TraceClient:
         self._close_lock = threading.Lock()
         self._closed = False  # a close() ran to its end: its deadline is spent, not to be repeated
         self._closer: int | None = None  # the thread running the close() under way
-        self._local = _ask_selection(collector, max_open_steps, step_timeout) if select_locally else None
+        self._local, group_keys = (
+            _ask_selection(collector, max_open_steps, step_timeout) if select_locally else (None, ())
+        )
         sampler = self._local.sampler if self._local is not None else None
         self._score_needed_by = type(sampler).__name__ if sampler and sampler.needs_score else None
-        group_key = getattr(sampler, "group_key", None)
-        self._group_keys: tuple[GroupKey, ...] = () if group_key is None else (group_key,)
+        # The keys the collector session's group samplers read (its cap's, its tiers'): a sample
+        # none of them can name a group of is invalid here, as in the session.
+        self._group_keys: tuple[GroupKey, ...] = group_keys
         _open_clients.add(self)
 
     def __repr__(self) -> str:
@@ -479,27 +482,28 @@ def _outcome(future: Future[Any]) -> tuple[BaseException | None, DropReason | No
 
 def _ask_selection(
     collector: ActorHandle[Any], max_open_steps: int, step_timeout: float | None
-) -> LocalSelection | None:
+) -> tuple[LocalSelection | None, tuple[GroupKey, ...]]:
     """The local selection matching the collector's cap, sampler and watch list, as a part of its
-    own; None when the collector has no cap, or cannot say (then every sample is shipped and
-    selected there)."""
+    own (None when the collector has no cap, or cannot say: then every sample is shipped and
+    selected there), and the group keys its session's selections read."""
     try:
         ref: Any = collector.selection.remote()
-        answer: tuple[int | None, Sampler | None, int, Watch | None]
+        answer: tuple[int | None, Sampler | None, int, Watch | None, tuple[GroupKey, ...]]
         answer = ray.get(ref, timeout=SELECTION_TIMEOUT)
-        k, sampler, part, watch = answer
+        k, sampler, part, watch, keys = answer
     except Exception as exc:
         logger.warning(
             "asynctrace: TraceClient could not ask the collector for its cap (%s); "
             "every sample will be shipped and selected there",
             _describe(exc),
         )
-        return None
+        return None, ()
     if k is None or sampler is None:
-        return None
-    return LocalSelection(
+        return None, keys
+    local = LocalSelection(
         k, sampler, part, max_open_steps=max_open_steps, step_timeout=step_timeout, watch=watch
     )
+    return local, keys
 
 
 # Clients still open at interpreter exit: shipped from a driver, counted as lost elsewhere.

@@ -26,6 +26,8 @@ import ray
 from ray.actor import ActorHandle
 
 from .._checks import check_seconds, check_timeout, wait_arg
+from .._engine.engine import selection_group_keys
+from .._records.groups import GroupKey
 from .._runtime.shutdown import hand_on, hook_bound
 from .._security import generated_run_name
 from .._select.base import Sampler
@@ -234,15 +236,20 @@ class TraceCollector:
         }
 
     @_group("control")
-    def selection(self) -> tuple[int | None, Sampler | None, int, Watch | None]:
+    def selection(self) -> tuple[int | None, Sampler | None, int, Watch | None, tuple[GroupKey, ...]]:
         """The cap, the sampler and the watch list a new client selects its part of each step
-        with, and its part number: (k, sampler, part, watch); (None, None, 0, None) without a
-        cap (clients ship everything, and the session applies its watch list itself)."""
-        k = self._session.max_traces_per_step
-        if k is None:
-            return None, None, 0, None
+        with, its part number, and the keys every group sampler of the session reads (its cap's,
+        its tiers'; the client validates for them): (k, sampler, part, watch, keys); (None, None,
+        0, None, keys) without a cap (clients ship everything, and the session applies its watch
+        list itself), as with group metrics (`group_key=`), which count every sample of a step
+        before the cap: a client that selected would ship only its candidates."""
+        session = self._session
+        k = session.max_traces_per_step
+        keys = tuple(selection_group_keys(session.sampler if k is not None else None, session.sinks))
+        if k is None or session.group_key is not None:
+            return None, None, 0, None, keys
         with self._merge_lock:
-            return k, self._session.sampler, next(self._parts), self._session.watch
+            return k, session.sampler, next(self._parts), session.watch, keys
 
     @_group("control")
     def flush(self, timeout: float | None = None) -> bool:

@@ -576,14 +576,20 @@ def test_start_collector_takes_sinks_that_hold_locks(
     assert len((tmp_path / "traces/ids.txt").read_text().split()) == 5
 
 
-def test_client_refuses_an_unhashable_group_key(project: str) -> None:
-    """A client selecting with the collector's group sampler refuses a dict as group_uid in the
-    caller: a RecordError naming the field, or with on_invalid="skip" that sample alone "invalid"."""
-    from asynctrace import GroupSampler, RecordError
+@pytest.mark.parametrize("where", ["cap", "tier"])
+def test_client_refuses_an_unhashable_group_key(project: str, where: str) -> None:
+    """A client refuses a dict as group_uid in the caller where a group sampler of the collector's
+    session reads it, its cap's or (with no cap) a Selected tier's: a RecordError naming the
+    field, or with on_invalid="skip" that sample alone "invalid"."""
+    from asynctrace import GroupSampler, RecordError, Selected
 
-    collector = start_collector(
-        project, "groups", max_traces_per_step=8, sampler=GroupSampler("top"), finish_at_exit=False
-    )
+    if where == "cap":
+        collector = start_collector(
+            project, "groups", max_traces_per_step=8, sampler=GroupSampler("top"), finish_at_exit=False
+        )
+    else:
+        tier = Selected(MemorySink("tier"), max_traces_per_step=2, sampler=GroupSampler("top"))
+        collector = start_collector(project, "tier-groups", sinks=[MemorySink(), tier], finish_at_exit=False)
     samples = make_samples("g", 0, 4, seed=0)
     for i, s in enumerate(samples):
         s["group_uid"] = {"bad": 1} if i == 1 else f"g{i // 2}"
@@ -595,3 +601,35 @@ def test_client_refuses_an_unhashable_group_key(project: str) -> None:
         assert skipping.log_samples_nowait(samples, step=0) == 3
     assert Counter(skipping.stats().dropped) == Counter({"invalid": 1})
     assert ray.get(collector.finish.remote(30.0)).written == 3
+
+
+def test_group_metrics_count_every_sample_of_a_capped_collector(project: str, tmp_path: Path) -> None:
+    """With group_key= and a cap, clients ship every sample (no local selection), so the
+    collector's group metrics count the step's three groups, not the two samples kept."""
+    from asynctrace import JsonlSink
+
+    path = tmp_path / "run.jsonl"
+    collector = start_collector(
+        project,
+        "group-metrics",
+        sinks=[JsonlSink(str(path))],
+        max_traces_per_step=2,
+        sampler="top_bottom",
+        group_key="g",
+        health_metrics=False,
+        finish_at_exit=False,
+    )
+    rows = [
+        {"prompt": f"{g}{j}", "reward": float(g * 4 + j % 2), "g": f"g{g}"}
+        for g in range(3)
+        for j in range(4)
+    ]
+    with TraceClient(collector) as client:
+        assert client.log_samples_nowait(rows, step=0) == 12
+    assert ray.get(collector.finish.remote(30.0)).written == 2
+    lines = [orjson.loads(line) for line in path.read_text().splitlines()]
+    (metrics,) = [line["metrics"] for line in lines if "metrics" in line]
+    assert (
+        metrics["asynctrace/groups/train/count"] == 3.0
+        and metrics["asynctrace/groups/train/zero_spread"] == 0.0
+    )

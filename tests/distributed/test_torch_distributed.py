@@ -528,3 +528,121 @@ def test_an_unhashable_group_key_is_refused_in_the_caller(project: str) -> None:
         stats = logger.stats()
         assert stats.check() and stats.submitted == (0 if on_invalid == "raise" else 4)
         assert len(sink.records) == (0 if on_invalid == "raise" else 3)
+
+
+def _redact(sample: at.Sample) -> at.Sample:
+    return at.Sample(messages=sample.messages, metadata={**sample.metadata, "secret": "***"})
+
+
+def test_a_factory_session_is_refused_where_a_setting_would_go_unapplied(project: str) -> None:
+    """per_rank_stream with session_factory: the logger's redact, on_invalid or cap (which only the
+    session would apply) is a ValueError naming it, never a secret written as logged; global and
+    per_rank: a factory session must count what it still rejects (on_invalid="skip")."""
+    from asynctrace.distributed import DistributedTraceLogger
+
+    def factory(rank: int, run: str) -> at.TraceSession:
+        return at.TraceSession(project, run, sinks=[MemorySink()])
+
+    for given in ({"redact": _redact}, {"on_invalid": "skip"}, {"max_traces_per_step": 2}):
+        name = next(iter(given))
+        with pytest.raises(ValueError, match=f"the session applies {name}"):
+            DistributedTraceLogger(project, "r", mode="per_rank_stream", session_factory=factory, **given)
+    for mode in ("global", "per_rank"):
+        with pytest.raises(ValueError, match="on_invalid='skip'"):
+            DistributedTraceLogger(project, "r", mode=mode, max_traces_per_step=2, session_factory=factory)
+
+
+@pytest.mark.parametrize("mode", ["global", "per_rank"])
+def test_a_factory_session_counts_a_sample_over_its_byte_bound(project: str, mode: str) -> None:
+    """A sample the rank accepted but the writing session's max_queue_bytes refuses is counted
+    "invalid" there, with the step's other samples written; end_step does not raise."""
+    from asynctrace.distributed import DistributedTraceLogger
+
+    sink = MemorySink()
+    logger = DistributedTraceLogger(
+        project,
+        "bytes",
+        mode=mode,  # type: ignore[arg-type]
+        max_traces_per_step=4,
+        redact=_redact,
+        session_factory=lambda rank, run: at.TraceSession(
+            project, run, sinks=[sink], on_invalid="skip", max_queue_bytes=2000
+        ),
+    )
+    logger.log_samples([{"prompt": "x" * 5000, "reward": 1.0}, {"prompt": "y", "reward": 0.5}], step=0)
+    logger.end_step(0)
+    stats = logger.finish(10.0)
+    assert stats.check() and stats.session is not None and stats.session.check()
+    assert stats.session.dropped == {"invalid": 1} and stats.session.written == 1
+    assert [r.sample.metadata["secret"] for r in sink.records] == ["***"]
+
+
+@pytest.mark.parametrize("mode", ["global", "per_rank"])
+def test_a_tiers_group_key_is_validated_on_the_rank(project: str, mode: str) -> None:
+    """A Selected tier's GroupSampler in the writing session reads key "g": a dict there is a
+    RecordError naming metadata.g on the rank (as one session raises it), or with
+    on_invalid="skip" counted "invalid" by the rank, not handed on."""
+    from asynctrace.distributed import DistributedTraceLogger
+
+    rows = [{"prompt": "x", "reward": 1.0, "g": "a"}, {"prompt": "y", "reward": 2.0, "g": {"bad": 1}}]
+    for on_invalid in ("raise", "skip"):
+        archive = MemorySink("archive")
+        tier = at.Selected(MemorySink("tier"), max_traces_per_step=2, sampler=at.GroupSampler("top", key="g"))
+        logger = DistributedTraceLogger(
+            project,
+            f"tier-keys-{on_invalid}",
+            mode=mode,  # type: ignore[arg-type]
+            max_traces_per_step=4,
+            sampler="top_bottom",
+            on_invalid=on_invalid,  # type: ignore[arg-type]
+            sinks=[archive, tier],
+        )
+        if on_invalid == "raise":
+            with pytest.raises(at.RecordError, match=r"sample 1: metadata\.g"):
+                logger.log_samples(rows, step=0)
+        else:
+            assert logger.log_samples(rows, step=0) == 1
+        stats = logger.finish(10.0)
+        assert stats.check() and stats.session is not None and stats.session.check()
+        assert stats.dropped == ({} if on_invalid == "raise" else {"invalid": 1})
+        assert stats.session.dropped == {} and len(archive.records) == (0 if on_invalid == "raise" else 1)
+
+
+def test_group_metrics_are_refused_where_the_session_sees_only_the_selection(project: str) -> None:
+    """group_key= counts every sample of a step before the cap: in "global" and "per_rank" modes
+    (whose session gets only the selection) it is a ValueError, by keyword or from a
+    session_factory; in "per_rank_stream" the session counts all three groups of the step."""
+    from asynctrace.distributed import DistributedTraceLogger
+
+    for mode in ("global", "per_rank"):
+        with pytest.raises(ValueError, match=r"group metrics \(group_key=\)"):
+            DistributedTraceLogger(project, "r", mode=mode, max_traces_per_step=2, group_key="g")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=r"group metrics \(group_key=\)"):
+            DistributedTraceLogger(
+                project,
+                "r",
+                mode=mode,  # type: ignore[arg-type]
+                max_traces_per_step=2,
+                session_factory=lambda rank, run: at.TraceSession(
+                    project, run, sinks=[MemorySink()], on_invalid="skip", group_key="g"
+                ),
+            )
+    sink = MemorySink()
+    rows = [
+        {"prompt": f"{g}{j}", "reward": float(g * 4 + j % 2), "g": f"g{g}"}
+        for g in range(3)
+        for j in range(4)
+    ]
+    logger = DistributedTraceLogger(
+        project,
+        "stream",
+        mode="per_rank_stream",
+        max_traces_per_step=2,
+        sampler="top_bottom",
+        sinks=[sink],
+        group_key="g",
+        health_metrics=False,
+    )
+    logger.log_samples(rows, step=0)
+    assert logger.finish(10.0).check()
+    assert sink.metrics[0][1]["asynctrace/groups/train/count"] == 3.0
