@@ -155,6 +155,21 @@ def test_a_stopped_service_acknowledges_nothing_until_it_writes(
     assert increments(trainer.log) == 1
 
 
+def _replayed_by_the_next_session(
+    tmp_path: Path, name: str, spool: Path, trainers: list[Trainer], *, attach: bool = False
+) -> None:
+    """A new session on `spool` replays the 5 rows into its own run, whose `.wandb` file holds
+    them, and its accounting checks."""
+    again = Trainer(tmp_path, name, 0.2, spool, samples=0, flush=30.0, attach=attach)
+    trainers.append(again)
+    assert again.opened["replayed"] == 5
+    replayed = again.next()
+    assert replayed["flushed"] and replayed["written"] == 5, replayed
+    assert increments(again.log) == 1
+    last = again.next()
+    assert last["check"] and last["failed"] == 0, last
+
+
 def test_a_spooled_run_killed_with_its_service_is_replayed(tmp_path: Path, trainers: list[Trainer]) -> None:
     """Rows wandb-core had not written stay in the spool: after a SIGKILL of the trainer and its
     service, the next session replays them into a new run, whose `.wandb` file holds them."""
@@ -169,14 +184,7 @@ def test_a_spooled_run_killed_with_its_service_is_replayed(tmp_path: Path, train
     kill(trainer.service)
     assert increments(trainer.log) == 0
 
-    again = Trainer(tmp_path, "spooled", 0.2, spool, samples=0, flush=30.0)
-    trainers.append(again)
-    assert again.opened["replayed"] == 5
-    replayed = again.next()
-    assert replayed["flushed"] and replayed["written"] == 5, replayed
-    assert increments(again.log) == 1
-    last = again.next()
-    assert last["check"] and last["failed"] == 0, last
+    _replayed_by_the_next_session(tmp_path, "spooled", spool, trainers)
 
 
 def test_an_attached_runs_rows_count_once_its_log_holds_them(tmp_path: Path, trainers: list[Trainer]) -> None:
@@ -194,11 +202,4 @@ def test_an_attached_runs_rows_count_once_its_log_holds_them(tmp_path: Path, tra
     kill(trainer.service)
     assert increments(trainer.log) == 0
 
-    again = Trainer(tmp_path, "attached", 0.2, spool, samples=0, flush=30.0, attach=True)
-    trainers.append(again)
-    assert again.opened["replayed"] == 5
-    replayed = again.next()
-    assert replayed["flushed"] and replayed["written"] == 5, replayed
-    assert increments(again.log) == 1
-    last = again.next()
-    assert last["check"] and last["failed"] == 0, last
+    _replayed_by_the_next_session(tmp_path, "attached", spool, trainers, attach=True)
