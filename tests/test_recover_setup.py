@@ -22,7 +22,7 @@ def _setup_files(spool: Path) -> list[Path]:
 def test_the_setup_names_every_sink_and_tier_without_secrets(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A live session's setup file holds each sink's class and arguments and each tier's k and
+    """A live session's setup file holds each sink's kind and arguments and each tier's k and
     sampler, with no credential (an environment secret, a URL's password); it goes at a clean
     finish."""
     monkeypatch.setenv("HF_TOKEN", "hf_sEcReTvAlUe123456")
@@ -48,15 +48,16 @@ def test_the_setup_names_every_sink_and_tier_without_secrets(
 
     specs = orjson.loads(orjson.dumps(describe_sinks(sinks)))
     assert "pa55word" not in orjson.dumps(specs).decode()
-    assert specs[0]["class"] == "asynctrace.sinks._parquet:ParquetSink"
+    assert specs[0]["kind"] == "parquet" and "class" not in specs[0]
     assert specs[0]["args"]["max_records"] == 500
     assert specs[1]["selected"] == {"max_traces_per_step": 4, "sampler": {"name": "top_bottom"}}
     assert specs[1]["args"]["server_url"] == "https://trackio.example"
-    assert specs[3]["args"] is None
-    made, unmade = rebuild_sinks(specs)
-    assert [type(s).__name__ for s in made] == ["ParquetSink", "Selected", "JsonlSink"]
-    assert unmade and unmade[0][0] == "mem"
-    tier = made[1]
+    assert specs[1]["withheld"] == ["server_url"]
+    assert specs[3]["args"] is None and specs[3]["class"] == "asynctrace.testing:MemorySink"
+    made = rebuild_sinks(specs)
+    assert [type(s).__name__ for s in made.sinks] == ["ParquetSink", "Selected", "JsonlSink"]
+    assert [n.sink for n in made.unmade] == ["mem"] and not made.refused
+    tier = made.sinks[1]
     assert isinstance(tier, Selected) and tier.max_traces_per_step == 4
     assert type(tier.sampler).__name__ == "TopBottomSampler"
 
@@ -73,8 +74,8 @@ def test_a_setup_stays_while_the_session_left_records(tmp_path: Path) -> None:
         finish_timeout=0.2,
     ) as s:
         s.log_samples([sample(i) for i in range(3)], step=0)
-    setups, problems = read_setups(spool)
-    assert not problems and [(x.project, x.run) for x in setups.values()] == [("p", "r")]
+    found = read_setups(spool)
+    assert not found.unreadable and [(x.project, x.run) for x in found.setups.values()] == [("p", "r")]
 
 
 def test_a_restarted_session_replays_through_each_tier_selection(tmp_path: Path) -> None:
@@ -122,10 +123,10 @@ def test_tracker_sinks_are_made_again_with_their_arguments(tmp_path: Path) -> No
     ]
     specs = orjson.loads(orjson.dumps(describe_sinks(sinks)))
     assert "hunter2" not in orjson.dumps(specs).decode()
-    made, unmade = rebuild_sinks(specs)
-    wandb, mlflow = made
+    made = rebuild_sinks(specs)
+    wandb, mlflow = made.sinks
     assert isinstance(wandb, WandbSink) and wandb.project == "wp" and wandb.table_prefix == "rl/"
     assert wandb.init_kwargs == {"mode": "offline"}
     assert isinstance(mlflow, MlflowSink) and mlflow.experiment == "e"
     assert mlflow.tracking_uri == "https://mlflow.example"
-    assert [name for name, _ in unmade] == ["wandb"]
+    assert [name for name, _ in made.unmade] == ["wandb"] and not made.refused
