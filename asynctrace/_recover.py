@@ -275,16 +275,16 @@ async def _recover_into(
         report.problems = scan.problems
         report.damaged = sum(1 for f in scan.files if f.damaged)
         found = await anyio.to_thread.run_sync(read_setups, path)
-        report.unfinished += [
-            (problem, "its session's records stay in the spool") for problem in found.unreadable.values()
-        ]
         named: set[str] = set()
+        unread = dict(found.unreadable)  # those whose session has no records left go below
         for part in _partitions(scan, found, dead_letters):
             target = (project or part.source[0], run or part.source[1])
             sinks: list[Sink] | None = None  # a spool without its setup: Trackio, as before
             where = [SinkNote("trackio", KINDS["trackio"].where({}))]
             if part.unreadable is not None:
                 report.held.append(HeldBack(part.source, part.records, part.unreadable))
+                for session in part.sessions:
+                    unread.pop(session, None)
                 continue
             if part.setup is not None:
                 named.update(_names(part.setup))
@@ -313,6 +313,9 @@ async def _recover_into(
             result.where = where
             report.groups.append(result)
         report.unused = sorted(set(makers) - named)
+        # Nothing of its session to replay, but what else its sinks needed (a Parquet journal
+        # turned into a file) is unknown: the file stays, and the recovery is not whole.
+        report.unfinished += [(problem, "left in place") for problem in unread.values()]
         report.seconds = time.perf_counter() - started
         final = await anyio.to_thread.run_sync(seg.scan_dir, path)
         report.dead_letters_left = final.pending(seg.DEAD)

@@ -130,3 +130,91 @@ def test_tracker_sinks_are_made_again_with_their_arguments(tmp_path: Path) -> No
     assert isinstance(mlflow, MlflowSink) and mlflow.experiment == "e"
     assert mlflow.tracking_uri == "https://mlflow.example"
     assert [name for name, _ in made.unmade] == ["wandb"] and not made.refused
+
+
+_KILLED_WITH_URLS = """
+import os, signal, sys
+import asynctrace as at
+from asynctrace.sinks import MlflowSink
+
+sinks = [
+    MlflowSink(tracking_uri="http://bob:hunter2@127.0.0.1:9/?api_key=MLSECRET1", attach_active=False),
+    at.TrackioSink(server_url="http://127.0.0.1:9/?token=TRSECRET2&write_token=TRSECRET3&project=x"),
+]
+with at.TraceSession("p", run="r", sinks=sinks, spool_dir=sys.argv[1], durability="enqueue") as s:
+    s.log_samples([{"prompt": "q", "response": "a"}], step=0)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_no_url_credential_reaches_the_spool_and_recover_says_what_it_lacks(tmp_path: Path) -> None:
+    """A trainer killed with an MLflow URI holding `user:password@` and `?api_key=`, and a
+    Trackio server URL holding `?token=` and `?write_token=`, leaves none of them in any spool
+    file; the setup names the arguments that lost credentials, and the sinks made from it get
+    the URLs without them, with a note naming where the backend takes them from."""
+    import subprocess
+    import sys
+
+    from tests.faults import _harness as h
+
+    spool = tmp_path / "spool"
+    child = subprocess.run(
+        [sys.executable, "-c", _KILLED_WITH_URLS, str(spool)],
+        env=h.env(), cwd=h.ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert child.returncode == -9, child.stderr
+    written = b"".join(p.read_bytes() for p in spool.iterdir() if p.is_file())
+    for secret in (b"hunter2", b"MLSECRET1", b"TRSECRET2", b"TRSECRET3", b"bob"):
+        assert secret not in written, secret
+    (setup,) = read_setups(spool).setups.values()
+    assert [spec["withheld"] for spec in setup.sinks] == [["tracking_uri"], ["server_url"]]
+    made = rebuild_sinks(setup.sinks)
+    mlflow, trackio = made.sinks
+    assert mlflow.tracking_uri == "http://127.0.0.1:9/"  # type: ignore[attr-defined]
+    assert trackio.server_url == "http://127.0.0.1:9/?project=x"  # type: ignore[attr-defined]
+    notes = dict(made.notes)
+    assert "from MLFLOW_TRACKING_TOKEN" in notes["mlflow"] and "from TRACKIO_WRITE_TOKEN" in notes["trackio"]
+
+
+def test_a_dead_letter_keeps_no_credential_of_a_url_in_its_error(tmp_path: Path) -> None:
+    """A sink failing with an error that quotes a URL's password and its `key=`/`sig=` values:
+    the dead letter and the stats hold the error with them replaced by `***`."""
+
+    class Refusing(at.Sink):
+        name = "refusing"
+
+        async def write(self, records: object) -> None:
+            raise at.PermanentSinkError(
+                "cannot post to https://carol:s3cr3tpw@store.example/up?key=K3Y99&sig=S1G77&x=1"
+            )
+
+    spool = tmp_path / "spool"
+    with at.TraceSession("p", run="r", sinks=[Refusing()], spool_dir=spool) as s:
+        s.log_samples([sample(0)], step=0)
+    error = s.stats().sinks["refusing"].last_error or ""
+    (dead,) = spool.glob("dead-*.jsonl")
+    for text in (error, dead.read_text()):
+        assert "s3cr3tpw" not in text and "K3Y99" not in text and "S1G77" not in text, text
+    assert "https://***@store.example/up?key=***&sig=***&x=1" in error
+
+
+def test_every_shipped_sink_comes_back_from_its_spec_alone(tmp_path: Path) -> None:
+    """Each kind in the registry takes back exactly what its sink's `recovery_args()` gives."""
+    from asynctrace.sinks import ConsoleSink, JsonlSink, MlflowSink, TrackioSink, WandbSink
+    from asynctrace.sinks._kinds import KINDS
+    from asynctrace.sinks._spec import describe_sinks
+
+    sinks = [
+        TrackioSink(project="tp", server_url="https://trackio.example"),
+        WandbSink(project="wp", init_kwargs={"mode": "offline", "dir": str(tmp_path)}),
+        MlflowSink(tracking_uri="sqlite:///x.db", experiment="e", attach_active=False),
+        ParquetSink(tmp_path / "archive", stem="s"),
+        JsonlSink(tmp_path / "out.jsonl", rotate_every=10),
+        ConsoleSink(max_chars=100),
+    ]
+    specs = orjson.loads(orjson.dumps(describe_sinks(sinks)))
+    assert [spec["kind"] for spec in specs] == list(KINDS)
+    made = rebuild_sinks(specs)
+    assert not made.refused and not made.unmade, made
+    for before, after in zip(sinks, made.sinks, strict=True):
+        assert type(after) is type(before) and after.recovery_args() == before.recovery_args()

@@ -164,11 +164,11 @@ def _make(spec: Mapping[str, Any], name: str, makers: Mapping[str, Maker | None]
         sink = KINDS[kind].cls(**args)
         out.where.append(SinkNote(name, KINDS[kind].where(args)))
         withheld = spec.get("withheld")
-        if withheld:
+        if isinstance(withheld, list) and withheld:
             out.notes.append(
                 SinkNote(
                     name,
-                    f"its {', '.join(str(w) for w in withheld)} had credentials, which the setup "
+                    f"its {', '.join(shown(w) for w in withheld)} had credentials, which the setup "
                     f"does not keep: made without them; the backend takes them {KINDS[kind].credentials}",
                 )
             )
@@ -195,6 +195,9 @@ def rebuild_sinks(specs: Sequence[Any], makers: Mapping[str, Maker | None] | Non
         name = raw if isinstance(raw, str) and raw else "?"
         if not isinstance(spec, dict):
             out.refused.append(SinkNote(name, f"{shown(spec)} is not a sink's description"))
+            continue
+        if any(ord(c) < 32 or ord(c) == 127 for c in name):  # it is printed in the summary
+            out.refused.append(SinkNote(shown(name), "its name holds a control character"))
             continue
         try:
             _make(spec, name, makers or {}, out)
