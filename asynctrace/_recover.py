@@ -275,7 +275,7 @@ async def _recover_into(
         report.problems = scan.problems
         report.damaged = sum(1 for f in scan.files if f.damaged)
         found = await anyio.to_thread.run_sync(read_setups, path)
-        named: set[str] = set()
+        named = {name for setup in found.setups.values() for name in _names(setup)}
         unread = dict(found.unreadable)  # those whose session has no records left go below
         for part in _partitions(scan, found, dead_letters):
             target = (project or part.source[0], run or part.source[1])
@@ -287,7 +287,6 @@ async def _recover_into(
                     unread.pop(session, None)
                 continue
             if part.setup is not None:
-                named.update(_names(part.setup))
                 made = rebuild_sinks(part.setup.sinks, makers)
                 report.unmade += [u for u in made.unmade if u not in report.unmade]
                 report.notes += [n for n in made.notes if n not in report.notes]

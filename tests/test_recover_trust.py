@@ -123,6 +123,10 @@ def _tampered(tmp_path: Path, case: str) -> tuple[dict[str, Any], str]:
         resolved = {"directory": str(tmp_path / "a")}
         spec = {"name": "parquet", "kind": "parquet", "args": args, "resolved": resolved}
         return spec, "not to " + repr(str(tmp_path / "a"))
+    if case == "a file for a directory":
+        (tmp_path / "archive").write_text("")
+        args = {"directory": str(tmp_path / "archive")}
+        return {"name": "parquet", "kind": "parquet", "args": args}, "is not a directory"
     if case == "unknown kind":
         spec["kind"] = "shell"
         return spec, "its kind 'shell' is not one of asynctrace's sinks"
@@ -140,6 +144,7 @@ def _tampered(tmp_path: Path, case: str) -> tuple[dict[str, Any], str]:
         "a file JsonlSink did not write",
         "a link",
         "a link changed",
+        "a file for a directory",
         "unknown kind",
         "a W&B setting",
     ],

@@ -195,6 +195,8 @@ def _check_path(kind: str, what: str, value: Any, then: Any) -> None:
     path = Path(value)
     if kind == "jsonl":
         _check_jsonl(path)
+    elif path.exists() and not path.is_dir():
+        raise ValueError(f"its {what} {shown(value)} is not a directory")
     elif not path.is_dir() and not path.parent.is_dir():
         raise ValueError(f"its {what} {shown(value)} is not here, nor is the directory it would be made in")
 
