@@ -9,6 +9,7 @@ if TYPE_CHECKING:
     from . import testing
     from ._engine.retry import RetryPolicy
     from ._records.types import Sample, TraceRecord
+    from ._recover import recover
     from ._select.base import Sampler, StepSelection
     from ._select.groups import GroupSampler
     from ._select.samplers import FirstSampler, ReservoirSampler, TopBottomSampler
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 # pass a session's settings around.
 _HOME = {
     "RetryPolicy": "._engine.retry",
+    "recover": "._recover",
     "Sample": "._records.types",
     "TraceRecord": "._records.types",
     "Sampler": "._select.base",
@@ -112,5 +114,6 @@ __all__ = [
     "WandbSink",
     "__version__",
     "install_shutdown_hooks",
+    "recover",
     "testing",
 ]

@@ -17,13 +17,15 @@ import os
 import re
 import time
 import uuid
-from typing import Any
+from typing import Any, NamedTuple
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import orjson
 
 __all__ = [
     "REDACTED",
     "ScrubFilter",
+    "ScrubbedUrl",
     "check_name",
     "check_text",
     "describe",
@@ -32,8 +34,8 @@ __all__ = [
     "scrub",
     "scrub_bytes",
     "secret_bytes",
+    "scrub_url",
     "shown",
-    "strip_userinfo",
 ]
 
 REDACTED = "***"
@@ -47,6 +49,14 @@ _MIN_SECRET_LEN = 8
 
 _HF = (r"hf_[A-Za-z0-9]{16,}", "hf_" + REDACTED)
 _WRITE_TOKEN = (r"(write_token=)[^&\s#'\"<>\\]+", r"\1" + REDACTED)
+# A URL's query or fragment parameter whose value is a credential: these names, or any name
+# ending in one after a separator (`write_token`, `X-Amz-Credential`, `private_key`, `sig`).
+_PARAM_NAMES = (
+    r"(?:[A-Za-z0-9]+[_.-])*"
+    r"(?:token|key|apikey|secret|password|passwd|pwd|sig|signature|credentials?|auth|authorization)"
+)
+_CREDENTIAL_PARAM = re.compile(_PARAM_NAMES, re.IGNORECASE)
+_SCHEME = r"[A-Za-z][A-Za-z0-9+.-]*://"
 # Each with what the lowercased text must hold for it to match: a pattern that ignores case
 # costs several microseconds even on a short text, and every RecordError is scrubbed.
 _TEXT_PATTERNS = (
@@ -58,6 +68,9 @@ _TEXT_PATTERNS = (
         "=",
     ),
     (re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=-]{8,}", re.IGNORECASE), r"\1" + REDACTED, "bearer"),
+    # A URL's user part (`https://user:password@host`) and its credential parameters.
+    (re.compile(rf"(\b{_SCHEME})[^\s/?#@'\"<>]+@"), r"\1" + REDACTED + "@", "://"),
+    (re.compile(rf"([?&;#]{_PARAM_NAMES}=)[^&;#\s'\"<>]+", re.IGNORECASE), r"\1" + REDACTED, "="),
 )
 # Spooled samples are user data: only what is unmistakably a credential is replaced there
 # (a Hugging Face token, a Trackio write token in a URL, a credential value from the environment).
@@ -144,16 +157,42 @@ def scrub(text: str) -> str:
     return text
 
 
-def strip_userinfo(url: str | None) -> str | None:
-    """`url` without the ``user:password@`` part a URL may carry (None stays None)."""
-    if url is None:
-        return None
-    from urllib.parse import urlsplit, urlunsplit
+class ScrubbedUrl(NamedTuple):
+    """A URL without its credentials, and whether it had any."""
 
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    url: str
+    had_credentials: bool
+
+
+_URL = re.compile(_SCHEME)
+
+
+def scrub_url(text: str) -> ScrubbedUrl:
+    """`text`, when it is a URL (``scheme://...``), without the credentials it carries: its
+    ``user:password@`` part and every query or fragment parameter named like a credential
+    (`token`, `write_token`, `api_key`, `key`, `secret`, `password`, `sig`, ...) are left out,
+    so that what remains is still a URL a client can use. Any other text is returned as is."""
+    if not _URL.match(text):
+        return ScrubbedUrl(text, False)
+    try:
+        parts = urlsplit(text)
+    except ValueError:  # not a URL after all (a bad IPv6 host): scrubbed as text
+        clean = scrub(text)
+        return ScrubbedUrl(clean, clean != text)
+    netloc = parts.netloc.rpartition("@")[2]
+    query, fragment = _without_credentials(parts.query), _without_credentials(parts.fragment)
+    clean = urlunsplit(parts._replace(netloc=netloc, query=query, fragment=fragment))
+    changed = (netloc, query, fragment) != (parts.netloc, parts.query, parts.fragment)
+    return ScrubbedUrl(clean if changed else text, changed)
+
+
+def _without_credentials(params: str) -> str:
+    """A query (or fragment) without the parameters named like a credential; the others kept
+    exactly as written."""
+    if "=" not in params:
+        return params
+    kept = [p for p in params.split("&") if not _CREDENTIAL_PARAM.fullmatch(unquote(p.partition("=")[0]))]
+    return "&".join(kept)
 
 
 def describe(exc: BaseException) -> str:

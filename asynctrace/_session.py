@@ -11,6 +11,7 @@ import anyio
 import anyio.abc
 
 from ._checks import check_int, check_seconds, check_step, check_timeout
+from ._durable.directory import SpoolDir
 from ._durable.journal import ReplayPlan
 from ._durable.spool import Durability
 from ._engine.engine import Engine
@@ -360,10 +361,12 @@ def recovery_session(
     dead_letters: bool,
     sinks: Sequence[Sink] | None = None,
     sessions: frozenset[str] | None = None,
+    held: SpoolDir | None = None,
 ) -> TraceSession:
     """A session that replays what the spool holds of `source` (dead letters too, with
     `dead_letters`; only what `sessions` spooled, if given) into the (project, run) `target`
-    through `sinks` (default: Trackio), for `asynctrace recover`."""
+    through `sinks` (default: Trackio), for `asynctrace recover`, sharing the directory's
+    lock `held` when recover holds it."""
     from .sinks import TrackioSink
 
     session = TraceSession.__new__(TraceSession)
@@ -376,5 +379,6 @@ def recovery_session(
         replay=True,
         finish_timeout=120.0,
     )
-    session._setup(settings, ReplayPlan(source, dead_letters=dead_letters, quiet=True, sessions=sessions))
+    plan = ReplayPlan(source, dead_letters=dead_letters, quiet=True, sessions=sessions, held=held)
+    session._setup(settings, plan)
     return session

@@ -86,9 +86,13 @@ def recover(spool_dir: str, project: str | None, run: str | None, dead_letters: 
 
     The sinks the run had are made again from the setup the spool keeps (each Selected tier with
     its own selection; Trackio for a spool without one), and killed Parquet sinks' journals
-    become files. Records a sink already holds are not written again. Torn or corrupt spool files
-    are reported and skipped. Exits 1 when some records could not be delivered (records on corrupt lines or in
-    files without a valid header included), 2 when the spool cannot be used.
+    become files. Only asynctrace's own sinks are made, their arguments and paths checked first;
+    a session whose setup names anything else keeps its records in the spool (pass your own
+    sinks to asynctrace.recover in Python). Records a sink already holds are not written again.
+    Torn or corrupt spool files are reported and skipped. Prints a summary, always. Exits 1 when
+    some records were not delivered (records on corrupt lines, in files without a valid header,
+    or kept back by their setup included), 2 when the spool cannot be used (missing,
+    unreadable, in use).
     """
     from ._recover import main as run_recover
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +14,7 @@ from click.testing import CliRunner
 
 import asynctrace as at
 from asynctrace.cli import main
+from tests import _recover_spools as rs
 from tests._util import read_traces, sample
 
 
@@ -183,3 +187,98 @@ def test_recover_refuses_a_name_trackio_cannot_store(tmp_path: Path, flag: str) 
     assert not spool.exists()
     empty = CliRunner().invoke(main, ["recover", str(spool), flag, " ", "--no-progress"])
     assert empty.exit_code == 2 and "must not be empty" in empty.output
+
+
+def _unreadable(spool: Path, session: str, case: str) -> None:
+    path = spool / f"setup-{session}.json"
+    if case == "not JSON":
+        path.write_bytes(b'{"v": 2, "session": ')
+    elif case == "another session's":
+        path.write_bytes(path.read_bytes().replace(session.encode(), b"0123456789ab"))
+    else:
+        path.unlink()
+        path.symlink_to(spool.parent / "elsewhere.json")
+        (spool.parent / "elsewhere.json").write_bytes(b"{}")
+
+
+@pytest.mark.parametrize("case", ["not JSON", "another session's", "a link"])
+def test_recover_exits_1_and_keeps_the_records_of_a_session_whose_setup_is_unreadable(
+    tmp_path: Path, project: str, case: str
+) -> None:
+    """A setup file that is damaged, names another session, or is a link: its session's records
+    are not sent anywhere (Trackio included) but kept, the file named; exit status 1."""
+    spool = tmp_path / "spool"
+    _unreadable(spool, rs.leave(spool, project=project), case)
+    result = CliRunner().invoke(main, ["recover", str(spool), "--no-progress"])
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert f"{project}/r: 5 records not replayed, kept in the spool: setup-" in result.output, result.output
+    assert "unreadable sink setup" in result.output
+    assert read_traces(project, "r") == [] and list(spool.glob("seg-*.jsonl"))
+
+
+def test_recover_exits_1_and_keeps_the_records_when_a_sink_cannot_be_made_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A setup's ParquetSink on a machine without pyarrow: not made, its session's records kept
+    for when the extra is installed, the reason given; exit status 1."""
+    spool = tmp_path / "spool"
+    spec = {"name": "parquet", "kind": "parquet", "args": {"directory": str(tmp_path)}}
+    rs.set_sinks(spool, rs.leave(spool), [spec])
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # as where the extra is not installed
+    result = CliRunner().invoke(main, ["recover", str(spool), "--no-progress"])
+    assert result.exit_code == 1, result.output
+    assert (
+        "p/r: 5 records not replayed, kept in the spool: sink 'parquet': ImportError: ParquetSink needs"
+        in (result.output)
+    )
+
+
+_KILLED_WITH_A_JOURNAL = """
+import os, signal, sys
+import asynctrace as at
+
+archive, spool = sys.argv[1], sys.argv[2]
+with at.TraceSession("p", run="r", sinks=[at.ParquetSink(archive)], spool_dir=spool) as s:
+    s.log_samples([{"prompt": f"q{i}", "response": "a", "uid": f"0:{i}"} for i in range(10)], step=0)
+    assert s.flush(timeout=30)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.fixture(scope="module")
+def killed_with_a_journal(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run killed after its ParquetSink wrote 10 rows to its journal (no file yet)."""
+    from tests.faults import _harness as h
+
+    root = tmp_path_factory.mktemp("journal")
+    child = subprocess.run(
+        [sys.executable, "-c", _KILLED_WITH_A_JOURNAL, str(root / "archive"), str(root / "spool")],
+        env=h.env(), cwd=h.ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert child.returncode == -9, child.stderr
+    return root
+
+
+@pytest.mark.parametrize("damage", [b"{not json", b'{"id": "x-1", "step": 0}'])
+def test_recover_on_a_damaged_journal_names_its_archive_and_exits_1(
+    tmp_path: Path, killed_with_a_journal: Path, damage: bytes
+) -> None:
+    """A killed ParquetSink's journal with a line of bad JSON, or one lacking its sample: the
+    command prints its summary naming the archive, and exits 1, never with a traceback, and
+    never 2 (the spool itself is fine)."""
+    from tests.faults import _harness as h
+
+    shutil.copytree(killed_with_a_journal, tmp_path, dirs_exist_ok=True)
+    (setup,) = (tmp_path / "spool").glob("setup-*.json")  # its archive is the copy's
+    setup.write_bytes(setup.read_bytes().replace(str(killed_with_a_journal).encode(), str(tmp_path).encode()))
+    archive = tmp_path / "archive"
+    (journal,) = archive.glob(".*.journal")
+    lines = journal.read_bytes().split(b"\n")
+    lines[4] = damage
+    journal.write_bytes(b"\n".join(lines))
+    result = h.recover(str(tmp_path / "spool"))
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.startswith(f"asynctrace recover {tmp_path / 'spool'}")
+    assert str(archive) in result.stdout, result.stdout

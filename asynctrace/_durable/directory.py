@@ -24,14 +24,29 @@ ERROR_LOG_INTERVAL = 60.0
 
 
 class SpoolDir:
-    """Creates or checks the directory (0700) and holds its lock while the session has it open."""
+    """Creates or checks the directory (0700) and holds its lock while the session has it open.
 
-    def __init__(self, directory: Path) -> None:
+    `within`: another `SpoolDir` of the same directory, already locked, whose lock this one
+    shares instead of taking its own: `asynctrace recover` holds the lock across the sessions it
+    opens one after another, so that no other process (a second recover, a restarted trainer)
+    takes the directory between them.
+    """
+
+    def __init__(self, directory: Path, *, within: SpoolDir | None = None) -> None:
         self.directory = directory
         self._lock_fd: int | None = None
+        self._within = within
+
+    @property
+    def locked(self) -> bool:
+        return self._lock_fd is not None
 
     def lock(self) -> None:
         directory = self.directory
+        if self._within is not None:
+            if not self._within.locked:
+                raise SpoolError(f"the spool directory {directory} is no longer locked by its recovery")
+            return
         try:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
@@ -68,6 +83,7 @@ class SpoolDir:
         forks.hold(self, self._after_fork_in_child)
 
     def unlock(self) -> None:
+        """Let go of the lock (a shared one stays with its holder)."""
         fd, self._lock_fd = self._lock_fd, None
         forks.release(self)
         if fd is not None:

@@ -18,6 +18,7 @@ from .._security import logger
 from . import segments
 
 if TYPE_CHECKING:
+    from .directory import SpoolDir
     from .spool import Spool
 
 __all__ = ["Journal", "ReplayPlan", "replay_backlog"]
@@ -104,6 +105,8 @@ class ReplayPlan:
     quiet: bool = False
     # Only the records these sessions spooled (recover replays each set of sinks on its own).
     sessions: frozenset[str] | None = None
+    # The directory's lock, held by recover across all its sessions (see SpoolDir).
+    held: SpoolDir | None = None
 
 
 async def replay_backlog(

@@ -72,6 +72,7 @@ class Spool:
         session: str,
         durability: Durability,
         setup: Sequence[Mapping[str, Any]] | None = None,
+        within: SpoolDir | None = None,
     ) -> None:
         self.directory = Path(directory).expanduser()
         # The session's sinks, for `asynctrace recover` (see setup.py).
@@ -90,7 +91,8 @@ class Spool:
         self._ops: list[_Op] = []
         self._plock = threading.Lock()  # guards _ops; taken under the buffer lock
         self._io = threading.Lock()  # one commit at a time, in order
-        self._dir = SpoolDir(self.directory)
+        # `within`: the lock `asynctrace recover` holds for all its sessions (see SpoolDir).
+        self._dir = SpoolDir(self.directory, within=within)
         self._errors = WriteErrors(self.directory)
         self.appended = self.acknowledged = self.dead_letters = 0
         self._secrets_at = -math.inf

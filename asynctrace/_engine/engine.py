@@ -68,6 +68,7 @@ class Engine:
                 session=id_prefix,
                 durability=s.durability,
                 setup=setup,
+                within=plan.held if plan is not None else None,
             )
             if s.spool_dir is not None
             else None

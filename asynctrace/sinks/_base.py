@@ -58,5 +58,8 @@ class Sink(abc.ABC):
         when it cannot be made outside the trainer (the default).
 
         Called before `bind`. They are stored in the spool directory as JSON: plain values
-        only, and never a credential (a token, a password, a URL's user part)."""
+        only, and never a credential (a URL's user part and credential parameters are left out
+        for you; any other token or password must not be returned). `asynctrace recover`
+        makes asynctrace's own sinks from them; a sink of yours comes back when its class is
+        passed to `asynctrace.recover(..., sinks={name: cls})`, which calls it with them."""
         return None

@@ -19,7 +19,7 @@ import orjson
 
 from .._checks import check_bool, check_seconds, check_type
 from .._records.types import TraceRecord
-from .._security import logger, strip_userinfo
+from .._security import logger
 from ..exceptions import PermanentSinkError
 from ._base import Sink
 from ._guard import Serial
@@ -185,8 +185,9 @@ class MlflowSink(Sink):
 
     def recovery_args(self) -> dict[str, Any] | None:
         # Called before open: run_id is the one given, or the active run the sink attached to.
+        # The URI's credentials are left out where every spec is made (`_spec.describe_sinks`).
         return {
-            "tracking_uri": strip_userinfo(self.tracking_uri),
+            "tracking_uri": self.tracking_uri,
             "experiment": self.experiment,
             "run_id": self.run_id,
             "run_name": self.run_name,

@@ -21,7 +21,7 @@ from .._checks import check_bool, check_type
 from .._records.types import TraceRecord
 from .._runtime import forks
 from .._runtime.abandon import Backlog, run_sync_daemon
-from .._security import check_name, check_text, shown, strip_userinfo
+from .._security import check_name, check_text, shown
 from ..exceptions import PermanentSinkError
 from ._base import Sink
 from ._trackio_versions import check_trackio_version
@@ -221,12 +221,13 @@ class TrackioSink(Sink):
         self.duplicates_skipped = 0
 
     def recovery_args(self) -> dict[str, Any] | None:
-        # init_kwargs are left out: a config may hold anything, and the run exists already.
+        # init_kwargs are left out: a config may hold anything, and the run exists already. The
+        # server URL's credentials are left out where every spec is made (`_spec.describe_sinks`).
         return {
             "project": self.project,
             "run": self.run,
             "space_id": self.space_id,
-            "server_url": strip_userinfo(self.server_url),
+            "server_url": self.server_url,
             "process": self.process,
         }
 

@@ -15,6 +15,15 @@ from tests.faults._ack_sinks import uids
 from tests.faults._ack_trainer import PER_STEP, STEPS, WATCHED
 
 CHILD = Path(__file__).with_name("_ack_trainer.py")
+# The sinks are the test's own: recover makes them only from the factories passed in code.
+RECOVER = """
+import sys, anyio, asynctrace as at
+from tests.faults._ack_sinks import UidFileSink
+sinks = {"archive": UidFileSink, "tier": UidFileSink}
+report = anyio.run(lambda: at.recover(sys.argv[1], sinks=sinks, progress=False))
+print("\\n".join(report.lines()))
+raise SystemExit(0 if report.ok else 1)
+"""
 
 
 def _run(mode: str, tmp: Path, sampler: str) -> subprocess.CompletedProcess[str]:
@@ -35,14 +44,22 @@ def _run(mode: str, tmp: Path, sampler: str) -> subprocess.CompletedProcess[str]
 def test_a_recovered_tier_holds_its_selection_and_the_watched_samples(
     tmp_path: Path, sampler: str, replay: str, kill: str
 ) -> None:
-    """Killed while the archive lags: replayed by `asynctrace recover` or a restarted session,
+    """Killed while the archive lags: replayed by `asynctrace.recover` (the sinks passed in code;
+    the command line keeps their records) or a restarted session,
     each sink gets only what it lacked; the tier holds, in every step, the watched sample and
     exactly its own selection of the rest, each once (stragglers of a step it had closed or
     filled before the kill left out, as one uninterrupted run would); the archive every sample."""
     killed = _run(kill, tmp_path, sampler)
     assert killed.returncode == -9, killed.stderr
     if replay == "recover":
-        result = h.recover(str(tmp_path / "spool"))
+        spool = str(tmp_path / "spool")
+        if kill == "kill":
+            # The command line makes no sink of the test's own: the records stay for the call below.
+            held = h.recover(spool)
+            assert held.returncode == 1, held.stdout + held.stderr
+            assert "made only when you pass it in code" in held.stdout, held.stdout
+        command = [sys.executable, "-c", RECOVER, spool]
+        result = subprocess.run(command, env=h.env(), cwd=h.ROOT, capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stdout + result.stderr
         assert "sinks: archive, tier" in result.stdout, result.stdout
     else:

@@ -1,0 +1,170 @@
+"""A spool's setup file is data: recover imports nothing it names, makes only the sinks
+asynctrace ships (and those passed in code), checks every argument and path first, and keeps the
+records of a session whose setup it will not follow."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+import asynctrace as at
+from asynctrace._recover import RecoverReport, recover
+from asynctrace.ray import SinkSpec
+from tests import _recover_spools as rs
+from tests.faults import _harness as h
+
+ZEN = "Beautiful is better than ugly"
+
+
+def _recover(spool: Path, **options: Any) -> RecoverReport:
+    return anyio.run(lambda: recover(spool, progress=False, **options))
+
+
+def test_recover_imports_no_module_a_setup_names(tmp_path: Path) -> None:
+    """A setup naming `this:Zen` or a module of the spool's own is not imported: no Zen printed,
+    no code run; the records stay in the spool (exit 1) and the summary says how to pass the sink."""
+    spool = tmp_path / "spool"
+    marker = tmp_path / "ran"
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    (planted / "spoolmod.py").write_text(f"open({str(marker)!r}, 'w').close()\nclass Sink: pass\n")
+    rs.set_sinks(spool, rs.leave(spool, "r1"), [{"name": "zen", "class": "this:Zen", "args": {}}], v=1)
+    rs.set_sinks(spool, rs.leave(spool, "r2"), [{"name": "mine", "class": "spoolmod:Sink", "args": {}}])
+    env = h.env()
+    env["PYTHONPATH"] += os.pathsep + str(planted)
+    result = subprocess.run(
+        [sys.executable, "-m", "asynctrace", "recover", "--no-progress", str(spool)],
+        capture_output=True, text=True, env=env, cwd=h.ROOT, timeout=120,
+    )  # fmt: skip
+    assert ZEN not in result.stdout + result.stderr and not marker.exists()
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stdout + result.stderr
+    held = "p/r1: 5 records not replayed, kept in the spool: sink 'zen': it is a sink of your own ('this:Zen"
+    assert held in result.stdout, result.stdout
+    assert "sinks={'mine': YourSink}" in result.stdout, result.stdout
+    assert len(list(spool.glob("setup-*.json"))) == 2, "the setups stay with their records"
+
+
+def test_a_sink_of_your_own_comes_back_when_passed_in_code(tmp_path: Path) -> None:
+    """`recover(sinks=...)` makes a setup's own sink from the class passed (with the setup's
+    arguments), from a SinkSpec as given, or leaves it out with None."""
+    spool = tmp_path / "spool"
+    made: list[at.testing.MemorySink] = []
+
+    def factory(**args: Any) -> at.Sink:
+        made.append(at.testing.MemorySink(**args))
+        return made[-1]
+
+    own = {"name": "mine", "class": "mymodule:Mine", "args": {"name": "mine"}}
+    rs.set_sinks(spool, rs.leave(spool, "r1"), [own])
+    report = _recover(spool, sinks={"mine": factory, "typo": factory})
+    assert report.ok and [len(s.records) for s in made] == [5], report.lines()
+    assert "  sinks passed that no setup names: 'typo'" in report.lines()
+    spec_sink = at.testing.MemorySink("mine")
+    rs.set_sinks(spool, rs.leave(spool, "r2"), [own])
+    report = _recover(spool, sinks={"mine": SinkSpec(lambda: spec_sink)})
+    assert report.ok and len(spec_sink.records) == 5
+    rs.set_sinks(spool, rs.leave(spool, "r3"), [own, rs.jsonl(tmp_path / "out.jsonl")])
+    report = _recover(spool, sinks={"mine": None})
+    assert report.ok and sum(rs.uids(tmp_path / "out.jsonl").values()) == 5
+    assert "  sink 'mine' cannot be made outside the trainer, so it gets nothing: left out by the caller" in (
+        report.lines()
+    )
+    with pytest.raises(TypeError, match="not a MemorySink"):
+        _recover(spool, sinks={"mine": at.testing.MemorySink()})  # type: ignore[dict-item]
+
+
+def test_a_setup_of_the_previous_format_names_shipped_sinks_by_class(tmp_path: Path) -> None:
+    """A setup written before kinds (`"class": "asynctrace.sinks._jsonl:JsonlSink"`) still makes
+    its shipped sinks, looked up by name in the registry."""
+    spool, out = tmp_path / "spool", tmp_path / "out.jsonl"
+    spec = rs.jsonl(out)
+    del spec["kind"]
+    spec["class"] = "asynctrace.sinks._jsonl:JsonlSink"
+    rs.set_sinks(spool, rs.leave(spool), [spec], v=1)
+    report = _recover(spool)
+    assert report.ok and sum(rs.uids(out).values()) == 5, report.lines()
+    assert f"    writes to: jsonl: {out}" in report.lines()
+
+
+def _tampered(tmp_path: Path, case: str) -> tuple[dict[str, Any], str]:
+    """A JSONL or Parquet sink's spec edited as `case` says, and what the summary must say."""
+    out = tmp_path / "out.jsonl"
+    spec = rs.jsonl(out)
+    args = spec["args"]
+    if case == "unknown argument":
+        args["mode"] = "w"
+        return spec, "JsonlSink takes no argument 'mode' from a setup"
+    if case == "relative path":
+        args["path"] = "out.jsonl"
+        return spec, "its path 'out.jsonl' is not an absolute path"
+    if case == "control character":
+        args["path"] = str(out) + "\n  p/r: 5 replayed, 5 written"
+        return spec, "holds NUL or a control character"
+    if case == "a file JsonlSink did not write":
+        (tmp_path / ".bashrc").write_text("export PATH=$HOME/bin:$PATH\n")
+        args["path"] = str(tmp_path / ".bashrc")
+        return spec, "is a file that JsonlSink did not write"
+    if case == "a link":
+        (tmp_path / "elsewhere").write_text("")
+        out.symlink_to(tmp_path / "elsewhere")
+        return spec, "is not a regular file"
+    if case == "a link changed":
+        (tmp_path / "a").mkdir()
+        (tmp_path / "b").mkdir()
+        (tmp_path / "archive").symlink_to(tmp_path / "b")
+        directory = str(tmp_path / "archive")
+        args = {"directory": directory, "max_records": 10, "max_bytes": 1000, "compression_level": None}
+        resolved = {"directory": str(tmp_path / "a")}
+        spec = {"name": "parquet", "kind": "parquet", "args": args, "resolved": resolved}
+        return spec, "not to " + repr(str(tmp_path / "a"))
+    if case == "a file for a directory":
+        (tmp_path / "archive").write_text("")
+        args = {"directory": str(tmp_path / "archive")}
+        return {"name": "parquet", "kind": "parquet", "args": args}, "is not a directory"
+    if case == "unknown kind":
+        spec["kind"] = "shell"
+        return spec, "its kind 'shell' is not one of asynctrace's sinks"
+    assert case == "a W&B setting"
+    spec = {"name": "wandb", "kind": "wandb", "args": {"project": "p", "init_kwargs": {"settings": "x"}}}
+    return spec, "its init_kwargs hold 'settings', not taken from a setup"
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "unknown argument",
+        "relative path",
+        "control character",
+        "a file JsonlSink did not write",
+        "a link",
+        "a link changed",
+        "a file for a directory",
+        "unknown kind",
+        "a W&B setting",
+    ],
+)
+def test_recover_refuses_what_a_setup_should_not_hold_and_keeps_the_records(
+    tmp_path: Path, case: str
+) -> None:
+    """An argument the kind does not take, a path that is relative, holds a control character,
+    names a file JsonlSink did not write or a link, or leads elsewhere than when the session
+    started: that session's records stay in the spool, the summary says which sink and why, and
+    no file is touched."""
+    spool = tmp_path / "spool"
+    spec, why = _tampered(tmp_path, case)
+    rs.set_sinks(spool, rs.leave(spool), [spec])
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and spool not in p.parents}
+    report = _recover(spool)
+    assert not report.ok and report.left == 5 and not report.groups
+    (line,) = [line for line in report.lines() if "not replayed" in line]
+    assert why in line, line
+    assert "\n" not in "".join(report.lines())
+    after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and spool not in p.parents}
+    assert after == before
+    assert len(list(spool.glob("setup-*.json"))) == 1
