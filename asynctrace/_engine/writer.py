@@ -14,7 +14,6 @@ stubborn call goes on alone, holding up nothing.
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -23,7 +22,7 @@ import anyio.lowlevel
 
 from .._records.types import MetricsItem, TraceRecord
 from .._runtime.abandon import spawn_detached, wait_first
-from .._security import describe
+from .._security import describe, logger
 from .._select.lane import Picked
 from ..sinks._base import Sink
 from .buffer import Batch, Buffer, Marker
@@ -36,7 +35,6 @@ from .wakeup import Signal
 if TYPE_CHECKING:
     from .._durable.segments import TierState
 
-logger = logging.getLogger("asynctrace")
 
 __all__ = ["Writer"]
 
