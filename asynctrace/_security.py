@@ -15,9 +15,11 @@ import contextlib
 import logging
 import os
 import re
+import threading
 import time
 import uuid
-from typing import Any, NamedTuple
+from collections.abc import MutableMapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import orjson
@@ -26,6 +28,7 @@ __all__ = [
     "REDACTED",
     "ScrubFilter",
     "ScrubbedUrl",
+    "TraceLogger",
     "check_name",
     "check_text",
     "describe",
@@ -285,9 +288,58 @@ class ScrubFilter(logging.Filter):
         return True
 
 
-logger = logging.getLogger("asynctrace")
-"""asynctrace's logger, with its filter. Modules imported late (the adapters, possibly after a
-framework that replaced `logging`'s logger manager, as AReaL does) log through this object, so
-their records keep the filter and reach the handlers configured for asynctrace."""
-if not any(isinstance(f, ScrubFilter) for f in logger.filters):
-    logger.addFilter(ScrubFilter())
+_LOGGER_NAME = "asynctrace"
+
+if TYPE_CHECKING:
+    _Adapter = logging.LoggerAdapter[logging.Logger]
+else:  # not subscriptable at run time before Python 3.11
+    _Adapter = logging.LoggerAdapter
+
+
+class TraceLogger(_Adapter):
+    """asynctrace's logger: every module of the package logs through this one object, `logger`.
+
+    Each record goes to the logger that ``logging.getLogger("asynctrace")`` returns at that
+    moment, with a `ScrubFilter` on it, and on to `logging.root`: the root that
+    `logging.basicConfig`, `dictConfig` and ``logging.getLogger()`` configure. A framework that
+    replaces logging's logger manager (AReaL does, on every call of its `getLogger`) breaks both
+    halves for a `Logger` kept from import time: ``getLogger("asynctrace")`` then returns a new
+    logger (without the filter, without the levels and handlers set on the old one), and a logger
+    the new manager makes hangs below a root of its own, which no handler of the trainer's is on.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ready: logging.Logger | None = None
+        self.extra = None
+
+    @property
+    def logger(self) -> logging.Logger:  # type: ignore[override]  # read at each call, never set
+        current = logging.getLogger(_LOGGER_NAME)
+        if current is not self._ready:
+            self._adopt(current)
+        return current
+
+    @property
+    def level(self) -> int:
+        """The level set on the `asynctrace` logger (`setLevel` sets it)."""
+        return self.logger.level
+
+    def _adopt(self, current: logging.Logger) -> None:
+        """Give a logger first seen under the name its filter, and `logging.root` as its parent
+        where a replaced manager gave it a root of its own."""
+        with self._lock:
+            if not any(isinstance(f, ScrubFilter) for f in current.filters):
+                current.addFilter(ScrubFilter())
+            parent = current.parent
+            if isinstance(parent, logging.RootLogger) and parent is not logging.root:
+                current.parent = logging.root
+            self._ready = current
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        # A plain LoggerAdapter would replace the call's `extra` with its own.
+        return msg, kwargs
+
+
+logger = TraceLogger()
+"""asynctrace's logger (see `TraceLogger`); no module of the package calls `logging.getLogger`."""

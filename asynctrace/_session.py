@@ -272,8 +272,9 @@ class TraceSession:
     async def log_metrics(self, metrics: Mapping[str, float], *, step: int) -> None:
         """Queue scalar metrics for `step`; every sink that supports metrics gets them in order.
 
-        Never waits: without room in `max_queue_bytes` (a stuck sink), they are dropped and
-        counted in `stats().metrics_dropped`."""
+        Never waits: a sink whose backlog holds its share of `max_queue_bytes` (a stuck sink)
+        misses them, counted in `stats().sinks[name].metrics_dropped`; without room for any
+        sink they are dropped and counted in `stats().metrics_dropped`."""
         self._engine.intake.log_metrics(metrics, step)
 
     async def flush(self, timeout: float | None = None) -> bool:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-__all__ = ["Counts", "DropReason", "SessionStats", "SinkStats", "SpoolStats"]
+__all__ = ["Counts", "DropReason", "MetricsDropReason", "SessionStats", "SinkStats", "SpoolStats"]
 
 # Why a sample was dropped, in the words every `stats().dropped` uses.
 DropReason = Literal[
@@ -23,6 +23,12 @@ DropReason = Literal[
     "ship_error",  # Ray: the call could not even be submitted
     "close_timeout",  # Ray: still buffered when close()'s deadline passed
     "not_closed",  # Ray: still buffered at exit in a process that cannot ship any more
+]
+
+# Why one sink did not get a `log_metrics` call that others got (`SinkStats.metrics_dropped`).
+MetricsDropReason = Literal[
+    "backlog_full",  # its backlog of metrics not yet written held its share of max_queue_bytes
+    "finish_timeout",  # not written by it when finish() gave up on its sink at the deadline
 ]
 
 
@@ -65,6 +71,9 @@ class SinkStats:
     out, by reason (`skipped`), and what it holds for steps still open (`held`): every record
     handed to a sink is ``written + failed + sum(skipped.values()) + held``. Any sink counts
     replayed records it had dealt with before a kill as ``skipped["earlier"]``.
+
+    `metrics_dropped` counts the `log_metrics` calls this sink alone did not get, by reason
+    (`MetricsDropReason`); calls no sink got are the session's `metrics_dropped`.
     """
 
     written: int = 0
@@ -74,6 +83,7 @@ class SinkStats:
     last_error: str | None = None
     skipped: Mapping[str, int] = field(default_factory=dict)
     held: int = 0
+    metrics_dropped: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,8 +127,8 @@ class SessionStats(Counts):
     sinks: Mapping[str, SinkStats] = field(default_factory=dict)
     replayed: int = 0
     spool: SpoolStats | None = None
-    # `log_metrics` calls whose metrics found no room in `max_queue_bytes` (not samples: outside
-    # the invariant).
+    # `log_metrics` calls that reached no sink: no room in `max_queue_bytes`, or every sink's
+    # backlog was full (calls, not samples: outside the invariant).
     metrics_dropped: int = 0
 
     PARTS: ClassVar[tuple[str, ...]] = ("written", "failed", "pending")

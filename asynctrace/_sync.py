@@ -165,8 +165,7 @@ class SyncTraceSession:
         self.session.record_invalid(n)
 
     def log_metrics(self, metrics: Mapping[str, float], *, step: int) -> None:
-        """Queue scalar metrics for `step`; never waits: without room in `max_queue_bytes` they are
-        dropped and counted in `stats().metrics_dropped`."""
+        """Queue scalar metrics for `step`; never waits (see `TraceSession.log_metrics`)."""
         self._push_metrics(metrics, step)
 
     def log_rollouts(self, input_ids: Any, *, tokenizer: Any, step: int, **kwargs: Any) -> int:

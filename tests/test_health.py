@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import anyio
 import pytest
 
@@ -65,6 +67,38 @@ async def test_health_is_logged_every_interval_at_the_highest_step() -> None:
     final = health[-1][1]
     assert final["asynctrace/submitted"] == 3 and final["asynctrace/written"] == 3
     assert final["asynctrace/pending"] == 0 and final["asynctrace/dropped/total"] == 0
+
+
+class _StuckOnce(at.testing.MemorySink):
+    """Its first write_metrics waits until `release` is set."""
+
+    def __init__(self) -> None:
+        super().__init__("stuck")
+        self.release = anyio.Event()
+
+    async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        await self.release.wait()
+        await super().write_metrics(step, metrics)
+
+
+async def test_a_stuck_sink_holds_one_health_point_not_one_per_interval() -> None:
+    """While a sink is stuck, the health points it has not written do not pile up: it keeps the
+    one in hand and one waiting, and the other sink gets every point meanwhile."""
+    stuck, ok = _StuckOnce(), at.testing.MemorySink("ok")
+    async with at.TraceSession("p", sinks=[stuck, ok], health_interval=0.02, flush_interval=0.01) as s:
+        with anyio.fail_after(20):
+            step = 0
+            while len(_health(ok)) < 12:  # each point differs: a sample was logged since
+                await s.log_samples([sample(step, step=step)], step=step)
+                step += 1
+                await anyio.sleep(0.01)
+        held = len(_health(ok))
+        stuck.release.set()
+        assert await s.flush(timeout=10)
+        # What the stuck sink got: the point it was stuck on, the one waiting, and at most the
+        # few made while the flush ran; never the dozen it missed.
+        assert len(_health(stuck)) <= 2 + len(_health(ok)) - held
+    assert len(stuck.records) == len(ok.records) == step
 
 
 async def test_health_counts_a_sinks_selection_and_failures() -> None:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import io
+import json
 import logging
 import re
+import subprocess
+import sys
+import textwrap
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -14,8 +18,9 @@ import anyio
 import pytest
 
 import asynctrace as at
-from asynctrace._security import scrub
+from asynctrace._security import logger, scrub
 from tests._util import sample, stuck_spool_session
+from tests.faults._harness import ROOT, env
 
 pytestmark = pytest.mark.anyio
 
@@ -232,15 +237,17 @@ def _log_failure(fail: Callable[[], None], formatter: logging.Formatter | None =
     handler = logging.StreamHandler(stream)
     if formatter is not None:
         handler.setFormatter(formatter)
-    log = logging.getLogger("asynctrace")
-    log.addHandler(handler)
+    # On the logger a trainer configures under the name, asynctrace's records logged as the
+    # package logs them: the same whichever framework replaced logging's manager first.
+    named = logging.getLogger("asynctrace")
+    named.addHandler(handler)
     try:
         try:
             fail()
         except Exception:
-            log.exception("asynctrace: shipping failed")
+            logger.exception("asynctrace: shipping failed")
     finally:
-        log.removeHandler(handler)
+        named.removeHandler(handler)
     return stream.getvalue()
 
 
@@ -272,6 +279,14 @@ class _LocalsRendering(_OwnRendering):
 
     def formatException(self, ei: Any) -> str:
         return "".join(traceback.TracebackException(*ei, capture_locals=True).format())
+
+
+def test_every_module_logs_through_the_one_asynctrace_logger() -> None:
+    """No module but _security makes a logger: one kept from its own import would lose the filter
+    and the trainer's handlers once a framework replaces logging's manager (see TraceLogger)."""
+    package = Path(at.__file__).parent
+    makers = [p.name for p in package.rglob("*.py") if "getLogger(" in p.read_text()]
+    assert makers == ["_security.py"]
 
 
 def test_a_formatter_rendering_frame_locals_gets_no_credential(tokens: list[str]) -> None:
@@ -399,3 +414,64 @@ def test_scrub_follows_changes_to_the_environment(monkeypatch: pytest.MonkeyPatc
 
         encode_sample({"prompt": "q", first: b"x"}, 0)
     assert first not in str(info.value) and first not in str(info.value.path)
+
+
+# A trainer that imports AReaL (which replaces logging's logger manager at import, and again on
+# every call of its getLogger), then configures logging, then uses asynctrace.
+_AREAL_FIRST = textwrap.dedent(
+    """
+    import io, json, logging, os
+    import areal
+    import areal.utils.logging as areal_logging
+    import asynctrace as at
+    from asynctrace._security import logger
+
+    URL = "https://hub/upload?write_token=" + os.environ["TRACKIO_WRITE_TOKEN"]
+
+    class Leaky(at.Sink):
+        name = "upload"
+        async def write(self, records):
+            raise at.PermanentSinkError("POST " + URL)
+
+    def run():
+        with at.TraceSession("p", sinks=[Leaky()], health_metrics=False) as s:
+            s.log_samples([{"prompt": "q", "response": "a"}], step=0)
+        try:
+            raise ConnectionError("cannot reach " + URL)
+        except ConnectionError:
+            logger.exception("asynctrace: shipping failed")
+
+    root = io.StringIO()
+    logging.basicConfig(stream=root, format="%(name)s %(levelname)s %(message)s")
+    run()
+    first = root.getvalue()
+    areal_logging.getLogger("rollout")  # AReaL makes a logger of its own: another manager
+    named = io.StringIO()
+    logging.getLogger("asynctrace").addHandler(logging.StreamHandler(named))
+    run()
+    print(json.dumps({"first": first, "root": root.getvalue(), "named": named.getvalue()}))
+    """
+)
+
+
+def test_warnings_reach_the_trainers_handlers_after_areal_replaced_the_manager(tokens: list[str]) -> None:
+    """With AReaL imported first, asynctrace's warnings and tracebacks reach the handlers the
+    trainer configured (basicConfig's, and one on the `asynctrace` logger), scrubbed, and not
+    logging's last resort on stderr; also after AReaL swaps the manager again."""
+    out = subprocess.run(
+        [sys.executable, "-c", _AREAL_FIRST], capture_output=True, text=True, env=env(), cwd=ROOT, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    lines = (
+        "asynctrace: sink 'upload' failed to write 1 records for good",
+        "asynctrace: session finished with losses",
+        "asynctrace: shipping failed",
+    )
+    # Each run: the three lines, the URL in two of them (the sink's error and the traceback).
+    for text, runs in ((seen["first"], 1), (seen["root"], 2), (seen["named"], 1)):
+        assert [text.count(line) for line in lines] == [runs] * 3, seen
+        assert text.count("write_token=***") == 2 * runs and text.count("Traceback") == runs, seen
+        assert all(secret not in text for secret in tokens)
+    assert seen["root"].count("asynctrace WARNING") == 4 and seen["root"].count("asynctrace ERROR") == 2
+    assert "failed to write" not in out.stderr and "shipping failed" not in out.stderr

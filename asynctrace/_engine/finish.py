@@ -83,6 +83,7 @@ async def after_drain(
 ) -> float:
     """Stop the writer, remove the hooks, spill to the spool; returns the time to close the sinks."""
     await stop_writer(writer)
+    writer.drop_unsent_metrics()
     if life.hooks is not None:
         life.hooks.uninstall()
     # Callers waiting for room were woken when the buffer closed, and rows log_rollouts

@@ -58,6 +58,8 @@ def health_metrics(stats: SessionStats) -> dict[str, float]:
             m[base + "held"] = sink.held
         for reason, n in sorted(sink.skipped.items()):
             m[f"{base}skipped/{_part(reason)}"] = n
+        for reason, n in sorted(sink.metrics_dropped.items()):
+            m[f"{base}metrics_dropped/{_part(reason)}"] = n
     return {k: float(v) for k, v in m.items()}
 
 

@@ -92,7 +92,7 @@ class Intake:
         check_step(step, "train")
         clean = checked_metrics(metrics)
         item = MetricsItem(step, clean, metrics_nbytes(clean))
-        if self.buffer.admit_metrics(item, len(self.buffer.sinks)):
+        if self.buffer.admit_metrics(item):
             self.wake()
 
     def _after_admit(self, adm: Admission, blocking: bool = True) -> None:

@@ -51,6 +51,7 @@ class _SinkCounters:
     last_error: str | None = None
     skipped: Counter[str] = field(default_factory=Counter)
     held: int = 0
+    metrics_dropped: Counter[str] = field(default_factory=Counter)
 
 
 class Ledger:
@@ -194,7 +195,14 @@ class Ledger:
             metrics_dropped=metrics_dropped,
             sinks={
                 name: SinkStats(
-                    s.written, s.failed, s.retries, s.metrics_failed, s.last_error, dict(+s.skipped), s.held
+                    written=s.written,
+                    failed=s.failed,
+                    retries=s.retries,
+                    metrics_failed=s.metrics_failed,
+                    last_error=s.last_error,
+                    skipped=dict(+s.skipped),
+                    held=s.held,
+                    metrics_dropped=dict(+s.metrics_dropped),
                 )
                 for name, s in zip(self.sink_names, self.sinks, strict=True)
             },

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Literal
 import anyio
 
 from .._records.types import MetricsItem, TraceRecord
+from .._stats import MetricsDropReason
 from .ledger import Batch, Ledger
 
 if TYPE_CHECKING:
@@ -133,9 +134,13 @@ class Queue:
         self.undispatched = 0
         self.first_undispatched_at: float | None = None
         self.control_items = 0
-        # `log_metrics` items: the bytes they hold (part of nbytes) and the calls refused room.
+        # `log_metrics` items: the bytes they hold (part of nbytes), the calls no sink took, and
+        # the bytes each sink's backlog holds, each within its share of the byte bound.
         self.metrics_bytes = 0
         self.metrics_dropped = 0
+        lanes = len(ledger.sinks)
+        self.metrics_held = [0] * lanes
+        self.metrics_share = max_bytes // max(1, lanes)
         self.unstarted: deque[Batch] = deque()
         # Records and bytes held by batches drop_oldest cannot evict from: taken and not yet
         # offered for eviction, or started by a sink. What it could free is the rest.
@@ -244,28 +249,47 @@ class Queue:
             self.items.append(item)
             self.control_items += 1
 
-    def admit_metrics(self, item: MetricsItem, lanes: int) -> bool:
-        """Queue a `log_metrics` item if its bytes fit in the byte bound, else count it dropped.
+    def admit_metrics(self, item: MetricsItem) -> bool:
+        """Queue a `log_metrics` item for every sink whose backlog has room for it; False when
+        no sink takes it (counted in `metrics_dropped`).
 
-        It never waits and never evicts: metrics are the caller's own numbers, small and
-        rarely worth a sample; a sink that hangs must not make them grow memory without bound.
+        It never waits and never evicts: metrics are the caller's own numbers, small and rarely
+        worth a sample. Each sink's backlog (items it has not written yet) holds at most its
+        share of the byte bound, `max_bytes / sinks`: a sink that hangs fills its own share and
+        misses the calls after that (counted for it, "backlog_full"), while the others keep
+        getting every call. The items all sinks hold together stay within the byte bound,
+        records included.
         """
+        nbytes = item.nbytes
         with self.lock:
-            if self.nbytes + item.nbytes > self.max_bytes:
+            takers = frozenset(
+                lane for lane, held in enumerate(self.metrics_held) if held + nbytes <= self.metrics_share
+            )
+            if not takers or self.nbytes + nbytes > self.max_bytes:
                 self.metrics_dropped += 1
                 return False
-            item.lanes_left = lanes
-            self.nbytes += item.nbytes
-            self.metrics_bytes += item.nbytes
+            for lane, counters in enumerate(self.ledger.sinks):
+                if lane in takers:
+                    self.metrics_held[lane] += nbytes
+                else:
+                    counters.metrics_dropped["backlog_full"] += 1
+            item.lanes = takers
+            item.lanes_left = len(takers)
+            self.nbytes += nbytes
+            self.metrics_bytes += nbytes
             self.items.append(item)
             self.control_items += 1
             return True
 
-    def metrics_done(self, item: MetricsItem) -> bool:
-        """One sink is done with a metrics item; True when its room was freed."""
+    def metrics_done(self, lane: int, item: MetricsItem, unsent: MetricsDropReason | None = None) -> bool:
+        """Sink `lane` is done with a `log_metrics` item (`unsent`: it never got it, and why);
+        True when the item's room was freed."""
         if not item.nbytes:
             return False
         with self.lock:
+            if unsent is not None:
+                self.ledger.sinks[lane].metrics_dropped[unsent] += 1
+            self.metrics_held[lane] -= item.nbytes
             item.lanes_left -= 1
             if item.lanes_left:
                 return False

@@ -14,7 +14,6 @@ stubborn call goes on alone, holding up nothing.
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -23,7 +22,7 @@ import anyio.lowlevel
 
 from .._records.types import MetricsItem, TraceRecord
 from .._runtime.abandon import spawn_detached, wait_first
-from .._security import describe
+from .._security import describe, logger
 from .._select.lane import Picked
 from ..sinks._base import Sink
 from .buffer import Batch, Buffer, Marker
@@ -36,7 +35,6 @@ from .wakeup import Signal
 if TYPE_CHECKING:
     from .._durable.segments import TierState
 
-logger = logging.getLogger("asynctrace")
 
 __all__ = ["Writer"]
 
@@ -132,16 +130,24 @@ class Writer:
         """Every health interval: close idle group steps, and log the health if it changed."""
         health = self.health
         items = self.groups.close_idle(now) if self.groups is not None else []
-        if health is not None:
-            item = health.item(self.buffer.snapshot(), now)
-            if item is not None:
-                items.append(item)
+        snapshot = health.item(self.buffer.snapshot(), now) if health is not None else None
         # Straight to the lanes, not through the buffer's queue: a control item there would send
         # the records queued before it at once, ahead of batch_size and flush_interval.
-        for item in items:
-            for lane in self._lanes:
-                lane.inbox.append(item)
+        for lane in self._lanes:
+            lane.inbox.extend(items)
+            if snapshot is not None and lane.health is None:
+                # A lane still holding the last snapshot (a stuck sink) gets no other: each
+                # one says all the previous did, and a stuck sink's backlog stays bounded.
+                lane.health = snapshot
+                lane.inbox.append(snapshot)
+            if lane.inbox:
                 lane.signal.set()
+
+    def drop_unsent_metrics(self) -> None:
+        """After the writer stopped: what each lane had not written of `log_metrics` is counted
+        dropped for its sink (see `Lane.drop_unsent_metrics`)."""
+        for lane in self._lanes:
+            lane.drop_unsent_metrics(self.buffer)
 
     def wake(self) -> None:
         if self.signal is not None:
@@ -211,9 +217,11 @@ class Writer:
                             # every batch before any sink saw it, and nothing would be written.
                             if not all(lane.idle and not lane.inbox for lane in self._lanes):
                                 self.buffer.dispatched(item)
+                        takers = item.lanes if isinstance(item, MetricsItem) else None
                         for lane in self._lanes:
-                            lane.inbox.append(item)
-                            lane.signal.set()
+                            if takers is None or lane.index in takers:
+                                lane.inbox.append(item)
+                                lane.signal.set()
                 # Give callers on this loop a turn between batches.
                 await anyio.lowlevel.checkpoint()
                 continue
@@ -275,7 +283,10 @@ class Writer:
                 item.arrive()
                 continue
             if isinstance(item, MetricsItem):
-                await self._write_metrics(lane, item, on_retry)
+                if item is lane.health:
+                    lane.health = None
+                if await lane.write_metrics(item, self.buffer, self.retry, on_retry):
+                    self.on_room()
                 continue
             # A sink that fell behind gets what piled up in fewer, larger writes, each of at
             # most batch_size records (the contract's bound on one sink write).
@@ -411,27 +422,3 @@ class Writer:
             self._resolved(freed)
 
         lane.confirms.settle([r for r in records if id(r) not in failed], settle)
-
-    async def _write_metrics(
-        self, lane: Lane, item: MetricsItem, on_retry: Callable[[BaseException | None], None]
-    ) -> None:
-        try:
-            await self._write_metrics_once(lane, item, on_retry)
-        finally:
-            if self.buffer.metrics_done(item):
-                self.on_room()
-
-    async def _write_metrics_once(
-        self, lane: Lane, item: MetricsItem, on_retry: Callable[[BaseException | None], None]
-    ) -> None:
-        if lane.dead is not None:
-            self.buffer.note_metrics_failure(lane.index, lane.dead)
-            return
-        try:
-            await call_with_retry(
-                self.retry, lambda: lane.sink.write_metrics(item.step, item.metrics), on_retry
-            )
-        except Exception as exc:
-            error = describe(exc)
-            self.buffer.note_metrics_failure(lane.index, error)
-            logger.warning("asynctrace: sink %r failed to write metrics: %s", lane.sink.name, error)

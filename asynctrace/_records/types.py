@@ -176,11 +176,13 @@ def finite_or_none(value: Any) -> float | None:
 class MetricsItem:
     """Scalar metrics of one step, queued in order with the records.
 
-    `nbytes`: the buffer room it holds until every sink is done with it (`log_metrics`'s own
-    metrics; 0 for the session's health and group metrics, which a timer paces); `lanes_left`:
-    the sinks still to handle it."""
+    `nbytes`: the buffer room it holds until every sink that takes it is done with it
+    (`log_metrics`'s own metrics; 0 for the session's health and group metrics, which a timer
+    or the steps pace); `lanes`: the sinks (by index) that take it, None for every sink;
+    `lanes_left`: those still to handle it."""
 
     step: int
     metrics: Mapping[str, float]
     nbytes: int = 0
+    lanes: frozenset[int] | None = None
     lanes_left: int = 0

@@ -3,16 +3,15 @@ closing steps by the session's rules."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from .._security import logger
 from .base import EVICTED, HELD, RELEASED, Entry, Sampler, StepSelection
 from .window import Step, StepWindow
 
 __all__ = ["COUNTER_WINDOW", "Gate", "GateResult"]
 
-logger = logging.getLogger("asynctrace")
 
 # Steps a non-holding sampler keeps counting before the oldest is closed.
 COUNTER_WINDOW = 4096

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import logging
 import math
 import os
 from collections.abc import Hashable, Iterable, Sequence
@@ -21,12 +20,11 @@ from typing import Literal
 import orjson
 
 from .._records.groups import DEFAULT_GROUP_KEYS, GroupKey, payload_group, population_spread
-from .._security import shown
+from .._security import logger, shown
 from .base import Entry, Sampler, StepSelection, in_merged_order
 
 __all__ = ["GroupPolicy", "GroupSampler", "GroupStat", "group_random_key"]
 
-logger = logging.getLogger("asynctrace")
 
 GroupPolicy = Literal["top_bottom", "top", "bottom", "first", "random"]
 GroupStat = Literal["mean", "spread"]

@@ -8,7 +8,6 @@ its bounds and its drop reasons: docs/distributed.md.
 from __future__ import annotations
 
 import atexit
-import logging
 import threading
 import time
 import weakref
@@ -45,7 +44,7 @@ from .._engine.ledger import Ledger
 from .._records.encode import as_list, encode_samples
 from .._records.groups import GroupKey
 from .._records.types import Sample, SampleLike
-from .._security import describe
+from .._security import describe, logger
 from .._select.base import Sampler
 from .._select.watch import Watch
 from .._stats import Counts, DropReason
@@ -53,8 +52,6 @@ from ._local import PLAIN, LocalSelection, Released
 from ._outbox import Call, Outbox
 
 __all__ = ["ClientStats", "TraceClient"]
-
-logger = logging.getLogger("asynctrace")
 
 
 @dataclass(frozen=True, slots=True)

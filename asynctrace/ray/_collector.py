@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import functools
 import itertools
-import logging
 import os
 import signal
 import threading
@@ -29,7 +28,7 @@ from .._checks import check_seconds, check_timeout, wait_arg
 from .._engine.engine import selection_group_keys
 from .._records.groups import GroupKey
 from .._runtime.shutdown import hand_on, hook_bound
-from .._security import generated_run_name
+from .._security import generated_run_name, logger
 from .._select.base import Sampler
 from .._select.watch import Watch
 from .._session import TraceSession, hurry_finish
@@ -42,7 +41,6 @@ from ._sinkspec import build_sinks, check_sendable
 
 __all__ = ["RemoteTraceCollector", "TraceCollector", "start_collector"]
 
-logger = logging.getLogger("asynctrace")
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import glob
 import importlib.util
-import logging
 import math
 import sys
 import time
@@ -18,7 +17,7 @@ import orjson
 from .._checks import check_bool, check_seconds, check_type, int64_or_none
 from .._records.types import TraceRecord
 from .._runtime.abandon import run_sync_daemon
-from .._security import check_name, check_text, describe
+from .._security import check_name, check_text, describe, logger
 from ..exceptions import PermanentSinkError
 from ._base import Sink
 from ._guard import Serial
@@ -26,7 +25,6 @@ from ._wandb_txlog import LogTail
 
 __all__ = ["WANDB_COLUMNS", "WandbSink"]
 
-logger = logging.getLogger("asynctrace")
 
 # While a write waits for its rows to reach the `.wandb` file: how often the file is read, and
 # how often the service is asked whether it is still there (a killed one never writes them).

@@ -184,24 +184,22 @@ def backend() -> Iterator[StorageBackend]:
 
 @pytest.fixture
 def warnings_seen() -> Iterator[list[str]]:
-    """The hooks' warnings, read from their own logger.
-
-    AReaL's `getLogger` swaps the logging module's root and manager on every call, so
-    pytest's caplog (on the new root) no longer sees loggers made before it.
-    """
+    """asynctrace's warnings, read on `logging.root`, which they reach whatever manager AReaL's
+    `getLogger` swapped in."""
     seen: list[str] = []
 
     class Collect(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            seen.append(record.getMessage())
+            if record.name == "asynctrace":
+                seen.append(record.getMessage())
 
     handler = Collect(logging.WARNING)
     _hooks._warned.discard("areal_adapter.log_batch")
-    _hooks.logger.addHandler(handler)
+    logging.root.addHandler(handler)
     try:
         yield seen
     finally:
-        _hooks.logger.removeHandler(handler)
+        logging.root.removeHandler(handler)
 
 
 def test_prepare_batch_list_of_groups(hf_tokenizer: PreTrainedTokenizerFast) -> None:
