@@ -19,7 +19,7 @@ def read_traces(project: str, run: str) -> list[dict[str, Any]]:
 def as_logged(metadata: dict[str, Any]) -> dict[str, Any]:
     """A Trackio trace's metadata as the sample carried it: without the keys the Trackio sink
     adds for the dashboard (`asynctrace_id`, and `status` / `duration_ms` it derived)."""
-    from asynctrace.sinks._trackio_writer import dashboard_metadata
+    from asynctrace.sinks._trackio_traces import dashboard_metadata
 
     record_id = metadata.get("asynctrace_id")
     base = {k: v for k, v in metadata.items() if k != "asynctrace_id"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import subprocess
 import sys
@@ -25,9 +26,11 @@ from .._security import check_name, check_text, shown
 from ..exceptions import PermanentSinkError
 from ._base import Sink
 from ._trackio_versions import check_trackio_version
-from ._trackio_writer import HEADER, TrackioWriter
+from ._trackio_writer import HEADER, TrackioWriter, WriteItem
 
 __all__ = ["TrackioSink"]
+
+logger = logging.getLogger("asynctrace")
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
@@ -165,10 +168,11 @@ _HEADER_SLICE = 64
 class TrackioSink(Sink):
     """Logs each batch as one Trackio log entry per step carrying a list of traces.
 
-    Local mode (no `space_id` / `server_url`) commits every batch to Trackio's SQLite store
-    before reporting it written. By default Trackio runs in a writer process of its own, so
-    its work never competes with the training loop for the GIL; ``process=False`` runs it in
-    a worker thread instead.
+    Local mode (no `space_id` / `server_url`) reports a batch written once it is in Trackio's
+    SQLite store: committed through Trackio's storage class where that is as expected, else
+    logged through Trackio's public API and read back (`trackio_path`). By default Trackio runs
+    in a writer process of its own, so its work never competes with the training loop for the
+    GIL; ``process=False`` runs it in a worker thread instead.
     """
 
     def __init__(
@@ -219,6 +223,10 @@ class TrackioSink(Sink):
         self._pipe_fds: tuple[tuple[int, tuple[int, int]], ...] = ()
         #: Replayed records that were already in Trackio and so were not written again.
         self.duplicates_skipped = 0
+        #: How the sink writes to Trackio, once open: "private" (Trackio's storage class),
+        #: "public" (its public API, read back) or "remote" (docs/sinks.md).
+        self.trackio_path: str | None = None
+        self._fallback_told = False
 
     def recovery_args(self) -> dict[str, Any] | None:
         # init_kwargs are left out: a config may hold anything, and the run exists already. The
@@ -254,8 +262,21 @@ class TrackioSink(Sink):
         if not self.process:
             self._writer = TrackioWriter(**self._writer_args())
             await run_sync_daemon(self._writer.open, backlog=self._backlog)
+            self._note_path(self._writer.path, self._writer.fallback)
             return
         await self._ensure_open()
+
+    def _note_path(self, path: object, fallback: object) -> None:
+        """Keep how the writer writes; say once, when it is the public path, why."""
+        if isinstance(path, str):
+            self.trackio_path = path
+        if path == "public" and not self._fallback_told:
+            self._fallback_told = True
+            logger.warning(
+                "TrackioSink: writing to Trackio through its public API (run.log, each batch read "
+                "back before it counts as written), since %s",
+                fallback,
+            )
 
     # -- the writer process ----------------------------------------------------------------
     #
@@ -322,6 +343,7 @@ class TrackioSink(Sink):
             if not reply.get("ok"):
                 self._broken = True  # the next attempt starts a fresh process
                 _raise(reply)
+            self._note_path(reply.get("path"), reply.get("fallback"))
 
     async def _kill(self) -> None:
         proc, self._proc = self._proc, None
@@ -412,9 +434,11 @@ class TrackioSink(Sink):
 
     async def write(self, records: Sequence[TraceRecord]) -> None:
         if not self.process:
-            items = [(r.id, r.step, r.key, r.payload, r.replayed, r.timestamp) for r in records]
-            skipped = await run_sync_daemon(self._opened().write, items, backlog=self._backlog)
+            writer = self._opened()
+            items = [WriteItem(r.id, r.step, r.key, r.payload, r.replayed, r.timestamp) for r in records]
+            skipped = await run_sync_daemon(writer.write, items, backlog=self._backlog)
             self.duplicates_skipped += skipped
+            self._note_path(writer.path, writer.fallback)
             return
         # One list per field, not one per record: a write's header then adds six objects
         # for the garbage collector to track, however many records it carries.
@@ -438,6 +462,7 @@ class TrackioSink(Sink):
             columns["timestamps"] += [r.timestamp for r in part]
         reply = await self._call(records, {"op": "write", **columns}, [r.payload for r in records])
         self.duplicates_skipped += int(reply.get("skipped", 0))
+        self._note_path(reply.get("path"), reply.get("fallback"))
 
     async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         if not self.process:

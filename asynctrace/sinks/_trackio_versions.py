@@ -1,7 +1,8 @@
-"""Which Trackio releases `TrackioSink` supports, and a clear error for any other.
+"""The oldest Trackio `TrackioSink` runs on, and a clear error for an older one or none.
 
-The sink commits through Trackio's storage class, which is not a public API, so only the releases
-it was tested with are supported (docs/sinks.md, "Supported Trackio releases").
+There is no upper bound: what the sink needs of a newer Trackio is detected when its run is
+opened (`_trackio_store.find_bulk_log`), and the sink writes through Trackio's public API where
+the faster private commit is missing or changed (docs/sinks.md, "Supported Trackio releases").
 """
 
 from __future__ import annotations
@@ -11,18 +12,17 @@ from importlib import metadata
 
 __all__ = ["SUPPORTED_TRACKIO", "check_trackio_version"]
 
-# Keep in step with the `trackio` requirement in pyproject.toml.
+# Keep in step with the `trackio` requirement in pyproject.toml: the oldest release tested.
 _LOWEST = (0, 41)
-_BEYOND = (0, 44)
-SUPPORTED_TRACKIO = f">={_LOWEST[0]}.{_LOWEST[1]},<{_BEYOND[0]}.{_BEYOND[1]}"
+SUPPORTED_TRACKIO = f">={_LOWEST[0]}.{_LOWEST[1]}"
 
 _RELEASE = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?(.*)$")
 _PRERELEASE = re.compile(r"^(?:[-_.]?(?:a|b|c|rc|alpha|beta|pre|preview|dev))", re.IGNORECASE)
 
 
 def check_trackio_version(version: str | None = None) -> None:
-    """Raise ImportError naming the supported range unless `version` (default: the installed
-    Trackio's, read without importing it) is within it."""
+    """Raise ImportError naming the requirement unless `version` (default: the installed
+    Trackio's, read without importing it) is at least the lowest supported release."""
     if version is None:
         try:
             version = metadata.version("trackio")
@@ -37,9 +37,9 @@ def check_trackio_version(version: str | None = None) -> None:
         # A pre-release of the lowest supported version (0.41.0rc1) comes before it.
         first = (major, minor) == _LOWEST and int(m.group(3) or 0) == 0
         early = first and bool(_PRERELEASE.match(m.group(4)))
-        if _LOWEST <= (major, minor) < _BEYOND and not early:
+        if (major, minor) >= _LOWEST and not early:
             return
     raise ImportError(
-        f"TrackioSink supports trackio{SUPPORTED_TRACKIO}, the releases it is tested with; "
-        f"trackio {found!r} is installed. Install a supported one: pip install 'trackio{SUPPORTED_TRACKIO}'"
+        f"TrackioSink needs trackio{SUPPORTED_TRACKIO}; trackio {found!r} is installed. "
+        f"Install a supported one: pip install 'trackio{SUPPORTED_TRACKIO}'"
     )

@@ -21,7 +21,7 @@ import orjson
 
 from .._security import scrub
 from ..exceptions import PermanentSinkError
-from ._trackio_writer import HEADER, TrackioWriter
+from ._trackio_writer import HEADER, TrackioWriter, WriteItem
 
 
 class _Scrubbed(io.TextIOBase):
@@ -66,7 +66,9 @@ def _handle(
 ) -> TrackioWriter | None:
     op = header["op"]
     if op == "open":
-        writer = TrackioWriter(**header["writer"])
+        # This process's console is its own (see `main`): the writer may finish and reopen
+        # the run after each write on the public path, its prints silenced.
+        writer = TrackioWriter(**header["writer"], seal_writes=True)
         writer.open()
         return writer
     if writer is None:
@@ -78,9 +80,8 @@ def _handle(
         fields = ("ids", "steps", "keys", "sizes", "replayed", "timestamps")
         columns = zip(*(header[f] for f in fields), strict=True)
         for record_id, step, key, size, replayed, timestamp in columns:
-            items.append(
-                (record_id, step, key, blob[offset : offset + size], bool(replayed), float(timestamp))
-            )
+            payload = blob[offset : offset + size]
+            items.append(WriteItem(record_id, step, key, payload, bool(replayed), float(timestamp)))
             offset += size
         reply["skipped"] = writer.write(items)
     elif op == "metrics":
@@ -155,6 +156,9 @@ def main() -> int:
             try:
                 writer = _handle(writer, header, blob, reply)
                 reply["ok"] = True
+                if writer is not None:
+                    # How it writes, which its first write may still change (`TrackioWriter.path`).
+                    reply["path"], reply["fallback"] = writer.path, writer.fallback
             except PermanentSinkError as exc:
                 reply.update(ok=False, permanent=True, error=scrub(str(exc)))
             except Exception as exc:

@@ -1,8 +1,9 @@
 """Programs the Trackio sink tests run as subprocesses (``python -m tests.sinks._children MODE ...``).
 
-- ``config-after-disk-full PROJECT``: a `TrackioWriter` with a run config whose first write
-  fails for lack of space (RLIMIT_FSIZE, so SQLite gets EFBIG) and is retried; prints the
-  stored configs as JSON.
+- ``config-after-disk-full PROJECT [public]``: a `TrackioWriter` with a run config whose first
+  write fails for lack of space (RLIMIT_FSIZE, so SQLite gets EFBIG) and is retried; prints the
+  stored configs as JSON. With ``public``, Trackio's bulk commit is changed first so that the
+  writer goes through Trackio's public API.
 - ``die-holding-pipe PROJECT BACKEND fork|exec``: a trainer that logs through the writer
   process, leaves a child holding whatever it inherited (a plain ``os.fork``, or a program
   started with the writer's stdin pipe in ``pass_fds``), then SIGKILLs itself. It prints
@@ -24,15 +25,19 @@ import anyio
 import orjson
 
 
-def config_after_disk_full(project: str) -> None:
+def config_after_disk_full(project: str, path: str = "private") -> None:
     from trackio.sqlite_storage import SQLiteStorage
 
-    from asynctrace.sinks._trackio_writer import TrackioWriter
+    from asynctrace.sinks._trackio_writer import TrackioWriter, WriteItem
 
-    writer = TrackioWriter(project, "r", init_kwargs={"config": {"lr": 1e-5}})
+    if path == "public":
+        real = SQLiteStorage.bulk_log
+        SQLiteStorage.bulk_log = staticmethod(lambda *args, **kwargs: real(*args, **kwargs))  # type: ignore[method-assign]
+    writer = TrackioWriter(project, "r", init_kwargs={"config": {"lr": 1e-5}}, seal_writes=True)
     writer.open()
+    assert writer.path == path, writer.path
     payload = orjson.dumps({"messages": [{"role": "user", "content": "q" * 200_000}]})
-    items = [(f"abc-{i}", 0, "train/traces", payload, False, 1.7e9) for i in range(3)]
+    items = [WriteItem(f"abc-{i}", 0, "train/traces", payload, False, 1.7e9) for i in range(3)]
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))

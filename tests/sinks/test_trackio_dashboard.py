@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 import asynctrace as at
-from asynctrace.sinks._trackio_writer import dashboard_metadata, decode_record_id, log_id_for
+from asynctrace.sinks._trackio_logids import decode_record_id, log_id_for
+from asynctrace.sinks._trackio_traces import dashboard_metadata
 from asynctrace.testing import MemorySink
 from tests._util import read_traces, sample
 
@@ -103,6 +104,18 @@ def test_dashboard_metadata(metadata: dict[str, Any], status: str | None, durati
     assert out.get("status") == status
     assert out.get("duration_ms") == duration
     assert {k: out[k] for k in metadata} == metadata
+
+
+def test_asynctrace_id_is_always_the_record_id() -> None:
+    """`asynctrace_id` names the record even where the sample set one of its own (a sample
+    re-logged from an earlier run's traces, say), whose value is kept beside it: the sink finds
+    its traces by that key."""
+    assert dashboard_metadata("p-2", {"asynctrace_id": "old-7", "n": 1}) == {
+        "asynctrace_id": "p-2",
+        "asynctrace_id_logged": "old-7",
+        "n": 1,
+    }
+    assert dashboard_metadata("p-2", {"asynctrace_id": "p-2"}) == {"asynctrace_id": "p-2"}
 
 
 def test_log_ids_decode_back_to_their_records() -> None:

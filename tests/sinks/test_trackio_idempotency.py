@@ -1,4 +1,5 @@
-"""Trackio replays are idempotent per record id, whatever the batch composition was."""
+"""Trackio replays are idempotent per record id, whatever the batch composition was, on the
+private commit and on the public path alike."""
 
 from __future__ import annotations
 
@@ -10,21 +11,29 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from asynctrace.sinks._trackio_writer import TrackioWriter, WriteItem, decode_record_id, stored_record_ids
+from asynctrace.sinks._trackio_logids import decode_record_id
+from asynctrace.sinks._trackio_writer import TrackioWriter, WriteItem, stored_record_ids
+from tests._util import read_traces
+from tests.sinks._trackio_public import change_bulk_log
 
 
 def _item(
     prefix: str, n: int, step: int = 0, *, replayed: bool = False, key: str = "train/traces"
 ) -> WriteItem:
     payload = orjson.dumps({"messages": [{"role": "user", "content": f"{prefix}-{n}"}], "metadata": {"n": n}})
-    return (f"{prefix}-{n}", step, key, payload, replayed, 1.7e9)
+    return WriteItem(f"{prefix}-{n}", step, key, payload, replayed, 1.7e9)
 
 
-@pytest.fixture
-def writer(project: str) -> Iterator[TrackioWriter]:
-    w = TrackioWriter(project, "r")
+@pytest.fixture(params=["private", "public"])
+def writer(
+    request: pytest.FixtureRequest, project: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[TrackioWriter]:
+    if request.param == "public":
+        change_bulk_log(monkeypatch)
+    w = TrackioWriter(project, "r", seal_writes=True)
     with contextlib.redirect_stdout(io.StringIO()):
         w.open()
+    assert w.path == request.param
     yield w
     with contextlib.redirect_stdout(io.StringIO()):
         w.finish()
@@ -52,6 +61,9 @@ def test_replay_with_another_composition_skips_what_is_stored(writer: TrackioWri
     assert ids == {f"{prefix}-{n}" for n in range(13)}
     # A second identical replay writes nothing at all.
     assert writer.write(replay) == 10
+    with contextlib.redirect_stdout(io.StringIO()):
+        writer.finish()
+    assert len(read_traces(project, "r")) == 13, "every record stored exactly once"
 
 
 def test_gaps_steps_and_keys_each_map_back_to_their_record(writer: TrackioWriter, project: str) -> None:
@@ -66,9 +78,9 @@ def test_gaps_steps_and_keys_each_map_back_to_their_record(writer: TrackioWriter
         _item("other", 1, 1),
     ]
     writer.write(items)
-    assert stored_record_ids(project, writer.run.id) == {i[0] for i in items}
+    assert stored_record_ids(project, writer.run.id) == {i.record_id for i in items}
     assert stored_record_ids(project, writer.run.id, steps=[2]) == {f"{prefix}-3"}
-    assert writer.write([(*i[:4], True, i[5]) for i in items]) == len(items)
+    assert writer.write([i._replace(replayed=True) for i in items]) == len(items)
 
 
 def test_looking_up_many_steps_fits_old_sqlite_limits(
@@ -89,5 +101,20 @@ def test_looking_up_many_steps_fits_old_sqlite_limits(
         return conn
 
     monkeypatch.setattr(sqlite3, "connect", limited)
-    assert stored_record_ids(project, writer.run.id, steps=range(1200)) == {i[0] for i in items}
-    assert writer.write([(*i[:4], True, i[5]) for i in items]) == len(items)
+    assert stored_record_ids(project, writer.run.id, steps=range(1200)) == {i.record_id for i in items}
+    assert writer.write([i._replace(replayed=True) for i in items]) == len(items)
+
+
+def test_a_sample_carrying_another_records_id_is_stored_under_its_own(
+    writer: TrackioWriter, project: str
+) -> None:
+    """A sample whose metadata names an earlier record (`asynctrace_id`, as when traces are
+    logged again from an export) is stored, and found again, under its own record id."""
+    prefix = uuid.uuid4().hex[:12]
+    payload = orjson.dumps(
+        {"messages": [{"role": "user", "content": "q"}], "metadata": {"asynctrace_id": "old-1"}}
+    )
+    item = WriteItem(f"{prefix}-0", 0, "train/traces", payload, False, 1.7e9)
+    assert writer.write([item]) == 0
+    assert stored_record_ids(project, writer.run.id) == {item.record_id}
+    assert writer.write([item._replace(replayed=True)]) == 1

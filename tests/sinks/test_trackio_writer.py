@@ -12,7 +12,7 @@ import sys
 import orjson
 import pytest
 
-from asynctrace.sinks._trackio_writer import TrackioWriter
+from asynctrace.sinks._trackio_writer import TrackioWriter, WriteItem
 from tests.faults import _harness as h
 
 
@@ -35,7 +35,7 @@ def test_server_url_from_the_environment_makes_the_run_remote(
     with contextlib.redirect_stdout(io.StringIO()), pytest.warns(UserWarning):
         writer.open()
         payload = orjson.dumps({"messages": [{"role": "user", "content": "q"}]})
-        writer.write([(f"abc-{i}", 0, "train/traces", payload, False, 1.7e9) for i in range(3)])
+        writer.write([WriteItem(f"abc-{i}", 0, "train/traces", payload, False, 1.7e9) for i in range(3)])
         writer.write_metrics(0, {"reward/mean": 0.5})
         writer.finish()
     with sqlite3.connect(SQLiteStorage.get_project_db_path(project)) as conn:
@@ -46,10 +46,12 @@ def test_server_url_from_the_environment_makes_the_run_remote(
     assert SQLiteStorage.has_pending_data(project) and not writer.local
 
 
-def test_run_config_is_stored_when_the_first_write_fails_and_is_retried(project: str) -> None:
-    """A first write that fails (disk full) does not use up the run config: the retry stores it."""
+@pytest.mark.parametrize("path", ["private", "public"])
+def test_run_config_is_stored_when_the_first_write_fails_and_is_retried(project: str, path: str) -> None:
+    """A first write that fails (disk full) does not use up the run config: the retry stores it
+    (on the public path, where Trackio drops the failed commit, with the traces logged again)."""
     result = subprocess.run(
-        [sys.executable, "-m", "tests.sinks._children", "config-after-disk-full", project],
+        [sys.executable, "-m", "tests.sinks._children", "config-after-disk-full", project, path],
         capture_output=True,
         text=True,
         env=h.env(),
