@@ -1,7 +1,7 @@
 """SkyRL-style fully asynchronous training, traced by the one line a SkyRL user adds.
 
-A SkyRL run adds `skyrl_adapter.attach(trainer)` where its experiment builds the trainer
-(see docs/frameworks/skyrl.md). This example runs without SkyRL (which needs Python >= 3.12,
+A SkyRL run adds `skyrl_adapter.attach(exp)` in its entrypoint's Ray task, and the experiment
+attaches the trainer it builds (see docs/frameworks/skyrl.md). This example runs without SkyRL (which needs Python >= 3.12,
 Ray and an inference engine): `MiniFullyAsyncTrainer` keeps the shape of SkyRL 0.4's
 `FullyAsyncRayPPOTrainer` that the hook relies on. Generation workers call
 `trainer.generator.generate(generator_input)` per prompt group, as
@@ -151,7 +151,7 @@ class MiniFullyAsyncTrainer:
 
 def main() -> None:
     trainer = MiniFullyAsyncTrainer(toy_tokenizer())
-    # The integration: one line where the experiment builds the trainer.
+    # The integration: what `attach(exp)` does to the trainer the experiment builds.
     skyrl_adapter.attach(trainer, max_traces_per_step=8, sampler="top_bottom")
     asyncio.run(trainer.train())
     print(f"{STEPS} steps traced; largest staleness {max(trainer.staleness)} steps")

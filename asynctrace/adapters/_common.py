@@ -6,6 +6,7 @@ import enum
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._records.tokens import decode_token_fields
 from .._records.types import Sample
 from ..rollouts._mapping import field
 from ..rollouts._text import TextBatch
@@ -17,6 +18,7 @@ __all__ = [
     "chat_messages",
     "field",
     "jsonable",
+    "plain_tokens",
     "role_name",
     "token_list",
 ]
@@ -38,6 +40,19 @@ def token_list(value: Any) -> list[int]:
     if hasattr(value, "tolist"):
         value = value.tolist()
     return [int(t) for t in value]
+
+
+def plain_tokens(samples: list[Sample]) -> list[Sample]:
+    """The samples with their token fields as plain lists of numbers, as every adapter's
+    `to_samples` returns them; a field still in its compact JSON form (``{"dtype", "b64"}``, as
+    `decode_rollouts` keeps it for a hook, which hands it on as it is) is decoded, exactly."""
+    for sample in samples:
+        if sample.tokens:
+            sample.tokens = {
+                name: decode_token_fields({name: value})[name] if isinstance(value, Mapping) else value
+                for name, value in sample.tokens.items()
+            }
+    return samples
 
 
 def role_name(role: Any) -> str:

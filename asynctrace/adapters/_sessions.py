@@ -4,6 +4,8 @@ line in a framework's loop needs no setup: the first call opens one, later calls
 from __future__ import annotations
 
 import atexit
+import functools
+import inspect
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
@@ -14,7 +16,14 @@ from .._sync import SyncTraceSession
 if TYPE_CHECKING:
     from .._session import TraceSession
 
-__all__ = ["FAILED", "plain_name", "session_for", "start_trainer_session", "trainer_session"]
+__all__ = [
+    "FAILED",
+    "finish_after",
+    "plain_name",
+    "session_for",
+    "start_trainer_session",
+    "trainer_session",
+]
 
 
 _open: dict[tuple[str, str], SyncTraceSession] = {}
@@ -92,3 +101,37 @@ def trainer_session(trainer: Any, open_session: Callable[[Any], Any]) -> Any:
                 setattr(trainer, TRAINER_ATTR, FAILED)
                 raise
         return session
+
+
+def finish_after(owner: Any, method: str, session: SyncTraceSession, where: str) -> None:
+    """Wrap `owner.<method>` (the trainer's `train`) so that `session` is finished once it returns
+    or raises: a plain method at its return, a coroutine function when its coroutine ends.
+    Finishing never raises; what it could not deliver is in the session's stats."""
+    call = getattr(owner, method)
+
+    def finish_quietly() -> None:
+        try:
+            session.finish()
+        except Exception:  # the run ends either way
+            logger.warning("asynctrace: %s: finishing the session failed", where, exc_info=True)
+
+    @functools.wraps(call)
+    def finishing(*args: Any, **kwargs: Any) -> Any:
+        try:
+            result = call(*args, **kwargs)
+        except BaseException:
+            finish_quietly()
+            raise
+        if not inspect.isawaitable(result):
+            finish_quietly()
+            return result
+
+        async def awaited() -> Any:
+            try:
+                return await result
+            finally:
+                finish_quietly()
+
+        return awaited()
+
+    setattr(owner, method, finishing)

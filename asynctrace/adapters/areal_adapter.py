@@ -18,7 +18,10 @@ from typing import TYPE_CHECKING, Any
 from .._records.types import Sample
 from ..rollouts._decode import decode_rollouts
 from ..rollouts._rows import is_tensor
+from ._common import plain_tokens
 from ._hooks import count_rows, deliver, every_row
+from ._requires import UNCHANGED, Framework, Need, gaps, report
+from ._sessions import finish_after, plain_name, start_trainer_session
 
 if TYPE_CHECKING:
     from .._session import TraceSession
@@ -224,6 +227,24 @@ def rollout_kwargs(
     return kwargs
 
 
+def _samples(
+    batch: Any,
+    *,
+    tokenizer: Any,
+    rows: Sequence[int] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    env_role: str = "tool",
+    group_size: int | None = None,
+    token_fields: Sequence[str] = (),
+) -> list[Sample]:
+    """`to_samples`, token fields in their compact JSON form (as `log_batch` hands them on)."""
+    kwargs = rollout_kwargs(batch, group_size=group_size, token_fields=token_fields)
+    merged = {**kwargs.pop("metadata", {}), **(metadata or {})}
+    return decode_rollouts(
+        **kwargs, tokenizer=tokenizer, rows=rows, metadata=merged or None, env_role=env_role
+    )
+
+
 def to_samples(
     batch: Any,
     *,
@@ -238,12 +259,18 @@ def to_samples(
 
     Each sample's metadata is mapped as docs/frameworks/areal.md lists it (reward, group_id,
     advantage, lengths, policy versions, sample_index), plus `metadata={name: per-sample values}`.
-    `token_fields`: as in `rollout_kwargs`.
+    `token_fields`: as in `rollout_kwargs`, each a list of numbers.
     """
-    kwargs = rollout_kwargs(batch, group_size=group_size, token_fields=token_fields)
-    merged = {**kwargs.pop("metadata", {}), **(metadata or {})}
-    return decode_rollouts(
-        **kwargs, tokenizer=tokenizer, rows=rows, metadata=merged or None, env_role=env_role
+    return plain_tokens(
+        _samples(
+            batch,
+            tokenizer=tokenizer,
+            rows=rows,
+            metadata=metadata,
+            env_role=env_role,
+            group_size=group_size,
+            token_fields=token_fields,
+        )
     )
 
 
@@ -287,7 +314,7 @@ def log_batch(
     """
 
     convert = every_row(
-        to_samples,
+        _samples,
         batch,
         tokenizer=tokenizer,
         env_role=env_role,
@@ -307,12 +334,21 @@ def _is_main_process() -> bool:
         return True
 
 
+_FRAMEWORK = Framework("AReaL", "1.0.4", "areal")
+# What `attach` wraps: the actor's `compute_advantages`, which `PPOTrainer.train` calls once a step.
+_NEEDS = (Need("actor.compute_advantages", args=1),)
+# And, when it opens the session itself, what names it and what ends it.
+_OWN_SESSION_NEEDS = (Need("config.experiment_name"), Need("config.trial_name"), Need("train"))
+_HOOK = "areal_adapter.attach"
+
+
 def attach(
     trainer: Any,
-    session: TraceSession | SyncTraceSession,
+    session: TraceSession | SyncTraceSession | None = None,
     *,
     tokenizer: Any = None,
     env_role: str = "tool",
+    **session_options: Any,
 ) -> None:
     """Log every training step of an AReaL `PPOTrainer` from the training script.
 
@@ -322,14 +358,39 @@ def attach(
     global step (recovery included); an actor without `get_version` is counted from 0.
     `tokenizer` defaults to ``trainer.tokenizer``.
 
+    Without `session`, one is opened here (as `verl_adapter.open_session` opens one: 64 traces
+    a step, best and worst by reward; `session_options` go to `TraceSession`), named after
+    ``config.experiment_name`` and ``config.trial_name``, and finished when ``trainer.train``
+    returns or raises (and at exit); a session passed in is the caller's to finish. A trainer
+    without what the hook wraps (another AReaL version) gets one warning naming what is
+    missing and is left as it is.
+
     Under torchrun (SPMD mode) only global rank 0 logs, so its share of the step's groups is
     what is logged; in single-controller mode the controller holds every group.
     """
+    if session is not None and session_options:
+        raise ValueError(f"session_options: {sorted(session_options)} only apply when no session is given")
     if not _is_main_process():
+        return
+    needs = [*_NEEDS, *(() if session is not None else _OWN_SESSION_NEEDS)]
+    if tokenizer is None:
+        needs.append(Need("tokenizer"))
+    problems = gaps(trainer, needs, type(trainer).__name__)
+    if problems:
+        report(_FRAMEWORK, _HOOK, problems, UNCHANGED)
         return
     actor = trainer.actor
     compute = actor.compute_advantages
     decode_with = tokenizer if tokenizer is not None else trainer.tokenizer
+    target: TraceSession | SyncTraceSession
+    if session is None:
+        config = trainer.config
+        project = plain_name(config.experiment_name) or "areal"
+        owned = start_trainer_session(trainer, project, plain_name(config.trial_name), **session_options)
+        finish_after(trainer, "train", owned, _HOOK)
+        target = owned
+    else:
+        target = session
     calls = [0]
 
     def compute_advantages(*args: Any, **kwargs: Any) -> Any:
@@ -341,7 +402,7 @@ def attach(
             # A version that cannot be read: the call count stands in.
             with contextlib.suppress(Exception):
                 step = int(version())
-        log_batch(session, adv_batch, tokenizer=decode_with, step=step, env_role=env_role)
+        log_batch(target, adv_batch, tokenizer=decode_with, step=step, env_role=env_role)
         return adv_batch
 
     actor.compute_advantages = compute_advantages

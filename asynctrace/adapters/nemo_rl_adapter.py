@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .._records.types import Sample
 from ._common import as_sequence, jsonable, role_name, token_list
 from ._hooks import Converted, count_invalid, deliver, warn_once
+from ._requires import Framework, Need, gaps, refuse
 from ._sessions import session_for
 
 if TYPE_CHECKING:
@@ -28,6 +29,10 @@ _TOKEN_KEYS = frozenset({"token_ids", "generation_logprobs", "token_loss_mask", 
 # Chat keys kept with a message where a message carries them (tool calls and their answers).
 _CHAT_KEYS = ("tool_calls", "tool_call_id", "name", "reasoning_content")
 _TOKEN_FIELDS = ("token_ids", "loss_mask", "logprobs", "advantages")
+_FRAMEWORK = Framework("NeMo RL", "commit 7ea279abfbeb")
+# What `log_step` reads of `grpo_train`'s batches (BatchedDataDicts: read by key).
+_BATCH_NEEDS = (Need("", keys=("message_log", "length", "total_reward")),)
+_TRAIN_DATA_NEEDS = (Need("", keys=("advantages",)),)
 
 
 def _column(batch: Any, name: str, n: int) -> list[Any] | None:
@@ -139,7 +144,9 @@ def _trained_segments(message_log: Sequence[Mapping[str, Any]]) -> tuple[int, li
 
 
 def _mean_advantage(row: Any, total: int, segments: list[tuple[int, int, Any]]) -> float | None:
-    """The mean of a row's advantages over its trained tokens (None where none trains)."""
+    """The mean of a row's advantages over its trained tokens; over all its tokens where none
+    trains (an empty generation: NeMo RL's advantage row, and its own dump, still hold the
+    sample's value, which GRPO spreads over every token); None for a row without tokens."""
     if len(row) < total:
         raise ValueError(f"advantages: {len(row)} values for {total} tokens")
     total_value, count = 0.0, 0
@@ -155,7 +162,12 @@ def _mean_advantage(row: Any, total: int, segments: list[tuple[int, int, Any]]) 
         values = [v for v, m in zip(_floats(part), flags, strict=True) if m]
         total_value += sum(values)
         count += len(values)
-    return total_value / count if count else None
+    if count:
+        return total_value / count
+    if not total:
+        return None
+    whole = row[:total]
+    return (float(whole.sum()) if _is_array(whole) else sum(_floats(whole))) / total
 
 
 def _is_array(value: Any) -> bool:
@@ -320,6 +332,13 @@ def log_step(
         warn_once(_WHERE, f"step {step!r} is not an integer ({exc})")
         count_invalid(target, rows)
         return 0
+    if isinstance(repeated_batch, Mapping):
+        # Anything else is no batch at all (refused by the conversion, with its own message).
+        problems = gaps(repeated_batch, _BATCH_NEEDS, "repeated_batch")
+        if isinstance(train_data, Mapping):
+            problems += gaps(train_data, _TRAIN_DATA_NEEDS, "train_data")
+        if problems:
+            return refuse(_FRAMEWORK, _WHERE, problems, target, rows)
 
     def convert() -> Converted:
         return _convert(repeated_batch, train_data, policy_version, token_fields)

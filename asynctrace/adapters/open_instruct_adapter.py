@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._records.types import Sample
@@ -17,6 +17,7 @@ from ..rollouts._mapping import prompt_indices
 from ..rollouts._turns import mask_runs, split_turns
 from ._common import Message, SampleBuilder, as_sequence, field, jsonable, token_list
 from ._hooks import count_rows, deliver, every_row
+from ._requires import Framework, Need, gaps, refuse
 from ._sessions import session_for
 
 if TYPE_CHECKING:
@@ -26,6 +27,22 @@ if TYPE_CHECKING:
 __all__ = ["log_batch", "to_samples"]
 
 _WHERE = "open_instruct_adapter.to_samples"
+_FRAMEWORK = Framework("open-instruct", "commit e6c3044aa620")
+# What `log_batch` reads of open-instruct's `Batch` and `GenerationResult` (dataclass fields,
+# None where unset).
+_BATCH_NEEDS = tuple(
+    Need(name)
+    for name in (
+        "queries",
+        "raw_queries",
+        "decoded_responses",
+        "scores",
+        "datasets",
+        "indices",
+        "ground_truths",
+    )
+)
+_RESULT_NEEDS = tuple(Need(name) for name in ("responses", "masks", "finish_reasons", "request_info"))
 
 # Per-sample lists of `GenerationResult.request_info`, kept under their own names.
 _REQUEST_INFO = ("num_calls", "timeouts", "tool_errors", "tool_outputs", "tool_runtimes", "tool_calleds")
@@ -65,6 +82,14 @@ def log_batch(
         lambda: advantages,
         lambda: field(batch, "queries"),
     )
+    problems = [
+        problem
+        for value, needs, name in ((batch, _BATCH_NEEDS, "batch"), (result, _RESULT_NEEDS, "result"))
+        if not isinstance(value, Mapping)  # a dict is read by its keys (`field`)
+        for problem in gaps(value, needs, name)
+    ]
+    if problems:
+        return refuse(_FRAMEWORK, where, problems, target, rows)
     convert = every_row(
         to_samples,
         batch,

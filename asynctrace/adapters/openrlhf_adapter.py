@@ -7,6 +7,7 @@ Tested on openrlhf 0.11.2. OpenRLHF has no callback API: `log_train_batch` goes 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -14,12 +15,31 @@ from typing import Any
 from .._records.types import Sample
 from .._sync import SyncTraceSession
 from ..rollouts._decode import decode_rollouts
-from ._common import jsonable
-from ._hooks import count_invalid, deliver, every_row, warn_once
+from ._common import jsonable, plain_tokens
+from ._hooks import count_invalid, count_rows, deliver, every_row, warn_once
+from ._requires import Framework, Need, gaps, refuse
 from ._sessions import FAILED, plain_name, start_trainer_session, trainer_session
 
 __all__ = ["log_eval_samples", "log_train_batch", "open_session", "to_samples"]
 
+_FRAMEWORK = Framework("OpenRLHF", "0.11.2", "openrlhf")
+# What the hooks read of an `Experience` (its dataclass fields, None where unset).
+_EXPERIENCE_NEEDS = tuple(
+    Need(name)
+    for name in (
+        "sequences",
+        "attention_mask",
+        "action_mask",
+        "advantages",
+        "rewards",
+        "info",
+        "index",
+        "labels",
+        "truncated",
+    )
+)
+# Its fields with one entry per row, that size a batch (most reliable first).
+_PER_ROW = ("sequences", "attention_mask", "action_mask", "advantages", "rewards")
 # `Experience.info` keys OpenRLHF itself fills; any other key is an agent's `extra_logs` entry.
 _OWN_INFO = ("reward", "score", "response_clip_ratio", "kl", "logprobs_diff", "group_reward_std", "return")
 # Each token field a caller may ask for, and the `Experience` fields it is read from, in order
@@ -96,7 +116,7 @@ def _pad(value: Any, width: int, fill: float) -> Any:
     return torch.nn.functional.pad(value, (0, width - int(value.shape[1])), value=fill)
 
 
-def to_samples(
+def _samples(
     experiences: Any,
     *,
     tokenizer: Any,
@@ -105,21 +125,7 @@ def to_samples(
     token_fields: Sequence[str] = (),
     policy_version: int | None = None,
 ) -> list[Sample]:
-    """One sample per row of OpenRLHF `Experience`s, in the order of the list and its rows.
-
-    `experiences` is the list `make_experience_batch` returns (micro-batches with advantages),
-    or the one-row Experiences of `generate_samples` / `generate_eval_samples`. Messages: the
-    prompt tokens as the user turn, then each ``action_mask`` span (one token short, as
-    OpenRLHF aligns it on ``sequences[:, 1:]``) as an `assistant` turn and the tokens between
-    spans (tool or environment feedback) as `env_role` turns, decoded in one tokenizer call.
-
-    The group is the sample's ``index // samples_per_prompt`` (``index`` is its position in the
-    rollout batch, which `split_rollout_samples` sets; the position in the list where it is
-    unset), as `compute_advantages_and_returns` groups rewards. Every metadata key and its
-    field: docs/frameworks/openrlhf.md. `token_fields` names per-token arrays to keep
-    (``token_ids``, ``loss_mask``, ``logprobs``, ``advantages``), put back on the token they
-    belong to; ``logprobs`` and ``advantages`` are NaN where OpenRLHF has none (the first token).
-    """
+    """`to_samples`, token fields in their compact JSON form (as the hooks hand them on)."""
     torch = _torch()
     if (
         isinstance(samples_per_prompt, bool)
@@ -239,6 +245,43 @@ def to_samples(
     return samples
 
 
+def to_samples(
+    experiences: Any,
+    *,
+    tokenizer: Any,
+    samples_per_prompt: int,
+    env_role: str = "tool",
+    token_fields: Sequence[str] = (),
+    policy_version: int | None = None,
+) -> list[Sample]:
+    """One sample per row of OpenRLHF `Experience`s, in the order of the list and its rows.
+
+    `experiences` is the list `make_experience_batch` returns (micro-batches with advantages),
+    or the one-row Experiences of `generate_samples` / `generate_eval_samples`. Messages: the
+    prompt tokens as the user turn, then each ``action_mask`` span (one token short, as
+    OpenRLHF aligns it on ``sequences[:, 1:]``) as an `assistant` turn and the tokens between
+    spans (tool or environment feedback) as `env_role` turns, decoded in one tokenizer call.
+
+    The group is the sample's ``index // samples_per_prompt`` (``index`` is its position in the
+    rollout batch, which `split_rollout_samples` sets; the position in the list where it is
+    unset), as `compute_advantages_and_returns` groups rewards. Every metadata key and its
+    field: docs/frameworks/openrlhf.md. `token_fields` names per-token arrays to keep
+    (``token_ids``, ``loss_mask``, ``logprobs``, ``advantages``), put back on the token they
+    belong to, as lists of numbers; ``logprobs`` and ``advantages`` are NaN where OpenRLHF has
+    none (the first token).
+    """
+    return plain_tokens(
+        _samples(
+            experiences,
+            tokenizer=tokenizer,
+            samples_per_prompt=samples_per_prompt,
+            env_role=env_role,
+            token_fields=token_fields,
+            policy_version=policy_version,
+        )
+    )
+
+
 def open_session(trainer: Any, **kwargs: Any) -> SyncTraceSession:
     """A blocking session for `trainer`, named after its W&B project and run name (``args.logger.wandb``).
 
@@ -251,11 +294,33 @@ def open_session(trainer: Any, **kwargs: Any) -> SyncTraceSession:
     return start_trainer_session(trainer, project, run, **kwargs)
 
 
-def _row_count(experiences: Any) -> int:
+def _row_count(experiences: Any) -> int | None:
+    """The rows of a batch, from any per-row tensor of each `Experience`; None when one has none
+    (a renamed field must not make a batch that then fails count as fewer rows)."""
     try:
-        return sum(_rows(e) for e in _experiences(experiences))
-    except Exception:
-        return 0
+        batch = _experiences(experiences)
+    except ValueError:
+        return None
+    total = 0
+    for e in batch:
+        rows = count_rows(*(functools.partial(getattr, e, name) for name in _PER_ROW))
+        if rows is None:
+            return None
+        total += rows
+    return total
+
+
+def _problems(trainer: Any, experiences: Any, samples_per_prompt: int | None) -> list[str]:
+    """What the trainer and the batch's first `Experience` lack of what the hooks read."""
+    needs = [Need("tokenizer")]
+    if samples_per_prompt is None:
+        needs.append(Need("args.rollout.n_samples_per_prompt"))
+    problems = gaps(trainer, needs, type(trainer).__name__)
+    first = experiences[0] if isinstance(experiences, (list, tuple)) and experiences else experiences
+    if first is not None and not isinstance(first, (str, bytes, Mapping, list, tuple)):
+        # Anything else is refused by `to_samples` with its own message (not another version's batch).
+        problems += gaps(first, _EXPERIENCE_NEEDS, type(first).__name__)
+    return problems
 
 
 def _log(
@@ -276,6 +341,9 @@ def _log(
             session = trainer_session(trainer, open_session)
         if session is FAILED:
             return 0
+        problems = _problems(trainer, experiences, samples_per_prompt)
+        if problems:
+            return refuse(_FRAMEWORK, where, problems, session, rows)
         args = trainer.args
         n = int(samples_per_prompt if samples_per_prompt is not None else args.rollout.n_samples_per_prompt)
         # Synchronous PPO generates with the weights of `version` updates; the asynchronous
@@ -285,10 +353,10 @@ def _log(
     except Exception as exc:  # telemetry must never stop training
         warn_once(where, f"could not start logging ({type(exc).__name__}: {exc})")
         if session is not None and session is not FAILED:
-            count_invalid(session, rows)
+            count_invalid(session, 1 if rows is None else rows)
         return 0
     convert = every_row(
-        to_samples,
+        _samples,
         experiences,
         tokenizer=tokenizer,
         samples_per_prompt=n,

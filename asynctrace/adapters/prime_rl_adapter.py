@@ -16,14 +16,27 @@ from .._security import logger
 from .._sync import SyncTraceSession
 from ._common import field, jsonable, role_name
 from ._hooks import Converted, count_invalid, deliver, warn_once
+from ._requires import Framework, Need, gaps, refuse, report
 from ._sessions import session_for
 
 if TYPE_CHECKING:
     from .._session import TraceSession
 
-__all__ = ["TraceMonitor", "to_samples"]
+__all__ = ["TraceMonitor", "register", "to_samples"]
 
 _WHERE = "prime_rl_adapter.TraceMonitor"
+_REGISTER = "prime_rl_adapter.register"
+_PRIME_RL = Framework("prime-rl", "commit 559b447")
+_VERIFIERS = Framework("verifiers", "0.4.0", "verifiers")
+# What registering relies on in `prime_rl.monitors`: the registry its fan-out walks, and the
+# fan-out's calls (every monitor's `log(data, step, kind, subset)` and `finalize()`).
+_MONITORS_NEEDS = (
+    Need("MONITORS.append", args=1),
+    Need("log", args=4, coroutine=True),
+    Need("finalize", coroutine=True),
+)
+# What the monitor reads of a `verifiers.v1.Episode`.
+_EPISODE_NEEDS = (Need("id"), Need("traces"), Need("group"), Need("run"))
 _TOKEN_FIELDS = ("token_ids", "loss_mask", "logprobs", "advantages")
 # Message fields kept beside role and content: tool calls and the answers to them.
 _CHAT_KEYS = ("tool_calls", "tool_call_id", "name", "reasoning_content")
@@ -197,6 +210,12 @@ class TraceMonitor:
         if target is None:
             return
         rows = len(episodes)
+        first = episodes[0] if episodes else None
+        if first is not None and not isinstance(first, Mapping):
+            problems = gaps(first, _EPISODE_NEEDS, type(first).__name__)
+            if problems:
+                refuse(_VERIFIERS, _WHERE, problems, target, rows)
+                return
         try:
             at_step = int(step)
         except (TypeError, ValueError) as exc:  # telemetry must never stop training
@@ -229,3 +248,26 @@ class TraceMonitor:
             await asyncio.to_thread(session.finish)
         except Exception:  # the run ends either way; what was not delivered is in stats
             logger.warning("asynctrace: %s: finishing the session failed", _WHERE, exc_info=True)
+
+
+def register(
+    monitors: Any,
+    session: TraceSession | SyncTraceSession | str,
+    *,
+    subsets: Collection[tuple[str, str]] = DEFAULT_SUBSETS,
+    token_fields: Sequence[str] = (),
+) -> TraceMonitor | None:
+    """Register a `TraceMonitor` in prime-rl's monitor registry, after ``monitors.setup(...)``.
+
+    `monitors` is the orchestrator's ``prime_rl.monitors`` module; the other arguments are
+    `TraceMonitor`'s. Returns the monitor; None, with one warning naming what is missing, where
+    the registry or its fan-out is not as in the prime-rl version tested (nothing would ever call
+    the monitor): the orchestrator goes on, without it.
+    """
+    problems = gaps(monitors, _MONITORS_NEEDS, getattr(monitors, "__name__", "monitors"))
+    if problems:
+        report(_PRIME_RL, _REGISTER, problems, "nothing is logged, and the orchestrator runs on unchanged")
+        return None
+    monitor = TraceMonitor(session, subsets=subsets, token_fields=token_fields)
+    monitors.MONITORS.append(monitor)
+    return monitor

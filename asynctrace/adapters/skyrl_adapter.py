@@ -8,20 +8,20 @@ SkyRL masks that no environment wrote (see `_turn_mask`). The field mapping: doc
 from __future__ import annotations
 
 import functools
-import inspect
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._records.types import Sample
-from .._security import logger
 from ..rollouts._align import MISSING, Shortfall
 from ..rollouts._mapping import instance_key, prompt_indices, trajectory_label
 from ..rollouts._stepwise import merge_step_wise, trajectory_groups
 from ..rollouts._turns import mask_runs, split_turns
 from ._common import Message, SampleBuilder, as_sequence, chat_messages, field, jsonable
 from ._hooks import count_rows, deliver, every_row
+from ._requires import UNCHANGED, Framework, Need, gaps, report
+from ._sessions import finish_after
 
 if TYPE_CHECKING:
     from .._session import TraceSession
@@ -577,8 +577,24 @@ def _step(trainer: Any) -> int:
         return 0
 
 
+_FRAMEWORK = Framework("SkyRL", "0.4.0", "skyrl")
+# What `attach` wraps and reads on a trainer (`RayPPOTrainer`, `FullyAsyncRayPPOTrainer`).
+_TRAINER_NEEDS = (
+    Need("generator.generate", args=1, coroutine=True),
+    Need("postprocess_generator_output", args=2),
+    Need("tokenizer"),
+)
+# And, when it opens the session itself, what names it and what ends it.
+_OWN_SESSION_NEEDS = (Need("cfg.trainer.project_name"), Need("cfg.trainer.run_name"), Need("train"))
+
+
+def _is_experiment(target: Any) -> bool:
+    """An experiment (`BasePPOExp` and its subclasses) builds the trainer; a trainer has the hook point."""
+    return hasattr(target, "get_trainer") and not hasattr(target, "postprocess_generator_output")
+
+
 def attach(
-    trainer: Any,
+    target: Any,
     session: TraceSession | SyncTraceSession | None = None,
     *,
     env_role: str = "tool",
@@ -586,18 +602,41 @@ def attach(
 ) -> Any:
     """Log every training step of a SkyRL trainer (`RayPPOTrainer` or `FullyAsyncRayPPOTrainer`).
 
+    `target` is the trainer, or the experiment that builds it (`BasePPOExp` or a subclass, as
+    the `skyrl_entrypoint` Ray task holds it): its `get_trainer` then attaches the trainer it
+    returns, as below.
+
     Wraps `trainer.generator.generate`, to keep the chat prompt of every uid it generates, and
     `trainer.postprocess_generator_output`, which both trainers call once per training step on
     what they train (after dynamic sampling and the filters): its rows are logged at
     `trainer.global_step`, split "train"; evaluation batches at their
     `batch_metadata.global_step`, split "eval". Nothing raises into training: unconvertible
-    batches are counted as dropped ("invalid") with one warning.
+    batches are counted as dropped ("invalid") with one warning. A trainer without what the
+    hook wraps (another SkyRL version) gets one warning naming what is missing and is left as it
+    is.
 
     Without `session`, one is opened here, named after the trainer's config, with
     `on_full="drop_oldest"` and shutdown hooks (`session_options` go to `TraceSession`), and
     finished when `trainer.train()` returns or raises; a session passed in is the caller's to
-    finish. Returns the trainer, to fit `return attach(super().get_trainer(...))`.
+    finish. Returns `target`, to fit `return attach(super().get_trainer(...))`.
     """
+    if session is not None and session_options:
+        raise ValueError(f"session_options: {sorted(session_options)} only apply when no session is given")
+    if _is_experiment(target):
+        get_trainer = target.get_trainer
+
+        @functools.wraps(get_trainer)
+        def traced_get_trainer(*args: Any, **kwargs: Any) -> Any:
+            return attach(get_trainer(*args, **kwargs), session, env_role=env_role, **session_options)
+
+        target.get_trainer = traced_get_trainer
+        return target
+    trainer = target
+    needs = _TRAINER_NEEDS if session is not None else (*_TRAINER_NEEDS, *_OWN_SESSION_NEEDS)
+    problems = gaps(trainer, needs, type(trainer).__name__)
+    if problems:
+        report(_FRAMEWORK, _HOOK, problems, UNCHANGED)
+        return trainer
     owned: SyncTraceSession | None = None
     if session is None:
         from .._session import TraceSession
@@ -605,8 +644,6 @@ def attach(
         cfg = trainer.cfg.trainer
         options = {"on_full": "drop_oldest", "shutdown_hooks": True, **session_options}
         owned = session = TraceSession(cfg.project_name, cfg.run_name, **options).start()
-    elif session_options:
-        raise ValueError(f"session_options: {sorted(session_options)} only apply when no session is given")
     tracer = _Tracer(session, trainer.tokenizer, env_role)
     generator = trainer.generator
     generate = generator.generate
@@ -636,34 +673,6 @@ def attach(
     generator.generate = traced_generate
     trainer.postprocess_generator_output = traced_postprocess
     if owned is not None:
-        train = trainer.train
-        finish = owned.finish
-
-        def finish_quietly() -> None:
-            try:
-                finish()
-            except Exception:  # the run ends either way; what was not delivered is in stats
-                logger.warning("asynctrace: %s: finishing the session failed", _HOOK, exc_info=True)
-
         # skyrl 0.4's train() is a coroutine function, skyrl-train 0.3's a plain one.
-        @functools.wraps(train)
-        def traced_train(*args: Any, **kwargs: Any) -> Any:
-            try:
-                result = train(*args, **kwargs)
-            except BaseException:
-                finish_quietly()
-                raise
-            if not inspect.isawaitable(result):
-                finish_quietly()
-                return result
-
-            async def finishing() -> Any:
-                try:
-                    return await result
-                finally:
-                    finish_quietly()
-
-            return finishing()
-
-        trainer.train = traced_train
+        finish_after(trainer, "train", owned, _HOOK)
     return trainer

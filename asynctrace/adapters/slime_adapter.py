@@ -20,6 +20,7 @@ from .._sync import SyncTraceSession
 from ..rollouts._turns import mask_runs
 from ._common import Message, SampleBuilder, chat_messages, field, jsonable, token_list
 from ._hooks import count_invalid, deliver, warn_once
+from ._requires import Framework, Need, gaps, refuse
 
 __all__ = ["advantages", "log_eval_rollout", "log_rollout", "open_session", "rollout_step", "to_samples"]
 
@@ -27,6 +28,23 @@ __all__ = ["advantages", "log_eval_rollout", "log_rollout", "open_session", "rol
 _GROUP_NORMALISED = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
 _STD_NORMALISED = ("grpo", "gspo", "cispo")
 _TOKEN_FIELDS = ("token_ids", "loss_mask", "logprobs")
+_FRAMEWORK = Framework("slime", "commit 624b824a898a")
+# What the plugins read of slime's `Sample` (its dataclass fields, None where unset), and of
+# its arguments for the advantages of a training rollout.
+_SAMPLE_NEEDS = tuple(
+    Need(name)
+    for name in (
+        "prompt",
+        "tokens",
+        "response_length",
+        "reward",
+        "loss_mask",
+        "status",
+        "group_index",
+        "index",
+    )
+)
+_ADVANTAGE_NEEDS = (Need("advantage_estimator"), Need("n_samples_per_prompt"), Need("rollout_batch_size"))
 _lock = threading.Lock()
 _sessions: dict[tuple[str, str | None], Any] = {}
 _tokenizers: dict[str, Any] = {}
@@ -289,6 +307,16 @@ def _tokenizer_for(args: Any, where: str) -> Any:
     return None if tokenizer is _FAILED else tokenizer
 
 
+def _problems(samples: Any, args: Any, with_advantage: bool) -> list[str]:
+    """What slime's arguments and the rollout's first `Sample` lack of what the plugins read."""
+    problems = gaps(args, _ADVANTAGE_NEEDS, "args") if with_advantage else []
+    first = samples[0] if isinstance(samples, Sequence) and samples else None
+    if first is not None and not isinstance(first, (Mapping, str, bytes)):
+        # A dict is read by its keys (`field`), and anything else `to_samples` refuses itself.
+        problems += gaps(first, _SAMPLE_NEEDS, type(first).__name__)
+    return problems
+
+
 def _deliver(
     samples: Any,
     args: Any,
@@ -300,18 +328,21 @@ def _deliver(
     with_advantage: bool,
     extra: Mapping[str, Any] | None = None,
 ) -> int:
-    rows = len(samples) if isinstance(samples, Sequence) else 0
+    rows = len(samples) if isinstance(samples, Sequence) else None
     try:
         target = session if session is not None else _session_for(args)
         if target is None:
             return 0
+        problems = _problems(samples, args, with_advantage)
+        if problems:
+            return refuse(_FRAMEWORK, where, problems, target, rows)
         # Tool turns are cut by the loss mask only where some sample has one.
         multi_turn = any(0 in (field(s, "loss_mask") or ()) for s in samples)
         tokenizer = _tokenizer_for(args, where) if multi_turn else None
     except Exception as exc:  # telemetry must never stop training
         warn_once(where, f"could not start logging ({type(exc).__name__}: {exc})")
         if session is not None:
-            count_invalid(session, rows)
+            count_invalid(session, 1 if rows is None else rows)
         return 0
 
     def convert() -> tuple[list[Sample], int]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from .._records.types import Sample
 from ._common import Message, SampleBuilder, field, jsonable, role_name, token_list
 from ._hooks import deliver, every_row
+from ._requires import Framework, Need, gaps, refuse
 from ._sessions import session_for
 
 if TYPE_CHECKING:
@@ -21,6 +22,10 @@ if TYPE_CHECKING:
 __all__ = ["log_group", "to_samples"]
 
 _WHERE = "torchforge_adapter.to_samples"
+_FRAMEWORK = Framework("torchforge", "commit 6e77f0b37596")
+# What `log_group` reads of the GRPO app's `Episode` in every version tested (the newer app's
+# `completion`, or the earlier one's `request` and `response`, are read where present).
+_EPISODE_NEEDS = (Need("episode_id"), Need("reward"), Need("advantage"))
 
 
 def log_group(
@@ -49,6 +54,13 @@ def log_group(
         version = _newest_version(items) if step is None else step
     except Exception:  # an unreadable argument: the conversion below reports and counts it
         items, version = [episodes], 0 if step is None else step
+
+    first = items[0] if items else None
+    if first is not None and not isinstance(first, (Mapping, str, bytes, list, tuple)):
+        # A dict is read by its keys; anything else the conversion refuses with its own message.
+        problems = gaps(first, _EPISODE_NEEDS, type(first).__name__)
+        if problems:
+            return refuse(_FRAMEWORK, where, problems, target, len(items))
 
     def convert() -> list[Sample]:
         samples = to_samples(items, tokenizer=tokenizer)

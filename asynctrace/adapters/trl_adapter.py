@@ -20,16 +20,33 @@ from ..rollouts._align import MISSING, Shortfall
 from ..rollouts._mapping import prompt_indices
 from ._common import as_sequence, chat_messages, jsonable
 from ._hooks import deliver, warn_once
+from ._requires import UNCHANGED, Framework, Need, gaps, report
 
 __all__ = ["GRPOTracer", "attach", "to_samples"]
 
 
 _WHERE = "trl_adapter.to_samples"
 _HOOK = "trl_adapter.attach"
-_TESTED = "TRL 1.16.0"
+_FRAMEWORK = Framework("TRL", "1.16.0", "trl")
+_TESTED = f"{_FRAMEWORK.name} {_FRAMEWORK.tested}"
 # Columns of GRPOTrainer._logs that hold one entry per generated row.
 _ROW_COLUMNS = ("prompt", "completion", "advantages")
 _TABLES = ("rewards", "extra")
+# What `attach` wraps and reads on the trainer, as TRL 1.16's GRPOTrainer has it.
+_NEEDS = (
+    Need("_generate_and_score_completions", args=1),
+    Need("_logs", keys=(*_ROW_COLUMNS, *_TABLES)),
+    Need("reward_weights"),
+    Need("reward_func_names"),
+    Need("num_generations"),
+    Need("num_generations_eval"),
+    Need("args"),
+    Need("state.global_step"),
+    Need("model.training"),
+    Need("accelerator.is_main_process"),
+    Need("accelerator.num_processes"),
+    Need("add_callback", args=1),
+)
 
 
 def to_samples(
@@ -167,8 +184,8 @@ def _tapped(column: Any) -> _Tap:
 class GRPOTracer:
     """What `attach` returns: the session it logs to, and how many batches it logged.
 
-    On any process but the main one it is inert (`session` is None) and the trainer is left
-    untouched.
+    On any process but the main one, and for a trainer without what the hook needs, it is inert
+    (`session` is None) and the trainer is left untouched.
     """
 
     def __init__(
@@ -353,18 +370,24 @@ def attach(
     session opens as training begins, right after TRL's own run, and joins that run by id.
     Pass `session=` to log to a session of your own instead (it is
     then yours to finish). Unscorable rows are left out and counted when the sampler ranks by
-    reward. Raises here on a misconfiguration; once training runs, nothing raises into it.
+    reward. Raises here on a misconfiguration (not a `GRPOTrainer`, attached twice); a
+    `GRPOTrainer` without what the hook wraps and reads (another TRL version) gets one warning
+    naming what is missing and an inert tracer, and trains on unchanged. Once training runs,
+    nothing raises into it.
     """
-    for name in ("_generate_and_score_completions", "_logs", "reward_weights", "reward_func_names", "args"):
-        if not hasattr(trainer, name):
-            raise TypeError(
-                f"attach: expected a trl.GRPOTrainer (tested with {_TESTED}); "
-                f"{type(trainer).__name__} has no {name!r}"
-            )
+    if not any(cls.__name__ == "GRPOTrainer" for cls in type(trainer).__mro__):
+        raise TypeError(
+            f"attach: expected a trl.GRPOTrainer (tested with {_TESTED}), got {type(trainer).__name__}"
+        )
     if getattr(trainer, "_asynctrace_tracer", None) is not None:
         raise ValueError("attach: this trainer is already attached; every batch would be logged twice")
     if session is not None and session_kwargs:
         raise ValueError(f"attach: give session= or session arguments, not both ({sorted(session_kwargs)})")
+    problems = gaps(trainer, _NEEDS, type(trainer).__name__)
+    if problems:
+        # A TRL version that moved what the hook wraps: said once, the trainer left as it is.
+        report(_FRAMEWORK, _HOOK, problems, UNCHANGED)
+        return GRPOTracer(trainer, None, None)
     try:
         from transformers import TrainerCallback
     except ImportError as exc:  # pragma: no cover - a GRPOTrainer implies transformers

@@ -13,14 +13,19 @@ from typing import Any
 from .._records.types import Sample
 from .._sync import SyncTraceSession
 from ..rollouts._decode import decode_rollouts
-from ._common import jsonable
+from ._common import jsonable, plain_tokens
 from ._hooks import count_invalid, count_rows, deliver, every_row, warn_once
+from ._requires import Framework, Need, gaps, refuse
 from ._sessions import FAILED, plain_name, start_trainer_session, trainer_session
 
 __all__ = ["log_batch", "open_session", "to_samples"]
 
 
 _WHERE = "verl_adapter.log_batch"
+_FRAMEWORK = Framework("verl", "0.9.1", "verl")
+# What `log_batch` reads: the trainer's tokenizer (and step), the DataProto's tensors.
+_TRAINER_NEEDS = (Need("tokenizer"),)
+_BATCH_NEEDS = (Need("batch", keys=("prompts", "responses", "attention_mask")), Need("non_tensor_batch"))
 # Non-tensor columns copied as they are: verl's name -> the metadata key.
 _COPIED = (
     ("data_source", "data_source"),
@@ -59,7 +64,7 @@ def _version(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
-def to_samples(
+def _samples(
     data: Any,
     *,
     tokenizer: Any,
@@ -67,21 +72,7 @@ def to_samples(
     env_role: str = "tool",
     token_fields: Sequence[str] = (),
 ) -> list[Sample]:
-    """One sample per row of a verl `DataProto`, in the batch's row order.
-
-    Messages: the prompt (its real tokens, decoded) as the user turn, then the response cut
-    into `assistant` turns (``response_mask`` 1) and `env_role` turns (0: tool output a
-    multi-turn agent loop appended). All text is decoded in one tokenizer call.
-
-    `reward` sums ``token_level_scores`` over the response: pass `token_level_scores=` where
-    the batch does not hold them yet, as in ``_validate`` (else ``rm_scores`` is used). Every
-    metadata field and the batch key it comes from: docs/frameworks/verl.md.
-
-    `token_fields` names per-token arrays to keep with each sample (`Sample.tokens`, over its
-    real tokens, prompt first): ``token_ids``, ``loss_mask`` (the response mask, 0 on the
-    prompt), ``logprobs`` (``old_log_probs``, else ``rollout_log_probs``) and ``advantages``;
-    the last two are NaN over the prompt, where verl has none.
-    """
+    """`to_samples`, token fields in their compact JSON form (as `log_batch` hands them on)."""
     torch = _torch()
     batch = data.batch
     non_tensor: Mapping[str, Any] = data.non_tensor_batch or {}
@@ -164,6 +155,40 @@ def to_samples(
     return samples
 
 
+def to_samples(
+    data: Any,
+    *,
+    tokenizer: Any,
+    token_level_scores: Any = None,
+    env_role: str = "tool",
+    token_fields: Sequence[str] = (),
+) -> list[Sample]:
+    """One sample per row of a verl `DataProto`, in the batch's row order.
+
+    Messages: the prompt (its real tokens, decoded) as the user turn, then the response cut
+    into `assistant` turns (``response_mask`` 1) and `env_role` turns (0: tool output a
+    multi-turn agent loop appended). All text is decoded in one tokenizer call.
+
+    `reward` sums ``token_level_scores`` over the response: pass `token_level_scores=` where
+    the batch does not hold them yet, as in ``_validate`` (else ``rm_scores`` is used). Every
+    metadata field and the batch key it comes from: docs/frameworks/verl.md.
+
+    `token_fields` names per-token arrays to keep with each sample (`Sample.tokens`, over its
+    real tokens, prompt first): ``token_ids``, ``loss_mask`` (the response mask, 0 on the
+    prompt), ``logprobs`` (``old_log_probs``, else ``rollout_log_probs``) and ``advantages``;
+    the last two are NaN over the prompt, where verl has none. Each is a list of numbers.
+    """
+    return plain_tokens(
+        _samples(
+            data,
+            tokenizer=tokenizer,
+            token_level_scores=token_level_scores,
+            env_role=env_role,
+            token_fields=token_fields,
+        )
+    )
+
+
 # verl's per-token keys for each token field over the response, in order of preference.
 _RESPONSE_KEYS = {"logprobs": ("old_log_probs", "rollout_log_probs"), "advantages": ("advantages",)}
 
@@ -237,6 +262,10 @@ def log_batch(
         rows = count_rows(
             lambda: len(batch), lambda: batch.batch["responses"], lambda: batch.batch["input_ids"]
         )
+        needs = _TRAINER_NEEDS if step is not None else (*_TRAINER_NEEDS, Need("global_steps"))
+        problems = gaps(trainer, needs, type(trainer).__name__) + gaps(batch, _BATCH_NEEDS, "batch")
+        if problems:
+            return refuse(_FRAMEWORK, _WHERE, problems, session, rows)
         at_step = int(trainer.global_steps if step is None else step)
         tokenizer = trainer.tokenizer
     except Exception as exc:  # telemetry must never stop training
@@ -246,7 +275,7 @@ def log_batch(
             count_invalid(session, 1 if rows is None else rows)
         return 0
     convert = every_row(
-        to_samples,
+        _samples,
         batch,
         tokenizer=tokenizer,
         token_level_scores=token_level_scores,

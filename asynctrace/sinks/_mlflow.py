@@ -297,6 +297,11 @@ class MlflowSink(Sink):
             with self._prep_lock:
                 if self._prep is prep:
                     self._prep = None  # a retry starts afresh
+            # Sorted as every other MLflow call's error is (`Serial`): a refusal no retry can fix
+            # (a tracking URI of a scheme MLflow has no store for) fails the sink at once.
+            why = _permanent(prep.error) if isinstance(prep.error, Exception) else None
+            if why is not None:
+                raise PermanentSinkError(why) from prep.error
             raise prep.error
 
     # -- traces ------------------------------------------------------------------------------

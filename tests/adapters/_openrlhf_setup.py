@@ -295,3 +295,17 @@ def trainer(
         self, strategy, ActorGroup(), None, None, None, None, hf_tokenizer
     )
     return self
+
+
+def page_hooked() -> dict[str, Any]:
+    """OpenRLHF's `train_step` and `evaluate` with docs/frameworks/openrlhf.md's lines in them, as
+    the edited file has them, by `Class.function`."""
+    from tests.adapters._snippets import code_block, hook_lines, patched
+
+    imports, insertions = hook_lines(code_block("openrlhf.md"))
+    functions = {
+        "BasePPOTrainer.train_step": openrlhf.ppo_trainer.BasePPOTrainer.train_step,
+        "PPOTrainer.evaluate": PPOTrainer.evaluate,
+    }
+    assert [i.function for i in insertions] == list(functions)
+    return {i.function: patched(functions[i.function], i, imports) for i in insertions}

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -36,7 +37,7 @@ import asynctrace as at
 from asynctrace.adapters import _hooks, areal_adapter
 from asynctrace.rollouts import toy_tokenizer
 from tests._util import read_traces
-from tests.adapters.conftest import LOGGING
+from tests.adapters.conftest import LOGGING, moved
 
 logging.Logger.manager, logging.Logger.root = LOGGING
 # `areal.api.cli_args` runs `uvloop.install()` at import: the rest of the suite keeps asyncio's
@@ -410,6 +411,13 @@ def test_token_fields_round_trip_through_the_parquet_archive(
         assert float(np.asarray(row["advantages"])[generated].mean()) == pytest.approx(
             meta["advantage"], abs=1e-5
         )
+    # to_samples gives the same values as plain lists of numbers.
+    samples = areal_adapter.to_samples(adv_batch, tokenizer=hf_tokenizer, token_fields=fields)
+    for sample in samples:
+        assert sample.tokens is not None and all(isinstance(v, list) for v in sample.tokens.values())
+        want = expected_rows[sample.metadata["sample_index"]]
+        for name, values in want.items():
+            assert np.array_equal(np.asarray(sample.tokens[name], dtype=values.dtype), values), name
     with pytest.raises(ValueError, match="token_fields"):
         areal_adapter.to_samples(batch, tokenizer=hf_tokenizer, token_fields=("advantages",))
 
@@ -420,6 +428,7 @@ class _ScriptedPPOTrainer(PPOTrainer):
     (rollout_batch)` on AReaL's real PPOActor, for two steps."""
 
     def __init__(self, config: Any, train_dataset: Any = None, valid_dataset: Any = None) -> None:
+        self.config = config
         self.actor = grpo_actor()
         self.tokenizer = config.tokenizer
 
@@ -435,6 +444,44 @@ class _ScriptedPPOTrainer(PPOTrainer):
             self.actor.compute_advantages(rollout_batch)
 
 
+def _config(tokenizer: Any) -> SimpleNamespace:
+    """The parts of AReaL's `PPOConfig` the hook reads, and the tokenizer the scripted trainer uses."""
+    return SimpleNamespace(
+        tokenizer=tokenizer, experiment_name=f"gsm8k/grpo-{uuid.uuid4().hex[:8]}", trial_name="t0"
+    )
+
+
+def test_attach_opens_its_session_and_finishes_it_when_train_returns() -> None:
+    """Without a session, attach opens one named after the experiment and trial, logs each step
+    and finishes the session when `train` returns."""
+    sink = at.testing.MemorySink()
+    trainer = _ScriptedPPOTrainer(_config(make_hf_tokenizer()))
+    areal_adapter.attach(trainer, sinks=[sink], max_traces_per_step=None)
+    session = trainer.asynctrace_session
+    assert (session.project, session.run) == (trainer.config.experiment_name.replace("/", "-"), "t0")
+    trainer.train()
+    assert not session.is_open and sink.closed
+    assert sorted(r.step for r in sink.records) == [0] * 4 + [1] * 4
+
+
+def test_a_moved_hook_point_is_named_and_the_trainer_left_as_it_is(
+    monkeypatch: pytest.MonkeyPatch, hook_warnings: list[str]
+) -> None:
+    """A PPOActor whose AReaL renamed `compute_advantages`: attach says so once, naming AReaL
+    1.0.4 and what is missing, opens no session and leaves the trainer as it was; its training
+    runs on, through the renamed method, and nothing raises."""
+    method = PPOActor.compute_advantages
+    monkeypatch.delattr(PPOActor, "compute_advantages")
+    monkeypatch.setattr(PPOActor, "compute_advantages_v2", method, raising=False)
+    trainer = _ScriptedPPOTrainer(_config(make_hf_tokenizer()))
+    sink = at.testing.MemorySink()
+    areal_adapter.attach(trainer, sinks=[sink])
+    moved(hook_warnings, "areal_adapter.attach", "AReaL 1.0.4", "actor.compute_advantages")
+    assert not hasattr(trainer, "asynctrace_session") and "compute_advantages_v2" not in vars(trainer.actor)
+    adv_batch = trainer.actor.compute_advantages_v2(prepare_batch(trainer.tokenizer))
+    assert "advantages" in adv_batch[0] and not sink.opened
+
+
 @contextlib.contextmanager
 def doc_snippet(request: pytest.FixtureRequest) -> Iterator[tuple[dict[str, Any], Callable[..., None]]]:
     """What docs/frameworks/areal.md's lines find: the training script's PPOTrainer and its
@@ -442,12 +489,13 @@ def doc_snippet(request: pytest.FixtureRequest) -> Iterator[tuple[dict[str, Any]
     from trackio.sqlite_storage import SQLiteStorage
 
     tokenizer = make_hf_tokenizer()
-    trainer = _ScriptedPPOTrainer(SimpleNamespace(tokenizer=tokenizer))
+    config = _config(tokenizer)
+    trainer = _ScriptedPPOTrainer(config)
     sink = at.testing.MemorySink()
     with at.TraceSession("p", sinks=[sink]) as session:
         names = {
             "PPOTrainer": _ScriptedPPOTrainer,
-            "config": SimpleNamespace(tokenizer=tokenizer),
+            "config": config,
             "train_dataset": [p for p, _ in PROBLEMS],
             "valid_dataset": None,
             "workflow": None,
@@ -459,9 +507,12 @@ def doc_snippet(request: pytest.FixtureRequest) -> Iterator[tuple[dict[str, Any]
         }
 
         def check(namespace: dict[str, Any]) -> None:
-            (run,) = SQLiteStorage.get_run_records("gsm8k-grpo")
-            traced = SQLiteStorage.get_traces("gsm8k-grpo", run_id=run["id"])
+            project = config.experiment_name.replace("/", "-")
+            (run,) = SQLiteStorage.get_run_records(project)
+            assert run["name"] == "t0"
+            traced = SQLiteStorage.get_traces(project, run_id=run["id"])
             assert sorted(t["step"] for t in traced) == [0] * 4 + [1] * 4
+            assert not namespace["trainer"].asynctrace_session.is_open  # finished when train returned
             assert session.flush(timeout=30)
             assert [r.step for r in sink.records] == [5] * 4
 

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
 import asynctrace as at
+import asynctrace.adapters
 from asynctrace.adapters._hooks import Converted, count_rows, deliver
+from asynctrace.adapters._requires import Framework, Need, gaps, report
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def _good(n: int) -> Converted:
@@ -98,3 +104,67 @@ def test_count_rows_takes_the_first_column_it_can_size() -> None:
     assert count_rows(lambda: torch.zeros(4, 2), lambda: [1]) == 4
     assert count_rows(lambda: 7) == 7
     assert count_rows(lambda: "text", lambda: missing["x"]) is None
+
+
+def test_the_api_page_names_every_adapter_and_its_hook() -> None:
+    """docs/api.md's `asynctrace.adapters` section names every adapter module and a hook of it."""
+    text = (DOCS / "api.md").read_text(encoding="utf-8")
+    section = text.split("## `asynctrace.adapters`", 1)[1].split("\n## ", 1)[0]
+    modules = asynctrace.adapters.__all__
+    assert [name for name in modules if f"`{name}`" not in section] == []
+    assert [name for name in modules if f"`{name}." not in section] == []
+
+
+def test_gaps_name_what_is_missing_or_shaped_otherwise() -> None:
+    """Each need not met is named by its path: missing, not taking the arguments the hook passes,
+    not a coroutine function, without a key, or unreadable; what is as expected is not named."""
+
+    class Broken:
+        @property
+        def flaky(self) -> int:
+            raise RuntimeError("no")
+
+    class Trainer:
+        def __init__(self) -> None:
+            self.logs: dict[str, list[str]] = {"prompt": [], "completion": []}
+            self.broken = Broken()
+
+        def step(self, batch: object) -> None: ...
+
+        def two(self, a: object, b: object) -> None: ...
+
+        async def generate(self, batch: object) -> None: ...
+
+    needs = [
+        Need("step", args=1),
+        Need("two", args=1),
+        Need("generate", args=1, coroutine=True),
+        Need("step", coroutine=True),
+        Need("logs", keys=("prompt", "rewards")),
+        Need("actor.compute"),
+        Need("broken.flaky"),
+        Need("", keys=("x",)),
+    ]
+    assert gaps(Trainer(), needs, "Trainer") == [
+        "Trainer.two does not take 1 positional argument",
+        "Trainer.step is not a coroutine function",
+        "Trainer.logs has no 'rewards'",
+        "Trainer.actor.compute is missing",
+        "Trainer.broken.flaky cannot be read (RuntimeError: no)",
+        "Trainer has no keys (a Trainer)",
+    ]
+
+
+def test_the_message_names_both_versions_once(hook_warnings: list[str]) -> None:
+    """`report` names the version installed and the one tested, once per hook and problem."""
+    framework = Framework("TRL", "0.0.1", "trl")
+    assert (
+        framework.versions() == f"TRL {importlib.metadata.version('trl')} is installed, tested with TRL 0.0.1"
+    )
+    assert Framework("slime", "commit 624b824a898a").versions() == "tested with slime commit 624b824a898a"
+    for _ in range(2):
+        report(framework, "test.report", ["X.y is missing"], "nothing is logged")
+    (message,) = [m for m in hook_warnings if "test.report" in m]
+    assert message.endswith(
+        "(TRL 1.16.0 is installed, tested with TRL 0.0.1): X.y is missing; nothing is logged"
+    )

@@ -26,6 +26,7 @@ from asynctrace.adapters import nemo_rl_adapter
 from asynctrace.adapters._sessions import session_for
 from tests._util import read_traces
 from tests.adapters._upstream import nemo_rl_source as nemo
+from tests.adapters.conftest import moved
 
 # The tests that run docs/frameworks/nemo_rl.md's lines as written, in the framework's own code
 # (tests/test_doc_snippets.py checks they are here).
@@ -56,7 +57,7 @@ def _reward(message_log: list[dict[str, Any]]) -> float:
     return 1.0 if "391" in message_log[-1]["content"] else 0.0
 
 
-def grpo_step(tokenizer: Any) -> dict[str, Any]:
+def grpo_step(tokenizer: Any, answers: list[list[list[str]]] = ANSWERS) -> dict[str, Any]:
     """One `grpo_train` step up to its logging point: the locals the hook line reads."""
     # The dataloader's DatumSpecs, repeated per generation (`batch.repeat_interleave`).
     repeated: list[dict[str, Any]] = []
@@ -75,7 +76,7 @@ def grpo_step(tokenizer: Any) -> dict[str, Any]:
         repeated += [copy.deepcopy(datum) for _ in range(GENERATIONS)]
     # The rollout: each assistant turn as generate_responses appends it, tool answers between.
     for k, datum in enumerate(repeated):
-        turns = ANSWERS[k // GENERATIONS][k % GENERATIONS]
+        turns = answers[k // GENERATIONS][k % GENERATIONS]
         for t, text in enumerate(turns):
             ids = _tokens(tokenizer, text)
             logprobs = -torch.arange(1, len(ids) + 1, dtype=torch.float32) / (10 * (k + 1))
@@ -263,6 +264,21 @@ def test_unreadable_rows_are_counted_not_raised(
     assert len(warned) == 1
 
 
+def test_a_moved_hook_point_is_named_and_its_steps_counted(
+    step: dict[str, Any], hook_warnings: list[str]
+) -> None:
+    """A `repeated_batch` whose NeMo RL renamed `length`: the hook says so once, naming the commit
+    tested and the key, counts every rollout of the step and returns; nothing raises."""
+    batch = nemo.BatchedDataDict(step["repeated_batch"])
+    batch["prompt_length"] = batch.pop("length")
+    with at.TraceSession("nemo", run="moved", sinks=[at.testing.MemorySink()]) as session:
+        for n in range(2):
+            assert nemo_rl_adapter.log_step(session, batch, step["train_data"], step=n) == 0
+    moved(hook_warnings, "nemo_rl_adapter.log_step", "commit 7ea279abfbeb", "repeated_batch has no 'length'")
+    stats = session.stats()
+    assert stats.dropped["invalid"] == 2 * len(batch["message_log"]) and stats.check()
+
+
 def test_nan_rewards_are_left_out(step: dict[str, Any]) -> None:
     """A reward NeMo RL could not compute (NaN) is no reward, not a number to rank by."""
     batch = nemo.BatchedDataDict(step["repeated_batch"])
@@ -271,6 +287,23 @@ def test_nan_rewards_are_left_out(step: dict[str, Any]) -> None:
     samples = nemo_rl_adapter.to_samples(batch)
     assert "reward" not in samples[0].metadata and samples[1].metadata["reward"] == 0.0
     assert all("advantage" not in s.metadata for s in samples)
+
+
+def test_a_row_with_no_trained_token_keeps_its_advantage(tokenizer: Any) -> None:
+    """An empty generation trains no token, yet NeMo RL's advantage row holds the sample's value
+    (GRPO spreads it over the row): the sample keeps it, as every other sample keeps its own."""
+    answers = copy.deepcopy(ANSWERS)
+    answers[0][1] = [""]  # the second generation of dataset row 0 is empty (and wrong)
+    step = grpo_step(tokenizer, answers)
+    train_data = step["train_data"]
+    assert not train_data["token_mask"][1].any()
+    samples = nemo_rl_adapter.to_samples(step["repeated_batch"], train_data)
+    assert samples[1].metadata["response_len"] == 0 and samples[1].metadata["num_turns"] == 1
+    assert samples[1].metadata["advantage"] == pytest.approx(float(train_data["advantages"][1][0]))
+    assert samples[1].metadata["advantage"] < -0.5
+    for i, sample in enumerate(samples):
+        row = train_data["advantages"][i][: int(train_data["input_lengths"][i])]
+        assert sample.metadata["advantage"] == pytest.approx(float(row.mean()))
 
 
 def test_plain_lists_give_the_same_samples_as_tensors(step: dict[str, Any]) -> None:

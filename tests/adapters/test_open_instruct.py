@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import asynctrace as at
-from asynctrace.adapters import _hooks, open_instruct_adapter
+from asynctrace.adapters import open_instruct_adapter
 from asynctrace.adapters._sessions import session_for
 from asynctrace.rollouts import toy_tokenizer
 from tests._util import read_traces
@@ -43,6 +43,7 @@ from tests.adapters._upstream.open_instruct_data_types import (
 )
 from tests.adapters._upstream.open_instruct_model_utils import Batch
 from tests.adapters._upstream.open_instruct_rl_utils import _save_rollouts
+from tests.adapters.conftest import moved
 from tests.rollouts._helpers import encode
 
 N = 2  # num_samples_per_prompt_rollout
@@ -281,23 +282,19 @@ def test_log_batch_never_raises_into_training(tokenizer: Any, caplog: pytest.Log
     assert any("open_instruct_adapter.log_batch" in r.getMessage() for r in caplog.records)
 
 
-def test_a_renamed_field_is_counted_row_by_row(
-    tokenizer: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A result whose `responses` another open-instruct version renamed (`response_ids`) cannot be
-    converted: each of its rows is counted as invalid, with a warning naming the field."""
-    monkeypatch.setattr(_hooks, "_warned", set())  # warnings are once per hook and process
+def test_a_moved_hook_point_is_named_and_its_rows_counted(tokenizer: Any, hook_warnings: list[str]) -> None:
+    """A result whose `responses` another open-instruct version renamed (`response_ids`): the hook
+    says so once, naming the commit tested and the field, and counts each row (sized by the
+    columns that remain) as invalid; nothing raises into the data preparation loop."""
     batch, result, advantages, _ = prepared(tokenizer, ALL_STOP, mask_truncated=False)
     columns = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
     columns["response_ids"] = columns.pop("responses")
     renamed = SimpleNamespace(**columns)
-    caplog.set_level(logging.WARNING, logger="asynctrace")
     with at.TraceSession("p", sinks=[at.testing.MemorySink()]) as session:
         assert open_instruct_adapter.log_batch(session, batch, renamed, advantages, step=8) == 0
     stats = session.stats()
     assert stats.dropped["invalid"] == 6 and stats.written == 0 and stats.check()
-    (warning,) = [r.getMessage() for r in caplog.records if "open_instruct_adapter" in r.getMessage()]
-    assert "6 rows" in warning and "result.responses" in warning
+    moved(hook_warnings, "open_instruct_adapter.log_batch", "commit e6c3044aa620", "result.responses")
 
 
 def test_end_to_end_into_trackio(tokenizer: Any, project: str) -> None:

@@ -21,7 +21,7 @@ from asynctrace._records.tokens import decode_token_fields
 from asynctrace.adapters import openrlhf_adapter
 from asynctrace.rollouts import toy_tokenizer
 from tests.adapters import _openrlhf_setup as setup
-from tests.adapters._snippets import code_block, hook_lines, patched
+from tests.adapters.conftest import moved
 
 # The tests that run docs/frameworks/openrlhf.md's lines as written, in the framework's own code
 # (tests/test_doc_snippets.py checks they are here).
@@ -71,16 +71,7 @@ def _expected(p: int, k: int) -> dict[str, Any]:
     return {"messages": messages, "reward": _reward(p, k), "advantage": advantage, "turns": len(turns)}
 
 
-def _hooked(page_block: str) -> dict[str, Any]:
-    """OpenRLHF's train_step and evaluate with the page's lines in them, as the edited file has them."""
-    imports, insertions = hook_lines(page_block)
-    functions = {"BasePPOTrainer.train_step": setup.openrlhf.ppo_trainer.BasePPOTrainer.train_step}
-    functions["PPOTrainer.evaluate"] = setup.PPOTrainer.evaluate
-    assert [i.function for i in insertions] == list(functions)
-    return {i.function: patched(functions[i.function], i, imports) for i in insertions}
-
-
-HOOKED = _hooked(code_block("openrlhf.md"))
+HOOKED = setup.page_hooked()
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
@@ -184,6 +175,26 @@ def test_token_fields_are_put_back_on_their_tokens(hf_tokenizer: Any, tmp_path: 
         assert all(lp == 0.0 for lp, m in zip(tokens["logprobs"][1:], mask[1:], strict=True) if not m)
 
 
+def test_to_samples_gives_token_fields_as_plain_lists(hf_tokenizer: Any) -> None:
+    """`to_samples(token_fields=...)` returns each field as a list of numbers, as the other
+    adapters' `to_samples` do, with the values the hook logs."""
+    args = setup.make_args(N, prompts=len(PROMPTS))
+    trainer = setup.trainer(hf_tokenizer, args, PROMPTS, LABELS, SCRIPT)
+    rollout_samples, _, _, _ = trainer.samples_generator.generate_samples(**GEN)
+    experiences = trainer.experience_maker.make_experience_batch(rollout_samples)
+    fields = ("token_ids", "loss_mask", "logprobs", "advantages")
+    samples = openrlhf_adapter.to_samples(
+        experiences, tokenizer=hf_tokenizer, samples_per_prompt=N, token_fields=fields
+    )
+    for sample in samples:
+        assert sample.tokens is not None and set(sample.tokens) == set(fields)
+        assert all(isinstance(values, list) for values in sample.tokens.values()), sample.tokens
+        p, k = divmod(sample.metadata["rollout_index"], N)
+        text = PROMPTS[p] + setup.TOOL.join(SCRIPT[p][k])
+        assert sample.tokens["token_ids"] == hf_tokenizer(text=text, add_special_tokens=False)["input_ids"]
+        assert math.isnan(sample.tokens["logprobs"][0]) and set(sample.tokens["loss_mask"]) == {0, 1}
+
+
 def test_evaluate_logs_its_samples_as_eval(hf_tokenizer: Any, tmp_path: Path) -> None:
     """The page's line in PPOTrainer.evaluate logs each evaluation rollout as "eval" at the step,
     grouped by the evaluation's own samples per prompt."""
@@ -256,6 +267,26 @@ def test_hook_never_raises_and_counts_the_rows(
     assert len(warned) == 1 and "action_mask" in warned[0].getMessage()
     with pytest.raises(ValueError, match="samples_per_prompt"):
         openrlhf_adapter.to_samples(experiences, tokenizer=hf_tokenizer, samples_per_prompt=0)
+
+
+def test_a_moved_hook_point_is_named_and_its_batches_counted(
+    hf_tokenizer: Any, monkeypatch: pytest.MonkeyPatch, hook_warnings: list[str]
+) -> None:
+    """Experiences whose OpenRLHF renamed `action_mask`: the hook says so once, naming OpenRLHF
+    0.11.2 and the field, counts every row (sized by the fields that remain) and returns."""
+    args = setup.make_args(N, prompts=len(PROMPTS))
+    trainer = setup.trainer(hf_tokenizer, args, PROMPTS, LABELS, SCRIPT)
+    rollout_samples, _, _, _ = trainer.samples_generator.generate_samples(**GEN)
+    experiences = trainer.experience_maker.make_experience_batch(rollout_samples)
+    monkeypatch.delattr(setup.openrlhf.experience.Experience, "action_mask")
+    for experience in experiences:
+        experience.response_mask = vars(experience).pop("action_mask")
+    with at.TraceSession("openrlhf", sinks=[at.testing.MemorySink()]) as session:
+        for _ in range(2):
+            assert openrlhf_adapter.log_train_batch(trainer, experiences, 0, session=session) == 0
+    moved(hook_warnings, "openrlhf_adapter.log_train_batch", "OpenRLHF 0.11.2", "Experience.action_mask")
+    stats = session.stats()
+    assert stats.dropped["invalid"] == 2 * len(PROMPTS) * N and stats.check()
 
 
 def test_importing_the_adapter_imports_no_openrlhf() -> None:

@@ -27,6 +27,7 @@ from asynctrace.adapters import prime_rl_adapter
 from asynctrace.adapters._sessions import session_for
 from tests._util import read_traces
 from tests.adapters._upstream import prime_rl_source as prime
+from tests.adapters.conftest import moved
 
 # The tests that run docs/frameworks/prime_rl.md's lines as written, in the framework's own code
 # (tests/test_doc_snippets.py checks they are here).
@@ -240,6 +241,38 @@ def test_documented_lines_register_the_monitor(tokenizer: Any, monitors: Any, tm
     _check_against_prime(
         effective, [at.Sample(messages=t["messages"], metadata=t["metadata"]) for t in traces]
     )
+
+
+def test_a_moved_hook_point_is_named_and_nothing_registered(
+    monitors: Any, monkeypatch: pytest.MonkeyPatch, hook_warnings: list[str]
+) -> None:
+    """A prime-rl that renamed its monitor registry: `register` says so once, naming the commit
+    tested and what is missing, registers nothing and returns None; nothing raises."""
+    monkeypatch.delattr(monitors, "MONITORS")
+    monkeypatch.setattr(monitors, "REGISTERED_MONITORS", [], raising=False)
+    assert prime_rl_adapter.register(monitors, "prime-rl-moved") is None
+    moved(hook_warnings, "prime_rl_adapter.register", "commit 559b447", "MONITORS.append is missing")
+    assert monitors.REGISTERED_MONITORS == []
+
+
+def test_episodes_of_another_verifiers_are_named_and_counted(
+    tokenizer: Any, monitors: Any, hook_warnings: list[str]
+) -> None:
+    """Episodes without `traces` (as another verifiers version might name them): the monitor says
+    so once, naming verifiers 0.4.0, counts the cohort and returns."""
+
+    class Renamed:
+        def __init__(self, e: Any) -> None:
+            self.id, self.group, self.run, self.trace_list = e.id, e.group, e.run, e.traces
+
+    cohort = [Renamed(episode(tokenizer, group, 0)) for group in QUESTIONS]
+    with at.TraceSession("prime", run="moved", sinks=[at.testing.MemorySink()]) as session:
+        monitor = prime_rl_adapter.register(monitors, session)
+        assert monitor is not None and monitor in monitors.MONITORS
+        asyncio.run(monitors.log(cohort, STEP, "train", "effective"))
+    moved(hook_warnings, "prime_rl_adapter.TraceMonitor", "verifiers 0.4.0", "Renamed.traces")
+    stats = session.stats()
+    assert stats.dropped["invalid"] == len(cohort) and stats.check()
 
 
 def test_unreadable_traces_are_counted_not_raised(

@@ -18,8 +18,6 @@ import asyncio
 import contextlib
 import inspect
 import logging
-import sys
-import types
 import uuid
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
@@ -44,6 +42,7 @@ from tests.adapters._upstream.skyrl_source import (
     handle_dynamic_sampling,
     prepare_generator_input,
 )
+from tests.adapters.conftest import moved
 from tests.rollouts._helpers import encode
 
 SYSTEM = {"role": "system", "content": "You are a careful solver."}
@@ -435,6 +434,29 @@ def test_attach_never_raises_into_training(tokenizer: Any, caplog: pytest.LogCap
     stats = session.stats()
     assert stats.dropped["invalid"] == 2 and stats.written == 0 and stats.check()
     assert any("skyrl_adapter.attach" in r.getMessage() for r in caplog.records)
+
+
+def test_a_moved_hook_point_is_named_and_the_trainer_left_as_it_is(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch, hook_warnings: list[str]
+) -> None:
+    """A trainer whose SkyRL renamed the method attach wraps, built by an attached experiment, and
+    one whose generator's `generate` is no coroutine: attach says so once, naming SkyRL 0.4.0 and
+    what does not fit, opens no session and leaves the trainer as it was; nothing raises."""
+    method = RayPPOTrainer.postprocess_generator_output
+    monkeypatch.delattr(RayPPOTrainer, "postprocess_generator_output")
+    monkeypatch.setattr(RayPPOTrainer, "postprocess_generated_output", method, raising=False)
+    sink = at.testing.MemorySink()
+    exp = skyrl_adapter.attach(_BasePPOExp(config(2, 1)), sinks=[sink])
+    generator = ToyGenerator(tokenizer, lambda q, k: 0.0)
+    trainer = exp.get_trainer(cfg=exp.cfg, tokenizer=tokenizer, generator=generator)
+    assert isinstance(trainer, Trainer) and not hasattr(generator.generate, "__wrapped__")
+    moved(hook_warnings, "skyrl_adapter.attach", "SkyRL 0.4.0", "Trainer.postprocess_generator_output")
+    monkeypatch.undo()
+    plain = Trainer(config(2, 1), tokenizer, generator)
+    plain.generator.generate = lambda input_batch: None  # type: ignore[method-assign]
+    assert skyrl_adapter.attach(plain, sinks=[sink]) is plain
+    assert sum("Trainer.generator.generate is not a coroutine function" in m for m in hook_warnings) == 1
+    assert "postprocess_generator_output" not in vars(plain) and not sink.opened
 
 
 def test_a_renamed_field_is_counted_row_by_row(
@@ -879,16 +901,11 @@ class _FullyAsyncPPOExp(_BasePPOExp):
 
 @contextlib.contextmanager
 def doc_snippet(request: pytest.FixtureRequest) -> Iterator[tuple[dict[str, Any], Callable[..., None]]]:
-    """What docs/frameworks/skyrl.md's lines find: SkyRL's `main_base` module (its BasePPOExp as
-    above), main_fully_async.py's experiment class, and a step's generator input and output."""
+    """What docs/frameworks/skyrl.md's lines find: in the `skyrl_entrypoint` Ray task, its config
+    and SkyRL's experiment classes (as above: `run` builds the trainer with `get_trainer` and
+    trains it), and a step's generator input and output."""
     from trackio.sqlite_storage import SQLiteStorage
 
-    monkeypatch = request.getfixturevalue("monkeypatch")
-    for name in ("skyrl", "skyrl.train", "skyrl.train.entrypoints"):
-        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    main_base = types.ModuleType("skyrl.train.entrypoints.main_base")
-    main_base.BasePPOExp = _BasePPOExp  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, main_base.__name__, main_base)
     tokenizer = toy_tokenizer()
     gi, uids = prepare_generator_input(dataset_rows(["q0", "q1"]), 2, {}, "gsm8k", "train", 1)  # type: ignore[arg-type]
     go = asyncio.run(ToyGenerator(tokenizer, lambda q, k: float(k)).generate(gi))
@@ -896,7 +913,9 @@ def doc_snippet(request: pytest.FixtureRequest) -> Iterator[tuple[dict[str, Any]
     cfg = config(2, 2)
     cfg.trainer.project_name = project
     names = {
+        "BasePPOExp": _BasePPOExp,
         "FullyAsyncPPOExp": _FullyAsyncPPOExp,
+        "cfg": cfg,
         "generator_input": gi,
         "generator_output": go,
         "tokenizer": tokenizer,
@@ -904,17 +923,11 @@ def doc_snippet(request: pytest.FixtureRequest) -> Iterator[tuple[dict[str, Any]
     }
 
     def check(namespace: dict[str, Any]) -> None:
-        assert callable(namespace["skyrl_entrypoint"].remote)
-        namespace["MyExp"](cfg).run()  # what the entrypoint runs in its Ray task
+        # Each of the two experiments trained two steps of 4 rows, through the trainer it built.
         traces = SQLiteStorage.get_traces(project, run="skyrl-run")
-        assert sorted(t["step"] for t in traces) == [1] * 4 + [2] * 4
+        assert sorted(t["step"] for t in traces) == [1] * 8 + [2] * 8
         assert all(t["metadata"]["trajectory_id"] for t in traces)
-        trainer = namespace["MyFullyAsyncExp"](cfg).get_trainer(
-            cfg=cfg, tokenizer=tokenizer, generator=ToyGenerator(tokenizer, lambda q, k: 0.0)
-        )
-        assert isinstance(trainer, AsyncTrainer) and hasattr(
-            trainer.postprocess_generator_output, "__wrapped__"
-        )
+        assert isinstance(namespace["exp"], _FullyAsyncPPOExp)
         assert [question_of(s) for s in namespace["samples"]] == ["q0", "q0", "q1", "q1"]
 
     yield names, check

@@ -9,10 +9,8 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import shlex
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +22,13 @@ from transformers import PreTrainedTokenizerFast
 import asynctrace as at
 from asynctrace.adapters import slime_adapter
 from asynctrace.rollouts import toy_tokenizer
-from tests.adapters._snippets import code_block
-from tests.adapters._upstream.slime_arguments import add_log_function_arguments
+from tests.adapters._slime_setup import LABELS, PROMPTS, SCRIPT, TOOL, N, make_args, rollout
 from tests.adapters._upstream.slime_loss import compute_advantages_and_returns
 from tests.adapters._upstream.slime_metric_utils import compute_rollout_step
-from tests.adapters._upstream.slime_rollout import RolloutDataSource, RolloutManager
+from tests.adapters._upstream.slime_rollout import RolloutManager
 from tests.adapters._upstream.slime_rollout_metrics import log_eval_rollout_data, log_rollout_data
 from tests.adapters._upstream.slime_types import Sample
+from tests.adapters.conftest import moved
 
 # The tests that run docs/frameworks/slime.md's lines as written, in the framework's own code
 # (tests/test_doc_snippets.py checks they are here).
@@ -40,27 +38,6 @@ RUNS_PAGE_SNIPPETS = (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-N = 3
-PROMPTS = [
-    "<|im_start|>user\nWhat is 17 * 23?<|im_end|>\n<|im_start|>assistant\n",
-    "<|im_start|>user\nName a prime above 90.<|im_end|>\n<|im_start|>assistant\n",
-    "<|im_start|>user\nSpell 'cat' backwards.<|im_end|>\n<|im_start|>assistant\n",
-]
-LABELS = ["391", "97", "tac"]
-TOOL = "\n<|im_start|>tool\n391<|im_end|>\n<|im_start|>assistant\n"
-CALL = '<tool_call>{"name": "python", "code": "print(17 * 23)"}</tool_call><|im_end|>'
-# What SGLang answers, per rollout: a list of turns, a tool call getting TOOL back.
-SCRIPT = [
-    [[CALL, "The answer is 391.<|im_end|>"], ["It is 391.<|im_end|>"], ["17 * 23 = 381, I think.<|im_end|>"]],
-    [["97<|im_end|>"], ["91 is prime.<|im_end|>"], [CALL, "Hm, 391 is not prime.<|im_end|>"]],
-    [["tac<|im_end|>"], ["act<|im_end|>"], ["It is tac: t-a-c reversed from c-a-t.<|im_end|>"]],
-]
-
-
-def _flags() -> argparse.Namespace:
-    """The page's flags, parsed by slime's own definitions of them."""
-    words = shlex.split(code_block("slime.md", "bash"))
-    return add_log_function_arguments(argparse.ArgumentParser()).parse_args(words)
 
 
 @pytest.fixture(scope="module")
@@ -74,92 +51,6 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def hf_tokenizer(checkpoint: Path) -> Any:
     return PreTrainedTokenizerFast.from_pretrained(checkpoint)
-
-
-def make_args(checkpoint: Path, **overrides: Any) -> argparse.Namespace:
-    """slime's arguments as the exercised code reads them (slime's defaults), the page's flags included."""
-    args = _flags()
-    values = {
-        "hf_checkpoint": str(checkpoint),
-        "wandb_project": f"slime-{uuid.uuid4().hex[:8]}",
-        "wandb_group": "grpo/tool",
-        "n_samples_per_prompt": N,
-        "n_samples_per_eval_prompt": 2,
-        "rollout_batch_size": len(PROMPTS),
-        "global_batch_size": len(PROMPTS) * N,
-        "advantage_estimator": "grpo",
-        "rewards_normalization": True,
-        "grpo_std_normalization": True,
-        "normalize_advantages": False,
-        "reward_key": None,
-        "custom_reward_post_process_path": None,
-        "custom_advantage_function_path": None,
-        "rollout_global_dataset": False,
-        "prompt_data": None,
-        "load_debug_rollout_data": None,
-        "use_wandb": False,
-        "use_tensorboard": False,
-        "wandb_always_use_train_step": False,
-        "rollout_num_gpus": 1,
-        "log_reward_category": None,
-        "log_passrate": True,
-        "rollout_top_p": 1.0,
-        "use_rollout_routing_replay": False,
-        "sglang_speculative_algorithm": None,
-        "kl_coef": 0.0,
-        "kl_loss_type": "k1",
-        "use_rollout_logprobs": True,
-        "use_opd": False,
-    }
-    vars(args).update({**values, **overrides})
-    return args
-
-
-class _Prompts:
-    """The prompt dataset `RolloutDataSource.get_samples` reads: `samples` and a length."""
-
-    def __init__(self, samples: list[Sample]) -> None:
-        self.samples = samples
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-
-def logprob_of(position: int) -> float:
-    return -0.01 * (position + 1)
-
-
-def _generate(
-    args: argparse.Namespace, sample: Sample, turns: list[str], hf_tokenizer: Any, version: str
-) -> None:
-    """What slime's `generate` does with SGLang's answers: `append_response_tokens` for each turn,
-    the tool's output appended untrainable, as a multi-turn generate function does."""
-    sample.tokens = hf_tokenizer(text=sample.prompt, add_special_tokens=False)["input_ids"]
-    for j, turn in enumerate(turns):
-        if j:
-            tool = hf_tokenizer(text=TOOL, add_special_tokens=False)["input_ids"]
-            sample.append_response_tokens(args, tokens=tool, trainable=False, text=TOOL)
-        ids = hf_tokenizer(text=turn, add_special_tokens=False)["input_ids"]
-        meta = {"finish_reason": {"type": "stop"}, "weight_version": version}
-        logprobs = [logprob_of(i) for i in range(len(ids))]
-        sample.append_response_tokens(
-            args, tokens=ids, log_probs=logprobs, trainable=True, meta_info=meta, text=turn
-        )
-    # The reward model, as a custom rm scores it.
-    sample.reward = 1.0 if sample.label in turns[-1] else 0.0
-
-
-def rollout(args: argparse.Namespace, hf_tokenizer: Any, *, version: str = "12") -> list[Sample]:
-    """One rollout's samples, numbered by slime's data source and flattened as `_get_rollout_data` does."""
-    source = RolloutDataSource(args)
-    source.dataset = _Prompts(
-        [Sample(prompt=p, label=label) for p, label in zip(PROMPTS, LABELS, strict=True)]
-    )
-    groups = source.get_samples(len(PROMPTS))
-    for p, group in enumerate(groups):
-        for k, sample in enumerate(group):
-            _generate(args, sample, SCRIPT[p][k], hf_tokenizer, version)
-    return [sample for group in groups for sample in group]
 
 
 def _expected(p: int, k: int) -> dict[str, Any]:
@@ -347,6 +238,26 @@ def test_plugin_never_raises_and_counts_the_rows(
     assert stats.dropped["invalid"] == 2 * len(data) and stats.check()
     warned = [r for r in caplog.records if "slime_adapter.log_rollout" in r.getMessage()]
     assert len(warned) == 1 and "loss_mask" in warned[0].getMessage()
+
+
+def test_a_moved_hook_point_is_named_and_its_rollouts_counted(
+    checkpoint: Path, hf_tokenizer: Any, monkeypatch: pytest.MonkeyPatch, hook_warnings: list[str]
+) -> None:
+    """The plugin, called as slime's `log_rollout_data` calls it, with Samples whose slime renamed
+    `group_index` (slime's own metrics would then fail on their own): it says so once, naming the
+    commit tested and the field, counts every sample and returns False, as slime expects."""
+    args = make_args(checkpoint)
+    session = slime_adapter.open_session(args, sinks=[at.testing.MemorySink()], shutdown_hooks=False)
+    data = rollout(args, hf_tokenizer)
+    monkeypatch.delattr(Sample, "group_index")
+    for sample in data:
+        sample.group_id = vars(sample).pop("group_index")
+    for _ in range(2):
+        assert slime_adapter.log_rollout(0, args, data, None, 1.0) is False
+    session.finish()
+    moved(hook_warnings, "slime_adapter.log_rollout", "commit 624b824a898a", "Sample.group_index")
+    stats = session.stats()
+    assert stats.dropped["invalid"] == 2 * len(data) and stats.written == 0 and stats.check()
 
 
 def test_importing_the_adapter_imports_no_slime() -> None:

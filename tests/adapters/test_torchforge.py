@@ -28,6 +28,7 @@ from tests.adapters._upstream.torchforge_grpo_main import Episode, RewardActor, 
 from tests.adapters._upstream.torchforge_grpo_main_2025_10 import Group as OldGroup
 from tests.adapters._upstream.torchforge_prompt import Message, Prompt, Role
 from tests.adapters._upstream.torchforge_rewards import MathReward, ThinkingReward
+from tests.adapters.conftest import moved
 from tests.rollouts._helpers import encode
 
 # The GRPO app's DatasetActor formats the request with the chat template before generation.
@@ -179,6 +180,24 @@ def test_log_group_logs_at_the_policy_version_and_never_raises(
     assert {m["group_uid"] for m in metas} == {group[0].episode_id}
     assert sorted(m["sample_index"] for m in metas) == [0, 1, 2]
     assert any("torchforge_adapter.log_group" in r.getMessage() for r in caplog.records)
+
+
+def test_a_moved_hook_point_is_named_and_its_groups_counted(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch, hook_warnings: list[str]
+) -> None:
+    """Episodes whose torchforge renamed `advantage`: the hook says so once, naming the commit
+    tested and the field, counts every episode of the group and returns; nothing raises into
+    the rollout loop."""
+    group = episodes(tokenizer)
+    monkeypatch.delattr(Episode, "advantage")
+    for episode in group:
+        episode.advantages = vars(episode).pop("advantage")
+    with at.TraceSession("p", sinks=[at.testing.MemorySink()]) as session:
+        for _ in range(2):
+            assert torchforge_adapter.log_group(session, group) == 0
+    moved(hook_warnings, "torchforge_adapter.log_group", "commit 6e77f0b37596", "Episode.advantage")
+    stats = session.stats()
+    assert stats.dropped["invalid"] == 2 * len(group) and stats.written == 0 and stats.check()
 
 
 @pytest.mark.anyio

@@ -40,6 +40,7 @@ from tests.adapters._trl_setup import (
     nanmean,
     tiny_model,
 )
+from tests.adapters.conftest import moved
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -208,6 +209,28 @@ def test_attach_refuses_what_it_cannot_trace(trained: Trained) -> None:
         attach(trained.trainer)
     with pytest.raises(TypeError, match="GRPOTrainer"):
         attach(object())
+
+
+def test_a_moved_hook_point_is_named_and_the_trainer_left_as_it_is(
+    tmp_path: Path, project: str, monkeypatch: pytest.MonkeyPatch, hook_warnings: list[str]
+) -> None:
+    """A GRPOTrainer whose TRL renamed the method attach wraps, or laid out `_logs` without a
+    column it reads: attach says so once, naming TRL 1.16.0 and what is missing, opens no
+    session and leaves the trainer untouched; nothing raises."""
+    trainer = build_trainer(str(tmp_path), project, "r", Recorder())
+    callbacks = list(trainer.callback_handler.callbacks)
+    method = GRPOTrainer._generate_and_score_completions
+    monkeypatch.delattr(GRPOTrainer, "_generate_and_score_completions")
+    monkeypatch.setattr(GRPOTrainer, "_generate_score_and_gather", method, raising=False)
+    tracer = attach(trainer)
+    assert tracer.session is None and tracer.batches == {"train": 0, "eval": 0}
+    assert not hasattr(trainer, "_asynctrace_tracer") and trainer.callback_handler.callbacks == callbacks
+    moved(hook_warnings, "trl_adapter.attach", "TRL 1.16.0", "GRPOTrainer._generate_and_score_completions")
+    monkeypatch.undo()
+    del trainer._logs["rewards"]
+    assert attach(trainer).session is None
+    assert sum("GRPOTrainer._logs has no 'rewards'" in m for m in hook_warnings) == 1
+    assert read_traces(project, "r") == []
 
 
 def test_logs_it_cannot_read_never_stop_training(

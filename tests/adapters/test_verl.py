@@ -35,6 +35,7 @@ import asynctrace as at
 from asynctrace.adapters import verl_adapter
 from asynctrace.rollouts import toy_tokenizer
 from asynctrace.rollouts._toy import encode_turns
+from tests.adapters.conftest import moved
 from tests.rollouts._helpers import pad
 
 Turn = tuple[str, str]
@@ -279,6 +280,12 @@ def test_token_fields_round_trip_through_the_parquet_archive(tokenizer: Any, tmp
             want = values[r][attention[r]].numpy().astype(dtype)
             assert np.asarray(row[name], dtype=dtype).tobytes() == want.tobytes(), name
         assert np.isnan(row["logprobs"][: int(attention[r, :width].sum())]).all()
+    # to_samples gives the same values as plain lists of numbers.
+    for r, sample in enumerate(verl_adapter.to_samples(batch, tokenizer=tokenizer, token_fields=fields)):
+        assert sample.tokens is not None and all(isinstance(v, list) for v in sample.tokens.values())
+        for name, (values, dtype) in full.items():
+            want = values[r][attention[r]].numpy().astype(dtype)
+            assert np.asarray(sample.tokens[name], dtype=dtype).tobytes() == want.tobytes(), name
     with pytest.raises(ValueError, match="logits"):
         verl_adapter.to_samples(batch, tokenizer=tokenizer, token_fields=("logits",))
 
@@ -332,6 +339,28 @@ def test_hook_never_raises_and_counts_the_rows(tokenizer: Any, caplog: pytest.Lo
     assert stats.dropped["invalid"] == 2 * len(batch) and stats.check()
     warned = [r for r in caplog.records if "verl_adapter.log_batch" in r.getMessage()]
     assert len(warned) == 1 and "responses" in warned[0].getMessage()
+
+
+def test_a_moved_hook_point_is_named_and_its_batches_counted(
+    tokenizer: Any, hook_warnings: list[str]
+) -> None:
+    """A RayPPOTrainer whose verl renamed `global_steps`, and a DataProto without `prompts`: the
+    hook says so once each, naming verl 0.9.1 and what is missing, counts every row and returns;
+    nothing raises into the loop."""
+    with at.TraceSession("p", sinks=[at.testing.MemorySink()]) as session:
+        trainer = _trainer(tokenizer, step=1, session=session)
+        del trainer.global_steps
+        trainer.global_step = 1  # type: ignore[attr-defined]
+        batch, _, _ = _train_batch(tokenizer)
+        for _ in range(2):
+            assert verl_adapter.log_batch(trainer, batch) == 0
+        moved(hook_warnings, "verl_adapter.log_batch", "verl 0.9.1", "RayPPOTrainer.global_steps")
+        renamed, _, _ = _train_batch(tokenizer)
+        renamed.rename(old_keys="prompts", new_keys="prompt_ids")
+        assert verl_adapter.log_batch(trainer, renamed, step=1) == 0
+        assert sum("batch.batch has no 'prompts'" in m for m in hook_warnings) == 1
+    stats = session.stats()
+    assert stats.dropped["invalid"] == 3 * len(batch) and stats.written == 0 and stats.check()
 
 
 def test_first_call_opens_a_session_named_after_the_run(tokenizer: Any) -> None:

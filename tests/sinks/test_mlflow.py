@@ -247,6 +247,18 @@ async def test_a_deleted_run_fails_at_once(store: Path) -> None:
     assert st.failed == 4 and st.retries == 0 and "deleted" in (st.last_error or ""), st
 
 
+async def test_a_refusal_at_the_first_open_fails_at_once(tmp_path: Path) -> None:
+    """A tracking URI MLflow has no store for is refused while the first open makes the store
+    (`UnsupportedModelRegistryStoreURIException`, INVALID_PARAMETER_VALUE): the records fail
+    without a retry, the refusal named, as every other refusal retrying cannot fix."""
+    sink = at.MlflowSink(tracking_uri=f"nosuchscheme://{tmp_path}/store", experiment="refused")
+    async with at.TraceSession("refused", sinks=[sink], retry=RETRY) as s:
+        await s.log_samples([sample(i) for i in range(4)], step=0)
+    st = s.stats().sinks["mlflow"]
+    assert st.failed == 4 and st.retries == 0, st
+    assert "unsupported URI" in (st.last_error or ""), st.last_error
+
+
 def test_importing_asynctrace_leaves_mlflow_unimported_and_names_the_extra() -> None:
     """`import asynctrace` does not import MLflow; without it, MlflowSink() names the extra."""
     code = (
