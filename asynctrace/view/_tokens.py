@@ -1,0 +1,327 @@
+"""The token page (`/tokens?id=`): a completion's text, each token coloured by a chosen signal,
+a window of `WINDOW` tokens at a time.
+
+Each token is a span of the record's text (cut by its `text_ends`; by id where it has none),
+coloured by a class of the token page's stylesheet (`static/tokens.css`), with its values in its
+title. Above the text: the record's figures, the signals to colour by, a map of every window
+(each coloured by its worst value and a link to it), and the tokens with the lowest log-probs and
+those where `logprobs` and `ref_logprobs` disagree most, each a link to its window. Every value from the
+archive is escaped; addresses are built by `url`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from html import escape
+from importlib import resources
+from typing import Any, NamedTuple
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ._archive import Archive
+from ._model import Completion
+from ._pages import layout, num, url
+from ._token_data import WINDOW, Recent, Signal, TokenRecord, classes
+
+__all__ = ["token_page", "token_routes"]
+
+_LISTED = 20
+_MAP_WIDTH = 960
+
+
+class Shown(NamedTuple):
+    """What the page shows of a record: its completion (ids, step, messages) and its tokens."""
+
+    completion: Completion
+    tokens: TokenRecord
+
+
+def _title(record: TokenRecord, i: int, text: str | None) -> str:
+    """Token i's tooltip: its position, id, text where it has none of its own, and every value."""
+    values = record.values
+    parts = [f"token {i}"]
+    if "token_ids" in values and values["token_ids"][i] >= 0:
+        parts.append(f"id {values['token_ids'][i]}")
+    for signal in record.signals():
+        value = float(values[signal.name][i])
+        if signal.kind == "mask":
+            parts.append("in the loss" if value else "not in the loss")
+        elif math.isfinite(value):
+            parts.append(f"{signal.short} {value:.4f}")
+            if signal.name == "difference":
+                parts.append(f"ratio {_ratio(value)}")
+    if text == "":
+        parts.append("no text of its own: a part of a character a later token ends")
+    return " · ".join(parts)
+
+
+def _ratio(difference: float) -> str:
+    """exp(difference), the importance ratio of the second series over the first."""
+    try:
+        return f"{math.exp(difference):.4f}"
+    except OverflowError:
+        return "inf"
+
+
+def _shown(text: str | None, token_id: int) -> str:
+    """A token's text for the lists: its whitespace made visible; its id where it has no text."""
+    if text is None:
+        return f"id {token_id}" if token_id >= 0 else "—"
+    return repr(text)[1:-1] if text else "·"
+
+
+def _spans(record: TokenRecord, signal: Signal, start: int, stop: int) -> str:
+    """The tokens of the window: one span each, coloured, titled, with its text (or its id)."""
+    values = record.values[signal.name][start:stop]
+    colour = classes(signal, values, record.scale(signal.name) if signal.kind == "scaled" else 0.0)
+    ids = record.values.get("token_ids")
+    out = []
+    for k, i in enumerate(range(start, stop)):
+        role = record.roles.get(i)
+        if role is not None:
+            out.append(f'<span class="role">{escape(role)}</span>')
+        text = record.token_text(i)
+        names = ["t", colour[k]]
+        if not record.in_loss[i]:
+            names.append("out")
+        if text is None:
+            names.append("id")
+            body = str(int(ids[i])) if ids is not None and ids[i] >= 0 else "?"
+        elif not text:
+            names.append("nil")
+            body = ""
+        else:
+            body = escape(text, quote=False)
+        out.append(
+            f'<span class="{" ".join(n for n in names if n)}" id="t{i}" '
+            f'title="{escape(_title(record, i, text))}">{body}</span>'
+        )
+        if text is None:
+            out.append(" ")
+    return "".join(out)
+
+
+def _map(record: TokenRecord, signal: Signal, here: Callable[..., str], start: int) -> str:
+    """Every window as a cell coloured by its worst value, each a link to that window."""
+    marks = record.marks(signal)
+    width = max(4.0, min(24.0, _MAP_WIDTH / max(1, len(marks))))
+    scale = record.scale(signal.name) if signal.kind == "scaled" else 0.0
+    if signal.kind == "mask":
+        colour = ["m1" if m.value >= 0.5 else "m0" for m in marks]
+    else:
+        colour = classes(signal, [m.value for m in marks], scale)
+    cells = []
+    for k, (mark, name) in enumerate(zip(marks, colour, strict=True)):
+        last = min(record.count, mark.start + WINDOW) - 1
+        on = " on" if mark.start == start else ""
+        cells.append(
+            f'<a href="{escape(here(start=mark.start))}"><rect x="{k * width:.1f}" y="0" '
+            f'width="{max(1.0, width - 1):.1f}" height="18" class="{name or "q0"}{on}">'
+            f"<title>tokens {mark.start} to {last}: {escape(signal.label)} {num(mark.value)}</title>"
+            "</rect></a>"
+        )
+    total = len(marks) * width
+    return (
+        f'<svg class="windows" viewBox="0 0 {total:.0f} 18" width="{total:.0f}" height="18" '
+        f'role="img" aria-label="windows">{"".join(cells)}</svg>'
+    )
+
+
+def _listing(record: TokenRecord, indexes: list[int], cls: str, jump: Callable[[int], str]) -> str:
+    """Tokens as a list, each a link to its window: its text, and its log-probs (with their
+    difference and ratio where there are two series)."""
+    ids = record.values.get("token_ids")
+    items = []
+    for i in indexes:
+        text = _shown(record.token_text(i), int(ids[i]) if ids is not None else -1)
+        values = [f"logprob {num(float(record.values['logprobs'][i]))}"]
+        if "difference" in record.values:
+            difference = float(record.values["difference"][i])
+            values.append(f"ref {num(float(record.values['ref_logprobs'][i]))}")
+            values.append(f"diff {num(difference)}")
+            values.append(f"ratio {_ratio(difference) if math.isfinite(difference) else '—'}")
+        items.append(
+            f'<li data-i="{i}"><a href="{escape(jump(i))}">token {i}</a> <code>{escape(text)}</code> '
+            f"{escape(' · '.join(values))}</li>"
+        )
+    return f'<ol class="{cls}">{"".join(items)}</ol>'
+
+
+def _facts(record: TokenRecord) -> str:
+    """The record's figures, over the tokens in the loss (every token without a loss mask)."""
+
+    def kept(name: str) -> Any:
+        values = record.values[name][record.in_loss]
+        return values[np.isfinite(values)]
+
+    def figure(key: str, label: str, name: str, how: Callable[[Any], Any]) -> tuple[str, str, str]:
+        values = kept(name)
+        return key, label, num(float(how(values))) if values.size else "—"
+
+    in_loss = str(int(record.in_loss.sum())) if "loss_mask" in record.values else "—"
+    facts = [("tokens", "tokens", str(record.count)), ("in_loss", "in the loss", in_loss)]
+    if "logprobs" in record.values:
+        facts.append(figure("mean_logprob", "mean logprob", "logprobs", np.mean))
+        facts.append(figure("min_logprob", "lowest logprob", "logprobs", np.min))
+    if "difference" in record.values:
+        label = "|ref_logprobs - logprobs|"
+        facts.append(figure("mean_abs_difference", f"mean {label}", "difference", lambda v: np.abs(v).mean()))
+        facts.append(
+            figure("max_abs_difference", f"largest {label}", "difference", lambda v: np.abs(v).max())
+        )
+    if "entropy" in record.values:
+        facts.append(figure("mean_entropy", "mean entropy", "entropy", np.mean))
+    return "".join(
+        f'<dt>{escape(label)}</dt><dd data-k="{key}">{escape(value)}</dd>' for key, label, value in facts
+    )
+
+
+_LEGENDS = {
+    "low": "dark: low (each shade: below -0.05, -0.1, -0.25, -0.5, -1, -2, -3, -5)",
+    "high": "dark: high (each shade: above 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5)",
+    "signed": "blue: ref_logprobs lower, red: higher (each shade: by more than 0.01, 0.05, 0.2, 0.5)",
+    "scaled": "blue: negative, red: positive, darker: nearer the record's largest magnitude",
+    "mask": "blue: in the loss",
+}
+
+
+def _legend(signal: Signal) -> str:
+    if signal.kind in ("low", "high"):
+        swatches = "".join(f'<span class="sw q{b}"></span>' for b in range(1, 9))
+    elif signal.kind == "mask":
+        swatches = '<span class="sw m1"></span>'
+    else:
+        swatches = "".join(f'<span class="sw n{b}"></span>' for b in range(4, 0, -1))
+        swatches += "".join(f'<span class="sw p{b}"></span>' for b in range(1, 5))
+    return (
+        f'<p class="legend">{swatches} {escape(_LEGENDS[signal.kind])}; grey text: not in the loss; '
+        '<span class="t nil"></span>: a token with no text of its own. Hover a token for its values.</p>'
+    )
+
+
+def token_page(c: Completion, record: TokenRecord, signal: Signal, start: int, *, archive: str) -> str:
+    """The window of `record`'s tokens from `start`, coloured by `signal`."""
+
+    def here(**change: Any) -> str:
+        params: dict[str, Any] = {"id": c.id, "signal": signal.name, "start": start}
+        params.update(change)
+        return url("/tokens", **params)
+
+    def jump(i: int) -> str:
+        return url("/tokens", id=c.id, signal=signal.name, at=i) + f"#t{i}"
+
+    stop = min(record.count, start + WINDOW)
+    choices = " · ".join(
+        f'<a href="{escape(here(signal=s.name))}"{" class=on" if s.name == signal.name else ""}>'
+        f"{escape(s.label)}</a>"
+        for s in record.signals()
+    )
+    steps = []
+    if start > 0:
+        steps.append(f'<a class="prev" href="{escape(here(start=max(0, start - WINDOW)))}">← previous</a>')
+    if stop < record.count:
+        steps.append(f'<a class="next" href="{escape(here(start=stop))}">next →</a>')
+    note = ""
+    if record.text is None:
+        note = (
+            '<p class="note">This record has no <code>text_ends</code> that fit its messages '
+            "(decode_rollouts and log_rollouts write them with a byte-level BPE tokenizer): its "
+            "tokens are shown by id.</p>"
+        )
+    side = (
+        '<h2>Figures</h2><p class="muted">over the tokens in the loss</p>'
+        f'<dl class="facts">{_facts(record)}</dl>'
+    )
+    if "difference" in record.values:
+        side += (
+            "<h2>Where logprobs and ref_logprobs disagree most</h2>"
+            '<p class="muted">in the loss; diff: ref_logprobs - logprobs; ratio: exp(diff), the '
+            "importance ratio</p>"
+            f"{_listing(record, record.disagreeing(_LISTED), 'disagree', jump)}"
+        )
+    if "logprobs" in record.values:
+        side += (
+            f"<h2>Lowest logprobs in the loss</h2>{_listing(record, record.lowest(_LISTED), 'lowest', jump)}"
+        )
+    record_link = f'<a href="{escape(url("/record", id=c.id))}">record</a>'
+    body = (
+        '<link rel="stylesheet" href="/static/tokens.css">'
+        f'<p class="muted">step {c.step} · split {escape(c.split)} · reward {num(c.reward)} · '
+        f"stop reason {escape(c.stop_reason or '—')} · {record_link}</p>"
+        '<div class="tok-page"><section class="tok-main">'
+        f'<p class="signals">colour by: {choices}</p>{_legend(signal)}'
+        f'<div class="map">{_map(record, signal, here, start)}</div>'
+        f'<p class="window" data-start="{start}" data-stop="{stop}" data-count="{record.count}">'
+        f"tokens {start} to {stop - 1} of {record.count} {' · '.join(steps)}</p>{note}"
+        f'<div class="tk">{_spans(record, signal, start, stop)}</div>'
+        f'<p class="window">{" · ".join(steps)}</p></section>'
+        f'<aside class="tok-side">{side}</aside></div>'
+    )
+    crumbs = [
+        (f"step {c.step}", url("/step", split=c.split, step=c.step)),
+        (f"group {c.group}", url("/group", split=c.split, step=c.step, group=c.group or "")),
+        (f"tokens {c.id}", url("/tokens", id=c.id)),
+    ]
+    return layout(f"Tokens of {c.id}", body, archive=archive, crumbs=crumbs)
+
+
+def _position(request: Request, name: str, invalid: type[Exception]) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise invalid(f"{name}: expected a token position, got {raw!r}") from None
+    if value < 0:
+        raise invalid(f"{name}: expected a token position from 0, got {raw!r}")
+    return value
+
+
+def token_routes(
+    archive: Archive,
+    page: Callable[[Callable[[Request], str]], Callable[[Request], Response]],
+    invalid: type[Exception],
+) -> list[Route]:
+    """The token page's routes: the page (through the app's `page`, which answers `invalid` with
+    400 and a `LookupError` with 404) and its stylesheet."""
+    label = str(archive.path)
+    css = resources.files("asynctrace.view").joinpath("static/tokens.css").read_bytes()
+
+    def load(record_id: str) -> Shown | None:
+        fields = archive.tokens(record_id)
+        found = archive.record(record_id) if fields else None
+        if not fields or found is None:
+            return None
+        return Shown(found, TokenRecord(fields, found.messages))
+
+    recent = Recent(load)
+
+    def tokens(request: Request) -> str:
+        record_id = request.query_params.get("id")
+        if not record_id:
+            raise invalid("missing parameter 'id'")
+        shown = recent.get(record_id)
+        if shown is None:
+            raise LookupError(f"no token fields archived for record {record_id!r}")
+        found, record = shown
+        offered = record.signals()
+        wanted = request.query_params.get("signal") or offered[0].name
+        signal = next((s for s in offered if s.name == wanted), None)
+        if signal is None:
+            names = ", ".join(s.name for s in offered)
+            raise invalid(f"signal: this record can be coloured by {names}, not {wanted!r}")
+        at = _position(request, "at", invalid)
+        start = at if at is not None else (_position(request, "start", invalid) or 0)
+        if start >= record.count:
+            raise LookupError(f"no token {start}: record {record_id!r} has {record.count}")
+        return token_page(found, record, signal, start - start % WINDOW, archive=label)
+
+    def stylesheet(request: Request) -> Response:
+        return Response(css, media_type="text/css", headers={"Cache-Control": "max-age=3600"})
+
+    return [Route("/tokens", page(tokens)), Route("/static/tokens.css", stylesheet)]
