@@ -182,8 +182,11 @@ class TokenRecord:
         """The indexes of the `limit` smallest finite values in the loss, smallest first (ties by
         position)."""
         keep = np.flatnonzero(self.in_loss & np.isfinite(values))
-        # A sort of every value (once a record, milliseconds at 131,072 tokens): a partition would
-        # cut ties at the boundary arbitrarily.
+        if keep.size > limit:
+            # Every value up to the `limit`-th smallest, ties at that value included (a partition
+            # alone would cut them arbitrarily), then in order.
+            bound = np.partition(values[keep], limit - 1)[limit - 1]
+            keep = keep[values[keep] <= bound]
         order = np.lexsort((keep, values[keep]))[:limit]
         return [int(i) for i in keep[order]]
 

@@ -40,23 +40,27 @@ class Shown(NamedTuple):
     tokens: TokenRecord
 
 
-def _title(record: TokenRecord, i: int, text: str | None) -> str:
-    """Token i's tooltip: its position, id, text where it has none of its own, and every value."""
-    values = record.values
-    parts = [f"token {i}"]
-    if "token_ids" in values and values["token_ids"][i] >= 0:
-        parts.append(f"id {values['token_ids'][i]}")
-    for signal in record.signals():
-        value = float(values[signal.name][i])
-        if signal.kind == "mask":
-            parts.append("in the loss" if value else "not in the loss")
-        elif math.isfinite(value):
-            parts.append(f"{signal.short} {value:.4f}")
-            if signal.name == "difference":
-                parts.append(f"ratio {_ratio(value)}")
-    if text == "":
-        parts.append("no text of its own: a part of a character a later token ends")
-    return " · ".join(parts)
+def _titles(record: TokenRecord, start: int, stop: int) -> list[str]:
+    """The tooltips of tokens `start` to `stop`: position, id and every value (each field's
+    values of the window read as Python numbers once, not a token at a time)."""
+    signals = record.signals()
+    columns = [(s, record.values[s.name][start:stop].tolist()) for s in signals]
+    ids = record.values["token_ids"][start:stop].tolist() if "token_ids" in record.values else None
+    out = []
+    for k in range(stop - start):
+        parts = [f"token {start + k}"]
+        if ids is not None and ids[k] >= 0:
+            parts.append(f"id {ids[k]}")
+        for signal, values in columns:
+            value = values[k]
+            if signal.kind == "mask":
+                parts.append("in the loss" if value else "not in the loss")
+            elif math.isfinite(value):
+                parts.append(f"{signal.short} {value:.4f}")
+                if signal.name == "difference":
+                    parts.append(f"ratio {_ratio(value)}")
+        out.append(" · ".join(parts))
+    return out
 
 
 def _ratio(difference: float) -> str:
@@ -78,7 +82,9 @@ def _spans(record: TokenRecord, signal: Signal, start: int, stop: int) -> str:
     """The tokens of the window: one span each, coloured, titled, with its text (or its id)."""
     values = record.values[signal.name][start:stop]
     colour = classes(signal, values, record.scale(signal.name) if signal.kind == "scaled" else 0.0)
-    ids = record.values.get("token_ids")
+    ids = record.values["token_ids"][start:stop].tolist() if "token_ids" in record.values else None
+    in_loss = record.in_loss[start:stop].tolist()
+    titles = _titles(record, start, stop)
     out = []
     for k, i in enumerate(range(start, stop)):
         role = record.roles.get(i)
@@ -86,19 +92,20 @@ def _spans(record: TokenRecord, signal: Signal, start: int, stop: int) -> str:
             out.append(f'<span class="role">{escape(role)}</span>')
         text = record.token_text(i)
         names = ["t", colour[k]]
-        if not record.in_loss[i]:
+        if not in_loss[k]:
             names.append("out")
+        title = titles[k]
         if text is None:
             names.append("id")
-            body = str(int(ids[i])) if ids is not None and ids[i] >= 0 else "?"
+            body = str(ids[k]) if ids is not None and ids[k] >= 0 else "?"
         elif not text:
             names.append("nil")
             body = ""
+            title += " · no text of its own: a part of a character a later token ends"
         else:
             body = escape(text, quote=False)
         out.append(
-            f'<span class="{" ".join(n for n in names if n)}" id="t{i}" '
-            f'title="{escape(_title(record, i, text))}">{body}</span>'
+            f'<span class="{" ".join(n for n in names if n)}" id="t{i}" title="{escape(title)}">{body}</span>'
         )
         if text is None:
             out.append(" ")

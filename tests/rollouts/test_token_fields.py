@@ -25,7 +25,7 @@ pytestmark = pytest.mark.anyio
 
 def _batch(tokenizer: Any) -> dict[str, Any]:
     """A real tokenizer's padded batch with per-token log-probs (two series), entropy (float64, kept
-as float32) and advantages (NaN and -inf included)."""
+    as float32) and advantages (NaN and -inf included)."""
     batch = padded_batch(tokenizer, CONVERSATIONS)
     shape = batch["input_ids"].shape
     g = torch.Generator().manual_seed(7)
