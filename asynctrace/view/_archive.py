@@ -385,7 +385,12 @@ class Archive(Index):
             column = fetched.get(name)
             if column is None or not len(column) or column[0] is numpy.ma.masked or column[0] is None:
                 continue
-            out[name] = numpy.ma.filled(column[0], numpy.nan).astype(dtype, copy=False)
+            # A file of another writer may hold nulls in a list, or values of another type.
+            try:
+                held = numpy.ma.filled(column[0], numpy.nan if dtype == "float32" else -1)
+                out[name] = numpy.asarray(held).astype(dtype)
+            except (TypeError, ValueError):
+                continue
         return out
 
     def _token_columns(self, file: str) -> list[str]:

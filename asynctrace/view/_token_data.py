@@ -32,8 +32,10 @@ T = TypeVar("T")
 
 # Tokens a window of the page shows: about a screen of text, a page of about 200 KB.
 WINDOW = 1024
-# Records whose values are kept for their next windows.
+# Records whose values are kept for their next windows, and the tokens they may hold together
+# (about 80 bytes a token): four of 131,072 tokens, or one record of any length.
 _KEPT = 4
+_KEPT_TOKENS = 4 * 131_072
 # Thresholds of the colour buckets 1..8 (0: below the first): log-probs (negated) and entropy.
 _STEPS = np.asarray([0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0])
 # Of a signed difference of log-probs (its magnitude), buckets 1..4 each way.
@@ -228,11 +230,20 @@ def _cut(messages: Sequence[Any], ends: Any, count: int) -> tuple[str | None, An
 
 class Recent(Generic[T]):
     """The last few records' values, read through `load` (record id -> value, or None where the
-    record has no token fields): a record's next windows are answered without reading it again."""
+    record has no token fields): a record's next windows are answered without reading it again.
+    At most `kept` records, and past `tokens` tokens (`size` of each) only the last one."""
 
-    def __init__(self, load: Callable[[str], T | None], kept: int = _KEPT) -> None:
+    def __init__(
+        self,
+        load: Callable[[str], T | None],
+        size: Callable[[T], int],
+        kept: int = _KEPT,
+        tokens: int = _KEPT_TOKENS,
+    ) -> None:
         self._load = load
+        self._size = size
         self._kept = kept
+        self._tokens = tokens
         self._records: OrderedDict[str, T] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -246,6 +257,9 @@ class Recent(Generic[T]):
         if found is not None:
             with self._lock:
                 self._records[record_id] = found
-                while len(self._records) > self._kept:
+                while len(self._records) > 1 and (
+                    len(self._records) > self._kept
+                    or sum(map(self._size, self._records.values())) > self._tokens
+                ):
                     self._records.popitem(last=False)
         return found

@@ -306,7 +306,7 @@ def token_routes(
             return None
         return Shown(found, TokenRecord(fields, found.messages))
 
-    recent = Recent(load)
+    recent = Recent(load, size=lambda shown: shown.tokens.count)
 
     def tokens(request: Request) -> str:
         record_id = request.query_params.get("id")

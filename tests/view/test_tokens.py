@@ -347,3 +347,70 @@ def test_a_jsonl_archive_gives_the_same_page(archive: tuple[Path, Path]) -> None
             assert [(t.text, t.title, t.classes) for t in _tokens(a.html).tokens] == [
                 (t.text, t.title, t.classes) for t in _tokens(b.html).tokens
             ]
+
+
+def test_damaged_token_values_are_left_out_not_trusted(archive: tuple[Path, Path], tmp_path: Path) -> None:
+    """A JSONL line whose log-probs are not base64, whose text_ends run past its text and whose
+    ids are negative: the page shows what is sound (the other fields, the tokens by id) and says
+    why, and a record of a damaged line does not stop the others."""
+    import json
+
+    lines = archive[1].read_text().splitlines()
+    record = json.loads(lines[1])  # g-ids: three tokens
+    tokens = record["sample"]["tokens"]
+    tokens["logprobs"]["b64"] = "not base64!"
+    tokens["text_ends"] = {"dtype": "int32", "b64": "AQAAAP///38CAAAA"}  # 1, 2**31 - 1, 2
+    tokens["token_ids"] = {"dtype": "int32", "b64": "/////wYAAAAHAAAA"}  # -1, 6, 7
+    damaged = tmp_path / "damaged.jsonl"
+    damaged.write_text("\n".join([lines[0], json.dumps(record), "{not json", *lines[2:]]) + "\n")
+    with _archive.served(damaged) as base:
+        page = _page(base, record["id"])
+        assert page.status == 200 and "no <code>text_ends</code>" in page.html
+        assert [t.text for t in _tokens(page.html).tokens] == ["?", "6", "7"]
+        assert "mean_logprob" not in page.values  # the log-probs that are not base64: left out
+        assert _page(base, _row(archive, "g-long")["id"]).status == 200
+
+
+def test_a_record_is_read_once_for_its_windows(archive: tuple[Path, Path]) -> None:
+    """The page reads a record from the archive once, for all its windows and signals; the last
+    few records are kept, fewer when they are long."""
+    from asynctrace.view._archive import Archive
+    from asynctrace.view._token_data import Recent
+
+    store = Archive(archive[0])
+    store.load(keep=False)
+    store.complete_tokens()
+    reads: list[str] = []
+
+    def load(record_id: str) -> Any:
+        reads.append(record_id)
+        return store.tokens(record_id)
+
+    recent = Recent(load, size=lambda fields: len(fields["token_ids"]), kept=2, tokens=2_000)
+    long, ids, hostile = (_row(archive, g)["id"] for g in ("g-long", "g-ids", "g-hostile"))
+    for record_id in (long, long, ids, hostile, ids, long, long):
+        assert recent.get(record_id) is not None
+    # The long record (over 2,000 tokens) is kept alone; the two short ones together; the long
+    # one again pushes both out.
+    assert reads == [long, ids, hostile, long]
+    assert recent.get("no such record") is None
+
+
+def test_nulls_inside_a_parquet_files_lists_are_no_values(archive: tuple[Path, Path], tmp_path: Path) -> None:
+    """A Parquet file of another writer, with nulls inside its token lists: a null log-prob is no
+    value and a null id no id, in an otherwise whole page."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(next(archive[0].glob("*.parquet")))
+    rows = table.to_pylist()
+    row = next(r for r in rows if r["token_ids"] == [5, 6, 7])
+    row["token_ids"], row["logprobs"] = [5, None, 7], [None, -1.5, -0.25]
+    (tmp_path / "other").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), tmp_path / "other" / "run.parquet")
+    with _archive.served(tmp_path / "other") as base:
+        page = _page(base, row["id"])
+    tokens = _tokens(page.html).tokens
+    assert page.status == 200 and [t.text for t in tokens] == ["5", "?", "7"]
+    assert [_value(t.title, "logprob") for t in tokens] == [None, -1.5, -0.25]
+    assert page.values["mean_logprob"] == "-0.8750"
