@@ -22,6 +22,7 @@ from .._records.tokens import TOKEN_FIELDS
 __all__ = [
     "SIGNALS",
     "WINDOW",
+    "Figure",
     "Recent",
     "Signal",
     "TokenRecord",
@@ -92,6 +93,15 @@ def classes(signal: Signal, values: Any, scale: float = 0.0) -> list[str]:
 
 
 @dataclass(frozen=True, slots=True)
+class Figure:
+    """One of a record's figures: its key (the page's `data-k`), label and value."""
+
+    key: str
+    label: str
+    value: float | int | None
+
+
+@dataclass(frozen=True, slots=True)
 class Mark:
     """The value that stands for one window on the page's map of the completion."""
 
@@ -142,6 +152,38 @@ class TokenRecord:
     def scale(self, name: str) -> float:
         """The largest magnitude of a field's finite values (what a `scaled` signal is against)."""
         return float(self._once(("scale", name), lambda: _largest(self.values[name])))
+
+    def figures(self) -> list[Figure]:
+        """The token count, how many are in the loss, and over those: the mean and lowest log-prob,
+        the mean and largest |ref_logprobs - logprobs|, the mean entropy (where it has them)."""
+        return list(self._once("figures", self._figures))
+
+    def _figures(self) -> list[Figure]:
+        def over(name: str, how: Callable[[Any], Any]) -> float | None:
+            values = self.values[name][self.in_loss]
+            values = values[np.isfinite(values)]
+            return float(how(values)) if values.size else None
+
+        out = [Figure("tokens", "tokens", self.count)]
+        out.append(
+            Figure("in_loss", "in the loss", int(self.in_loss.sum()) if "loss_mask" in self.values else None)
+        )
+        if "logprobs" in self.values:
+            out.append(Figure("mean_logprob", "mean logprob", over("logprobs", np.mean)))
+            out.append(Figure("min_logprob", "lowest logprob", over("logprobs", np.min)))
+        if "difference" in self.values:
+            label = "|ref_logprobs - logprobs|"
+            out.append(
+                Figure("mean_abs_difference", f"mean {label}", over("difference", lambda v: np.abs(v).mean()))
+            )
+            out.append(
+                Figure(
+                    "max_abs_difference", f"largest {label}", over("difference", lambda v: np.abs(v).max())
+                )
+            )
+        if "entropy" in self.values:
+            out.append(Figure("mean_entropy", "mean entropy", over("entropy", np.mean)))
+        return out
 
     def lowest(self, limit: int = 20) -> list[int]:
         """The tokens in the loss with the lowest log-probs, lowest first."""

@@ -17,7 +17,6 @@ from html import escape
 from importlib import resources
 from typing import Any, NamedTuple
 
-import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -41,26 +40,21 @@ class Shown(NamedTuple):
 
 
 def _titles(record: TokenRecord, start: int, stop: int) -> list[str]:
-    """The tooltips of tokens `start` to `stop`: position, id and every value (each field's
-    values of the window read as Python numbers once, not a token at a time)."""
-    signals = record.signals()
-    columns = [(s, record.values[s.name][start:stop].tolist()) for s in signals]
-    ids = record.values["token_ids"][start:stop].tolist() if "token_ids" in record.values else None
-    out = []
-    for k in range(stop - start):
-        parts = [f"token {start + k}"]
-        if ids is not None and ids[k] >= 0:
-            parts.append(f"id {ids[k]}")
-        for signal, values in columns:
-            value = values[k]
-            if signal.kind == "mask":
-                parts.append("in the loss" if value else "not in the loss")
-            elif math.isfinite(value):
-                parts.append(f"{signal.short} {value:.4f}")
-                if signal.name == "difference":
-                    parts.append(f"ratio {_ratio(value)}")
-        out.append(" · ".join(parts))
-    return out
+    """The tooltips of tokens `start` to `stop`: position, id and every value, built a column at
+    a time (each field's values of the window read as Python numbers once)."""
+    columns = [[f"token {i}" for i in range(start, stop)]]
+    if "token_ids" in record.values:
+        columns.append([f"id {v}" if v >= 0 else "" for v in record.values["token_ids"][start:stop].tolist()])
+    for signal in record.signals():
+        values = record.values[signal.name][start:stop].tolist()
+        if signal.kind == "mask":
+            columns.append(["in the loss" if v else "not in the loss" for v in values])
+            continue
+        short = signal.short
+        columns.append([f"{short} {v:.4f}" if math.isfinite(v) else "" for v in values])
+        if signal.name == "difference":
+            columns.append([f"ratio {_ratio(v)}" if math.isfinite(v) else "" for v in values])
+    return [" · ".join(part for part in parts if part) for parts in zip(*columns, strict=True)]
 
 
 def _ratio(difference: float) -> str:
@@ -112,7 +106,7 @@ def _spans(record: TokenRecord, signal: Signal, start: int, stop: int) -> str:
     return "".join(out)
 
 
-def _map(record: TokenRecord, signal: Signal, here: Callable[..., str], start: int) -> str:
+def _map(record: TokenRecord, signal: Signal, window: Callable[[int], str], start: int) -> str:
     """Every window as a cell coloured by its worst value, each a link to that window."""
     marks = record.marks(signal)
     width = max(4.0, min(24.0, _MAP_WIDTH / max(1, len(marks))))
@@ -126,7 +120,7 @@ def _map(record: TokenRecord, signal: Signal, here: Callable[..., str], start: i
         last = min(record.count, mark.start + WINDOW) - 1
         on = " on" if mark.start == start else ""
         cells.append(
-            f'<a href="{escape(here(start=mark.start))}"><rect x="{k * width:.1f}" y="0" '
+            f'<a href="{escape(window(mark.start))}"><rect x="{k * width:.1f}" y="0" '
             f'width="{max(1.0, width - 1):.1f}" height="18" class="{name or "q0"}{on}">'
             f"<title>tokens {mark.start} to {last}: {escape(signal.label)} {num(mark.value)}</title>"
             "</rect></a>"
@@ -159,32 +153,14 @@ def _listing(record: TokenRecord, indexes: list[int], cls: str, jump: Callable[[
 
 
 def _facts(record: TokenRecord) -> str:
-    """The record's figures, over the tokens in the loss (every token without a loss mask)."""
-
-    def kept(name: str) -> Any:
-        values = record.values[name][record.in_loss]
-        return values[np.isfinite(values)]
-
-    def figure(key: str, label: str, name: str, how: Callable[[Any], Any]) -> tuple[str, str, str]:
-        values = kept(name)
-        return key, label, num(float(how(values))) if values.size else "—"
-
-    in_loss = str(int(record.in_loss.sum())) if "loss_mask" in record.values else "—"
-    facts = [("tokens", "tokens", str(record.count)), ("in_loss", "in the loss", in_loss)]
-    if "logprobs" in record.values:
-        facts.append(figure("mean_logprob", "mean logprob", "logprobs", np.mean))
-        facts.append(figure("min_logprob", "lowest logprob", "logprobs", np.min))
-    if "difference" in record.values:
-        label = "|ref_logprobs - logprobs|"
-        facts.append(figure("mean_abs_difference", f"mean {label}", "difference", lambda v: np.abs(v).mean()))
-        facts.append(
-            figure("max_abs_difference", f"largest {label}", "difference", lambda v: np.abs(v).max())
-        )
-    if "entropy" in record.values:
-        facts.append(figure("mean_entropy", "mean entropy", "entropy", np.mean))
     return "".join(
-        f'<dt>{escape(label)}</dt><dd data-k="{key}">{escape(value)}</dd>' for key, label, value in facts
+        f'<dt>{escape(f.label)}</dt><dd data-k="{f.key}">{escape(_figure(f.value))}</dd>'
+        for f in record.figures()
     )
+
+
+def _figure(value: float | int | None) -> str:
+    return str(value) if isinstance(value, int) else num(value)
 
 
 _LEGENDS = {
@@ -217,6 +193,12 @@ def token_page(c: Completion, record: TokenRecord, signal: Signal, start: int, *
         params: dict[str, Any] = {"id": c.id, "signal": signal.name, "start": start}
         params.update(change)
         return url("/tokens", **params)
+
+    # The map's many links differ by their start alone (an int): the rest is encoded once.
+    base = url("/tokens", id=c.id, signal=signal.name)
+
+    def window(at: int) -> str:
+        return f"{base}&start={int(at)}"
 
     def jump(i: int) -> str:
         return url("/tokens", id=c.id, signal=signal.name, at=i) + f"#t{i}"
@@ -261,7 +243,7 @@ def token_page(c: Completion, record: TokenRecord, signal: Signal, start: int, *
         f"stop reason {escape(c.stop_reason or '—')} · {record_link}</p>"
         '<div class="tok-page"><section class="tok-main">'
         f'<p class="signals">colour by: {choices}</p>{_legend(signal)}'
-        f'<div class="map">{_map(record, signal, here, start)}</div>'
+        f'<div class="map">{_map(record, signal, window, start)}</div>'
         f'<p class="window" data-start="{start}" data-stop="{stop}" data-count="{record.count}">'
         f"tokens {start} to {stop - 1} of {record.count} {' · '.join(steps)}</p>{note}"
         f'<div class="tk">{_spans(record, signal, start, stop)}</div>'
