@@ -186,10 +186,10 @@ def browse(base: str, record: str, chromium: str, windows: int) -> dict[str, lis
     from screenshots import headless_chromium
 
     out: dict[str, list[float]] = {
-        "first window": [],
-        "first window, its response's end": [],
-        "next window (click)": [],
-        "jump to a listed token": [],
+        "first window, load event": [],
+        "first window, end of its response": [],
+        "next window (click), load event": [],
+        "jump to a listed token, load event": [],
     }
 
     def loaded(tab: Any, what: str = "loadEventEnd") -> float:
@@ -199,17 +199,17 @@ def browse(base: str, record: str, chromium: str, windows: int) -> dict[str, lis
         tab = browser.new_page()
         tab.goto(base + "/")
         tab.goto(base + page(record))
-        out["first window"].append(loaded(tab))
-        out["first window, its response's end"].append(loaded(tab, "responseEnd"))
+        out["first window, load event"].append(loaded(tab))
+        out["first window, end of its response"].append(loaded(tab, "responseEnd"))
         for _ in range(windows):
             with tab.expect_navigation():
                 tab.locator("a.next").first.click()
-            out["next window (click)"].append(loaded(tab))
+            out["next window (click), load event"].append(loaded(tab))
         for item in tab.locator("ol.disagree li a").all()[:windows]:
             href = item.get_attribute("href")
             assert href
             tab.goto(base + href)
-            out["jump to a listed token"].append(loaded(tab))
+            out["jump to a listed token, load event"].append(loaded(tab))
     return out
 
 
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     print(_row("server: a window, another signal", [t for t, _ in signals], SERVER_GOAL_MS))
     for name, values in browser.items():
         if values:
-            print(_row(f"browser: {name}, load event", values, BROWSER_GOAL_MS))
+            print(_row(f"browser: {name}", values, BROWSER_GOAL_MS))
     slow = [
         max(whole) >= SERVER_GOAL_MS,
         first >= SERVER_GOAL_MS,
