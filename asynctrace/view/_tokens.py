@@ -3,10 +3,10 @@ a window of `WINDOW` tokens at a time.
 
 Each token is a span of the record's text (cut by its `text_ends`; by id where it has none),
 coloured by a class of the token page's stylesheet (`static/tokens.css`), with its values in its
-title. Above the text: the record's figures, the signals to colour by, a map of every window
-(each coloured by its worst value and a link to it), and the tokens with the lowest log-probs and
-those where `logprobs` and `ref_logprobs` disagree most, each a link to its window. Every value from the
-archive is escaped; addresses are built by `url`.
+title. Above the text: the signals to colour by and a map of every window (each coloured by its
+worst value and a link to it); beside it, the record's figures, then the tokens where `logprobs`
+and `ref_logprobs` disagree most and those with the lowest log-probs, each a link to its window.
+Every value from the archive is escaped; addresses are built by `url`.
 """
 
 from __future__ import annotations
