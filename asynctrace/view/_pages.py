@@ -18,11 +18,11 @@ __all__ = [
     "error_page",
     "find_page",
     "group_page",
+    "layout",
     "loading_page",
     "overview_page",
     "prompt_page",
     "record_page",
-    "layout",
     "step_page",
     "url",
 ]
