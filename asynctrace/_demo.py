@@ -33,13 +33,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import orjson
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
+from ._records.types import Sample
 from ._security import generated_run_name
 from ._select.groups import GroupSampler
 from ._select.watch import Watch
 from ._session import TraceSession
 from ._stats import SessionStats, SinkStats
+from .rollouts import decode_rollouts
 from .sinks import ParquetSink, Selected, Sink, TrackioSink
 
 if TYPE_CHECKING:
@@ -62,6 +65,8 @@ class Problem:
     answer: int
     work: str
     difficulty: float  # 0 (easy) .. 2 (hard): lowers the simulated policy's chance of solving it
+    # An expression the policy hands a calculator tool first (a multi-turn rollout), or "".
+    tool: str = ""
 
 
 CORPUS: tuple[Problem, ...] = (
@@ -75,6 +80,7 @@ CORPUS: tuple[Problem, ...] = (
         29,
         "3 * 12 = 36, then 36 - 7 = 29",
         0.9,
+        "3 * 12 - 7",
     ),
     Problem(
         "A train travels 60 km per hour for 3 hours. How many km does it travel?", 180, "60 * 3 = 180", 0.4
@@ -93,6 +99,7 @@ CORPUS: tuple[Problem, ...] = (
         30,
         "40 * 0.25 = 10 off, and 40 - 10 = 30",
         1.0,
+        "40 - 40 * 0.25",
     ),
     Problem("What is the remainder when 100 is divided by 7?", 2, "7 * 14 = 98, and 100 - 98 = 2", 1.1),
     Problem(
@@ -117,6 +124,7 @@ CORPUS: tuple[Problem, ...] = (
         134,
         "6 * 24 = 144, and 144 - 10 = 134",
         1.2,
+        "6 * 24 - 10",
     ),
     Problem("What is 1000 - 357?", 643, "1000 - 357 = 643", 0.6),
     Problem("How many minutes are in 3.5 hours?", 210, "3.5 * 60 = 210", 0.7),
@@ -126,6 +134,7 @@ CORPUS: tuple[Problem, ...] = (
         28,
         "350 / 100 = 3.5, and 3.5 * 8 = 28",
         1.4,
+        "350 / 100 * 8",
     ),
     Problem("What is 6 factorial?", 720, "6 * 5 * 4 * 3 * 2 * 1 = 720", 1.0),
     Problem("Solve for x: 3x + 7 = 40.", 11, "3x = 40 - 7 = 33, so x = 33 / 3 = 11", 1.3),
@@ -155,10 +164,18 @@ _ANSWER = re.compile(r"The answer is (-?\d+)\.")
 # -- tokenizer ----------------------------------------------------------------------------------
 
 
+def _tool_call(expression: str) -> str:
+    """The text of a call to the calculator tool, as the policy writes it."""
+    call = {"name": "calculator", "arguments": {"expression": expression}}
+    return f"<tool_call>{orjson.dumps(call).decode()}</tool_call>"
+
+
 def _training_text() -> Iterator[str]:
     for p in CORPUS:
         yield p.question
         yield f"{p.work}. The answer is {p.answer}."
+        if p.tool:
+            yield _tool_call(p.tool)
     yield from _OPENERS
     yield _DETOUR
     yield "I believe it is about"
@@ -195,12 +212,26 @@ class DemoConfig:
 
 
 @dataclass(slots=True)
+class Turn:
+    """A stretch of a completion's tokens: what the policy generated, or a tool's output (not
+    generated: no log-probs), with the log-probs of the rollout engine that sampled each token
+    and of the trainer that recomputed them (NaN where there are none)."""
+
+    generated: bool
+    ids: list[int]
+    logprobs: list[float]
+    ref_logprobs: list[float]
+
+
+@dataclass(slots=True)
 class Completion:
-    response: str
+    turns: list[Turn]
+    response: str  # the last turn's text, which the reward reads
     reward: float
     breakdown: dict[str, float]
     stop_reason: str
-    response_len: int
+    response_len: int  # tokens the policy generated
+    tool: str = ""  # the calculator expression it called, if any
 
 
 @dataclass(slots=True)
@@ -210,7 +241,7 @@ class Group:
     worker: int
     seq: int
     prompt_index: int
-    prompt_len: int
+    prompt_ids: list[int]
     policy_version: int
     completions: list[Completion]
     seconds: float  # how long generating the group took
@@ -226,6 +257,7 @@ class _Counters:
     groups_generated: int = 0
     groups_used: int = 0
     groups_stale: int = 0
+    groups_zero_signal: int = 0
 
 
 def _solve_probability(problem: Problem, version: int) -> float:
@@ -234,42 +266,67 @@ def _solve_probability(problem: Problem, version: int) -> float:
     return 1.0 / (1.0 + math.exp(-(1.6 * (skill - problem.difficulty) + 1.2)))
 
 
+def _generate(
+    pieces: list[tuple[str, float]], rng: random.Random, tokenizer: Tokenizer, room: int
+) -> tuple[Turn, bool]:
+    """The policy's turn writing `pieces` (text, how unsure it is: the mean of -log-prob over its
+    tokens), ended by `<|end|>`, cut at `room` tokens; and whether it was cut."""
+    ids: list[int] = []
+    logprobs: list[float] = []
+    for text, unsure in [*pieces, ("<|end|>", 0.01)]:
+        piece = tokenizer.encode(text).ids
+        ids += piece
+        logprobs += [-min(12.0, rng.expovariate(1 / unsure)) for _ in piece]
+    # The trainer recomputes each log-prob: close to the engine's, now and then far off (the
+    # training-inference mismatch), more on the tokens the policy was unsure of.
+    ref = [
+        lp + (rng.uniform(-1.2, 1.2) if rng.random() < 0.015 else rng.gauss(0.0, 0.005 + 0.02 * -lp))
+        for lp in logprobs
+    ]
+    cut = len(ids) > room
+    return Turn(True, ids[:room], logprobs[:room], ref[:room]), cut
+
+
 def _complete(problem: Problem, version: int, rng: random.Random, tokenizer: Tokenizer) -> Completion:
-    """One completion: text shaped like a model's, scored by a rule-based reward with some noise."""
+    """One completion as the policy's tokens, scored by a rule-based reward: 1 when correct, 0.1
+    for the answer's format, -0.2 when cut at the token budget. With no noise in it, a group whose
+    completions all get the same reward (all right, or all wrong) gives no learning signal."""
     solved = rng.random() < _solve_probability(problem, version)
     answer = problem.answer if solved else problem.answer + rng.choice((-10, -2, -1, 1, 2, 10))
     work = problem.work if solved else problem.work.replace(str(problem.answer), str(answer))
-    opener = rng.choice(_OPENERS)
+    unsure = 0.05 if solved else 0.5
+    pieces: list[tuple[str, float]] = [(rng.choice(_OPENERS), 0.3)]
     style = rng.random()
-    if style < 0.08:  # forgets the answer format
-        text = f"{opener}{work}. I believe it is about {answer}"
-    elif style < 0.08 + max(0.03, 0.15 - 0.006 * version):  # rambles past the token budget
-        text = opener + _DETOUR * rng.randint(3, 6) + f"{work}. The answer is {answer}."
+    if style < 0.04:  # forgets the answer format
+        pieces += [(f"{work}. I believe it is about ", unsure), (str(answer), 0.1 if solved else 2.5)]
+    elif style < 0.04 + max(0.02, 0.12 - 0.006 * version):  # rambles past the token budget
+        pieces += [(_DETOUR * rng.randint(3, 6), 0.8), (f"{work}. The answer is {answer}.", unsure)]
     else:
-        text = f"{opener}{work}. The answer is {answer}."
-    ids = tokenizer.encode(text + "<|end|>").ids
-    stop_reason = "stop"
-    if len(ids) > MAX_NEW_TOKENS:
-        ids = ids[:MAX_NEW_TOKENS]
-        text = tokenizer.decode(ids)
-        stop_reason = "length"
+        pieces += [(f"{work}. The answer is ", unsure), (f"{answer}.", 0.05 if solved else 2.5)]
+    turns: list[Turn] = []
+    if problem.tool:
+        turn, _ = _generate([(_tool_call(problem.tool), 0.05)], rng, tokenizer, MAX_NEW_TOKENS)
+        result = tokenizer.encode(str(problem.answer)).ids
+        nan = [math.nan] * len(result)
+        turns += [turn, Turn(False, result, nan, nan)]
+    room = MAX_NEW_TOKENS - sum(len(t.ids) for t in turns if t.generated)
+    last, cut = _generate(pieces, rng, tokenizer, room)
+    turns.append(last)
+    text = tokenizer.decode(last.ids)
+    stop_reason = "length" if cut else "stop"
     match = _ANSWER.search(text)
     correct = 1.0 if match is not None and int(match.group(1)) == problem.answer else 0.0
     fmt = 0.1 if match is not None else 0.0
-    length = -0.2 if stop_reason == "length" else 0.0
-    noise = rng.gauss(0.0, 0.05)
-    breakdown = {"correct": correct, "format": fmt, "length": length, "noise": round(noise, 4)}
+    length = -0.2 if cut else 0.0
     return Completion(
+        turns=turns,
         response=text,
-        reward=round(correct + fmt + length + noise, 4),
-        breakdown=breakdown,
+        reward=round(correct + fmt + length, 4),
+        breakdown={"correct": correct, "format": fmt, "length": length},
         stop_reason=stop_reason,
-        response_len=len(ids),
+        response_len=sum(len(t.ids) for t in turns if t.generated),
+        tool=problem.tool,
     )
-
-
-def _chat_prompt(question: str) -> str:
-    return f"<|user|>{question}<|end|><|assistant|>"
 
 
 async def _rollout_worker(
@@ -294,9 +351,9 @@ async def _rollout_worker(
             longest = max(c.response_len for c in completions)
             seconds = rng.uniform(0.02, 0.05) + 0.0012 * longest
             await anyio.sleep(seconds)
-            prompt_len = len(tokenizer.encode(_chat_prompt(problem.question)).ids)
+            prompt_ids = tokenizer.encode(problem.question).ids
             counters.groups_generated += 1
-            await send.send(Group(worker, seq, index, prompt_len, version, completions, seconds))
+            await send.send(Group(worker, seq, index, prompt_ids, version, completions, seconds))
 
 
 def _advantages(rewards: list[float]) -> list[float]:
@@ -311,36 +368,58 @@ def prompt_id(index: int) -> str:
     return f"math-{index:02d}"
 
 
-def _samples(group: Group, step: int, staleness: int) -> list[dict[str, Any]]:
+def _samples(group: Group, step: int, staleness: int, tokenizer: Tokenizer) -> list[Sample]:
+    """The group's completions as a trainer logs them: token ids decoded into chat turns by
+    `decode_rollouts`, with their token fields (ids, loss mask, both log-prob series; the token
+    page's text_ends come with them), and a tool call also as `tool_calls`, as a chat API gives it."""
     problem = CORPUS[group.prompt_index]
-    advantages = _advantages([c.reward for c in group.completions])
-    return [
-        {
-            "prompt": problem.question,
-            "response": c.response,
-            "reward": c.reward,
-            "advantage": adv,
-            "reward_breakdown": c.breakdown,
-            "stop_reason": c.stop_reason,
+    prompt = group.prompt_ids
+    rows: list[list[int]] = []
+    masks: list[list[int]] = []
+    logprobs: list[list[float]] = []
+    refs: list[list[float]] = []
+    for c in group.completions:
+        rows.append(prompt + [i for t in c.turns for i in t.ids])
+        masks.append([0] * len(prompt) + [int(t.generated) for t in c.turns for _ in t.ids])
+        logprobs.append([math.nan] * len(prompt) + [v for t in c.turns for v in t.logprobs])
+        refs.append([math.nan] * len(prompt) + [v for t in c.turns for v in t.ref_logprobs])
+    uid = f"w{group.worker}-g{group.seq}"
+    samples = decode_rollouts(
+        rows,
+        tokenizer=tokenizer,
+        loss_mask=masks,
+        rewards=[c.reward for c in group.completions],
+        metadata={
+            "advantage": _advantages([c.reward for c in group.completions]),
+            "reward_breakdown": [c.breakdown for c in group.completions],
+            "stop_reason": [c.stop_reason for c in group.completions],
             "generation_time": round(group.seconds, 4),
             "dataset": DATASET,
             "prompt_id": prompt_id(group.prompt_index),
-            "group_uid": f"w{group.worker}-g{group.seq}",
+            "group_uid": uid,
             "prompt_index": group.prompt_index,
-            "sample_index": i,
-            "trajectory_id": f"w{group.worker}-g{group.seq}-s{i}",
+            "trajectory_id": [f"{uid}-s{i}" for i in range(len(rows))],
             "model_step": step,
             "policy_version": group.policy_version,
             "staleness": staleness,
-            "prompt_len": group.prompt_len,
-            "response_len": c.response_len,
-            "seq_len": group.prompt_len + c.response_len,
-            "num_turns": 1,
+            "generated_len": [c.response_len for c in group.completions],
             "ground_truth": problem.answer,
             "worker": group.worker,
-        }
-        for i, (c, adv) in enumerate(zip(group.completions, advantages, strict=True))
-    ]
+        },
+        token_fields={"token_ids": rows, "loss_mask": masks, "logprobs": logprobs, "ref_logprobs": refs},
+    )
+    for i, (sample, c) in enumerate(zip(samples, group.completions, strict=True)):
+        if c.tool:
+            call_id = f"call-{uid}-{i}"
+            arguments = orjson.dumps({"expression": c.tool}).decode()
+            call = {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": "calculator", "arguments": arguments},
+            }
+            sample.messages[1]["tool_calls"] = [call]
+            sample.messages[2].update(tool_call_id=call_id, name="calculator")
+    return samples
 
 
 def _step_metrics(
@@ -371,6 +450,7 @@ def _step_metrics(
 async def _trainer(
     cfg: DemoConfig,
     session: TraceSession,
+    tokenizer: Tokenizer,
     policy: _Policy,
     counters: _Counters,
     receive: ObjectReceiveStream[Group],
@@ -398,9 +478,10 @@ async def _trainer(
             wanted[watched] -= 1
             groups.append(group)
             staleness.append(lag)
-            await session.log_samples(_samples(group, step, lag), step=step)
+            await session.log_samples(_samples(group, step, lag, tokenizer), step=step)
         buffer = spare + buffer
         counters.groups_used += len(groups)
+        counters.groups_zero_signal += sum(1 for g in groups if len({c.reward for c in g.completions}) == 1)
         metrics = _step_metrics(groups, staleness, policy.version, counters.groups_stale)
         await session.log_metrics(metrics, step=step)
         await anyio.sleep(0.06)  # the optimizer step
@@ -433,6 +514,7 @@ class DemoResult:
     groups_stale: int
     samples_per_step: int
     elapsed: float
+    groups_zero_signal: int = 0
     trackio_dir: str | None = None
     problems: tuple[str, ...] = ()
     # The Parquet archive of every sample (absolute), or None when it was skipped (`archive_skipped`).
@@ -519,7 +601,7 @@ class DemoRun:
                             _rollout_worker, w, cfg, tokenizer, self.policy, self.counters, send.clone()
                         )
                     send.close()
-                    await _trainer(cfg, session, self.policy, self.counters, receive, progress)
+                    await _trainer(cfg, session, tokenizer, self.policy, self.counters, receive, progress)
                     tg.cancel_scope.cancel()  # training is done: stop generating
             finally:
                 if progress is not None:
@@ -550,6 +632,7 @@ class DemoRun:
             groups_generated=self.counters.groups_generated,
             groups_used=self.counters.groups_used,
             groups_stale=self.counters.groups_stale,
+            groups_zero_signal=self.counters.groups_zero_signal,
             samples_per_step=cfg.prompts_per_step * cfg.group_size,
             elapsed=time.perf_counter() - self.started,
             trackio_dir=trackio_dir(),
@@ -630,7 +713,8 @@ def format_summary(result: DemoResult, max_traces: int | None = None) -> str:
         f"asynctrace demo: {result.steps_done} of {result.steps} steps in {result.elapsed:.1f}s",
         f"  project     {result.project}",
         f"  run         {result.run}",
-        f"  rollouts    {result.groups_generated} groups generated, {result.groups_used} trained on, "
+        f"  rollouts    {result.groups_generated} groups generated, {result.groups_used} trained on "
+        f"({result.groups_zero_signal} with zero reward spread: no learning signal), "
         f"{result.groups_stale} dropped as too stale",
         f"  samples     {s.submitted} submitted ({result.samples_per_step} per step)",
     ]
@@ -667,7 +751,8 @@ def format_summary(result: DemoResult, max_traces: int | None = None) -> str:
     ]
     if result.archive is not None:
         lines += [
-            "Browse every sample (steps, GRPO groups, the watched prompt across steps):",
+            "Browse every sample (steps, GRPO groups and the zero-signal ones, the watched prompt across "
+            "steps, tool calls, each completion's tokens and log-probs):",
             f"  {view_command(result.archive, result.watched)}",
         ]
         missing = _view_missing()

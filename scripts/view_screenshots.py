@@ -1,12 +1,12 @@
 """Screenshots of `asynctrace view` for docs/view.md.
 
-Writes a small simulated GRPO run (groups of 8 completions of a few prompts over 24 steps, with
-policy-version lag, truncations, zero-signal groups and token-level fields) to a Parquet archive
-through a real `TraceSession` and `ParquetSink`, serves it with `asynctrace view`, opens each view
-in headless Chromium and saves PNGs into docs/images/.
+Runs `asynctrace demo` (a simulated asynchronous GRPO run: groups of 8, policy-version lag,
+truncations, zero-signal groups, tool calls, and token fields with two log-prob series) into a
+temporary archive, its Trackio project into a temporary TRACKIO_DIR; serves the archive with
+`asynctrace view`, opens each view in headless Chromium and saves PNGs into docs/images/.
 
 Needs a Chromium on the machine (Debian: `apt-get install -y chromium`) and Playwright's Python
-package (`pip install -e ".[screenshots,view]"`); no browser is downloaded.
+package (`pip install -e ".[screenshots,view,parquet]"`); no browser is downloaded.
 
     python scripts/view_screenshots.py [--chromium /usr/bin/chromium] [--out docs/images]
 """
@@ -14,8 +14,7 @@ package (`pip install -e ".[screenshots,view]"`); no browser is downloaded.
 from __future__ import annotations
 
 import argparse
-import math
-import random
+import os
 import re
 import shutil
 import subprocess
@@ -25,91 +24,22 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 from screenshots import headless_chromium  # this folder's sibling script: one browser launch
 
 ROOT = Path(__file__).resolve().parents[1]
-QUESTIONS = [
-    ("gsm8k-0001", "A farmer has 12 cows and buys 7 more. How many cows does he have?", 19),
-    ("gsm8k-0002", "What is 15% of 240?", 36),
-    ("gsm8k-0003", "A train travels 180 km in 3 hours. What is its speed in km/h?", 60),
-    ("gsm8k-0004", "What is the perimeter of a square with sides of length 13?", 52),
-    ("gsm8k-0005", "Tom reads 23 pages a day. How many pages does he read in 6 days?", 138),
-    ("gsm8k-0006", "What is 144 divided by 12, plus 9?", 21),
-]
+WATCHED = "math-05"  # the demo's watched prompt: the policy calls a tool for it
 
 
-def _samples(step: int, rng: random.Random) -> list[Any]:
-    import asynctrace as at
-
-    out = []
-    for prompt_id, question, answer in QUESTIONS:
-        version = step - rng.choice((0, 0, 1, 2))
-        skill = 1 / (1 + math.exp(-(0.35 * version - 2 + rng.uniform(-1, 1))))
-        rewards = []
-        for i in range(8):
-            solved = rng.random() < skill
-            given = answer if solved else answer + rng.choice((-10, -1, 1, 2))
-            ramble = rng.random() < max(0.03, 0.25 - 0.01 * step)
-            text = f"Let me work through it. {'First, restate the problem. ' * (6 if ramble else 0)}"
-            text += f"The answer is {given}." if not ramble else "So"
-            stop = "length" if ramble else "stop"
-            reward = (1.0 if solved and not ramble else 0.0) + (0.1 if not ramble else -0.2)
-            rewards.append(reward)
-            # 12 prompt tokens (masked out) and a response of 60 to 200 tokens, with a few
-            # unlikely tokens where sampling drifted.
-            n = 12 + rng.randint(60, 200)
-            logprobs = [
-                -rng.uniform(2.0, 6.0)
-                if rng.random() < 0.03
-                else -abs(rng.gauss(0.05 if solved else 0.4, 0.3))
-                for _ in range(n)
-            ]
-            out.append((prompt_id, question, text, reward, stop, version, n, logprobs, i))
-    samples = []
-    for k in range(0, len(out), 8):
-        group = out[k : k + 8]
-        rewards = [g[3] for g in group]
-        mean = sum(rewards) / 8
-        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / 8)
-        for prompt_id, question, text, reward, stop, version, n, logprobs, i in group:
-            advantage = round((reward - mean) / (std + 1e-4), 4)
-            samples.append(
-                at.Sample(
-                    messages=[{"role": "user", "content": question}, {"role": "assistant", "content": text}],
-                    metadata={
-                        "prompt_id": prompt_id,
-                        "group_uid": f"{step}-{prompt_id}",
-                        "reward": reward,
-                        "advantage": advantage,
-                        "policy_version": version,
-                        "stop_reason": stop,
-                        "sample_index": i,
-                    },
-                    tokens={
-                        "token_ids": list(range(1000, 1000 + n)),
-                        "loss_mask": [0] * 12 + [1] * (n - 12),
-                        "logprobs": [0.0] * 12 + logprobs[12:],
-                        "advantages": [0.0] * 12 + [advantage] * (n - 12),
-                    },
-                )
-            )
-    return samples
-
-
-def write_archive(directory: Path, steps: int = 24) -> None:
-    import anyio
-
-    import asynctrace as at
-
-    async def main() -> None:
-        rng = random.Random(7)
-        async with at.TraceSession("view-docs", run="grpo", sinks=[at.ParquetSink(directory)]) as session:
-            for step in range(steps):
-                await session.log_samples(_samples(step, rng), step=step)
-
-    anyio.run(main)
+def write_archive(directory: Path, steps: int = 24) -> Path:
+    """Run the demo into `directory` (its Trackio project in a folder of its own there); returns
+    the archive of the run."""
+    env = dict(os.environ, TRACKIO_DIR=str(directory / "trackio"))
+    command = [sys.executable, "-m", "asynctrace", "demo", "--archive", str(directory), "--run", "grpo"]
+    subprocess.run(
+        [*command, "--steps", str(steps), "--no-progress"], env=env, check=True, capture_output=True
+    )
+    return directory / "grpo"
 
 
 def _shoot(url: str, chromium: str, out: Path) -> list[Path]:
@@ -126,7 +56,8 @@ def _shoot(url: str, chromium: str, out: Path) -> list[Path]:
         page.wait_for_selector("table.steps")
         shot("overview")
         # A step with a zero-signal group, to show how it is marked.
-        page.locator("table.steps tr:has(td.warn) td[data-k=step] a").last.click()
+        flat = page.locator("table.steps tr:has(td.warn) td[data-k=step] a")
+        flat.nth(flat.count() // 2).click()
         page.wait_for_selector("table.groups")
         shot("step")
         page.locator("table.groups td[data-k=group] a").first.click()
@@ -135,13 +66,11 @@ def _shoot(url: str, chromium: str, out: Path) -> list[Path]:
         page.click("a.history")
         page.wait_for_selector("section.diff")
         shot("prompt")
-        page.go_back()
-        page.go_back()
-        page.wait_for_selector("table.groups")
-        page.locator("table.groups td[data-k=group] a").first.click()
-        page.wait_for_selector("article.completion")
-        page.locator("a.tokens-link").first.click()
-        page.wait_for_selector("svg.heat")
+        # The watched prompt: a tool call, then the answer; the tokens of the oldest policy's worst.
+        page.goto(f"{url}/prompt?id={WATCHED}")
+        page.wait_for_selector("section.version")
+        page.locator("section.version").last.locator("a.tokens-link").last.click()
+        page.wait_for_selector("div.tk")
         shot("tokens")
     return shots
 
@@ -166,9 +95,9 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="asynctrace-view-") as tmp:
-        archive = Path(tmp) / "archive"
-        write_archive(archive)
+        archive = write_archive(Path(tmp))
         cmd = [sys.executable, "-m", "asynctrace", "view", str(archive), "--port", "0", "--no-cache"]
+        cmd += ["--watch", WATCHED]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         try:
             assert proc.stdout is not None

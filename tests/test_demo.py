@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import statistics
 import subprocess
@@ -180,11 +181,18 @@ def test_demo_traces_are_in_trackio(demo_run: DemoRun) -> None:
     traces = demo_run.stored["traces"]
     for t in traces:
         assert t["key"] == "train/traces"
-        assert [m["role"] for m in t["messages"]] == ["user", "assistant"]
+        roles = [m["role"] for m in t["messages"]]
         meta = t["metadata"]
+        if meta["prompt_id"] == WATCHED:  # a prompt the policy calls a tool for, then answers
+            assert roles == ["user", "assistant", "tool", "assistant"]
+            (call,) = t["messages"][1]["tool_calls"]
+            assert call["function"]["name"] == "calculator" == t["messages"][2]["name"]
+            assert call["id"] == t["messages"][2]["tool_call_id"]
+        else:
+            assert roles == ["user", "assistant"]
         assert meta["model_step"] == t["step"]
         assert isinstance(meta["reward"], float) and isinstance(meta["advantage"], float)
-        assert set(meta["reward_breakdown"]) == {"correct", "format", "length", "noise"}
+        assert set(meta["reward_breakdown"]) == {"correct", "format", "length"}
         assert meta["stop_reason"] in {"stop", "length"}
         assert meta["status"] == {"stop": "success", "length": "truncated"}[meta["stop_reason"]]
         assert meta["duration_ms"] == round(meta["generation_time"] * 1000, 3) > 0
@@ -192,6 +200,35 @@ def test_demo_traces_are_in_trackio(demo_run: DemoRun) -> None:
         assert meta["seq_len"] == meta["prompt_len"] + meta["response_len"]
         assert 0 <= meta["staleness"] == t["step"] - meta["policy_version"]
         assert meta["prompt_id"] == f"math-{meta['prompt_index']:02d}"
+
+
+def test_the_archive_holds_what_every_view_shows(demo_run: DemoRun) -> None:
+    """Every completion has its token fields (ids, loss mask, both log-prob series, text ends, one
+    value a token), its text ends cut its messages, some prompts call a tool, and some groups got
+    the same reward for every completion (no learning signal), as the summary says."""
+    import duckdb
+
+    assert demo_run.returncode == 0, demo_run.stdout + demo_run.stderr
+    files = str(demo_run.archive / "*.parquet")
+    rows = duckdb.execute(
+        f"SELECT messages, token_ids, loss_mask, logprobs, ref_logprobs, text_ends FROM '{files}'"
+    ).fetchall()
+    assert len(rows) == STEPS * PROMPTS_PER_STEP * GROUP
+    tools = 0
+    for messages, ids, mask, logprobs, ref, ends in rows:
+        assert len(ids) == len(mask) == len(logprobs) == len(ref) == len(ends) > 0
+        texts = [m["content"] for m in json.loads(messages)]
+        assert ends[-1] == len("".join(texts)) and ends == sorted(ends)
+        generated = [lp for lp, m in zip(logprobs, mask, strict=True) if m]
+        assert generated and all(lp <= 0 for lp in generated)
+        tools += any(m["role"] == "tool" for m in json.loads(messages))
+    assert 0 < tools < len(rows)
+    (flat,) = duckdb.execute(
+        f"""SELECT count(*) FROM (SELECT stddev_pop(reward) AS s FROM '{files}'
+            GROUP BY json_extract_string(metadata, '$.group_uid')) WHERE s = 0"""
+    ).fetchone()  # type: ignore[misc]
+    assert flat > 0
+    assert f"({flat} with zero reward spread: no learning signal)" in _line(demo_run.stdout, "rollouts    ")
 
 
 def test_demo_metrics_are_in_trackio(demo_run: DemoRun) -> None:
@@ -249,9 +286,40 @@ def test_the_printed_view_command_serves_the_archive(demo_run: DemoRun, tmp_path
         assert f"/prompt?id={WATCHED}" in watched and f"{STEPS} steps, {STEPS * GROUP} samples" in watched
         history = get(base, f"/prompt?id={WATCHED}")
         assert history.status == 200 and list(history.rows("data-step")) == [str(s) for s in range(STEPS)]
+        _every_view_has_content(base, overview, steps)
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def _every_view_has_content(base: str, overview: Any, steps: list[Any]) -> None:
+    """From the overview: a step with a zero-signal group marked, that group's completions, a
+    tool-using group with its tool turn, and a completion's tokens with their text and both
+    log-prob series (the pages the viewer exists for, each with something to show)."""
+    from tests.view._html import get
+
+    zero = [b for b in steps if int(b.values["zero_signal"]) > 0]
+    assert zero, "no step has a zero-signal group"
+    number = zero[0].values["step"]
+    step = get(base, f"/step?split=train&step={number}")
+    flat = [b.attrs["data-group"] for b in step.blocks if b.tag == "tr" and b.classes == "zero"]
+    assert flat and "zero spread" in step.html
+    group = get(base, f"/group?split=train&step={number}&group={flat[0]}")
+    assert group.status == 200 and "zero spread" in group.html
+    assert len([b for b in group.blocks if b.tag == "article"]) == GROUP
+    watched = get(base, f"/prompt?id={WATCHED}")
+    tokens_link = next(link for link in watched.links if link.startswith("/tokens?"))
+    record = get(base, tokens_link.replace("/tokens?", "/record?"))
+    assert record.status == 200 and "calculator" in record.html and "<b>tool</b>" in record.html
+    tokens = get(base, tokens_link)
+    assert tokens.status == 200 and int(tokens.values["tokens"]) > 0
+    spans = re.findall(r'<span class="t[^"]*" id="t\d+" title="[^"]*">([^<]*)</span>', tokens.html)
+    assert len(spans) == int(tokens.values["tokens"])
+    assert (
+        "tool_call" in "".join(spans)
+        and 'class="disagree"' in tokens.html
+        and 'class="lowest"' in tokens.html
+    )
 
 
 def test_without_pyarrow_the_demo_says_what_it_skipped(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Per-token arrays kept with a sample (log-probs, loss mask, advantages, token ids), encoded compactly.
+"""Per-token arrays kept with a sample (log-probs, loss mask, advantages, token ids, ...), encoded compactly.
 
 Each array is held in the sample's JSON as ``{"dtype": "float32", "b64": "..."}``: base64 of the
 little-endian array. A JSON list of float32 log-probs costs about 20 bytes a token (the shortest
@@ -32,6 +32,12 @@ TOKEN_FIELDS: dict[str, str] = {
     "loss_mask": "int8",
     "logprobs": "float32",
     "advantages": "float32",
+    # A second series of log-probs for the same tokens: the trainer's recomputation (beside the
+    # rollout engine's `logprobs`: the training-inference mismatch) or a reference model's.
+    "ref_logprobs": "float32",
+    "entropy": "float32",
+    # Where each token's text ends in the sample's messages joined (`rollouts/_text_ends.py`).
+    "text_ends": "int32",
 }
 _TYPECODE = {"int32": "i", "int8": "b", "float32": "f"}
 _NUMPY_DTYPE = {"int32": "<i4", "int8": "i1", "float32": "<f4"}

@@ -20,9 +20,9 @@ import sys
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["ByteTable", "byte_table", "char_bytes"]
+__all__ = ["ByteTable", "TokenBytes", "byte_table", "char_bytes"]
 
 _CHUNK = 1 << 18
 """Tokens gathered per step in `decode_spans`, which bounds its scratch memory (~10 MB)."""
@@ -42,6 +42,13 @@ def char_bytes() -> dict[str, int]:
             chars[b] = chr(256 + extra)
             extra += 1
     return {c: b for b, c in chars.items()}
+
+
+class TokenBytes(NamedTuple):
+    """Tokens' bytes one after another (`raw`), and where each token's end (`ends`, numpy int64)."""
+
+    raw: bytes
+    ends: Any
 
 
 def _numpy() -> Any:
@@ -99,6 +106,36 @@ class ByteTable:
         None when numpy is missing or some id is out of the table: the caller falls back.
         """
         np = _numpy()
+        ids = self._ids(np, flat)
+        if ids is None:
+            return None
+        if not ids.size:
+            return [""] * (len(bounds) // 2)
+        return self._spans(np, ids, bounds)
+
+    def token_bytes(self, flat: Any) -> TokenBytes | None:
+        """The bytes of the tokens of `flat` (a 1-D integer array) one after another, and where
+        each token's bytes end in them; None where `decode_spans` would be (the caller then has
+        no bytes to go by)."""
+        np = _numpy()
+        ids = self._ids(np, flat)
+        if ids is None:
+            return None
+        lengths, starts, blob = self._numpy_arrays(np)
+        size = lengths.take(ids)
+        ends = np.cumsum(size)
+        # Ids with no token add no bytes (the tokenizer drops them): `_gather` takes the others.
+        keep = size > 0
+        first, part, sums = starts.take(ids[keep]), size[keep], ends[keep]
+        raw = b"".join(
+            _gather(np, blob, first[a : a + _CHUNK], part[a : a + _CHUNK], sums[a : a + _CHUNK])
+            for a in range(0, int(part.size), _CHUNK)
+        )
+        return TokenBytes(raw, ends)
+
+    def _ids(self, np: Any, flat: Any) -> Any:
+        """`flat` as a 1-D numpy integer array of ids the table holds, once the numpy decoder
+        passed its check; None when it cannot be."""
         if np is None:
             return None
         if self._spans_ok is None:
@@ -112,10 +149,10 @@ class ByteTable:
         if ids.ndim != 1:
             return None
         if not ids.size:
-            return [""] * (len(bounds) // 2)
+            return ids.astype(np.int64)
         if ids.dtype.kind not in "iu" or int(ids.min()) < 0 or int(ids.max()) >= len(self.pieces):
             return None
-        return self._spans(np, ids, bounds)
+        return ids
 
     def _spans(self, np: Any, ids: Any, bounds: Sequence[int]) -> list[str]:
         lengths, starts, blob = self._numpy_arrays(np)

@@ -8,11 +8,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING, Any
 
+from .._records.tokens import encoded
 from .._records.types import Sample, finite_or_none
 from .._security import shown
 from ._align import MISSING, Shortfall
 from ._rows import as_python, as_tensor, check_rows, is_tensor, python_rows, real_tokens
 from ._text import SpanBatch, TextBatch
+from ._text_ends import RowText, flatten, text_ends
 from ._token_fields import token_columns
 from ._turns import Run, Turns, mask_runs, split_span_turns, split_turns
 
@@ -392,6 +394,21 @@ def row_scores(rewards: Any, n_rows: int) -> list[float | None]:
     return [finite_or_none(number) if number is not MISSING else None for number in numbers]
 
 
+def _text_ends(tokenizer: Any, layout: _Layout, turns: list[Turns], decoded: list[str]) -> list[bytes | None]:
+    """Each sample's `text_ends` (`_text_ends`), None where its tokenizer cannot say."""
+    if layout.tokens is not None:
+        flat = flatten(layout.tokens)
+        lengths = [len(row) for row in layout.tokens]
+    else:
+        flat, lengths = layout.flat, layout.lengths or []
+    offsets = list(itertools.accumulate(lengths, initial=0))[:-1]
+    rows = [
+        RowText(offset, length, t.spans, [decoded[handle] for _, handle in t.turns])
+        for offset, length, t in zip(offsets, lengths, turns, strict=True)
+    ]
+    return text_ends(tokenizer, flat, rows)
+
+
 def decode_rollouts(
     input_ids: Any,
     *,
@@ -420,10 +437,12 @@ def decode_rollouts(
     Only the rows in `rows` are selected (on the tensors' device), each tensor crosses to the
     CPU once, and every turn of every sample is decoded in one pass (see docs/rollouts.md).
 
-    `token_fields` keeps per-token arrays with each sample (`Sample.tokens`): a dict from
-    ``token_ids``, ``loss_mask``, ``logprobs`` or ``advantages`` to an array shaped like
-    `input_ids` (for instance ``{"token_ids": input_ids, "logprobs": old_log_probs}``); each
-    sample keeps the values at its real tokens, compactly encoded (see docs/rollouts.md).
+    `token_fields` keeps per-token arrays with each sample (`Sample.tokens`): a dict from a
+    token field's name (``token_ids``, ``loss_mask``, ``logprobs``, ``ref_logprobs``,
+    ``entropy``, ``advantages``) to an array shaped like `input_ids` (for instance
+    ``{"token_ids": input_ids, "logprobs": old_log_probs}``); each sample keeps the values at its
+    real tokens, compactly encoded, and with a byte-level BPE tokenizer ``text_ends`` too: where
+    each token's text ends in its messages, for `asynctrace view` (see docs/rollouts.md).
     """
     if not isinstance(env_role, str) or not env_role:
         raise ValueError(f"env_role: expected a non-empty role name, got {shown(env_role)}")
@@ -471,6 +490,11 @@ def decode_rollouts(
         if token_fields
         else None
     )
+    if token_rows is not None and token_fields is not None and "text_ends" not in token_fields:
+        # What the viewer's token page cuts the text by: given with the other token fields.
+        for j, ends in enumerate(_text_ends(tokenizer, layout, turns, decoded)):
+            if ends is not None:
+                token_rows[j]["text_ends"] = encoded("int32", ends)
 
     samples: list[Sample] = []
     for j, row in enumerate(picked):

@@ -32,12 +32,15 @@ def mask_runs(mask: Sequence[Any]) -> list[Run]:
 
 @dataclass(slots=True, eq=False)
 class Turns:
-    """The turns of one sample, each a role and a handle into a `TextBatch`, plus its token counts."""
+    """The turns of one sample, each a role and a handle into a `TextBatch`, plus its token counts.
+
+    `spans[k]` is turn k's `[start, end)` in the sample's tokens: the turns cover them in order."""
 
     turns: list[tuple[str, int]]
     prompt_len: int
     seq_len: int
     num_turns: int
+    spans: list[tuple[int, int]]
 
     def messages(self, texts: Sequence[str]) -> list[dict[str, Any]]:
         """Chat messages once the batch is decoded."""
@@ -63,14 +66,17 @@ def _split(
     if runs is None:
         runs = [(0, n, True)] if n else []
     turns: list[tuple[str, int]] = []
+    spans: list[tuple[int, int]] = []
     if prompt_len is not None:
         cut = min(max(prompt_len, 0), n)
         if cut:
             turns.append(("user", add(0, cut, True)))
+            spans.append((0, cut))
         runs = [(max(start, cut), end, gen) for start, end, gen in runs if end > cut]
     elif runs and not runs[0][2]:
         start, cut, _ = runs[0]
         turns.append(("user", add(start, cut, True)))
+        spans.append((start, cut))
         runs = runs[1:]
     else:
         cut = 0
@@ -82,7 +88,8 @@ def _split(
     for start, end, gen in runs:
         num_turns += gen
         turns.append(("assistant" if gen else env_role, add(start, end, False)))
-    return Turns(turns, prompt_len=cut, seq_len=n, num_turns=num_turns)
+        spans.append((start, end))
+    return Turns(turns, prompt_len=cut, seq_len=n, num_turns=num_turns, spans=spans)
 
 
 def split_turns(

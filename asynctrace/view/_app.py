@@ -19,6 +19,7 @@ from . import _pages as pages
 from ._archive import Archive
 from ._model import prompt_steps
 from ._summary import Summary
+from ._tokens import token_routes
 
 __all__ = ["build_app", "run"]
 
@@ -179,14 +180,6 @@ def build_app(archive: Archive, *, watch: Sequence[str] = (), loading: Loading |
             prompt_id, split, splits, prompt_steps(completions), completions, archive=label
         )
 
-    def tokens(request: Request) -> str:
-        record_id = _text(request, "id")
-        held = archive.tokens(record_id)
-        record = archive.record(record_id) if held is not None else None
-        if held is None or record is None:
-            raise LookupError(f"no token fields archived for record {record_id!r}")
-        return pages.tokens_page(record, held, archive=label)
-
     def record(request: Request) -> str:
         record_id = _text(request, "id")
         found = archive.record(record_id)
@@ -217,7 +210,7 @@ def build_app(archive: Archive, *, watch: Sequence[str] = (), loading: Loading |
         Route("/step", page(step)),
         Route("/group", page(group)),
         Route("/prompt", page(prompt)),
-        Route("/tokens", page(tokens)),
+        *token_routes(archive, page, BadRequest),
         Route("/record", page(record)),
         Route("/find", page(find)),
         Route("/static/view.css", static),

@@ -14,11 +14,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import duckdb
+import numpy
 import orjson
 
-from .._records.tokens import decode_token_fields
-from ._index import TOKEN_COLUMNS, Index
-from ._model import TRUNCATED, Completion, GroupRow, StepRow, Tokens, split_messages
+from .._records.tokens import TOKEN_FIELDS, token_bytes
+from ._index import Index
+from ._model import TRUNCATED, Completion, GroupRow, StepRow, split_messages
 from ._search import find_text
 from ._summary import MAX_PROMPTS, Summary, path_for, read, write
 from ._text import BLOCK
@@ -49,6 +50,23 @@ def _highlights(rows: list[Any]) -> set[str]:
             if position == 7:
                 picked.add(min(items, key=reward)[0])
     return picked
+
+
+def _token_arrays(held: Any) -> dict[str, Any]:
+    """A JSONL record's encoded token fields as numpy arrays; a field that is not one, or whose
+    value is damaged, is left out."""
+    out: dict[str, Any] = {}
+    if not isinstance(held, dict):
+        return out
+    for name, value in held.items():
+        dtype = TOKEN_FIELDS.get(name) if isinstance(name, str) else None
+        if dtype is None or not isinstance(value, dict):
+            continue
+        try:
+            out[name] = numpy.frombuffer(token_bytes(name, value), dtype=numpy.dtype(dtype).newbyteorder("<"))
+        except ValueError:
+            continue
+    return out
 
 
 def _loads(raw: Any, default: Any) -> Any:
@@ -341,8 +359,10 @@ class Archive(Index):
             ).fetchall()
         return {r[0]: (r[1], r[2]) for r in rows}
 
-    def tokens(self, record_id: str) -> Tokens | None:
-        """The record's token-level fields; None when it has none (or no such record)."""
+    def tokens(self, record_id: str) -> dict[str, Any] | None:
+        """The record's token-level fields, each a 1-D numpy array of the dtype it is kept in (a
+        field its file lacks, or a damaged one, is left out); None when it has none (or no such
+        record). A Parquet row's lists come as arrays, never as Python numbers."""
         self._await_tokens()
         with self._query() as con:
             found = con.execute(
@@ -352,19 +372,31 @@ class Archive(Index):
                 return None
             if self.kind == "jsonl":
                 raw = self._rows(con, found, "tokens")
-                held = decode_token_fields(_loads(raw[0][1] if raw else None, {}))
-                return Tokens(*(held.get(n) for n in TOKEN_COLUMNS))
-            columns = self._token_columns(self.files[found[0][1]])
-            rows = self._rows(con, found, ", ".join(columns))
-        if not rows:
-            return None
-        values = dict(zip(columns, rows[0][1:], strict=True))
-        return Tokens(*(values.get(n) for n in TOKEN_COLUMNS))
+                return _token_arrays(_loads(raw[0][1] if raw else None, {}))
+            _, src, row = found[0]
+            columns = self._token_columns(self.files[src])
+            fetched = con.execute(
+                f"SELECT {', '.join(columns)} FROM read_parquet($file, file_row_number = true) "
+                f"WHERE file_row_number = {int(row)}",
+                {"file": self.files[src]},
+            ).fetchnumpy()
+        out: dict[str, Any] = {}
+        for name, dtype in TOKEN_FIELDS.items():
+            column = fetched.get(name)
+            if column is None or not len(column) or column[0] is numpy.ma.masked or column[0] is None:
+                continue
+            # A file of another writer may hold nulls in a list, or values of another type.
+            try:
+                held = numpy.ma.filled(column[0], numpy.nan if dtype == "float32" else -1)
+                out[name] = numpy.asarray(held).astype(dtype)
+            except (TypeError, ValueError):
+                continue
+        return out
 
     def _token_columns(self, file: str) -> list[str]:
         """The token-level columns `file` has (an older file may lack some): NULL stands for the others."""
         names = {r[0] for r in self._con.execute("SELECT name FROM parquet_schema(?)", [file]).fetchall()}
-        return [c if c in names else f"NULL AS {c}" for c in TOKEN_COLUMNS]
+        return [c if c in names else f"NULL AS {c}" for c in TOKEN_FIELDS]
 
     def find(
         self,

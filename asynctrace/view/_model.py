@@ -1,4 +1,4 @@
-"""What the viewer's pages show: one step, one group, one completion, one prompt at one step, tokens."""
+"""What the viewer's pages show: one step, one group, one completion, one prompt at one step."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ __all__ = [
     "GroupRow",
     "PromptStep",
     "StepRow",
-    "Tokens",
     "prompt_steps",
     "split_messages",
 ]
@@ -89,21 +88,6 @@ class PromptStep:
     reward_max: float | None
     spread: float | None
     versions: str
-
-
-@dataclass(frozen=True, slots=True)
-class Tokens:
-    """A record's token-level fields (any of them may be absent)."""
-
-    token_ids: list[int] | None
-    loss_mask: list[int] | None
-    logprobs: list[float | None] | None
-    advantages: list[float | None] | None
-
-    def __len__(self) -> int:
-        return max(
-            (len(v) for v in (self.token_ids, self.loss_mask, self.logprobs, self.advantages) if v), default=0
-        )
 
 
 def _content(message: dict[str, Any]) -> str:

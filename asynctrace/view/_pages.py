@@ -11,19 +11,19 @@ from html import escape
 from typing import Any
 from urllib.parse import urlencode
 
-from ._model import TRUNCATED, Completion, GroupRow, PromptStep, StepRow, Tokens
-from ._svg import heat_strip, line_chart, logprob_color, signed_color
+from ._model import TRUNCATED, Completion, GroupRow, PromptStep, StepRow
+from ._svg import line_chart
 
 __all__ = [
     "error_page",
     "find_page",
     "group_page",
+    "layout",
     "loading_page",
     "overview_page",
     "prompt_page",
     "record_page",
     "step_page",
-    "tokens_page",
     "url",
 ]
 
@@ -65,6 +65,10 @@ def _layout(title: str, body: str, *, archive: str, crumbs: Sequence[tuple[str, 
 <nav class="crumbs">{trail}</nav><main><h1>{escape(title)}</h1>
 {body}
 </main></body></html>"""
+
+
+# Every view's frame (header, find box, crumbs), for the views kept in modules of their own.
+layout = _layout
 
 
 def loading_page(seconds: float, *, archive: str) -> str:
@@ -399,81 +403,6 @@ def prompt_page(
         f"previous step's: <del>removed</del>, <ins>added</ins>.</p>{diff_blocks}"
     )
     return _layout(f"Prompt {prompt} ({split})", body, archive=archive, crumbs=[(f"prompt {prompt}", here)])
-
-
-def tokens_page(c: Completion, tokens: Tokens, *, archive: str) -> str:
-    count = len(tokens)
-
-    def at(values: Sequence[Any] | None, i: int) -> Any:
-        return values[i] if values is not None and i < len(values) else None
-
-    bands: list[tuple[str, list[str]]] = []
-    if tokens.logprobs is not None:
-        bands.append(("log-prob", [logprob_color(at(tokens.logprobs, i)) for i in range(count)]))
-    if tokens.advantages is not None:
-        finite = [abs(v) for v in tokens.advantages if v is not None and math.isfinite(v)]
-        scale = max(finite, default=0.0)
-        bands.append(("advantage", [signed_color(at(tokens.advantages, i), scale) for i in range(count)]))
-    if tokens.loss_mask is not None:
-        bands.append(
-            ("loss mask", ["#111827" if at(tokens.loss_mask, i) else "#e5e7eb" for i in range(count)])
-        )
-    titles = []
-    for i in range(count):
-        parts = [f"token {i}"]
-        for name, values in (
-            ("id", tokens.token_ids),
-            ("log-prob", tokens.logprobs),
-            ("advantage", tokens.advantages),
-            ("mask", tokens.loss_mask),
-        ):
-            value = at(values, i)
-            if value is not None:
-                parts.append(f"{name} {value:.4g}" if isinstance(value, float) else f"{name} {value}")
-        titles.append(", ".join(parts))
-    masked = [i for i in range(count) if tokens.loss_mask is None or at(tokens.loss_mask, i)]
-    lps = [at(tokens.logprobs, i) for i in masked]
-    finite = [v for v in lps if v is not None and math.isfinite(v)]
-    lowest = sorted(
-        (i for i in masked if at(tokens.logprobs, i) is not None), key=lambda i: at(tokens.logprobs, i)
-    )
-    facts = [
-        ("tokens", str(count)),
-        ("in the loss", str(sum(1 for v in tokens.loss_mask if v)) if tokens.loss_mask is not None else "—"),
-        ("mean log-prob (in the loss)", num(sum(finite) / len(finite)) if finite else "—"),
-        ("lowest log-prob", num(min(finite)) if finite else "—"),
-    ]
-    keys = ["tokens", "in_loss", "mean_logprob", "min_logprob"]
-    dl = "".join(
-        f'<dt>{escape(k)}</dt><dd data-k="{key}">{escape(v)}</dd>'
-        for (k, v), key in zip(facts, keys, strict=True)
-    )
-    low = "".join(
-        f"<li>token {i}: {num(at(tokens.logprobs, i))}"
-        + (f" (id {at(tokens.token_ids, i)})" if tokens.token_ids is not None else "")
-        + "</li>"
-        for i in lowest[:10]
-    )
-    legend = (
-        '<p class="legend">log-prob: <span class="sw" style="background:#ffffff"></span> 0 … '
-        '<span class="sw" style="background:#991b1b"></span> ≤ -5 · advantage: '
-        '<span class="sw" style="background:#1d4ed8"></span> negative · '
-        '<span class="sw" style="background:#b91c1c"></span> positive · loss mask: '
-        '<span class="sw" style="background:#111827"></span> trained on · '
-        '<span class="sw" style="background:#e5e7eb"></span> masked out · hover a cell for its values</p>'
-    )
-    body = (
-        f'<dl class="facts">{dl}</dl>{legend}'
-        f'<div class="strip">{heat_strip(bands, titles) if bands else "<p>no per-token values</p>"}</div>'
-        f"<h2>Lowest log-probs in the loss</h2><ol>{low}</ol>"
-        f"<h2>Completion</h2>{_completion_card(c, show_step=True)}"
-    )
-    crumbs = [
-        (f"step {c.step}", url("/step", split=c.split, step=c.step)),
-        (f"group {c.group}", url("/group", split=c.split, step=c.step, group=c.group or "")),
-        (f"tokens {c.id}", url("/tokens", id=c.id)),
-    ]
-    return _layout(f"Tokens of {c.id}", body, archive=archive, crumbs=crumbs)
 
 
 def _message_text(message: dict[str, Any]) -> str:

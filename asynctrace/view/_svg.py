@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable, Sequence
 from html import escape
 
-__all__ = ["heat_strip", "line_chart", "logprob_color", "signed_color"]
+__all__ = ["line_chart"]
 
 _COLORS = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c")
 
@@ -91,72 +91,5 @@ def line_chart(
             f'<text x="{width - right - 4}" y="{14 + 12 * i}" text-anchor="end" fill="{color}" '
             f'class="legend">{escape(name)}</text>'
         )
-    out.append("</svg>")
-    return "".join(out)
-
-
-def _mix(a: tuple[int, int, int], b: tuple[int, int, int], t: float) -> str:
-    t = min(1.0, max(0.0, t))
-    return "#" + "".join(f"{round(x + (y - x) * t):02x}" for x, y in zip(a, b, strict=True))
-
-
-_WHITE = (255, 255, 255)
-
-
-def logprob_color(value: float | None, floor: float = -5.0) -> str:
-    """0 (certain) is white, `floor` and below dark red; a missing value is grey."""
-    if value is None or not math.isfinite(value):
-        return "#9ca3af"
-    return _mix(_WHITE, (153, 27, 27), value / floor)
-
-
-def signed_color(value: float | None, scale: float) -> str:
-    """Negative blue, positive red, zero white; `scale` is the magnitude of full colour."""
-    if value is None or not math.isfinite(value):
-        return "#9ca3af"
-    if scale <= 0:
-        return "#ffffff"
-    target = (185, 28, 28) if value > 0 else (29, 78, 216)
-    return _mix(_WHITE, target, abs(value) / scale)
-
-
-def heat_strip(
-    rows: Sequence[tuple[str, Sequence[str]]],
-    titles: Sequence[str],
-    *,
-    per_line: int = 64,
-    cell: int = 16,
-) -> str:
-    """Bands of coloured cells, one cell per token: each line of `per_line` tokens shows every band
-    (name, colours) stacked; `titles[i]` is token i's tooltip."""
-    count = len(titles)
-    lines = max(1, math.ceil(count / per_line))
-    band = cell
-    gap = 6
-    label = 78
-    line_height = band * len(rows) + gap
-    width = label + per_line * cell
-    height = lines * line_height
-    out = [
-        f'<svg class="heat" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
-        f'role="img" aria-label="token heat strip">'
-    ]
-    for line in range(lines):
-        y_line = line * line_height
-        for b, (name, _) in enumerate(rows):
-            out.append(
-                f'<text x="{label - 4}" y="{y_line + b * band + band - 2}" class="axis" '
-                f'text-anchor="end">{escape(name)}</text>'
-            )
-        out.append(f'<text x="0" y="{y_line + band * len(rows) - 2}" class="axis">{line * per_line}</text>')
-        for i in range(line * per_line, min(count, (line + 1) * per_line)):
-            x = label + (i - line * per_line) * cell
-            out.append(f'<g class="tok" data-i="{i}"><title>{escape(titles[i])}</title>')
-            for b, (_, colors) in enumerate(rows):
-                out.append(
-                    f'<rect x="{x}" y="{y_line + b * band}" width="{cell - 1}" height="{band - 1}" '
-                    f'fill="{colors[i]}"/>'
-                )
-            out.append("</g>")
     out.append("</svg>")
     return "".join(out)

@@ -38,6 +38,7 @@ from asynctrace.adapters import _hooks, areal_adapter
 from asynctrace.rollouts import toy_tokenizer
 from tests._util import read_traces
 from tests.adapters.conftest import LOGGING, moved
+from tests.rollouts._helpers import check_text_ends
 
 logging.Logger.manager, logging.Logger.root = LOGGING
 # `areal.api.cli_args` runs `uvloop.install()` at import: the rest of the suite keeps asyncio's
@@ -406,6 +407,12 @@ def test_token_fields_round_trip_through_the_parquet_archive(
         for name, values in want.items():
             # Equal values (AReaL's masking makes -0.0 of some zeros), and the same dtype.
             assert np.array_equal(np.asarray(row[name], dtype=values.dtype), values), name
+        check_text_ends(
+            orjson.loads(row["messages"]),
+            row["token_ids"],
+            row["text_ends"],
+            lambda ids: hf_tokenizer.decode(ids, clean_up_tokenization_spaces=False),
+        )
         generated = np.asarray(row["loss_mask"]) == 1
         # The row's advantage in metadata is the mean over its generated tokens.
         assert float(np.asarray(row["advantages"])[generated].mean()) == pytest.approx(

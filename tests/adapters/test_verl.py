@@ -36,7 +36,7 @@ from asynctrace.adapters import verl_adapter
 from asynctrace.rollouts import toy_tokenizer
 from asynctrace.rollouts._toy import encode_turns
 from tests.adapters.conftest import moved
-from tests.rollouts._helpers import pad
+from tests.rollouts._helpers import check_text_ends, pad
 
 Turn = tuple[str, str]
 
@@ -280,6 +280,13 @@ def test_token_fields_round_trip_through_the_parquet_archive(tokenizer: Any, tmp
             want = values[r][attention[r]].numpy().astype(dtype)
             assert np.asarray(row[name], dtype=dtype).tobytes() == want.tobytes(), name
         assert np.isnan(row["logprobs"][: int(attention[r, :width].sum())]).all()
+        # Without being asked: where each token's text ends in the messages, for the token page.
+        check_text_ends(
+            orjson.loads(row["messages"]),
+            row["token_ids"],
+            row["text_ends"],
+            lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
+        )
     # to_samples gives the same values as plain lists of numbers.
     for r, sample in enumerate(verl_adapter.to_samples(batch, tokenizer=tokenizer, token_fields=fields)):
         assert sample.tokens is not None and all(isinstance(v, list) for v in sample.tokens.values())

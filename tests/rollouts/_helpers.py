@@ -92,3 +92,14 @@ def padded_batch(
         "loss_mask": pad(masks, width, side),
         "versions": pad(versions, width, side, fill=-1),
     }
+
+
+def check_text_ends(
+    messages: Sequence[dict[str, Any]], token_ids: Sequence[int], ends: Sequence[int], decode: Any
+) -> None:
+    """`ends` (a sample's text_ends) cut its messages joined into each token's text: the text of
+    tokens 0..i is `decode` of them (less the U+FFFD of a character they end inside)."""
+    joined = "".join(m["content"] for m in messages)
+    assert len(ends) == len(token_ids) and ends[-1] == len(joined)
+    for i in range(len(token_ids)):
+        assert joined[: ends[i]] == decode(list(token_ids[: i + 1])).removesuffix("\ufffd"), i

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.anyio
 
 
 def _batch(tokenizer: Any) -> dict[str, Any]:
-    """A real tokenizer's padded batch with per-token log-probs and advantages (NaN and -inf included)."""
+    """A real tokenizer's padded batch with per-token log-probs (two series), entropy (float64, kept
+    as float32) and advantages (NaN and -inf included)."""
     batch = padded_batch(tokenizer, CONVERSATIONS)
     shape = batch["input_ids"].shape
     g = torch.Generator().manual_seed(7)
@@ -37,6 +38,8 @@ def _batch(tokenizer: Any) -> dict[str, Any]:
         "loss_mask": batch["loss_mask"],
         "logprobs": logprobs,
         "advantages": advantages,
+        "ref_logprobs": logprobs + torch.randn(shape, generator=g) * 0.01,
+        "entropy": torch.rand(shape, generator=g, dtype=torch.float64) * 3,
     }
     return batch
 
@@ -44,9 +47,10 @@ def _batch(tokenizer: Any) -> dict[str, Any]:
 def _expected(batch: dict[str, Any], row: int) -> dict[str, np.ndarray]:
     """Row `row`'s arrays over its real tokens, in the dtype each field is kept in."""
     keep = batch["attention_mask"][row]
-    dtypes = {"token_ids": np.int32, "loss_mask": np.int8, "logprobs": np.float32, "advantages": np.float32}
+    dtypes = {"token_ids": np.int32, "loss_mask": np.int8, "text_ends": np.int32}
     return {
-        name: value[row][keep].numpy().astype(dtypes[name]) for name, value in batch["token_fields"].items()
+        name: value[row][keep].numpy().astype(dtypes.get(name, np.float32))
+        for name, value in batch["token_fields"].items()
     }
 
 

@@ -100,10 +100,12 @@ def test_click_from_overview_to_tokens(browser_page: tuple[Any, str]) -> None:
     assert page.locator("section.diff ins").count() > 0
 
     page.locator("a.tokens-link").first.click()
-    page.wait_for_selector("svg.heat")
-    cells = page.locator("svg.heat g.tok").count()
-    assert cells > 0 and page.locator('dd[data-k="tokens"]').inner_text() == str(cells)
-    assert page.locator("svg.heat rect").count() == 3 * cells  # log-prob, advantage and mask bands
+    page.wait_for_selector("div.tk")
+    spans = page.locator("div.tk span.t").count()
+    assert spans > 0 and page.locator('dd[data-k="tokens"]').inner_text() == str(spans)
+    page.locator("p.signals a", has_text="advantages").click()  # coloured by another signal
+    page.locator("p.signals a.on", has_text="advantages").wait_for()
+    assert page.locator("div.tk span.t").count() == spans
 
 
 def test_find_by_id_and_text(browser_page: tuple[Any, str]) -> None:

@@ -92,7 +92,7 @@ def test_pages_with_token_values_wait_for_them(tmp_path: Path) -> None:
     assert waiting.is_alive() and answers == []  # it waits for the token values
     archive.complete_tokens()
     waiting.join(10)
-    assert answers and answers[0] is not None and list(answers[0].token_ids) == [1, 2, 3]
+    assert answers and answers[0] is not None and list(answers[0]["token_ids"]) == [1, 2, 3]
     assert sum(c.has_tokens for c in archive.find(low=0.0, high=1.0)) == 6
 
 
