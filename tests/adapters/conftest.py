@@ -28,11 +28,14 @@ def hook_warnings() -> Iterator[list[str]]:
             seen.append(record.getMessage())
 
     handler = Collect(logging.WARNING)
-    logger.addHandler(handler)
+    # The logger asynctrace logs through at this moment (`logger.logger`: AReaL may have
+    # replaced logging's manager, which makes a new one under the name).
+    target = logger.logger
+    target.addHandler(handler)
     try:
         yield seen
     finally:
-        logger.removeHandler(handler)
+        target.removeHandler(handler)
 
 
 def moved(messages: list[str], where: str, tested: str, *missing: str) -> str:

@@ -187,7 +187,8 @@ def test_to_samples_gives_token_fields_as_plain_lists(hf_tokenizer: Any) -> None
         experiences, tokenizer=hf_tokenizer, samples_per_prompt=N, token_fields=fields
     )
     for sample in samples:
-        assert sample.tokens is not None and set(sample.tokens) == set(fields)
+        # text_ends comes with every decoded row's token fields (for the token page).
+        assert sample.tokens is not None and set(sample.tokens) == {*fields, "text_ends"}
         assert all(isinstance(values, list) for values in sample.tokens.values()), sample.tokens
         p, k = divmod(sample.metadata["rollout_index"], N)
         text = PROMPTS[p] + setup.TOOL.join(SCRIPT[p][k])
