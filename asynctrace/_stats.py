@@ -84,6 +84,9 @@ class SinkStats:
     skipped: Mapping[str, int] = field(default_factory=dict)
     held: int = 0
     metrics_dropped: Mapping[str, int] = field(default_factory=dict)
+    #: Why the sink runs in a documented fallback that keeps fewer of its promises (a `WandbSink`
+    #: that cannot read its run's `.wandb` log, say), or None.
+    degraded: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,8 +23,10 @@ to wandb-core), ``wait_for_log=True`` (each write waits until its rows are in th
 file) and the default (handed over at once, counted written once the file holds them). Every
 50 ms it compares what the session counts written with the rows the `.wandb` file holds.
 Reported: the most rows counted written but not in the file at any time, what was counted
-written when the last training step ended, the seconds the final flush took, and the median
-`log_samples` time.
+written when the last training step ended, the seconds the final flush took, the median
+`log_samples` time, and the longest a 1 ms ticker task on the event loop waited (the trainer's
+own `run.log` calls go to a thread, so that the ticker sees the session's work only; objects
+alive before are frozen out of the garbage collector, whose full passes would show instead).
 
     python benchmarks/bench_wandb_ack.py            # intervals 0.05, 0.2, 1.0; 20 batches each
     python benchmarks/bench_wandb_ack.py --quick    # smoke run
@@ -42,6 +44,7 @@ os.environ["TRACKIO_DIR"] = tempfile.mkdtemp(prefix="asynctrace-bench-")
 
 import argparse
 import atexit
+import gc
 import math
 import shutil
 import statistics
@@ -164,12 +167,24 @@ async def attached(
     sink = at.WandbSink(attach=run, wait_for_log=wait)
     peak = 0
     caller: list[float] = []
+    worst = 0.0
+
+    async def tick() -> None:
+        nonlocal worst
+        last = time.monotonic()
+        while True:
+            await anyio.sleep(0.001)
+            now = time.monotonic()
+            worst, last = max(worst, now - last), now
+
     session = at.TraceSession(
         "bench", run="attached", sinks=[sink], batch_size=64, flush_interval=0.05, health_metrics=False
     )
-    async with session:
+    gc.freeze()
+    async with session, anyio.create_task_group() as ticker:
+        ticker.start_soon(tick)
         for step in range(args.steps):
-            run.log({"trainer/loss": 1.0 / (step + 1)}, step=step)
+            await anyio.to_thread.run_sync(lambda s=step: run.log({"trainer/loss": 1.0 / (s + 1)}, step=s))
             rows = [
                 {"prompt": "q", "response": b["messages"][-1]["content"], "reward": float(i)}
                 for i, b in enumerate(bodies[: args.per_step])
@@ -183,14 +198,22 @@ async def attached(
                 persisted = await anyio.to_thread.run_sync(_persisted_rows, tail, files, seen)
                 peak = max(peak, session.stats().sinks["wandb"].written - persisted)
         at_end = session.stats().written / session.stats().submitted
-        run.log({"trainer/loss": 0.0}, step=args.steps)
+        await anyio.to_thread.run_sync(lambda: run.log({"trainer/loss": 0.0}, step=args.steps))
         t = time.perf_counter()
         flushed = await session.flush(timeout=FLUSH_TIMEOUT)
         flush_s = time.perf_counter() - t if flushed else math.inf
         persisted = await anyio.to_thread.run_sync(_persisted_rows, tail, files, seen)
         peak = max(peak, session.stats().sinks["wandb"].written - persisted)
+        ticker.cancel_scope.cancel()
+    gc.unfreeze()
     await anyio.to_thread.run_sync(run.finish)
-    return {"peak": peak, "at_end": at_end, "flush": flush_s, "caller": statistics.median(caller)}
+    return {
+        "peak": peak,
+        "at_end": at_end,
+        "flush": flush_s,
+        "caller": statistics.median(caller),
+        "tick": worst,
+    }
 
 
 async def main_async(args: argparse.Namespace) -> int:
@@ -227,6 +250,7 @@ async def main_async(args: argparse.Namespace) -> int:
                 f"{r['at_end']:.0%}",
                 f"{r['flush']:.2f}" if math.isfinite(r["flush"]) else f"timed out ({FLUSH_TIMEOUT:g})",
                 f"{r['caller'] * 1e3:.2f}",
+                f"{r['tick'] * 1e3:.0f}",
             ]
         )
     common.print_table(
@@ -236,6 +260,7 @@ async def main_async(args: argparse.Namespace) -> int:
             "written at last step's end",
             "final flush s",
             "log_samples ms",
+            "worst loop tick ms",
         ],
         rows,
     )

@@ -38,8 +38,11 @@ class Buffer(Queue):
         sink_names: Sequence[str],
         clock: Callable[[], float],
         journal: Journal | None = None,
+        degraded: Callable[[], Sequence[str | None]] | None = None,
     ) -> None:
         self.ledger = Ledger(sink_names, journal)
+        # Per sink, why it runs in a fallback (`Sink.degraded`), for the stats snapshots.
+        self.degraded = degraded
         super().__init__(queue_size, max_bytes, on_full, batch_size, clock, self.ledger)
         self.gate = gate
         self.room = Room()
@@ -366,5 +369,7 @@ class Buffer(Queue):
             self.sinks[lane].last_error = error
 
     def snapshot(self) -> SessionStats:
+        # Asked outside the lock: it is the sinks' own state, which they answer at once.
+        degraded = self.degraded() if self.degraded is not None else ()
         with self.lock:
-            return self.ledger.snapshot(self.depth, self.nbytes, self.metrics_dropped)
+            return self.ledger.snapshot(self.depth, self.nbytes, self.metrics_dropped, degraded)

@@ -66,6 +66,6 @@ class ConfirmQueue:
         while self.confirming:
             # Confirmed in order: when the next is held back, so is everything after it.
             head = self.confirming[0][0]
-            if head and self.sink.held_back(head):
+            if head and await self.sink.held_back(head):
                 return
             await self.confirmed.wait(0.2)

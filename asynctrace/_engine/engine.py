@@ -84,6 +84,7 @@ class Engine:
             journal=Journal(self.spool, on_admit=s.durability == "enqueue")
             if self.spool is not None
             else None,
+            degraded=lambda: [sink.degraded for sink in self.sinks],
         )
         encoder = Encoder(
             trace_key=s.trace_key,

@@ -8,7 +8,7 @@ decreasing, as trackers that plot by step (and W&B, which refuses a step lower t
 need.
 
 A metric is logged from the first point it is non-zero on: counters only grow, and a gauge
-(`held`, for now the only one left out while zero) that was ever logged keeps being logged,
+(`held`, `degraded`: the ones left out while zero) that was ever logged keeps being logged,
 its return to 0 included, so a tracker's last point never shows a value `stats()` no longer has.
 """
 
@@ -56,6 +56,8 @@ def health_metrics(stats: SessionStats) -> dict[str, float]:
         m[base + "retries"] = sink.retries
         if sink.held:
             m[base + "held"] = sink.held
+        if sink.degraded is not None:
+            m[base + "degraded"] = 1
         for reason, n in sorted(sink.skipped.items()):
             m[f"{base}skipped/{_part(reason)}"] = n
         for reason, n in sorted(sink.metrics_dropped.items()):

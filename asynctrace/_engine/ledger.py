@@ -178,8 +178,16 @@ class Ledger:
         if self.journal is not None:
             self.journal.resolved(ok, bad, errors)
 
-    def snapshot(self, queue_depth: int, queue_bytes: int, metrics_dropped: int = 0) -> SessionStats:
+    def snapshot(
+        self,
+        queue_depth: int,
+        queue_bytes: int,
+        metrics_dropped: int = 0,
+        degraded: Sequence[str | None] = (),
+    ) -> SessionStats:
+        """The counts now; `degraded` says, per sink, why it runs in a fallback (None: it does not)."""
         dropped = dict(self.dropped)
+        fallbacks = list(degraded) or [None] * len(self.sinks)
         resolved = self.written + self.failed + sum(dropped.values())
         return SessionStats(
             submitted=self.submitted,
@@ -203,8 +211,9 @@ class Ledger:
                     skipped=dict(+s.skipped),
                     held=s.held,
                     metrics_dropped=dict(+s.metrics_dropped),
+                    degraded=why,
                 )
-                for name, s in zip(self.sink_names, self.sinks, strict=True)
+                for name, s, why in zip(self.sink_names, self.sinks, fallbacks, strict=True)
             },
         )
 

@@ -48,10 +48,19 @@ class Sink(abc.ABC):
         """With `confirms_later`: return once `records`, handed over by `write`, are persisted;
         raise when they never will be (they count as failed). Cancelled at `finish()`'s deadline."""
 
-    def held_back(self, records: Sequence[TraceRecord]) -> bool:
+    async def held_back(self, records: Sequence[TraceRecord]) -> bool:
         """With `confirms_later`: True while `records` wait on something only the trainer does
-        (an attached W&B run's next step), so a flush does not wait for their confirmation."""
+        (an attached W&B run's next step), so a flush does not wait for their confirmation.
+        Asked on the event loop while a flush waits: a question to the backend goes off it,
+        with a deadline (no answer in time: False)."""
         return False
+
+    @property
+    def degraded(self) -> str | None:
+        """Why the sink runs in a documented fallback that keeps fewer of its promises (say, it
+        can no longer confirm what it writes), or None. Read from any thread, under the session's
+        lock: return state the sink keeps, at once."""
+        return None
 
     def recovery_args(self) -> dict[str, Any] | None:
         """The keyword arguments that make this sink again, for `asynctrace recover`, or None

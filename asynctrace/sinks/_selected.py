@@ -65,8 +65,12 @@ class Selected(Sink):
     async def confirm(self, records: Sequence[TraceRecord]) -> None:
         await self.sink.confirm(records)
 
-    def held_back(self, records: Sequence[TraceRecord]) -> bool:
-        return self.sink.held_back(records)
+    async def held_back(self, records: Sequence[TraceRecord]) -> bool:
+        return await self.sink.held_back(records)
+
+    @property
+    def degraded(self) -> str | None:
+        return self.sink.degraded
 
     async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         await self.sink.write_metrics(step, metrics)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import logging
 import os
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from .._checks import check_bool, check_type
 from .._records.types import TraceRecord
 from .._runtime import forks
 from .._runtime.abandon import Backlog, run_sync_daemon
-from .._security import check_name, check_text, shown
+from .._security import check_name, check_text, logger, shown
 from ..exceptions import PermanentSinkError
 from ._base import Sink
 from ._trackio_versions import check_trackio_version
@@ -30,7 +29,6 @@ from ._trackio_writer import HEADER, TrackioWriter, WriteItem
 
 __all__ = ["TrackioSink"]
 
-logger = logging.getLogger("asynctrace")
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 

@@ -2,35 +2,27 @@
 
 from __future__ import annotations
 
-import glob
 import importlib.util
 import math
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import anyio
 import orjson
 
 from .._checks import check_bool, check_seconds, check_type, int64_or_none
 from .._records.types import TraceRecord
-from .._runtime.abandon import run_sync_daemon
 from .._security import check_name, check_text, describe, logger
 from ..exceptions import PermanentSinkError
 from ._base import Sink
 from ._guard import Serial
+from ._wandb_ack import Acks
 from ._wandb_txlog import LogTail
 
 __all__ = ["WANDB_COLUMNS", "WandbSink"]
 
 
-# While a write waits for its rows to reach the `.wandb` file: how often the file is read, and
-# how often the service is asked whether it is still there (a killed one never writes them).
-_POLL_FIRST = 0.01
-_POLL_MAX = 0.1
-_PROBE_EVERY = 1.0
 # An attached run that flushes its log less often than this makes every write wait as long.
 _SLOW_FLUSH = 5.0
 
@@ -213,23 +205,17 @@ class WandbSink(Sink):
         self._owns = False
         self._tables: dict[str, Any] = {}
         self._defined: set[str] = set()
-        # Each row logged, by id: its table's key and which of the sink's logs of that key
-        # carried it (1, 2, ...). A retry after an attempt that was given up on (its timeout) but
-        # did land in the end adds nothing twice.
-        self._logged: dict[str, tuple[str, int]] = {}
-        # Per table key, the file W&B stored each of those logs' rows in (its history names it),
-        # and the table files of the key already there before the log.
-        self._files: dict[str, list[str | None]] = {}
-        self._known: dict[str, set[str]] = {}
-        self._tail: LogTail | None = None
         # Attached, by default: writes hand rows over, `confirm` waits for them (see _open_run).
         self._defers = False
-        # The W&B step each of the sink's logs of a key went into (parallel to `_files`).
-        self._steps: dict[str, list[int]] = {}
+        # Rows handed to the trainer's open step and not confirmed yet (for the warning at close).
         self._unconfirmed = 0
+        # The run was finished under the sink (by the trainer): W&B refuses calls on it.
+        self._run_over = False
         # A deadline walks away from a call a stalled W&B service blocks; `_io` keeps the calls
-        # in order on the run.
+        # in order on the run, and every call into wandb goes through it, on a daemon thread.
         self._io = Serial("WandbSink", _permanent)
+        # What W&B has persisted: the run's `.wandb` file, read back (docs/sinks.md).
+        self._acks = Acks(self._io, self._open_step, self._probe)
 
     def recovery_args(self) -> dict[str, Any] | None:
         if self.attach is not False:
@@ -262,8 +248,12 @@ class WandbSink(Sink):
         # hands them over and `confirm` tells the session once the log holds them.
         waits = self._commits() if self.wait_for_log is None else self.wait_for_log
         self._defers = self.wait_for_log is None and not self._commits() and not self._owns
-        if (waits or self._defers) and self._tail is None:
-            self._tail = self._log_tail(self.wandb_run)
+        if (waits or self._defers) and self._acks.tail is None and self._acks.unreadable is None:
+            self._acks.tail = self._log_tail(self.wandb_run)
+            if self._acks.tail is not None:
+                # Reads the header, and loads wandb's Record type: a wandb whose log the reader
+                # does not know is found out now, before any row is handed over.
+                self._acks.tail.poll()
 
     def _start_run(self) -> None:
         wandb = _import_wandb()
@@ -300,9 +290,14 @@ class WandbSink(Sink):
             self.wandb_run = wandb.init(**kwargs)
             self._owns = True
 
-    def _log_tail(self, run: Any) -> LogTail:
+    def _log_tail(self, run: Any) -> LogTail | None:
         settings = run.settings
-        path = getattr(settings, "sync_file", None)
+        if not hasattr(settings, "sync_file"):
+            # A wandb whose settings no longer name the file: what it cannot read, the sink
+            # cannot confirm (Acks.refuse).
+            self._acks.give_up("the run's settings name no sync_file")
+            return None
+        path = settings.sync_file
         if not path or getattr(settings, "x_skip_transaction_log", False):
             raise PermanentSinkError(
                 "this W&B run keeps no .wandb transaction log (mode='disabled' or x_skip_transaction_log): "
@@ -337,9 +332,11 @@ class WandbSink(Sink):
 
     def _write_rows(self, records: Sequence[TraceRecord]) -> None:
         wandb = _import_wandb()
+        book = self._acks.book
+        reads = self._acks.tail is not None
         by_key: dict[str, list[TraceRecord]] = {}
         for r in records:
-            if r.id not in self._logged:
+            if r.id not in book.logged:
                 by_key.setdefault(r.key, []).append(r)
         for key, group in by_key.items():
             name = f"{self.table_prefix}{key}-incr"
@@ -349,46 +346,52 @@ class WandbSink(Sink):
             before = len(table.data)
             for r in group:
                 table.add_data(*record_row(r))
-            if self._tail is not None and name not in self._known:
-                self._known[name] = self._table_files(name)
+            files_dir = Path(self.wandb_run.dir) if reads else None
+            if files_dir is not None:
+                book.before(name, files_dir)
             try:
                 self._log({name: table, self.step_metric: group[-1].step})
             except BaseException:
                 # Not logged: the retry adds these rows again, so they must not stay behind.
                 del table.data[before:]
                 raise
-            files = self._files.setdefault(name, [])
-            files.append(self._new_table_file(name) if self._tail is not None else None)
-            self._steps.setdefault(name, []).append(self.wandb_run.step)
+            # Noted at once: whatever happens to the calls below, a retry logs these rows no more.
+            log = book.add(name, [r.id for r in group])
             if self._defers:
                 self._unconfirmed += len(group)
-            for r in group:
-                self._logged[r.id] = (name, len(files))
+            if files_dir is not None:
+                log.file = book.new_file(name, files_dir)
+                # The step the rows went into, or a later one (a blocking request to wandb-core):
+                # the open step they joined, or, after a log that committed, the one before.
+                step = _step_of(self.wandb_run)
+                log.step = step - 1 if step is not None and self._commits() else step
 
-    def _table_files(self, name: str) -> set[str]:
-        """The table files W&B stored for `name` so far, as its history names them (relative
-        to the run's files directory, where `run.log` copies each one before returning)."""
-        root = Path(self.wandb_run.dir)
-        folder, _, stem = f"media/table/{name}".rpartition("/")
+    def _open_step(self) -> int | None:
+        """The run's open W&B step (a request to wandb-core), or None when it does not say.
+
+        Asked of a finished run, `Run.step` waits 30 s for an answer that never comes, holding
+        up every call behind it: the probe, which W&B refuses at once then, goes first."""
         try:
-            return {
-                p.relative_to(root).as_posix()
-                for p in (root / folder).glob(f"{glob.escape(stem)}_*.table.json")
-            }
-        except OSError:
-            return set()
+            if not self._probe():
+                return None
+        except Exception:  # the service is gone: no step (the wait for rows says so)
+            return None
+        return _step_of(self.wandb_run)
 
-    def _new_table_file(self, name: str) -> str | None:
-        """The file of the increment just logged under `name`; None if it cannot be told apart."""
-        now = self._table_files(name)
-        new = now - self._known[name]
-        self._known[name] = now
-        return new.pop() if len(new) == 1 else None
-
-    def _probe(self) -> None:
-        """A call on the run that fails when its service process is gone (defining a metric
-        again changes nothing)."""
-        self.wandb_run.define_metric(self.step_metric, hidden=True)
+    def _probe(self) -> bool:
+        """Whether the run is still open; raises when its service process is gone."""
+        if self._run_over:
+            return False
+        try:
+            # Defining a metric again changes nothing (it adds a record to the log): W&B
+            # refuses it on a finished run, and fails it when its service process is gone.
+            self.wandb_run.define_metric(self.step_metric, hidden=True)
+        except Exception as exc:
+            if _refused(exc):
+                self._run_over = True
+                return False
+            raise
+        return True
 
     def _close(self) -> None:
         run = self.wandb_run
@@ -419,77 +422,38 @@ class WandbSink(Sink):
         if self.attach is False and (self.project is None or self.run_name is None):
             raise PermanentSinkError("WandbSink needs a project and run (given or from the session)")
         await self._io.run(self._open_run)
+        self._acks.check()  # a log it cannot read, found at open: said now, not at the first write
 
     @property
     def confirms_later(self) -> bool:
         return self._defers
 
+    @property
+    def degraded(self) -> str | None:
+        """Why the sink cannot confirm rows any more (its `.wandb` log cannot be read), or None."""
+        return self._acks.unreadable
+
     async def write(self, records: Sequence[TraceRecord]) -> None:
+        self._acks.refuse()  # rows the sink could not confirm are not handed over
         await self._io.run(self._write_rows, records)
-        if self._tail is not None and not self._defers:
-            await self._persisted(records)
+        if self._acks.tail is not None and not self._defers:
+            await self._acks.persisted(records)
 
     async def confirm(self, records: Sequence[TraceRecord]) -> None:
         """Return once the run's `.wandb` file holds the rows of `records` (attached, by default)."""
-        await self._persisted(records)
-        self._unconfirmed -= sum(1 for r in records if r.id in self._logged)
+        try:
+            await self._acks.persisted(records)
+        except PermanentSinkError:
+            self._unconfirmed -= len(records)
+            raise
+        self._unconfirmed -= len(records)
 
-    def held_back(self, records: Sequence[TraceRecord]) -> bool:
+    async def held_back(self, records: Sequence[TraceRecord]) -> bool:
         """True while the W&B step the rows of `records` went into is still the trainer's open
         one: W&B writes them only when the trainer logs its next step (or finishes the run)."""
-        run = self.wandb_run
-        if run is None or not self._defers:
+        if not self._defers:
             return False
-        try:
-            current = int(run.step)
-        except Exception:  # a finished run: its rows are written, or never will be
-            return False
-        for r in records:
-            logged = self._logged.get(r.id)
-            if logged is not None and self._steps[logged[0]][logged[1] - 1] >= current:
-                return True
-        return False
-
-    async def _persisted(self, records: Sequence[TraceRecord]) -> None:
-        """Return once the run's `.wandb` file holds every row of `records`.
-
-        The wait has no deadline of its own: the session's `attempt_timeout` cancels it, and the
-        retry waits again for the same rows (logged once). A service process that is gone
-        raises `PermanentSinkError`: what it had not written is lost, and counts as failed.
-        """
-        tail = self._tail
-        assert tail is not None  # write() waits only with a log to read
-        need: dict[str, int] = {}
-        for r in records:
-            name, n = self._logged[r.id]
-            if n > need.get(name, 0):
-                need[name] = n
-        pause = _POLL_FIRST
-        probe_at = time.monotonic() + _PROBE_EVERY
-        while True:
-            await run_sync_daemon(tail.poll)
-            if all(self._in_log(tail, name, n) for name, n in need.items()):
-                return
-            if time.monotonic() >= probe_at:
-                # Rows in the trainer's open step are not written until it moves on: no reason
-                # to ask the service (each probe is a request) while they wait for that.
-                if not self.held_back(records):
-                    await self._io.run(self._probe)
-                probe_at = time.monotonic() + _PROBE_EVERY
-            await anyio.sleep(pause)
-            pause = min(pause * 2, _POLL_MAX)
-
-    def _in_log(self, tail: LogTail, name: str, n: int) -> bool:
-        """Whether the `.wandb` file holds the sink's `n`-th log of `name`: its history record,
-        or a later one of the same key (logs of one step that W&B merged keep the last increment,
-        which lists the earlier ones)."""
-        files = self._files[name]
-        if any(f is not None and f in tail.files for f in files[n - 1 :]):
-            return True
-        if files[n - 1] is None:
-            # Its file could not be told apart: the file's increments of the key, counted.
-            return tail.reached.get(name, 0) >= n
-        return False
+        return await self._acks.held_back(records)
 
     async def write_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         data = {**metrics, self.step_metric: step}
@@ -499,12 +463,28 @@ class WandbSink(Sink):
         await self._io.close(self._close)
 
 
+def _step_of(run: Any) -> int | None:
+    """The run's open W&B step; None when W&B does not say (`Run.step` waits up to 30 s for
+    wandb-core, then raises): call it off the event loop."""
+    try:
+        return int(run.step)
+    except Exception:
+        return None
+
+
+def _refused(exc: Exception) -> bool:
+    """Whether `exc` is W&B refusing a call for good (`wandb.errors.UsageError`: the run was
+    finished, an argument is wrong)."""
+    errors = getattr(sys.modules.get("wandb"), "errors", None)
+    usage = getattr(errors, "UsageError", None)
+    return isinstance(usage, type) and isinstance(exc, usage)
+
+
 def _permanent(exc: Exception) -> str | None:
     """Why what W&B raised cannot be fixed by retrying; None when retrying may help."""
     if isinstance(exc, ImportError):
         return describe(exc)
-    wandb = sys.modules.get("wandb")
-    if wandb is not None and isinstance(exc, wandb.errors.UsageError):
+    if _refused(exc):
         # A finished run, a bad argument: the same call fails the same way again.
         return f"W&B refused the call: {describe(exc)}"
     if isinstance(exc, ConnectionError):

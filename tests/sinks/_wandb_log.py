@@ -1,10 +1,12 @@
-"""Reading back what an offline W&B run wrote: its table files, and the history in its `.wandb` log."""
+"""Reading back what an offline W&B run wrote (its table files, the history in its `.wandb` log),
+and writing `.wandb` files of our own to feed the sink's reader."""
 
 from __future__ import annotations
 
 import json
 import struct
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +105,36 @@ def increments(log: Path, key: str = "train/traces-incr") -> int:
                 if list(item.nested_key) == [key, "increment_num"]:
                     reached = max(reached, int(item.value_json) + 1)
     return reached
+
+
+def records(log: Path) -> list[bytes]:
+    """The records of the `.wandb` file `log` (whole ones only), as bytes."""
+    return _records(log)
+
+
+def frame(items: list[bytes | tuple[int, bytes]], header: bytes | None = None) -> bytes:
+    """A `.wandb` file's bytes: `header` (W&B's own by default), then each item: a record
+    (bytes, split across blocks as W&B does) or a raw chunk (its kind, its data), checksummed."""
+    out = bytearray(header if header is not None else b":W&B" + struct.pack("<HB", 0xBEE1, 0))
+
+    def chunk(kind: int, data: bytes) -> None:
+        crc = zlib.crc32(data, zlib.crc32(bytes([kind])))
+        out.extend(struct.pack("<IHB", crc, len(data), kind) + data)
+
+    for item in items:
+        if isinstance(item, tuple):
+            chunk(*item)
+            continue
+        data, first = item, True
+        while True:
+            left = _BLOCK - len(out) % _BLOCK
+            if left < _HEADER:
+                out.extend(b"\0" * left)
+                continue
+            piece, data = data[: left - _HEADER], data[left - _HEADER :]
+            last = not data
+            chunk(_FULL if first and last else _FIRST if first else _LAST if last else _MIDDLE, piece)
+            if last:
+                break
+            first = False
+    return bytes(out)

@@ -14,7 +14,6 @@ from typing import Any
 
 import anyio
 import orjson
-import psutil
 import pytest
 
 import asynctrace as at
@@ -22,32 +21,13 @@ from asynctrace._runtime.lifecycle import finish_bound
 from asynctrace.sinks._wandb import WANDB_COLUMNS
 from tests._util import sample
 from tests.sinks._contract import CONTRACT, Backend, run_contract
+from tests.sinks._wandb_env import SETTINGS as _SETTINGS
+from tests.sinks._wandb_env import offline_wandb, service
 from tests.sinks._wandb_log import history, increments, table_rows
 
 pytestmark = pytest.mark.anyio
 
-_SETTINGS = {"console": "off", "x_disable_stats": True, "x_disable_meta": True, "silent": True}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def offline_wandb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Offline W&B in a scratch directory; one service process for the whole module."""
-    root = tmp_path_factory.mktemp("wandb")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("WANDB_MODE", "offline")
-        mp.setenv("WANDB_DIR", str(root))
-        mp.setenv("WANDB_SILENT", "true")
-        mp.setenv("WANDB_API_KEY", "")
-        import wandb
-
-        wandb.setup()
-        yield root
-
-
-def _service() -> psutil.Process:
-    """The wandb-core service process this process's runs talk to."""
-    (core,) = [p for p in psutil.Process().children(recursive=True) if p.name() == "wandb-core"]
-    return core
+__all__ = ["offline_wandb"]  # the module's fixture
 
 
 def _sink(root: Path, **kwargs: Any) -> at.WandbSink:
@@ -103,7 +83,7 @@ class WandbBackend(Backend):
 
     @contextlib.contextmanager
     def hang(self) -> Iterator[None]:
-        core = _service()
+        core = service()
         os.kill(core.pid, signal.SIGSTOP)
         try:
             yield
@@ -362,7 +342,7 @@ async def test_a_second_sink_on_a_run_waits_for_its_own_rows(offline_wandb: Path
         async with at.TraceSession("p", run="a", sinks=[at.WandbSink(attach=run, commit=True)]) as s:
             await s.log_samples([sample(i) for i in range(4)], step=0)
             assert await s.flush(timeout=30) and s.stats().written == 4
-        core = _service()
+        core = service()
         async with at.TraceSession("p", run="b", sinks=[at.WandbSink(attach=run, commit=True)]) as s:
             os.kill(core.pid, signal.SIGSTOP)
             try:
@@ -380,7 +360,7 @@ async def test_a_stopped_service_bounds_finish_and_the_run_is_finished_after(off
     """With the service stopped, finish returns within its budget and counts nothing logged since
     as written; the close it walked away from finishes the run once the service goes on."""
     sink = _sink(offline_wandb)
-    core = _service()
+    core = service()
     s = at.TraceSession("p", run="stop", sinks=[sink], batch_size=4, finish_timeout=1.0)
     async with s:
         await s.log_samples([sample(i) for i in range(4)], step=0)
