@@ -29,7 +29,7 @@ from ._session import recovery_session
 from ._stats import SessionStats
 from .exceptions import SpoolError
 from .sinks._base import Sink
-from .sinks._parquet import ParquetSink
+from .sinks._parquet import DamagedJournal, ParquetSink
 from .sinks._selected import Selected
 from .sinks._spec import rebuild_sinks
 
@@ -63,6 +63,8 @@ class RecoverReport:
     left: int = 0  # unacknowledged records still in the spool afterwards
     seconds: float = 0.0
     finalized: int = 0  # rows of killed Parquet sinks' journals turned into files
+    # Those journals' damaged lines (their records lost) and journals left as they were
+    damaged_journals: list[DamagedJournal] = field(default_factory=list)
     unmade: list[tuple[str, str]] = field(default_factory=list)  # (sink, why) not made again
 
     @property
@@ -73,7 +75,8 @@ class RecoverReport:
         # Sinks that cannot be made outside the trainer (`unmade`) are told in the summary; the
         # status is about the records reaching the sinks that recover could make.
         delivered = all(g.stats.failed == 0 and g.stats.pending == 0 for g in self.groups)
-        return delivered and not self.left and not self.dead_letters_left and not self.damaged
+        lost = self.damaged or self.damaged_journals
+        return delivered and not self.left and not self.dead_letters_left and not lost
 
     @property
     def replayed(self) -> int:
@@ -111,6 +114,14 @@ class RecoverReport:
             out.append(f"  sink {name!r} cannot be made outside the trainer, so it gets nothing: {why}")
         if self.finalized:
             out.append(f"  {self.finalized} rows of killed Parquet sinks' journals written as Parquet files")
+        for journal in self.damaged_journals:
+            if journal.error is not None:
+                out.append(f"  skipped: {journal.path}: {journal.error} (the journal is left as it is)")
+                continue
+            lines = f"{journal.lines} damaged journal lines skipped (their records are lost)"
+            if journal.lines == 1:
+                lines = "1 damaged journal line skipped (its record is lost)"
+            out.append(f"  {journal.path}: {lines}")
         if self.dead_letters_left:
             out.append(f"  {self.dead_letters_left} dead letters remain (retry them with --dead-letters)")
         if self.seconds > 0 and self.replayed:
@@ -167,7 +178,7 @@ async def recover(
     final = await anyio.to_thread.run_sync(seg.scan_dir, path)
     report.dead_letters_left = final.pending(seg.DEAD)
     report.left = final.pending(seg.SEGMENT)
-    report.finalized = await anyio.to_thread.run_sync(_finish_setups, path, setups, final)
+    await anyio.to_thread.run_sync(_finish_setups, path, setups, final, report)
     return report
 
 
@@ -192,21 +203,25 @@ def _partitions(
     return [(key[0], frozenset(sessions), setup, count[0]) for key, (sessions, setup, count) in ordered]
 
 
-def _finish_setups(directory: Path, setups: dict[str, Setup], final: seg.DirScan) -> int:
-    """Turn the journals of the Parquet sinks each killed session had into files, and remove
-    the setups of sessions nothing is left of; returns the rows the journals held."""
+def _finish_setups(
+    directory: Path, setups: dict[str, Setup], final: seg.DirScan, report: RecoverReport
+) -> None:
+    """Turn the journals of the Parquet sinks each killed session had into files (their rows and
+    damaged lines go to `report`), and remove the setups of sessions nothing is left of (a
+    journal left as it was is something)."""
     left = {f.session for f in final.files if f.usable and f.unresolved}
-    rows = 0
     done: set[str] = set()
     for setup in setups.values():
+        kept = False
         for sink in rebuild_sinks(setup.sinks)[0]:
             inner = sink.sink if isinstance(sink, Selected) else sink
             if isinstance(inner, ParquetSink) and str(inner.directory) not in done:
                 done.add(str(inner.directory))
-                rows += inner.finalize_journals()
-        if setup.session not in left:
+                report.finalized += inner.finalize_journals()
+                report.damaged_journals += inner.damaged_journals
+                kept = kept or any(j.error is not None for j in inner.damaged_journals)
+        if setup.session not in left and not kept:
             remove_setup(directory, setup.session)
-    return rows
 
 
 async def _replay_group(
