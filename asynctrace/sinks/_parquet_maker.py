@@ -226,11 +226,9 @@ class FileMaker:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | CLOEXEC | _NOFOLLOW
         out = os.open(f.temporary, flags, 0o644)
         try:
-            reader = os.open(f.journal.path, os.O_RDONLY | CLOEXEC | _NOFOLLOW)
-            ours, read = os.fstat(f.journal.fd), os.fstat(reader)
-            if (ours.st_dev, ours.st_ino) != (read.st_dev, read.st_ino):
-                os.close(reader)
-                raise RuntimeError(f"ParquetSink: {f.journal.path} is no longer its journal")
+            # The journal as the sink holds it open, not by its name: what the name leads to
+            # (removed, or replaced by another file) is never read as the journal.
+            reader = os.dup(f.journal.fd)
         except BaseException:
             os.close(out)
             raise

@@ -86,6 +86,28 @@ async def test_a_stopped_writer_holds_a_bounded_number_of_journals(tmp_path: Pat
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_journal_removed_under_a_live_sink_still_becomes_its_file(tmp_path: Path) -> None:
+    """A journal whose name is removed while its sink runs (a cleaner, a mistaken `rm`), before
+    the file maker reached it: the sink still makes its file from the journal it holds open."""
+    sink = at.ParquetSink(tmp_path, max_records=5)
+    sink.bind("p", "r")
+    await sink.open()
+    (writer,) = _writer_processes()
+    writer.suspend()  # the maker waits on the first file, the second journal is not read yet
+    try:
+        await sink.write([_record(f"a-{i}") for i in range(5)])
+        await sink.write([_record(f"b-{i}") for i in range(3)])
+        (second,) = [p for p in tmp_path.glob(".*.journal") if p.name.endswith("-00001.journal")]
+        second.unlink()
+    finally:
+        writer.resume()
+    await sink.close()
+    want = [f"a-{i}" for i in range(5)] + [f"b-{i}" for i in range(3)]
+    assert sorted(_ids(tmp_path)) == want
+    assert not _hidden(tmp_path)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_writer_killed_after_the_last_write_still_makes_the_last_file(tmp_path: Path) -> None:
     """The writer process SIGKILLed (as the OOM killer would) after the last write: leaving the
     session still ends the last file, with every written record, and no journal stays."""
@@ -218,34 +240,10 @@ def _uids(archive: Path) -> list[str]:
     return [orjson.loads(m)["uid"] for m in pq.read_table(archive).column("metadata").to_pylist()]
 
 
-def test_recover_skips_damaged_journal_lines_names_the_file_and_exits_1(tmp_path: Path) -> None:
-    """`asynctrace recover` on a spool whose session's journal has damaged lines (not JSON, no
-    sample, a field of the wrong type): the other 97 records become a file, the summary names
-    the journal and the lines lost, and the exit status is 1 (records were lost), not a
-    traceback or "spool unusable"."""
-    archive, spool = tmp_path / "archive", tmp_path / "spool"
-    journal = _killed_after_flush(archive, spool, 100)
-    ids = {orjson.loads(line)["sample"]["metadata"]["uid"]: orjson.loads(line)["id"]
-           for line in journal.read_bytes().splitlines()[1:]}  # fmt: skip
-    _damage(journal, [ids[f"0:{i}"] for i in (10, 50, 90)])
-    result = h.recover(str(spool))
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert "Traceback" not in result.stderr, result.stderr
-    assert f"{journal}: 3 damaged journal lines skipped (their records are lost)" in result.stdout, (
-        result.stdout
-    )
-    assert "97 rows of killed Parquet sinks' journals written as Parquet files" in result.stdout
-    assert sorted(_uids(archive)) == sorted(f"0:{i}" for i in range(100) if i not in (10, 50, 90))
-    assert not _hidden(archive)
-
-
-def test_recover_leaves_alone_the_hidden_files_it_did_not_write(tmp_path: Path) -> None:
-    """A directory a spool's setup names may hold hidden files of other programs named like a
-    journal or a temporary, or a link to a journal elsewhere: `recover` turns only its own dead
-    journal into a file, and reads, converts and deletes none of the others."""
-    archive, spool, elsewhere = tmp_path / "archive", tmp_path / "spool", tmp_path / "elsewhere"
-    _killed_after_flush(archive, spool, 10)
-    # Journal-shaped lines with no journal header: not a journal asynctrace wrote.
+def _foreign_files(archive: Path, elsewhere: Path) -> dict[Path, bytes]:
+    """Plant in `archive` hidden files asynctrace did not write there: journal-shaped lines
+    without a journal header, another program's temporary and text, and a link to a dead sink's
+    journal in `elsewhere`, under the name it has there. What each holds, by path."""
     lines, _ = journal_lines([_record(f"other-{i}") for i in range(3)])
     foreign = {
         archive / ".notes.journal": lines,
@@ -254,21 +252,38 @@ def test_recover_leaves_alone_the_hidden_files_it_did_not_write(tmp_path: Path) 
     }
     for path, data in foreign.items():
         path.write_bytes(data)
-    # A journal asynctrace wrote, of a dead sink, in another directory; linked in under its name.
     sink = at.ParquetSink(elsewhere, stem="outside", process=False)
     anyio.run(sink.open)
     anyio.run(sink.write, [_record(f"out-{i}") for i in range(4)])
     (live,) = elsewhere.glob(".*.journal")
-    copy = tmp_path / live.name
+    copy = elsewhere / "dead.journal"  # what the sink had written, its lock not held
     copy.write_bytes(live.read_bytes())
     anyio.run(sink.close)
     (archive / live.name).symlink_to(copy)
+    return {**foreign, copy: copy.read_bytes()}
 
+
+def test_recover_skips_damaged_journal_lines_and_touches_no_file_it_did_not_write(tmp_path: Path) -> None:
+    """`asynctrace recover` on a spool whose session's journal has damaged lines (not JSON, no
+    sample, a field of the wrong type), in a directory that also holds hidden files of other
+    programs named alike and a link to a journal elsewhere: the other 97 records become a file,
+    the summary names the journal and the lines lost, the exit status is 1 (records were lost,
+    not a traceback or "spool unusable"), and no other file is read, converted or deleted."""
+    archive, spool, elsewhere = tmp_path / "archive", tmp_path / "spool", tmp_path / "elsewhere"
+    journal = _killed_after_flush(archive, spool, 100)
+    ids = {orjson.loads(line)["sample"]["metadata"]["uid"]: orjson.loads(line)["id"]
+           for line in journal.read_bytes().splitlines()[1:]}  # fmt: skip
+    _damage(journal, [ids[f"0:{i}"] for i in (10, 50, 90)])
+    foreign = _foreign_files(archive, elsewhere)
     result = h.recover(str(spool))
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "10 rows of killed Parquet sinks' journals written as Parquet files" in result.stdout
-    assert sorted(_uids(archive)) == sorted(f"0:{i}" for i in range(10))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    said = f"{journal}: 3 damaged journal lines skipped (their records are lost)"
+    assert said in result.stdout, result.stdout
+    assert "97 rows of killed Parquet sinks' journals written as Parquet files" in result.stdout
+    assert sorted(_uids(archive)) == sorted(f"0:{i}" for i in range(100) if i not in (10, 50, 90))
     for path, data in foreign.items():
         assert path.read_bytes() == data, f"{path.name} was touched"
-    assert (archive / live.name).is_symlink() and copy.read_bytes(), "the link or its target was touched"
-    assert os.readlink(archive / live.name) == str(copy)
+    links = [p for p in archive.iterdir() if p.is_symlink()]
+    assert [os.readlink(p) for p in links] == [str(elsewhere / "dead.journal")], "the link was touched"
+    assert sorted(_hidden(archive)) == sorted(p.name for p in [*foreign, *links] if p.parent == archive)
