@@ -115,7 +115,8 @@ class ParquetSink(Sink):
         self.paths: list[Path] = []
         self.duplicates_skipped = 0
         self.recovered = 0
-        # Dead sinks' journals recovery could not take whole (damaged lines, or left as they are).
+        # Journals not taken whole (damaged lines, or left as they are): dead sinks' at recovery,
+        # and its own, once closed.
         self.damaged_journals: list[DamagedJournal] = []
         # This sink's journals whose files are not named yet (each open, locked), oldest first,
         # and the one batches go to now.
@@ -312,6 +313,7 @@ class ParquetSink(Sink):
             if maker is not None:
                 maker.stop()
                 self._reap()
+                self.damaged_journals += maker.damaged  # its own journals' (a disk's damage)
             if self._journals:
                 paths = ", ".join(str(j.path) for j in self._journals)
                 if self._gave_up:

@@ -32,7 +32,7 @@ __all__ = ["FileMaker"]
 _PAUSES = (0.0, 0.2, 1.0)
 # Rows of batch layouts that requests waiting for the maker may hold; past it (the converter far
 # behind) requests go without one, and the converter cuts those lines itself.
-_LAYOUT_ROWS = 200_000
+_LAYOUT_ROWS = 50_000
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
