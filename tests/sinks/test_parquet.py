@@ -32,6 +32,9 @@ from tests._util import sample
 from tests.sinks._contract import CONTRACT, RETRY, Backend, run_contract
 
 pytestmark = pytest.mark.anyio
+# Tests whose work is a child process's or the sink's threads': one event loop is enough (the
+# contract runs on both).
+ONE_BACKEND = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -150,6 +153,7 @@ async def test_duckdb_fetches_whole_rows_with_their_timestamps(tmp_path: Path) -
         )
 
 
+@ONE_BACKEND
 async def test_duckdb_reads_every_record_with_typed_columns(tmp_path: Path) -> None:
     """DuckDB reads the directory back: one row per record under the id other sinks got, typed columns."""
     memory = at.testing.MemorySink("memory")
@@ -185,6 +189,7 @@ async def test_duckdb_reads_every_record_with_typed_columns(tmp_path: Path) -> N
     assert pq.read_schema(_files(tmp_path)[0]) == pq.read_schema(_files(tmp_path)[-1])
 
 
+@ONE_BACKEND
 async def test_files_roll_over_by_records_and_by_bytes(tmp_path: Path) -> None:
     """A file ends at the first batch boundary past max_records or max_bytes; names never collide."""
     by_count = tmp_path / "count"
@@ -231,6 +236,7 @@ def _record(rid: str, *, replayed: bool = False) -> TraceRecord:
     return TraceRecord(rid, 0, "train", "train/traces", payload, time.time(), replayed=replayed)
 
 
+@ONE_BACKEND
 async def test_replayed_records_already_archived_are_skipped(tmp_path: Path) -> None:
     """A record replayed from a spool is written only if no file (or the journal) holds its id yet."""
     first = at.ParquetSink(tmp_path, max_records=4)
@@ -250,6 +256,7 @@ async def test_replayed_records_already_archived_are_skipped(tmp_path: Path) -> 
     assert again.duplicates_skipped == 4
 
 
+@ONE_BACKEND
 async def test_a_full_disk_fails_the_write_without_a_partial_file(tmp_path: Path) -> None:
     """A write the file-size limit refuses (EFBIG, as a full disk's ENOSPC) leaves no file, and the
     retried batch lands once."""
@@ -285,6 +292,7 @@ def _child_until_killed(directory: Path, spool: Path, *, files: int, logged: int
     return seen
 
 
+@ONE_BACKEND
 async def test_sigkill_leaves_only_whole_files_and_a_replay_adds_no_duplicate(tmp_path: Path) -> None:
     """A trainer killed mid-run leaves only complete Parquet files; the next session recovers its
     journal and replays its spool, and the archive then holds every logged sample exactly once."""
@@ -305,6 +313,7 @@ async def test_sigkill_leaves_only_whole_files_and_a_replay_adds_no_duplicate(tm
     assert not [p for p in archive.iterdir() if p.name.startswith(".")], "journal and temporaries are gone"
 
 
+@ONE_BACKEND
 async def test_a_killed_sinks_journal_becomes_a_file(tmp_path: Path) -> None:
     """Records a killed sink had counted as written (in its journal, no file yet) are in the archive
     once the next sink opens the directory."""
@@ -319,6 +328,7 @@ async def test_a_killed_sinks_journal_becomes_a_file(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".*"))
 
 
+@ONE_BACKEND
 async def test_a_live_sinks_journal_is_not_taken(tmp_path: Path) -> None:
     """A second sink in the same directory leaves a running sink's journal alone."""
     first = at.ParquetSink(tmp_path, max_records=100)
@@ -463,6 +473,7 @@ def _writer_processes() -> list[psutil.Process]:
     return found
 
 
+@ONE_BACKEND
 async def test_a_killed_writer_process_is_replaced_without_loss(tmp_path: Path) -> None:
     """The writer process killed mid-run (as the OOM killer would): the writes do not notice (the
     journal holds them), and a new writer process makes the open file again from the journal;
@@ -485,6 +496,7 @@ async def test_a_killed_writer_process_is_replaced_without_loss(tmp_path: Path) 
     assert not _writer_processes(), "the writer process ends with its sink"
 
 
+@ONE_BACKEND
 async def test_one_large_batch_reaches_the_writer_process_whole(tmp_path: Path) -> None:
     """A batch whose layout is larger than the socket's buffer (30 000 records) lands whole."""
     sink = at.ParquetSink(tmp_path, stem="large")

@@ -145,7 +145,7 @@ async def _sessions_at_once(directory: Path, count: int, process: bool) -> list[
 async def test_sessions_opening_on_one_directory_at_once_keep_every_record(tmp_path: Path) -> None:
     """Sixteen sessions (ranks) opening ParquetSinks on one archive directory at once, round after
     round: no sink takes another's journal or refuses to open, and every record is archived once."""
-    rounds, count = 6, 16
+    rounds, count = 8, 16
     for r in range(rounds):
         stats = await _sessions_at_once(tmp_path, count, process=False)
         failed = [st.summary() for st in stats if not (st.check() and st.written == 5 and st.failed == 0)]
