@@ -39,7 +39,7 @@ from ._stats import SessionStats
 from .exceptions import SpoolError
 from .sinks._base import Sink
 from .sinks._kinds import KINDS
-from .sinks._parquet import ParquetSink
+from .sinks._parquet import DamagedJournal, ParquetSink
 from .sinks._selected import Selected
 from .sinks._spec import Maker, SinkNote, rebuild_sinks
 
@@ -98,6 +98,8 @@ class RecoverReport:
     unfinished: list[tuple[str, str]] = field(default_factory=list)
     unused: list[str] = field(default_factory=list)  # factories passed for sinks no setup names
     error: str | None = None  # why recover stopped before the end (the command line's)
+    # Archives' journals with damaged lines (their records lost) and journals left as they were.
+    damaged_journals: list[DamagedJournal] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -108,7 +110,8 @@ class RecoverReport:
         # status is about the records reaching the sinks that recover could make.
         delivered = all(g.stats.failed == 0 and g.stats.pending == 0 for g in self.groups)
         whole = not self.held and not self.unfinished and self.error is None
-        return delivered and whole and not self.left and not self.dead_letters_left and not self.damaged
+        lost = self.damaged or self.damaged_journals
+        return delivered and whole and not self.left and not self.dead_letters_left and not lost
 
     @property
     def replayed(self) -> int:
@@ -136,6 +139,14 @@ class RecoverReport:
             out.append(f"  sinks passed that no setup names: {', '.join(shown(n) for n in self.unused)}")
         if self.finalized:
             out.append(f"  {self.finalized} rows of killed Parquet sinks' journals written as Parquet files")
+        for journal in self.damaged_journals:
+            if journal.error is not None:
+                out.append(f"  skipped: {journal.path}: {journal.error} (the journal is left as it is)")
+                continue
+            lines = f"{journal.lines} damaged journal lines skipped (their records are lost)"
+            if journal.lines == 1:
+                lines = "1 damaged journal line skipped (its record is lost)"
+            out.append(f"  {journal.path}: {lines}")
         if self.dead_letters_left:
             out.append(f"  {self.dead_letters_left} dead letters remain (retry them with --dead-letters)")
         if self.seconds > 0 and self.replayed:
@@ -319,9 +330,7 @@ async def _recover_into(
         final = await anyio.to_thread.run_sync(seg.scan_dir, path)
         report.dead_letters_left = final.pending(seg.DEAD)
         report.left = final.pending(seg.SEGMENT)
-        report.finalized = await anyio.to_thread.run_sync(
-            _finish_setups, path, found.setups, final, report.unfinished
-        )
+        await anyio.to_thread.run_sync(_finish_setups, path, found.setups, final, report)
     finally:
         held.unlock()
 
@@ -369,13 +378,13 @@ def _partitions(scan: seg.DirScan, found: SetupFiles, dead_letters: bool) -> lis
 
 
 def _finish_setups(
-    directory: Path, setups: dict[str, Setup], final: seg.DirScan, unfinished: list[tuple[str, str]]
-) -> int:
-    """Turn the journals of the Parquet sinks each killed session had into files, and remove
-    the setups of sessions nothing is left of; returns the rows the journals held. An archive
-    whose journals cannot be turned into files goes to `unfinished`, and keeps its setup."""
+    directory: Path, setups: dict[str, Setup], final: seg.DirScan, report: RecoverReport
+) -> None:
+    """Turn the journals of the Parquet sinks each killed session had into files (their rows and
+    damaged lines go to `report`), and remove the setups of sessions nothing is left of. An
+    archive whose journals cannot all be turned into files goes to `report.unfinished` (or its
+    `damaged_journals`), and keeps its setup, so that a later recover tries again."""
     left = {f.session for f in final.files if f.usable and f.unresolved}
-    rows = 0
     done: dict[str, bool] = {}  # archive directory -> its journals are files now
     for setup in setups.values():
         whole = True
@@ -384,17 +393,19 @@ def _finish_setups(
             if isinstance(inner, ParquetSink) and str(inner.directory) not in done:
                 done[str(inner.directory)] = True
                 try:
-                    rows += inner.finalize_journals()
+                    report.finalized += inner.finalize_journals()
                 except Exception as exc:  # a journal it cannot read must not end the recovery
                     done[str(inner.directory)] = False
-                    unfinished.append(
+                    report.unfinished.append(
                         (str(inner.directory), f"its journals were not turned into files: {describe(exc)}")
                     )
+                report.damaged_journals += inner.damaged_journals
+                if any(j.error is not None for j in inner.damaged_journals):
+                    done[str(inner.directory)] = False
             if isinstance(inner, ParquetSink):
                 whole = whole and done[str(inner.directory)]
         if setup.session not in left and whole:
             remove_setup(directory, setup.session)
-    return rows
 
 
 async def _replay_group(

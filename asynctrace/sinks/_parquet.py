@@ -1,8 +1,10 @@
 """ParquetSink: a directory of zstd-compressed Parquet files, one schema, each file complete or absent.
 
-Writes go to a journal first; a writer process (`_parquet_worker`) turns it into the open file's
-row groups as batches arrive, and the file gets its name at a size bound; the next sink turns a
-killed one's journal into a file. The schema and the file life cycle: docs/sinks.md.
+A write appends its records to the journal of the file being filled (the commit point); the
+sink's file maker (`_parquet_maker`) turns each journal into its file, off the write path, with
+a writer process (`_parquet_worker`) doing the conversion. The next sink, or recovery, turns a
+killed one's journals into files (`_parquet_recovery`). The schema and the file life cycle:
+docs/sinks.md.
 """
 
 from __future__ import annotations
@@ -10,20 +12,14 @@ from __future__ import annotations
 import contextlib
 import datetime
 import errno
-import glob
 import importlib.util
 import os
 import re
-import select
-import socket
-import subprocess
 import sys
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
-
-import orjson
 
 from .._checks import check_bool, check_int
 from .._records.types import TraceRecord
@@ -34,25 +30,22 @@ from ..exceptions import PermanentSinkError
 from ._appends import write_all
 from ._base import Sink
 from ._guard import Guard
-from ._parquet_file import FileConverter, journal_ids
+from ._parquet_file import journal_ids
+from ._parquet_journal import DamagedJournal, Journal, JournalName, create, fsync_dir, next_index
+from ._parquet_maker import FileMaker
+from ._parquet_recovery import recover_journals
 from ._parquet_rows import journal_parts, pyarrow, schema
 
-try:  # POSIX; elsewhere a journal is recovered only once its writer is gone for good
-    import fcntl
-except ImportError:  # pragma: no cover
-    fcntl = None  # type: ignore[assignment]
-
-__all__ = ["ParquetSink", "schema"]
+__all__ = ["DamagedJournal", "ParquetSink", "schema"]
 
 _SUFFIX = ".parquet"
-_JOURNAL = ".journal"
 _STEM = re.compile(r"[^A-Za-z0-9._-]+")
 # Errors of the output path itself that no retry fixes: a file where the directory should be.
 _PERMANENT = (errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENAMETOOLONG, errno.ELOOP)
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-# Seconds a closing sink waits for its writer process to exit before it kills it.
-_EXIT_WAIT = 10.0
-# What a close given up on leaves (the journal's path).
+# Journals waiting for the file maker, at most: while it is that far behind (a writer process
+# stopped or slow), the open file grows past its bounds instead of a new journal being opened.
+_WAITING = 16
+# What a close given up on leaves.
 _LEFT = "records not in a file by then stay in {} for the next ParquetSink there or `asynctrace recover`"
 
 
@@ -64,198 +57,6 @@ def _has_pyarrow() -> None:
         found = "pyarrow" in sys.modules and sys.modules["pyarrow"] is not None
     if not found:
         raise ImportError('ParquetSink needs pyarrow: pip install "asynctrace[parquet]"')
-
-
-class _InThread:
-    """Converts in the sink's own thread (``process=False``)."""
-
-    def __init__(self, compression_level: int | None) -> None:
-        self._converter = FileConverter(compression_level)
-
-    def start(self, out: int, journal: int, offset: int) -> None:
-        self._converter.start(out, journal, offset)
-
-    def append(self, start: int, end: int, layout: dict[str, Any] | None) -> None:
-        self._converter.append(end, layout=layout, start=start)
-
-    def finish(self) -> int:
-        return self._converter.finish()
-
-    def ready(self) -> None:
-        pyarrow()  # imported now rather than at the first row group
-
-    def check(self) -> None:
-        pass  # every call finished before it returned
-
-    def reset(self) -> None:
-        self._converter.reset()
-
-    def close(self) -> None:
-        self._converter.reset()
-
-    def stop(self) -> str:
-        # Its work is the sink's own thread's: bounded by the journal, waiting on no one.
-        return "its thread goes on with the file"
-
-    def forget(self) -> None:
-        pass  # it holds no lock and keeps no other process waiting
-
-
-def _worker_env() -> dict[str, str]:
-    """The trainer's environment, with numpy's BLAS on one thread: the writer process does no
-    linear algebra, and OpenBLAS's idle threads spin on the cores the trainer uses."""
-    env = dict(os.environ)
-    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        env.setdefault(name, "1")
-    return env
-
-
-class _WriterGone(RuntimeError):
-    """The writer process exited (killed, out of memory): the next write starts another."""
-
-
-class _WriterProcess:
-    """The writer process's client. Requests are sent without waiting: the process answers each in
-    order, and the sink reads the answers when it must know (a file's end) or at the next batch,
-    where an earlier batch's failure fails that one (its records stay in the journal)."""
-
-    def __init__(self, compression_level: int | None) -> None:
-        ours, theirs = socket.socketpair()
-        try:
-            self._process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "asynctrace.sinks._parquet_worker",
-                    str(theirs.fileno()),
-                    "none" if compression_level is None else str(compression_level),
-                ],
-                stdin=subprocess.DEVNULL,
-                pass_fds=[theirs.fileno()],
-                env=_worker_env(),
-            )
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        self._socket = ours
-        self._received = b""
-        self._outstanding = 1  # the process says it is ready
-        self._failure: Exception | None = None
-        self._last: dict[str, Any] = {}
-
-    def _gone(self) -> _WriterGone:
-        return _WriterGone(f"ParquetSink: its writer process exited (status {self._process.poll()})")
-
-    def _send(self, request: dict[str, Any], fds: Sequence[int] = ()) -> None:
-        data = orjson.dumps(request) + b"\n"
-        try:
-            sent = socket.send_fds(self._socket, [data], list(fds))
-            if sent < len(data):  # a large layout, cut short: the descriptors went with its start
-                self._socket.sendall(data[sent:])
-        except (BrokenPipeError, ConnectionResetError):
-            raise self._gone() from None
-        self._outstanding += 1
-
-    def _drain(self, wait: bool) -> None:
-        """Read the answers that are there (all of them, with `wait`)."""
-        while self._outstanding:
-            if not wait and not select.select([self._socket], [], [], 0)[0]:
-                return
-            try:
-                data = self._socket.recv(65536)
-            except ConnectionResetError:
-                data = b""
-            if not data:
-                raise self._gone()
-            *lines, self._received = (self._received + data).split(b"\n")
-            for line in lines:
-                self._outstanding -= 1
-                reply = orjson.loads(line)
-                self._last = reply
-                if not reply["ok"] and self._failure is None:
-                    error = f"ParquetSink writer process: {reply['error']}"
-                    code = reply.get("errno")
-                    self._failure = OSError(code, error) if code is not None else RuntimeError(error)
-
-    def ready(self) -> None:
-        """Wait until the process has started (pyarrow imported)."""
-        self._drain(wait=True)
-
-    def check(self) -> None:
-        """Raise the failure the process reported since the last check, if any."""
-        self._drain(wait=False)
-        failure, self._failure = self._failure, None
-        if failure is not None:
-            raise failure
-
-    def start(self, out: int, journal: int, offset: int) -> None:
-        try:
-            self._send({"op": "start", "offset": offset}, [out, journal])
-        finally:
-            # The process holds its own copies now.
-            os.close(out)
-            os.close(journal)
-
-    def append(self, start: int, end: int, layout: dict[str, Any] | None) -> None:
-        self._send({"op": "append", "start": start, "end": end, "layout": layout})
-
-    def finish(self) -> int:
-        self._send({"op": "finish"})
-        self._drain(wait=True)
-        self.check()
-        return int(self._last["rows"])
-
-    def reset(self) -> None:
-        self._send({"op": "reset"})
-        self._drain(wait=True)
-        self._failure = None  # what failed is dropped with the file
-
-    def stop(self) -> str:
-        """Kill the process (from any thread): a call waiting on it fails at once."""
-        with contextlib.suppress(OSError):
-            self._process.kill()
-        return "its writer process is killed"
-
-    def forget(self) -> None:
-        """In a forked child: close the child's copy of the socket (the parent's stays connected)."""
-        self._socket.close()
-
-    def close(self) -> None:
-        """End of input: the process exits; killed when it does not in time."""
-        with contextlib.suppress(OSError):
-            self._socket.shutdown(socket.SHUT_RDWR)
-        self._socket.close()
-        try:
-            self._process.wait(_EXIT_WAIT)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
-
-
-_Converter = _InThread | _WriterProcess
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _whole_lines(fd: int) -> int:
-    """Where a journal's last whole line ends (a kill may have cut the last one short)."""
-    end = os.lseek(fd, 0, os.SEEK_END)
-    step = 2**16
-    while end > 0:
-        start = max(0, end - step)
-        cut = os.pread(fd, end - start, start).rfind(b"\n")
-        if cut >= 0:
-            return start + cut + 1
-        end = start
-    return 0
 
 
 def _unique_stem(run: str) -> str:
@@ -276,7 +77,7 @@ class ParquetSink(Sink):
     A file (``<stem>-<n>.parquet``) is rolled over at the first batch boundary once it holds
     `max_records` records or `max_bytes` bytes of encoded samples (see docs/sinks.md). With
     `process` (the default) a writer process builds the file's row groups; with
-    ``process=False`` the sink's own thread does.
+    ``process=False`` a thread of the sink's own does.
     """
 
     def __init__(
@@ -314,22 +115,22 @@ class ParquetSink(Sink):
         self.paths: list[Path] = []
         self.duplicates_skipped = 0
         self.recovered = 0
-        # Records (and their encoded bytes) in the journal since the last file, from byte `_base`
-        # on (0 unless a journal could not be cut back after a file was named).
-        self._count = 0
-        self._bytes = 0
-        self._base = 0
-        self._journal: int | None = None  # the journal's descriptor, opened for appending
-        self._converter: _Converter | None = None
-        self._temporary: Path | None = None  # the file being written, under its temporary name
+        # Journals not taken whole (damaged lines, or left as they are): dead sinks' at recovery,
+        # and its own, once closed.
+        self.damaged_journals: list[DamagedJournal] = []
+        # This sink's journals whose files are not named yet (each open, locked), oldest first,
+        # and the one batches go to now.
+        self._journals: list[Journal] = []
+        self._current: Journal | None = None
+        self._maker: FileMaker | None = None
         self._next_index = 0
         self._known: set[str] | None = None
-        # Given up on while the sink closed: the journal keeps any rows a failed last roll could
-        # not write (the next sink recovers them), so any error of that release is dropped.
-        self._guarded = Guard("ParquetSink", self._close_journal, Exception)
+        # Given up on while the sink closed: the journals keep what is not in a file (the next
+        # sink recovers them), so any error of that release is dropped.
+        self._guarded = Guard("ParquetSink", self._release, Exception)
         self._backlog = Backlog("ParquetSink")
-        self._released = False  # the journal's descriptor closed, by close or the last call out
-        self._gave_up = False  # close was given up on: the journal is left for recovery
+        self._released = False  # the journals closed, by close or the last call out
+        self._gave_up = False  # close was given up on: the journals are left for recovery
 
     def bind(self, project: str, run: str) -> None:
         if self.stem is None:
@@ -347,57 +148,118 @@ class ParquetSink(Sink):
 
     def finalize_journals(self) -> int:
         """Turn the journals that killed sinks left in the directory into Parquet files, as
-        opening a sink there does; returns how many rows they held. A live sink's is left alone."""
+        opening a sink there does; returns how many rows they held (damaged lines skipped are
+        in `damaged_journals`). A live sink's is left alone."""
         if not self.directory.is_dir():
             return 0
         before = self.recovered
-        self._recover()
+        self._recover(own=None)
         return self.recovered - before
 
     # -- files -------------------------------------------------------------------------------
 
-    def _existing(self, stem: str) -> list[Path]:
-        pattern = re.compile(rf"{re.escape(stem)}-(\d{{5,}}){re.escape(_SUFFIX)}")
-        return sorted(p for p in self.directory.iterdir() if pattern.fullmatch(p.name))
+    def _recover(self, own: str | None) -> None:
+        """Turn the journals of sinks that are gone (killed) into files; a live sink's is locked
+        (with the stem `own`: a `PermanentSinkError`, two sinks cannot share it)."""
+        found = recover_journals(self.directory, self.compression_level, own)
+        self.recovered += found.rows
+        self.damaged_journals += found.damaged
 
-    def _final(self, stem: str, index: int) -> Path:
-        return self.directory / f"{stem}-{index:05d}{_SUFFIX}"
-
-    def _create(self, final: Path) -> tuple[Path, int]:
-        temporary = final.with_name(f".{final.name}.tmp")
-        return temporary, os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _CLOEXEC, 0o644)
-
-    def _journal_to_file(self, stem: str, journal: Path, existing: list[Path]) -> int:
-        """A dead sink's journal (or this stem's own, from a killed run) as one more file of
-        `stem`, in this thread, a row group at a time; the records a file holds already are left
-        out (a kill between a file's naming and the journal's reset leaves them in both)."""
-        stored = self._ids_in(existing)
-        index = max((int(p.name[len(stem) + 1 : -len(_SUFFIX)]) for p in existing), default=-1) + 1
-        final = self._final(stem, index)
-        reader = os.open(journal, os.O_RDONLY | _CLOEXEC)
-        converter = FileConverter(self.compression_level)
+    def _open_once(self) -> None:
+        if self._maker is not None:
+            return
+        if self._released:
+            raise RuntimeError("ParquetSink is closed")
+        if self.stem is None:
+            self.stem = _unique_stem("run")
         try:
-            end = _whole_lines(reader)
-            temporary, out = self._create(final)
-        except BaseException:
-            os.close(reader)
-            raise
-        try:
-            converter.start(out, reader)
-            converter.append(end, skip=stored)
-            rows = converter.finish()
-            if rows:
-                os.replace(temporary, final)
-                _fsync_dir(self.directory)
-        finally:
-            converter.reset()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temporary)
-        return rows
+            self.directory.mkdir(parents=True, exist_ok=True)
+            if not self.directory.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(self.directory))
+            self._recover(own=self.stem)
+            self._next_index = next_index(self.directory, self.stem)
+            # Started now: a sink that is open is ready to write at full speed. Held before it
+            # is ready, so that a close given up on can kill a writer process that never is.
+            maker = self._maker = FileMaker(
+                self.directory, self.stem, self.compression_level, self.process, self.paths
+            )
+            try:
+                maker.start()
+            except BaseException:
+                self._maker = None
+                maker.stop()
+                raise
+            forks.hold(self, self._after_fork_in_child)
+        except OSError as exc:
+            raise _permanent(exc, self.directory) or exc from exc
 
-    def _ids_in(self, paths: Iterable[Path], prefixes: set[str] | None = None) -> set[str]:
-        if not paths:
-            return set()
+    def _journal(self) -> Journal:
+        """The journal batches go to now: a new one (locked, its header written) after a file's end."""
+        if self._current is not None:
+            return self._current
+        assert self.stem is not None
+        try:
+            journal = create(self.directory, JournalName(self.stem, self._next_index))
+        except FileExistsError:
+            raise PermanentSinkError(
+                f"ParquetSink: another sink writes with stem {self.stem!r} in {self.directory}"
+            ) from None
+        self._next_index += 1
+        self._journals.append(journal)
+        self._current = journal
+        if self.fsync:  # the journal's name too, before a record in it counts as written
+            fsync_dir(self.directory)
+        return journal
+
+    def _reap(self) -> None:
+        """Close the journals whose files the maker has named (their names are gone already)."""
+        if self._maker is None:
+            return
+        done = self._maker.take_done()
+        for journal in done:
+            os.close(journal.fd)
+        if done:
+            self._journals = [j for j in self._journals if j not in done]
+
+    def _write(self, records: Sequence[TraceRecord]) -> None:
+        maker = self._maker
+        if maker is None:
+            raise RuntimeError("ParquetSink is not open")
+        self._reap()
+        if any(r.replayed for r in records):
+            records = self._unseen(records)
+            if not records:
+                return
+        parts, layout = journal_parts(records)
+        try:
+            journal = self._journal()
+            start = journal.end
+            if os.lseek(journal.fd, 0, os.SEEK_END) != start:  # an earlier cut back failed
+                os.ftruncate(journal.fd, start)
+            try:
+                write_all(journal.fd, parts)
+                if self.fsync:
+                    os.fsync(journal.fd)
+            except BaseException:
+                # Nothing of this batch may stay behind: the retry writes it again.
+                with contextlib.suppress(OSError):
+                    os.ftruncate(journal.fd, start)
+                raise
+        except OSError as exc:
+            raise _permanent(exc, self.directory) or exc from exc
+        # Written: the journal holds the batch. What follows never fails or waits.
+        journal.end = start + sum(map(len, parts))
+        journal.count += len(records)
+        journal.nbytes += sum(layout["sizes"])
+        maker.append(journal, start, journal.end, layout)
+        full = journal.count >= self.max_records or journal.nbytes >= self.max_bytes
+        if full and len(self._journals) <= _WAITING:
+            maker.finish(journal)
+            self._current = None
+        if self._known is not None:
+            self._known.update(r.id for r in records)
+
+    def _ids_in(self, paths: Iterable[Path], prefixes: set[str]) -> set[str]:
         pa = pyarrow()
         import pyarrow.compute as pc
 
@@ -407,185 +269,23 @@ class ParquetSink(Sink):
                 column = pa.parquet.read_table(path, columns=["id"]).column("id")
             except (OSError, KeyError, pa.lib.ArrowException):
                 continue  # not one of ours (another schema, or not Parquet): it holds none of our ids
-            if prefixes is not None:
-                keep = None
-                for prefix in prefixes:
-                    hit = pc.starts_with(column, prefix + "-")
-                    keep = hit if keep is None else pc.or_(keep, hit)
-                if keep is not None:
-                    column = column.filter(keep)
+            keep = None
+            for prefix in prefixes:
+                hit = pc.starts_with(column, prefix + "-")
+                keep = hit if keep is None else pc.or_(keep, hit)
+            if keep is not None:
+                column = column.filter(keep)
             ids.update(column.to_pylist())
         return ids
-
-    def _recover(self) -> None:
-        """Turn the journals of sinks that are gone (killed) into files; a live sink's is locked."""
-        for journal in sorted(self.directory.glob(f".*{_JOURNAL}")):
-            stem = journal.name[1 : -len(_JOURNAL)]
-            if stem == self.stem or not journal.is_file():
-                continue
-            try:
-                f = open(journal, "rb+")  # noqa: SIM115 - closed below
-            except FileNotFoundError:
-                continue
-            with f:
-                if fcntl is not None:
-                    try:
-                        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    except BlockingIOError:
-                        continue  # its sink is still running
-                self.recovered += self._journal_to_file(stem, journal, self._existing(stem))
-                # A file the kill cut short never got its final name: only its temporary goes.
-                for temporary in self.directory.glob(f".{glob.escape(stem)}-*{_SUFFIX}.tmp"):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(temporary)
-                os.unlink(journal)
-
-    def _open_once(self) -> None:
-        if self._journal is not None:
-            return
-        if self.stem is None:
-            self.stem = _unique_stem("run")
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            if not self.directory.is_dir():
-                raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(self.directory))
-            self._recover()
-            path = self.directory / f".{self.stem}{_JOURNAL}"
-            # Unbuffered: a failed append leaves nothing in a buffer to be written later, and
-            # cutting the file back undoes it.
-            journal = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _CLOEXEC, 0o644)
-            try:
-                if fcntl is not None:
-                    try:
-                        fcntl.flock(journal, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    except BlockingIOError:
-                        raise PermanentSinkError(
-                            f"ParquetSink: another sink writes with stem {self.stem!r} in {self.directory}"
-                        ) from None
-                if os.lseek(journal, 0, os.SEEK_END):
-                    # This stem's own journal from a killed run (a fixed stem): a file first.
-                    self.recovered += self._journal_to_file(self.stem, path, self._existing(self.stem))
-                    os.ftruncate(journal, 0)
-                existing = self._existing(self.stem)
-                if existing:
-                    self._next_index = int(existing[-1].name[len(self.stem) + 1 : -len(_SUFFIX)]) + 1
-                if self._converter is None:
-                    # Started now: a sink that is open is ready to write at full speed.
-                    self._converter = self._new_converter()
-                    self._converter.ready()
-            except BaseException:
-                os.close(journal)
-                raise
-            self._journal = journal
-            forks.hold(self, self._after_fork_in_child)
-        except OSError as exc:
-            raise _permanent(exc, self.directory) or exc from exc
-
-    def _new_converter(self) -> _Converter:
-        if self.process and hasattr(socket, "send_fds"):
-            return _WriterProcess(self.compression_level)
-        return _InThread(self.compression_level)
-
-    def _convert(self, start: int, end: int, layout: dict[str, Any] | None) -> None:
-        """The journal's lines up to `end` into the open file, which is started first if need be
-        (`layout`: that of the batch written from `start` on, if known)."""
-        assert self.stem is not None
-        if self._converter is None:
-            self._converter = self._new_converter()
-        if self._temporary is None:
-            temporary, out = self._create(self._final(self.stem, self._next_index))
-            self._temporary = temporary
-            try:
-                reader = os.open(self.directory / f".{self.stem}{_JOURNAL}", os.O_RDONLY | _CLOEXEC)
-            except BaseException:
-                os.close(out)
-                raise
-            self._converter.start(out, reader, self._base)
-        self._converter.append(start, end, layout)
-        # An earlier batch's conversion that failed fails this one: the file starts again.
-        self._converter.check()
-
-    def _discard(self) -> None:
-        """Drop the file being written (its records stay in the journal, to be converted again)."""
-        temporary, self._temporary = self._temporary, None
-        converter = self._converter
-        if converter is not None:
-            try:
-                converter.reset()
-            except Exception:
-                # A writer process that cannot answer is replaced by a fresh one.
-                self._converter = None
-                with contextlib.suppress(Exception):
-                    converter.close()
-        if temporary is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-
-    def _roll(self) -> None:
-        """Close the open file and give it its name: the commit point of its records."""
-        assert self.stem is not None and self._converter is not None and self._temporary is not None
-        rows = self._converter.finish()
-        if rows != self._count:
-            raise RuntimeError(f"ParquetSink: the file holds {rows} records, the journal {self._count}")
-        final = self._final(self.stem, self._next_index)
-        os.replace(self._temporary, final)
-        self._temporary = None
-        self._next_index += 1
-        self.paths.append(final)
-        self._count = self._bytes = 0
-        # The records are in a named file now: nothing below may fail the batch, or its retry
-        # would write them twice. A kill before the journal's reset is undone by recovery's id
-        # check; a reset that fails moves the next file's start past them.
-        journal = self._journal
-        try:
-            _fsync_dir(self.directory)
-            if journal is not None:
-                os.ftruncate(journal, 0)
-                self._base = 0
-        except OSError:
-            if journal is not None:
-                self._base = os.lseek(journal, 0, os.SEEK_END)
-
-    def _write(self, records: Sequence[TraceRecord]) -> None:
-        journal = self._journal
-        if journal is None:
-            raise RuntimeError("ParquetSink is not open")
-        if any(r.replayed for r in records):
-            records = self._unseen(records)
-            if not records:
-                return
-        parts, layout = journal_parts(records)
-        length = sum(map(len, parts))
-        start = os.lseek(journal, 0, os.SEEK_END)
-        count, size = self._count, self._bytes
-        try:
-            write_all(journal, parts)
-            if self.fsync:
-                os.fsync(journal)
-            self._count += len(records)
-            self._bytes += sum(layout["sizes"])
-            self._convert(start, start + length, layout)
-            if self._count >= self.max_records or self._bytes >= self.max_bytes:
-                self._roll()
-        except BaseException as exc:
-            # Nothing of this batch may stay behind: the retry writes it again. The file being
-            # written may hold some of it: it is started again from the journal.
-            self._count, self._bytes = count, size
-            self._discard()
-            with contextlib.suppress(OSError):
-                os.ftruncate(journal, start)
-            if isinstance(exc, OSError):
-                raise _permanent(exc, self.directory) or exc from exc
-            raise
-        if self._known is not None:
-            self._known.update(r.id for r in records)
 
     def _unseen(self, records: Sequence[TraceRecord]) -> list[TraceRecord]:
         """Replayed records that no file or journal here holds yet (a spool replays what a kill cut off)."""
         if self._known is None:
             prefixes = {r.id.rpartition("-")[0] for r in records if r.replayed}
+            # The journals first: a file named meanwhile holds what its journal did.
+            journals = set().union(*(journal_ids(j.fd, j.start, j.end) for j in self._journals))
             files = [p for p in self.directory.iterdir() if p.name.endswith(_SUFFIX) and p.name[0] != "."]
-            self._known = self._ids_in(files, prefixes) | self._journal_ids()
+            self._known = self._ids_in(files, prefixes) | journals
         known = self._known
         batch: set[str] = set()
         out = []
@@ -596,59 +296,55 @@ class ParquetSink(Sink):
         self.duplicates_skipped += len(records) - len(out)
         return out
 
-    def _journal_ids(self) -> set[str]:
-        """The ids of the records in this sink's journal since its last file."""
-        if not self._count:
-            return set()
-        reader = os.open(self.directory / f".{self.stem}{_JOURNAL}", os.O_RDONLY | _CLOEXEC)
-        try:
-            return journal_ids(reader, self._base, os.lseek(reader, 0, os.SEEK_END))
-        finally:
-            os.close(reader)
-
-    def _close_journal(self) -> None:
-        journal, self._journal = self._journal, None
+    def _release(self) -> None:
+        """The last call: the files of every journal made and named; those that cannot be stay
+        as journals (unlocked here), for the next sink or recovery."""
+        current, self._current = self._current, None
+        maker = self._maker
         forks.release(self)
         try:
-            if journal is None:
-                return
-            try:
-                if self._count and self._gave_up:
-                    raise RuntimeError("ParquetSink: closing was given up on")
-                if self._count and self._temporary is None:  # a failed write dropped the file
-                    self._convert(self._base, os.lseek(journal, 0, os.SEEK_END), None)
-                if self._count:
-                    self._roll()
-            except BaseException:
-                self._discard()  # the journal keeps the records: the next sink recovers them
-                raise
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.directory / f".{self.stem}{_JOURNAL}")
+            if current is not None and not current.count:  # opened by a write that failed
+                with contextlib.suppress(OSError):
+                    os.unlink(current.path)
+                os.close(current.fd)
+                self._journals.remove(current)
+            elif current is not None and maker is not None:
+                maker.finish(current)
+            if maker is not None:
+                maker.stop()
+                self._reap()
+                self.damaged_journals += maker.damaged  # its own journals' (a disk's damage)
+            if self._journals:
+                paths = ", ".join(str(j.path) for j in self._journals)
+                if self._gave_up:
+                    raise RuntimeError(f"ParquetSink: closing was given up on; {_LEFT.format(paths)}")
+                why = maker.last_error if maker is not None else "not open"
+                raise RuntimeError(f"ParquetSink: files not made ({why}); {_LEFT.format(paths)}")
         finally:
-            if journal is not None:
-                os.close(journal)
-            converter, self._converter = self._converter, None
-            if converter is not None:
-                converter.close()
+            journals, self._journals = self._journals, []
+            for journal in journals:
+                with contextlib.suppress(OSError):
+                    os.close(journal.fd)
             self._released = True
 
     def _after_fork_in_child(self) -> None:
-        # fork shares the journal's open file (so its lock) and the writer's socket: a child outliving
-        # a killed trainer would keep the journal locked against recovery and the writer waiting.
-        # Closing the child's copies leaves the parent's as they are (unlocking would not).
-        journal, self._journal = self._journal, None
-        if journal is not None:
+        # fork shares the journals' open files (so their locks) and the writer's socket: a child
+        # outliving a killed trainer would keep the journals locked against recovery and the
+        # writer waiting. Closing the child's copies leaves the parent's as they are (unlocking
+        # would not).
+        journals, self._journals, self._current = self._journals, [], None
+        for journal in journals:
             with contextlib.suppress(OSError):
-                os.close(journal)
-        if self._converter is not None:
-            self._converter.forget()
+                os.close(journal.fd)
+        if self._maker is not None:
+            self._maker.forget()
 
     def _give_up(self) -> str:
-        """Kill the writer process: a call waiting on it fails and lets go of the journal."""
+        """Stop the maker, killing the writer process: a call waiting on it fails and lets go."""
         self._gave_up = True
-        converter = self._converter
-        said = converter.stop() if converter is not None else "no writer process was running"
-        return f"{said}; {_LEFT.format(self.directory / f'.{self.stem}{_JOURNAL}')}"
+        said = self._maker.give_up() if self._maker is not None else "no writer process was running"
+        paths = ", ".join(str(j.path) for j in list(self._journals)) or f"the journals in {self.directory}"
+        return f"{said}; {_LEFT.format(paths)}"
 
     # -- threads -----------------------------------------------------------------------------
 

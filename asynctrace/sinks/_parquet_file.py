@@ -1,7 +1,7 @@
 """ParquetSink's files: a journal's lines into one Parquet file, a row group at a time.
 
-Used by the writer process (`_parquet_worker`), by the sink's own thread with ``process=False``,
-and by recovery. What it holds is about one row group, whatever the file's size.
+Used by the writer process (`_parquet_worker`), by the sink's file maker's thread with
+``process=False``, and by recovery. What it holds is about one row group, whatever the file's size.
 """
 
 from __future__ import annotations
@@ -48,17 +48,22 @@ def _chunks(fd: int, start: int, end: int, chunk_bytes: int = CHUNK_BYTES) -> It
 
 
 def journal_ids(fd: int, start: int, end: int) -> set[str]:
-    """The ids of the records in a journal's bytes from `start` to `end`."""
+    """The ids of the records in a journal's bytes from `start` to `end` (a damaged line has none)."""
     ids: set[str] = set()
     loads = orjson.loads
     for chunk in _chunks(fd, start, end):
         for line in chunk.splitlines():
             cut = line.find(SAMPLE_KEY)
             try:
-                head = loads(line[:cut] + b"}") if cut > 0 else loads(line)
+                try:
+                    head = loads(line[:cut] + b"}") if cut > 0 else loads(line)
+                except orjson.JSONDecodeError:
+                    head = loads(line)
             except orjson.JSONDecodeError:
-                head = loads(line)
-            ids.add(head["id"])
+                continue
+            rid = head.get("id") if type(head) is dict else None
+            if type(rid) is str:
+                ids.add(rid)
     return ids
 
 
@@ -80,6 +85,7 @@ class FileConverter:
         self.row_group_bytes = row_group_bytes
         self.chunk_bytes = chunk_bytes
         self.rows = 0
+        self.damaged = 0  # the last file's lines left out as damaged (see `RowBuffer.add`)
         self._buffer = RowBuffer()
         self._out: IO[bytes] | None = None
         self._journal: int | None = None
@@ -96,7 +102,7 @@ class FileConverter:
         self._out = os.fdopen(out, "wb", buffering=2**20)
         self._journal = journal
         self._offset = self._end = offset
-        self.rows = 0
+        self.rows = self.damaged = 0
 
     def append(
         self, end: int, skip: Container[str] = (), layout: dict[str, Any] | None = None, start: int = 0
@@ -164,7 +170,8 @@ class FileConverter:
         pyarrow().default_memory_pool().release_unused()
 
     def finish(self) -> int:
-        """Write what is buffered and the file's footer, sync the file and close it; the row count."""
+        """Write what is buffered and the file's footer, sync the file and close it; the row count
+        (and in `damaged`, how many damaged lines were left out)."""
         out = self._out
         if out is None:
             raise RuntimeError("FileConverter: finish before start")
@@ -175,8 +182,9 @@ class FileConverter:
             self._writer = None
         out.flush()
         os.fsync(out.fileno())
-        rows = self.rows
+        rows, damaged = self.rows, self._buffer.damaged
         self.reset()
+        self.damaged = damaged
         return rows
 
     def reset(self) -> None:

@@ -14,7 +14,7 @@ import array
 import functools
 import itertools
 from collections.abc import Container, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -170,15 +170,22 @@ class RowBuffer:
     def __init__(self) -> None:
         self.rows = 0
         self.nbytes = 0
+        self.damaged = 0  # lines left out that were not a record's JSON
         self._segments: list[Any] = []
 
     def add(self, chunk: bytes, skip: Container[str] = ()) -> None:
-        """Take the lines of `chunk` (whole lines, each ending in a newline) but those whose id is skipped."""
+        """Take the lines of `chunk` (whole lines, each ending in a newline) but those whose id is
+        skipped; a damaged line (not a record's JSON) is left out and counted in `damaged`."""
         if not chunk.endswith(b"\n"):
             raise ValueError("a journal chunk must end with a whole line")
-        segment = _quick_segment(chunk, skip)
+        pa = pyarrow()
+        try:
+            segment = _quick_segment(chunk, skip)
+        except (pa.ArrowInvalid, OverflowError):  # not UTF-8, a step past int64: the exact path finds it
+            segment = None
         if segment is None:
-            segment = _exact_segment(chunk, skip)
+            segment, damaged = _exact_segment(chunk, skip)
+            self.damaged += damaged
         self.take(segment, len(chunk))
 
     def add_described(self, chunk: bytes, layout: dict[str, Any]) -> None:
@@ -444,68 +451,98 @@ def _empty_rest(pa: Any, n: int) -> dict[str, Any]:
     return {name: pa.nulls(n, target.field(name).type) for name in ("score", "spans", *TOKEN_FIELDS)}
 
 
-def _exact_segment(chunk: bytes, skip: Container[str]) -> Any:
-    """The chunk's rows, each payload decoded whole: any layout of the same fields."""
-    pa = pyarrow()
+class _Row(NamedTuple):
+    """One journal line's values, each of its column's type."""
+
+    id: str
+    step: int
+    split: str
+    key: str
+    time: int
+    messages: bytes
+    metadata: bytes
+    reward: float | None
+    advantage: float | None
+    version: int | None
+    stop: str | None
+    score: float | None
+    spans: str | None
+    tokens: dict[str, bytes | None]
+
+
+def _row(line: memoryview) -> _Row:
+    """A journal line's values; ValueError (or TypeError, KeyError) where it is not a record's."""
     loads, dumps = orjson.loads, orjson.dumps
+    data = loads(line)
+    rid, step, split, key, when = data["id"], data["step"], data["split"], data["key"], data["timestamp"]
+    if type(rid) is not str or type(split) is not str or type(key) is not str:
+        raise TypeError("a header field of the wrong type")
+    if type(step) is not int or int64_or_none(step) is None:
+        raise TypeError("step is not a 64-bit integer")
+    if type(when) is not float and type(when) is not int:
+        raise TypeError("timestamp is not a number")
+    sample = data["sample"]
+    meta = sample.get("metadata") or {}
+    if type(meta) is not dict:
+        raise TypeError(f"record {rid!r}: metadata is a {type(meta).__name__}, not an object")
+    stop = meta.get("stop_reason")
+    spans = sample.get("spans")
+    held = sample.get("tokens") or {}
+    return _Row(
+        rid,
+        step,
+        split,
+        key,
+        int(when * 1_000_000),
+        dumps(sample.get("messages", [])),
+        dumps(meta),
+        _number(meta.get("reward")),
+        _number(meta.get("advantage")),
+        int64_or_none(meta.get("policy_version", meta.get("policy_version_max"))),
+        stop if isinstance(stop, str) else None,
+        _number(sample.get("score")),
+        dumps(spans).decode() if spans is not None else None,
+        {
+            name: token_bytes(name, held[name]) if held.get(name) is not None else None
+            for name in TOKEN_FIELDS
+        },
+    )
+
+
+def _exact_segment(chunk: bytes, skip: Container[str]) -> tuple[Any, int]:
+    """The chunk's rows, each payload decoded whole (any layout of the same fields), and how many
+    lines were damaged: not JSON, or without a record's fields of their types (left out)."""
+    pa = pyarrow()
     view = memoryview(chunk)
-    ids: list[str] = []
-    steps: list[int] = []
-    splits: list[str] = []
-    keys: list[str] = []
-    times: list[int] = []
-    messages: list[bytes] = []
-    metadata: list[bytes] = []
-    rewards: list[float | None] = []
-    advantages: list[float | None] = []
-    versions: list[int | None] = []
-    stops: list[str | None] = []
-    scores: list[float | None] = []
-    spans: list[str | None] = []
-    tokens: dict[str, list[bytes | None]] = {name: [] for name in TOKEN_FIELDS}
+    rows: list[_Row] = []
+    damaged = 0
     pos, end = 0, len(chunk)
     while pos < end:
         newline = chunk.index(b"\n", pos)
-        data = loads(view[pos:newline])
+        line = view[pos:newline]
         pos = newline + 1
-        rid = data["id"]
-        if rid in skip:
+        try:
+            row = _row(line)
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
+            damaged += 1
             continue
-        sample = data["sample"]
-        meta = sample.get("metadata") or {}
-        if type(meta) is not dict:
-            raise ValueError(f"record {rid!r}: metadata is a {type(meta).__name__}, not an object")
-        ids.append(rid)
-        steps.append(data["step"])
-        splits.append(data["split"])
-        keys.append(data["key"])
-        times.append(int(data["timestamp"] * 1_000_000))
-        messages.append(dumps(sample.get("messages", [])))
-        metadata.append(dumps(meta))
-        rewards.append(_number(meta.get("reward")))
-        advantages.append(_number(meta.get("advantage")))
-        versions.append(int64_or_none(meta.get("policy_version", meta.get("policy_version_max"))))
-        stop = meta.get("stop_reason")
-        stops.append(stop if isinstance(stop, str) else None)
-        scores.append(_number(sample.get("score")))
-        value = sample.get("spans")
-        spans.append(dumps(value).decode() if value is not None else None)
-        held = sample.get("tokens") or {}
-        for name, column in tokens.items():
-            value = held.get(name)
-            column.append(token_bytes(name, value) if value is not None else None)
+        if row.id not in skip:
+            rows.append(row)
     floats, ints, strings = pa.float64(), pa.int64(), pa.string()
-    columns = _head_columns(pa, ids, steps, splits, keys, times)
+    columns = _head_columns(
+        pa, [r.id for r in rows], [r.step for r in rows], [r.split for r in rows], [r.key for r in rows],
+        [r.time for r in rows],
+    )  # fmt: skip
     columns.update(
-        messages=_string_column(pa, messages),
-        metadata=_string_column(pa, metadata),
-        reward=pa.array(rewards, floats),
-        advantage=pa.array(advantages, floats),
-        policy_version=pa.array(versions, ints),
-        stop_reason=pa.array(stops, strings),
-        score=pa.array(scores, floats),
-        spans=pa.array(spans, strings),
+        messages=_string_column(pa, [r.messages for r in rows]),
+        metadata=_string_column(pa, [r.metadata for r in rows]),
+        reward=pa.array([r.reward for r in rows], floats),
+        advantage=pa.array([r.advantage for r in rows], floats),
+        policy_version=pa.array([r.version for r in rows], ints),
+        stop_reason=pa.array([r.stop for r in rows], strings),
+        score=pa.array([r.score for r in rows], floats),
+        spans=pa.array([r.spans for r in rows], strings),
     )
     for name, dtype in TOKEN_FIELDS.items():
-        columns[name] = _list_column(pa, dtype, tokens[name])
-    return _table(pa, columns)
+        columns[name] = _list_column(pa, dtype, [r.tokens[name] for r in rows])
+    return _table(pa, columns), damaged

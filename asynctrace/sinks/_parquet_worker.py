@@ -36,7 +36,8 @@ def _handle(converter: FileConverter, request: dict[str, Any], fds: list[int]) -
         converter.append(request["end"], layout=request.get("layout"), start=request.get("start", 0))
         return {"ok": True}
     if op == "finish":
-        return {"ok": True, "rows": converter.finish()}
+        rows = converter.finish()
+        return {"ok": True, "rows": rows, "damaged": converter.damaged}
     if op == "reset":
         converter.reset()
         return {"ok": True}

@@ -3,8 +3,8 @@
 - ``trainer DIR SPOOL``: logs to a ParquetSink until it is killed. It spools each call before
   it returns (``durability="enqueue"``) and prints ``LOGGED <n>`` once `n` samples are
   accepted, so the parent knows what the archive must hold after a replay.
-- ``killed-after-write DIR``: writes 30 records (``k-0`` ... ``k-29``) to a sink that holds up
-  to 100 a file, then SIGKILLs itself: they are in its journal only.
+- ``killed-after-write DIR [N]``: writes N records (30 by default: ``k-0`` ... ``k-29``) to a sink
+  that holds up to 1000 a file, then SIGKILLs itself: they are in its journal only.
 - ``stream DIR NAME``: writes batches of 10 records (``NAME-0`` ...) straight to a sink that rolls
   a file every 20 records, printing ``WRITTEN <n>`` after each write returns, until it is killed.
 - ``fork-then-killed DIR``: a session logs 30 samples to a sink (its writer in a process),
@@ -61,9 +61,9 @@ async def _open(directory: str, max_records: int) -> at.ParquetSink:
     return sink
 
 
-async def killed_after_write(directory: str) -> None:
-    sink = await _open(directory, 100)
-    await sink.write([_record(f"k-{i}") for i in range(30)])
+async def killed_after_write(directory: str, count: str = "30") -> None:
+    sink = await _open(directory, 1000)
+    await sink.write([_record(f"k-{i}") for i in range(int(count))])
     os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -48,7 +48,7 @@ def _records(payload: bytes, n: int = 3) -> list[TraceRecord]:
 def test_fast_ways_give_the_exact_table_or_defer(body: dict[str, object]) -> None:
     """Each fast way either gives the table the exact way gives, cell for cell, or gives none."""
     data, layout = rows.journal_lines(_records(orjson.dumps(body)))
-    exact = rows._exact_segment(data, ())
+    exact = rows._exact_segment(data, ())[0]
     for fast in (rows._quick_segment(data, ()), rows._described_segment(data, layout)):
         assert fast is None or fast.equals(exact), (fast.to_pylist(), exact.to_pylist())
 
@@ -59,7 +59,7 @@ def test_the_session_encoding_takes_the_fast_ways() -> None:
     payload = encode_sample(sample, 0)[0]
     records = [*_records(payload), TraceRecord('q"-1', 7, "eval", "k", payload, 9.0)]
     data, layout = rows.journal_lines(records)
-    exact = rows._exact_segment(data, ())
+    exact = rows._exact_segment(data, ())[0]
     described = rows._described_segment(data, layout)
     assert described is not None and described.equals(exact)
     assert rows._quick_segment(data, ()) is None  # an id with an escape: decoded the exact way
