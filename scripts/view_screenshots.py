@@ -1,9 +1,10 @@
 """Screenshots of `asynctrace view` for docs/view.md.
 
 Writes a small simulated GRPO run (groups of 8 completions of a few prompts over 24 steps, with
-policy-version lag, truncations, zero-signal groups and token-level fields) to a Parquet archive
-through a real `TraceSession` and `ParquetSink`, serves it with `asynctrace view`, opens each view
-in headless Chromium and saves PNGs into docs/images/.
+policy-version lag, truncations, zero-signal groups, token-level fields, and two prompts solved
+with a calculator tool: multi-turn rollouts with tool calls) to a Parquet archive through a real
+`TraceSession` and `ParquetSink`, serves it with `asynctrace view`, opens each view in headless
+Chromium and saves PNGs into docs/images/.
 
 Needs a Chromium on the machine (Debian: `apt-get install -y chromium`) and Playwright's Python
 package (`pip install -e ".[screenshots,view]"`); no browser is downloaded.
@@ -14,6 +15,7 @@ package (`pip install -e ".[screenshots,view]"`); no browser is downloaded.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import random
 import re
@@ -30,6 +32,9 @@ from typing import Any
 from screenshots import headless_chromium  # this folder's sibling script: one browser launch
 
 ROOT = Path(__file__).resolve().parents[1]
+# Prompts whose rollouts call a calculator tool before they answer.
+AGENTIC = {"gsm8k-0002": "0.15 * 240", "gsm8k-0005": "23 * 6"}
+SYSTEM = "You may call calculator(expression) for arithmetic; then give the answer."
 QUESTIONS = [
     ("gsm8k-0001", "A farmer has 12 cows and buys 7 more. How many cows does he have?", 19),
     ("gsm8k-0002", "What is 15% of 240?", 36),
@@ -66,18 +71,25 @@ def _samples(step: int, rng: random.Random) -> list[Any]:
                 else -abs(rng.gauss(0.05 if solved else 0.4, 0.3))
                 for _ in range(n)
             ]
-            out.append((prompt_id, question, text, reward, stop, version, n, logprobs, i))
+            messages = [{"role": "user", "content": question}, {"role": "assistant", "content": text}]
+            if prompt_id in AGENTIC:
+                messages = (
+                    [{"role": "system", "content": SYSTEM}, *messages]
+                    if ramble
+                    else _agentic(question, AGENTIC[prompt_id], given, answer, i)
+                )
+            out.append((prompt_id, messages, reward, stop, version, n, logprobs, i))
     samples = []
     for k in range(0, len(out), 8):
         group = out[k : k + 8]
-        rewards = [g[3] for g in group]
+        rewards = [g[2] for g in group]
         mean = sum(rewards) / 8
         std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / 8)
-        for prompt_id, question, text, reward, stop, version, n, logprobs, i in group:
+        for prompt_id, messages, reward, stop, version, n, logprobs, i in group:
             advantage = round((reward - mean) / (std + 1e-4), 4)
             samples.append(
                 at.Sample(
-                    messages=[{"role": "user", "content": question}, {"role": "assistant", "content": text}],
+                    messages=messages,
                     metadata={
                         "prompt_id": prompt_id,
                         "group_uid": f"{step}-{prompt_id}",
@@ -96,6 +108,23 @@ def _samples(step: int, rng: random.Random) -> list[Any]:
                 )
             )
     return samples
+
+
+def _agentic(question: str, expression: str, given: int, answer: int, i: int) -> list[dict[str, Any]]:
+    """A rollout that calls the calculator (with a line of text beside the call, or none), reads
+    its result and answers: `given`, right or wrong."""
+    call = {
+        "id": f"call_{i}",
+        "type": "function",
+        "function": {"name": "calculator", "arguments": json.dumps({"expression": expression})},
+    }
+    return [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": "Let me compute it." if i % 2 == 0 else None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": f"call_{i}", "name": "calculator", "content": str(answer)},
+        {"role": "assistant", "content": f"The calculator says {answer}, so the answer is {given}."},
+    ]
 
 
 def write_archive(directory: Path, steps: int = 24) -> None:
@@ -129,16 +158,24 @@ def _shoot(url: str, chromium: str, out: Path) -> list[Path]:
         page.locator("table.steps tr:has(td.warn) td[data-k=step] a").last.click()
         page.wait_for_selector("table.groups")
         shot("step")
-        page.locator("table.groups td[data-k=group] a").first.click()
+        # A group of rollouts that call a tool, the latest with some reward spread: its strip, its
+        # shared prompt, each member's turns.
+        page.goto(url + "/prompt?id=gsm8k-0005")
+        rows = page.locator("table.history tr[data-step]")
+        spread = [rows.nth(i).locator("td[data-k=spread]").inner_text() for i in range(rows.count())]
+        latest = max(i for i, s in enumerate(spread) if s != "0.0000")
+        rows.nth(latest).locator("a.group").first.click()
         page.wait_for_selector("article.completion")
         shot("group")
+        page.locator("article.completion header a", has_text="record").first.click()
+        page.wait_for_selector("section.completion-turns")
+        shot("record")
+        page.go_back()
+        page.wait_for_selector("article.completion")
         page.click("a.history")
         page.wait_for_selector("section.diff")
         shot("prompt")
         page.go_back()
-        page.go_back()
-        page.wait_for_selector("table.groups")
-        page.locator("table.groups td[data-k=group] a").first.click()
         page.wait_for_selector("article.completion")
         page.locator("a.tokens-link").first.click()
         page.wait_for_selector("svg.heat")
