@@ -7,6 +7,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -42,11 +43,12 @@ class Watched:
 
 
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Watched, str, str]]:
+def browser(
+    hostile_archive: Path, agentic_archive: tuple[Path, Path]
+) -> Iterator[tuple[Any, Watched, str, str]]:
     """One Chromium, 1400 px wide, and the viewer over the hostile and the agentic archive."""
     sync_playwright = _playwright()
-    hostile = _hostile.write(tmp_path_factory.mktemp("hostile-browser"))
-    agentic, _ = _agentic.write(tmp_path_factory.mktemp("agentic-browser"))
+    hostile, agentic = hostile_archive, agentic_archive[0]
     watched = Watched()
     with (
         _archive.served(hostile, watch=_hostile.WATCH) as bad,
@@ -82,14 +84,8 @@ def test_no_script_runs_on_any_page_of_a_hostile_archive(browser: tuple[Any, Wat
     page, watched, base, _ = browser
     watched.clear()
     start = ["/", "/record?" + urlencode({"id": f"{_hostile.payload('id')}0"}), "/find?q=hostile+role"]
-    seen: set[str] = set()
-    todo = list(start)
-    kinds: set[str] = set()
-    while todo and len(seen) < 30:
-        path = todo.pop(0)
-        if path in seen:
-            continue
-        seen.add(path)
+    todo, kinds = list(start), {p.split("?")[0] for p in start}
+    for path in todo:  # the first page of each kind (path) reached, in order
         page.goto(base + path)
         page.wait_for_load_state("load")
         for link in page.locator("a[href]").all():  # hovering reaches any handler an attribute got
@@ -97,9 +93,10 @@ def test_no_script_runs_on_any_page_of_a_hostile_archive(browser: tuple[Any, Wat
                 link.hover()
                 break
         assert page.evaluate(_ACTIVE) == [], path
-        kinds.add(path.split("?")[0])
-        hrefs = page.eval_on_selector_all("a[href]", "els => els.map(e => e.getAttribute('href'))")
-        todo += [h for h in hrefs if h.startswith("/") and h not in seen and h.split("?")[0] not in kinds]
+        for href in page.eval_on_selector_all("a[href]", "els => els.map(e => e.getAttribute('href'))"):
+            if href.startswith("/") and href.split("?")[0] not in kinds:
+                kinds.add(href.split("?")[0])
+                todo.append(href)
     assert kinds >= {"/", "/step", "/group", "/prompt", "/record", "/tokens", "/find"}
     assert (watched.dialogs, watched.errors, watched.failed) == ([], [], [])
 

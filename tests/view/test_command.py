@@ -80,13 +80,13 @@ def _interrupt(proc: subprocess.Popen[str]) -> tuple[int, str]:
     return proc.returncode, err
 
 
-def test_a_busy_port_exits_1_with_a_message(large: Path, tmp_path: Path) -> None:
+def test_a_busy_port_exits_1_with_a_message(agentic_archive: tuple[Path, Path], tmp_path: Path) -> None:
     """A port another process listens on: the message, status 1, no abort and no indexing begun."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = _view(large, tmp_path / "cache", "--port", str(port))
+        proc = _view(agentic_archive[0], tmp_path / "cache", "--port", str(port))
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1, err
     assert err == f"Error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
@@ -108,16 +108,18 @@ def test_ctrl_c_during_indexing_exits_130(large: Path, tmp_path: Path) -> None:
     assert (status, err) == (130, "asynctrace view: stopped\n")
 
 
-def test_ctrl_c_while_serving_exits_130_and_only_its_address_is_answered(tmp_path: Path) -> None:
+def test_ctrl_c_while_serving_exits_130_and_only_its_address_is_answered(
+    agentic_archive: tuple[Path, Path], tmp_path: Path
+) -> None:
     """Once indexed: the command answers its loopback names on its port and refuses any other
     name or port (421); SIGINT then exits 130."""
-    parquet, _ = _archive.write(tmp_path)
+    parquet = agentic_archive[0]
     proc = _view(parquet, tmp_path / "cache", "--port", "0")
     try:
         url = _url(proc)
         _archive.ready(url)
         deadline = time.monotonic() + 30
-        while len(list((tmp_path / "cache").glob("text-1/*.parquet"))) < 2:
+        while len(list((tmp_path / "cache").glob("text-1/*.parquet"))) < len(list(parquet.glob("*.parquet"))):
             assert time.monotonic() < deadline, "the text index was not kept"
             time.sleep(0.05)
         port = int(url.rsplit(":", 1)[1])

@@ -24,8 +24,8 @@ from ._tree import parse  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def archive(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return _agentic.write(tmp_path_factory.mktemp("edges"))
+def archive(agentic_archive: tuple[Path, Path]) -> tuple[Path, Path]:
+    return agentic_archive
 
 
 @pytest.fixture(scope="module")

@@ -41,8 +41,8 @@ _URL_ATTRIBUTES = ("href", "src", "action", "formaction", "xlink:href", "data", 
 
 
 @pytest.fixture(scope="module")
-def hostile(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _hostile.write(tmp_path_factory.mktemp("hostile"))
+def hostile(hostile_archive: Path) -> Path:
+    return hostile_archive
 
 
 @pytest.fixture(scope="module")
@@ -71,18 +71,22 @@ def inert(path: str, html: str) -> Node:
     return root
 
 
-def _crawl(base: str, start: list[str], limit: int = 120) -> dict[str, str]:
-    """Every page reachable from `start` by the links on the pages (up to `limit`): path → HTML."""
+def _crawl(base: str, start: list[str], per_kind: int = 4) -> dict[str, str]:
+    """The pages reachable from `start` by the links on the pages, up to `per_kind` of each path
+    (/step, /group, ...): path → HTML."""
     seen: dict[str, str] = {}
+    kinds: dict[str, int] = {}
     todo = list(start)
-    while todo and len(seen) < limit:
+    while todo:
         path = todo.pop(0)
-        if path in seen:
+        kind = urlsplit(path).path
+        if path in seen or kinds.get(kind, 0) >= per_kind:
             continue
+        kinds[kind] = kinds.get(kind, 0) + 1
         page = get(base, path)
         assert page.status == 200, (path, page.status, page.html[-400:])
         seen[path] = page.html
-        todo += [link for link in page.links if link.startswith("/") and link.split("#")[0] not in seen]
+        todo += [link for link in page.links if link.startswith("/") and link not in seen]
     return seen
 
 
@@ -227,3 +231,17 @@ def test_the_indexing_page_carries_them_too(hostile: Path) -> None:
         release.set()
     assert status == 503 and headers["content-security-policy"] == CSP
     inert("/", body)
+
+
+def test_an_embedded_app_answers_the_names_it_is_given(hostile: Path) -> None:
+    """`make_app` answers the loopback names on any port and the `hosts` it names, no other."""
+    from starlette.testclient import TestClient
+
+    from asynctrace.view import make_app
+
+    plain, named = make_app(hostile), make_app(hostile, hosts=["testserver", "viewer.internal"])
+    assert TestClient(plain).get("/").status_code == 421
+    assert TestClient(plain, base_url="http://localhost:1234").get("/").status_code == 200
+    assert TestClient(named).get("/").status_code == 200
+    assert TestClient(named, base_url="http://viewer.internal").get("/").status_code == 200
+    assert TestClient(named, base_url="http://other.internal").get("/").status_code == 421

@@ -22,8 +22,8 @@ from ._tree import turns as shown_turns  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def archive(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return _agentic.write(tmp_path_factory.mktemp("agentic"))
+def archive(agentic_archive: tuple[Path, Path]) -> tuple[Path, Path]:
+    return agentic_archive
 
 
 @pytest.fixture(scope="module", params=["parquet", "jsonl"])
