@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import click
+# Loading the demo's modules is most of the command's start: Ctrl-C meanwhile says so, exits 130.
+try:
+    import click
 
-from . import __version__
-from ._demo import DemoConfig
-from ._demo import main as run_demo
+    from . import __version__
+    from ._demo import DemoConfig
+    from ._demo import main as run_demo
+except KeyboardInterrupt:
+    sys.stderr.write("asynctrace: stopped\n")
+    raise SystemExit(130) from None
 
 __all__ = ["main"]
 
@@ -117,23 +123,39 @@ def view(archive: str, port: int, host: str, watch: tuple[str, ...], no_cache: b
     """Browse a run's archive in a local web page: steps, GRPO groups, prompts across steps, tokens.
 
     ARCHIVE is a ParquetSink directory, or a JsonlSink file (or a directory of them). Needs the
-    `view` extra: pip install "asynctrace[view]". Everything is served from this machine. Each
+    `view` extra: pip install "asynctrace[view]". Everything is served from this machine, and
+    answered only to requests for 127.0.0.1, localhost, [::1] or the --host address. Each
     Parquet file's index is kept under $ASYNCTRACE_VIEW_CACHE (default: ~/.cache/asynctrace/view)
-    so that the next start does not read the metadata again.
+    so that the next start does not read the metadata again. Exits 1 when the archive cannot be
+    read or the port is taken, 130 on Ctrl-C.
     """
-    from .view import cache_dir, require, serve
-
+    stopped = False
     try:
-        require()
-    except ImportError as exc:
-        raise click.ClickException(str(exc)) from None
+        from .view import cache_dir, require, serve
 
-    def ready(url: str) -> None:
-        click.echo(f"asynctrace view: {url}  (Ctrl-C to stop)")
+        try:
+            require()
+        except ImportError as exc:
+            raise click.ClickException(str(exc)) from None
 
-    try:
-        serve(
-            archive, host=host, port=port, watch=watch, cache=None if no_cache else cache_dir(), ready=ready
-        )
-    except (OSError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
+        def ready(url: str) -> None:
+            click.echo(f"asynctrace view: {url}  (Ctrl-C to stop)")
+
+        try:
+            serve(
+                archive,
+                host=host,
+                port=port,
+                watch=watch,
+                cache=None if no_cache else cache_dir(),
+                ready=ready,
+            )
+        except (OSError, ValueError) as exc:
+            raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        # Ctrl-C, at any moment: the server stopped its indexing before this. The status is set
+        # out here, once the interrupt (and the archive its traceback holds) is let go.
+        stopped = True
+    if stopped:
+        click.echo("asynctrace view: stopped", err=True)
+        raise SystemExit(130)

@@ -60,9 +60,20 @@ def _shoot(url: str, chromium: str, out: Path) -> list[Path]:
         flat.nth(flat.count() // 2).click()
         page.wait_for_selector("table.groups")
         shot("step")
-        page.locator("table.groups td[data-k=group] a").first.click()
+        # A group of the watched prompt, whose rollouts call a tool, the latest with some reward
+        # spread: its strip, its shared prompt, each member's turns.
+        page.goto(f"{url}/prompt?id={WATCHED}")
+        rows = page.locator("table.history tr[data-step]")
+        spread = [rows.nth(i).locator("td[data-k=spread]").inner_text() for i in range(rows.count())]
+        latest = max(i for i, s in enumerate(spread) if s != "0.0000")
+        rows.nth(latest).locator("a.group").first.click()
         page.wait_for_selector("article.completion")
         shot("group")
+        page.locator("article.completion header a", has_text="record").first.click()
+        page.wait_for_selector("section.completion-turns")
+        shot("record")
+        page.go_back()
+        page.wait_for_selector("article.completion")
         page.click("a.history")
         page.wait_for_selector("section.diff")
         shot("prompt")

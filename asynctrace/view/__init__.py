@@ -40,16 +40,20 @@ def make_app(
     *,
     watch: Sequence[str] = (),
     cache: str | os.PathLike[str] | None = None,
+    hosts: Sequence[str] = (),
 ) -> Any:
     """The viewer's ASGI app (Starlette) over the archive at `source` (a Parquet directory or
-    JSONL), indexed before this returns; `cache` keeps each Parquet file's index for the next start."""
+    JSONL), indexed before this returns; `cache` keeps each Parquet file's index for the next start.
+    It answers only requests addressed to 127.0.0.1, localhost, [::1] or one of `hosts` (any
+    port), and refuses others with 421."""
     require()
     from ._app import build_app
     from ._archive import Archive
+    from ._guard import LOOPBACK, host_names
 
     archive = Archive(source, cache=cache)
     archive.load()
-    return build_app(archive, watch=watch)
+    return build_app(archive, watch=watch, hosts={*LOOPBACK}.union(*(host_names(h) for h in hosts)))
 
 
 def serve(

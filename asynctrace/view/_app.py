@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
+import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from importlib import resources
 from typing import Any
 
@@ -14,10 +17,14 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from . import _pages as pages
 from ._archive import Archive
-from ._model import prompt_steps
+from ._groups import group_page, prompt_page
+from ._guard import LOOPBACK, Guard, host_names
+from ._html import url
+from ._model import StepFilter, prompt_steps
 from ._summary import Summary
 from ._tokens import token_routes
 
@@ -25,6 +32,9 @@ __all__ = ["build_app", "run"]
 
 _STEP_LIMIT = 200
 _FIND_LIMIT = 100
+# Seconds the server gives the indexing to stop at exit; past them it leaves without Python's
+# own ending (which would abort the process with a thread inside DuckDB).
+_STOP_SECONDS = 10.0
 
 
 class BadRequest(ValueError):
@@ -63,6 +73,15 @@ def _text(request: Request, name: str) -> str:
     return raw
 
 
+def _filters(request: Request) -> StepFilter:
+    """A step page's filters from its query: zero=1, truncated=1, tools=1, adv=pos|neg."""
+    sign = request.query_params.get("adv", "")
+    if sign not in ("", "pos", "neg"):
+        raise BadRequest(f"adv: expected pos or neg, got {sign!r}")
+    on = {k: request.query_params.get(k, "") not in ("", "0") for k in ("zero", "truncated", "tools")}
+    return StepFilter(zero=on["zero"], truncated=on["truncated"], advantage=sign, tools=on["tools"])
+
+
 class Loading:
     """An archive being indexed on a thread of its own, so the server answers from its start:
     the overview from the answers a former start kept for the same files (`summary`), if any."""
@@ -72,9 +91,11 @@ class Loading:
         self.error: BaseException | None = None
         self.started = time.monotonic()
         self.summary: Summary | None = None
-        threading.Thread(
+        self.archive = archive
+        self._thread = threading.Thread(
             target=self._load, args=(archive,), name="asynctrace-view-index", daemon=True
-        ).start()
+        )
+        self._thread.start()
 
     def _load(self, archive: Archive) -> None:
         try:
@@ -84,19 +105,39 @@ class Loading:
             self.error = exc
         finally:
             self.done.set()
-        if self.error is None:
-            # After the overview is ready: the pages that show token-level values wait for them.
-            archive.complete_tokens()
-            archive.keep()  # the cache saves the next start, not this one
-            archive.keep_summary()
-            archive.index_text()  # until then a search by text reads every message
+        # After the overview is ready: the pages that show token-level values wait for them;
+        # the cache saves the next start, not this one; until the text index is in, a search by
+        # text reads every message. Each step is skipped once the server stops.
+        for later in (archive.complete_tokens, archive.keep, archive.keep_summary, archive.index_text):
+            if self.error is not None or archive.closing.is_set():
+                return
+            try:
+                later()
+            except Exception:  # interrupted at exit, or a cache that could not be kept: the pages go on
+                if not archive.closing.is_set():
+                    raise
+
+    def stop(self, timeout: float = _STOP_SECONDS) -> bool:
+        """Interrupt the indexing and wait for it to end (see `Index.shut`): True once nothing
+        runs inside DuckDB."""
+        return self.archive.shut([self._thread], timeout)
 
 
-def build_app(archive: Archive, *, watch: Sequence[str] = (), loading: Loading | None = None) -> Starlette:
+def build_app(
+    archive: Archive,
+    *,
+    watch: Sequence[str] = (),
+    loading: Loading | None = None,
+    hosts: Iterable[str] = LOOPBACK,
+    port: int | None = None,
+) -> ASGIApp:
     """The app over `archive`; `watch` lists prompt ids the overview links to first. With `loading`,
-    pages answer "indexing" (503, refreshed each second) until the archive is indexed."""
+    pages answer "indexing" (503, refreshed each second) until the archive is indexed. It answers
+    only requests whose `Host` is one of `hosts` (with `port`, on that port: see `_guard`)."""
     label = str(archive.path)
-    css = resources.files("asynctrace.view").joinpath("static/view.css").read_bytes()
+    files = resources.files("asynctrace.view").joinpath("static")
+    css = files.joinpath("view.css").read_bytes()
+    icon = files.joinpath("favicon.svg").read_bytes()
 
     def kept() -> Summary | None:
         """The kept overview while the index is read, when it answers the overview whole."""
@@ -143,9 +184,16 @@ def build_app(archive: Archive, *, watch: Sequence[str] = (), loading: Loading |
             rows, frequent = archive.overview(), archive.frequent_prompts()
             counts = archive.prompt_counts(list(watch)) if watch else {}
             skipped = {os.path.basename(f): why for f, why in archive.skipped.items()}
+        left_out = {os.path.basename(f): why for f, why in archive.left_out.items()}
         watched = [(p, *counts.get(p, (0, 0))) for p in watch]
         return pages.overview_page(
-            rows, watched, frequent, archive=label, total=sum(r.samples for r in rows), skipped=skipped
+            rows,
+            watched,
+            frequent,
+            archive=label,
+            total=sum(r.samples for r in rows),
+            skipped=skipped,
+            left_out=left_out,
         )
 
     def step(request: Request) -> str:
@@ -155,11 +203,27 @@ def build_app(archive: Archive, *, watch: Sequence[str] = (), loading: Loading |
         if order not in ("spread", "-spread", "mean", "-mean"):
             raise BadRequest(f"order: expected spread, -spread, mean or -mean, got {order!r}")
         limit = _int(request, "limit", _STEP_LIMIT, minimum=1)
-        groups = archive.step_groups(split, number, order)
-        if not groups and not any(r.step == number and r.split == split for r in archive.overview()):
+        chosen = _filters(request)
+        every = archive.step_groups(split, number, order)
+        if not every and not any(r.step == number and r.split == split for r in archive.overview()):
             raise LookupError(f"no records at step {number} of split {split!r}")
+        groups = [g for g in every if chosen.keeps(g)]
+        if chosen.tools:
+            tooled = archive.with_tools(split, number)
+            groups = [g for g in groups if g.group in tooled]
         prompts = archive.prompts_of([g.first_id for g in groups[:limit]])
-        return pages.step_page(split, number, order, groups, prompts, archive=label, limit=limit)
+        return pages.step_page(
+            split,
+            number,
+            order,
+            groups,
+            prompts,
+            archive=label,
+            limit=limit,
+            chosen=chosen,
+            total=len(every),
+            neighbours=archive.neighbours(split, number),
+        )
 
     def group(request: Request) -> str:
         split = request.query_params.get("split") or default_split()
@@ -168,7 +232,7 @@ def build_app(archive: Archive, *, watch: Sequence[str] = (), loading: Loading |
         completions = archive.group(split, number, name)
         if not completions:
             raise LookupError(f"no group {name!r} at step {number} of split {split!r}")
-        return pages.group_page(split, number, name, completions, archive=label)
+        return group_page(split, number, name, completions, archive=label)
 
     def prompt(request: Request) -> str:
         prompt_id = _text(request, "id")
@@ -176,9 +240,7 @@ def build_app(archive: Archive, *, watch: Sequence[str] = (), loading: Loading |
         completions, splits = archive.prompt_history(prompt_id, split)
         if not completions:
             raise LookupError(f"no prompt {prompt_id!r} in split {split!r}")
-        return pages.prompt_page(
-            prompt_id, split, splits, prompt_steps(completions), completions, archive=label
-        )
+        return prompt_page(prompt_id, split, splits, prompt_steps(completions), completions, archive=label)
 
     def record(request: Request) -> str:
         record_id = _text(request, "id")
@@ -190,9 +252,7 @@ def build_app(archive: Archive, *, watch: Sequence[str] = (), loading: Loading |
     def find(request: Request) -> Response | str:
         query = {k: request.query_params.get(k, "").strip() for k in ("id", "q", "low", "high", "split")}
         if query["id"]:
-            if archive.record(query["id"]) is None:
-                raise LookupError(f"no record {query['id']!r}")
-            return RedirectResponse(pages.url("/record", id=query["id"]), status_code=303)
+            return by_id(query["id"])
         low, high = _float(request, "low"), _float(request, "high")
         searched = bool(query["q"]) or low is not None or high is not None
         found = (
@@ -202,8 +262,26 @@ def build_app(archive: Archive, *, watch: Sequence[str] = (), loading: Loading |
         )
         return pages.find_page(found, archive=label, query=query, splits=archive.splits(), limit=_FIND_LIMIT)
 
+    def by_id(name: str) -> Response | str:
+        """Whatever `name` is the id of: a record, else a prompt, else a group (a list when it
+        names several)."""
+        record, prompts, groups = archive.names(name)
+        if record:
+            return RedirectResponse(url("/record", id=name), status_code=303)
+        if len(prompts) + len(groups) == 0:
+            raise LookupError(f"no record, group or prompt with id {name!r}")
+        if prompts and not groups:
+            return RedirectResponse(url("/prompt", id=name, split=prompts[0]), status_code=303)
+        if len(groups) == 1 and not prompts:
+            split, number = groups[0]
+            return RedirectResponse(url("/group", split=split, step=number, group=name), status_code=303)
+        return pages.names_page(name, prompts, groups, archive=label, splits=archive.splits())
+
     def static(request: Request) -> Response:
         return Response(css, media_type="text/css", headers={"Cache-Control": "max-age=3600"})
+
+    def favicon(request: Request) -> Response:
+        return Response(icon, media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"})
 
     routes = [
         Route("/", page(overview, early=True)),
@@ -214,8 +292,10 @@ def build_app(archive: Archive, *, watch: Sequence[str] = (), loading: Loading |
         Route("/record", page(record)),
         Route("/find", page(find)),
         Route("/static/view.css", static),
+        Route("/static/favicon.svg", favicon),
+        Route("/favicon.ico", favicon),
     ]
-    return Starlette(routes=routes)
+    return Guard(Starlette(routes=routes), names=hosts, port=port)
 
 
 def run(
@@ -228,11 +308,39 @@ def run(
     ready: Callable[[str], Any] | None = None,
 ) -> None:
     """Listen on `host`:`port` (0: any free port) and serve until interrupted, indexing the
-    archive meanwhile."""
+    archive meanwhile. At its end, however it ends (Ctrl-C included), the indexing is stopped
+    before the interpreter's: see `Loading.stop`."""
     archive = Archive(source, cache=cache)
-    app = build_app(archive, watch=watch, loading=Loading(archive))
-    import uvicorn  # after the indexing started: it runs while uvicorn loads
+    sock = _listen(host, port)  # a busy port is said before any indexing starts
+    loading: Loading | None = None
+    server: Any = None
+    announcer: threading.Thread | None = None
+    try:
+        loading = Loading(archive)
+        import uvicorn  # while the indexing runs
 
+        bound = sock.getsockname()[1]
+        app = build_app(archive, watch=watch, loading=loading, hosts=host_names(host), port=bound)
+        # A request still running at exit is given this long before the server stops waiting.
+        config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+        server = uvicorn.Server(config)
+        if ready is not None:
+            where = f"http://{'[' + host + ']' if ':' in host else host}:{bound}/"
+            announcer = _announce(server, where, ready)
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+        if server is not None:
+            server.should_exit = True  # ends the announcing thread too, which holds the app
+        if announcer is not None:
+            announcer.join(1)
+        with _sigint_ignored():
+            stopped = loading is None or loading.stop()
+        if not stopped:
+            _leave(sys.exc_info()[1])
+
+
+def _listen(host: str, port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -240,21 +348,40 @@ def run(
     except OSError as exc:
         sock.close()
         raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    bound = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-    if ready is not None:
-        where = f"http://{'[' + host + ']' if ':' in host else host}:{bound}/"
+    return sock
 
-        def announce() -> None:
-            # uvicorn says it listens by setting `started`; the deadline keeps this thread bounded.
-            deadline = time.monotonic() + 30
-            while not server.started and not server.should_exit and time.monotonic() < deadline:
-                time.sleep(0.01)
-            if server.started:
-                ready(where)
 
-        threading.Thread(target=announce, name="asynctrace-view-ready", daemon=True).start()
+def _announce(server: Any, where: str, ready: Callable[[str], Any]) -> threading.Thread:
+    def announce() -> None:
+        # uvicorn says it listens by setting `started`; the deadline keeps this thread bounded.
+        deadline = time.monotonic() + 30
+        while not server.started and not server.should_exit and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if server.started:
+            ready(where)
+
+    thread = threading.Thread(target=announce, name="asynctrace-view-ready", daemon=True)
+    thread.start()
+    return thread
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Ctrl-C pressed again while the indexing stops (a bounded wait) does not cut the stop short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        server.run(sockets=[sock])
+        yield
     finally:
-        sock.close()
+        signal.signal(signal.SIGINT, previous)
+
+
+def _leave(error: BaseException | None) -> None:
+    """Exit now, skipping the interpreter's ending: a thread still inside DuckDB would abort it."""
+    code = 130 if isinstance(error, KeyboardInterrupt) else (1 if error is not None else 0)
+    sys.stderr.write(f"asynctrace view: the indexing did not stop within {_STOP_SECONDS:.0f} s; leaving\n")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

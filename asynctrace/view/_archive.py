@@ -19,10 +19,11 @@ import orjson
 
 from .._records.tokens import TOKEN_FIELDS, token_bytes
 from ._index import Index
-from ._model import TRUNCATED, Completion, GroupRow, StepRow, split_messages
+from ._model import TRUNCATED, Completion, GroupRow, StepRow, split_order
 from ._search import find_text
 from ._summary import MAX_PROMPTS, Summary, path_for, read, write
 from ._text import BLOCK
+from ._turns import prompt_length, split_messages, uses_tools
 
 __all__ = ["Archive"]
 
@@ -78,6 +79,51 @@ def _loads(raw: Any, default: Any) -> Any:
         return default
 
 
+def _messages(raw: Any) -> list[Any]:
+    """A record's messages: a list, whatever a damaged or foreign file holds (anything else is
+    one message the pages show as it is)."""
+    value = _loads(raw, [])
+    return value if isinstance(value, list) else [value]
+
+
+def _metadata(raw: Any) -> dict[str, Any]:
+    value = _loads(raw, {})
+    return value if isinstance(value, dict) else {"metadata": value}
+
+
+def read_rows(
+    con: duckdb.DuckDBPyConnection,
+    kind: str,
+    files: Sequence[str],
+    picks: Sequence[tuple[str, int, int | None]],
+    columns: str = "messages, metadata",
+    where: str = "true",
+) -> list[Any]:
+    """(id, *columns) of the records `picks` names (id, src, row number in its file), those that
+    match `where` only, from an archive of this kind and these files.
+
+    Parquet rows are read by their row number in their file: DuckDB then skips to them, where a
+    filter on the id would read that column of every file the rows are in."""
+    if not picks:
+        return []
+    if kind == "jsonl":
+        return con.execute(
+            f"SELECT id, {columns} FROM records WHERE id IN (SELECT unnest($ids)) AND ({where})",
+            {"ids": [p[0] for p in picks]},
+        ).fetchall()
+    by_file: dict[int, list[int]] = {}
+    for _, src, row in picks:
+        by_file.setdefault(src, []).append(int(row if row is not None else -1))
+    parts, params = [], {}
+    for i, (src, rows) in enumerate(sorted(by_file.items())):
+        params[f"f{i}"] = files[src]
+        parts.append(
+            f"SELECT id, {columns} FROM read_parquet($f{i}, file_row_number = true) "
+            f"WHERE file_row_number IN ({', '.join(str(r) for r in sorted(set(rows)))}) AND ({where})"
+        )
+    return con.execute(" UNION ALL ".join(parts), params).fetchall()
+
+
 class Archive(Index):
     """An archive (see `Index` for what it may be) and the questions the viewer's pages ask of it.
 
@@ -111,8 +157,8 @@ class Archive(Index):
 
     def keep_summary(self) -> None:
         """Keep the overview's answers in the cache for the next start of these same files (`_summary`)."""
-        if self.cache is None or self.kind != "parquet":
-            return
+        if self.cache is None or self.kind != "parquet" or self.left_out:
+            return  # with records left out, each start reads their files again, and says so
         rows, frequent = self.overview(), self.frequent_prompts(50)
         with self._lock:
             if "overview" not in self._cache:
@@ -157,29 +203,9 @@ class Archive(Index):
         con: duckdb.DuckDBPyConnection,
         picks: Sequence[tuple[str, int, int | None]],
         columns: str = "messages, metadata",
+        where: str = "true",
     ) -> list[Any]:
-        """(id, *columns) of the records `picks` names (id, src, row number in its file).
-
-        Parquet rows are read by their row number in their file: DuckDB then skips to them, where
-        a filter on the id would read that column of every file the rows are in."""
-        if not picks:
-            return []
-        if self.kind == "jsonl":
-            return con.execute(
-                f"SELECT id, {columns} FROM records WHERE id IN (SELECT unnest($ids))",
-                {"ids": [p[0] for p in picks]},
-            ).fetchall()
-        by_file: dict[int, list[int]] = {}
-        for _, src, row in picks:
-            by_file.setdefault(src, []).append(int(row if row is not None else -1))
-        parts, params = [], {}
-        for i, (src, rows) in enumerate(sorted(by_file.items())):
-            params[f"f{i}"] = self.files[src]
-            parts.append(
-                f"SELECT id, {columns} FROM read_parquet($f{i}, file_row_number = true) "
-                f"WHERE file_row_number IN ({', '.join(str(r) for r in sorted(set(rows)))})"
-            )
-        return con.execute(" UNION ALL ".join(parts), params).fetchall()
+        return read_rows(con, self.kind, self.files, picks, columns, where)
 
     # -- pages' questions --------------------------------------------------------------------
 
@@ -221,7 +247,15 @@ class Archive(Index):
             return list(out)
 
     def splits(self) -> list[str]:
-        return sorted({r.split for r in self.overview()})
+        """The archive's splits, train first."""
+        return split_order([r.split for r in self.overview()])
+
+    def neighbours(self, split: str, step: int) -> tuple[int | None, int | None]:
+        """The steps of `split` just before and just after `step` (None at either end)."""
+        steps = [r.step for r in self.overview() if r.split == split]
+        return max((s for s in steps if s < step), default=None), min(
+            (s for s in steps if s > step), default=None
+        )
 
     def step_groups(self, split: str, step: int, order: str = "spread") -> list[GroupRow]:
         """A step's prompt groups, ranked: `spread`/`mean` (highest first), `-spread`/`-mean` (lowest)."""
@@ -233,7 +267,7 @@ class Archive(Index):
             rows = con.execute(
                 f"""
                 SELECT grp, any_value(prompt), count(*), avg(reward), stddev_pop(reward),
-                    count(*) FILTER (WHERE stop_reason IN {_TRUNCATED_SQL}), min(id)
+                    count(*) FILTER (WHERE stop_reason IN {_TRUNCATED_SQL}), min(id), avg(advantage)
                 FROM idx WHERE split = $split AND step = $step AND grp IS NOT NULL GROUP BY grp
                 """,
                 {"split": split, "step": step},
@@ -245,6 +279,40 @@ class Archive(Index):
         present.sort(key=lambda g: (getattr(g, attr), g.group), reverse=direction == "DESC")
         return present + sorted(absent, key=lambda g: g.group)
 
+    def with_tools(self, split: str, step: int) -> set[str]:
+        """The groups of a step where some completion called a tool or got a tool's result (as
+        `_turns.uses_tools` reads its messages). Reads the messages of the step's records whose
+        text names a tool at all: asked only when a page filters by it."""
+        with self._query() as con:
+            found = con.execute(
+                "SELECT id, src, rn, grp FROM idx WHERE split = $split AND step = $step AND grp IS NOT NULL",
+                {"split": split, "step": step},
+            ).fetchall()
+            rows = self._rows(
+                con,
+                [(r[0], r[1], r[2]) for r in found],
+                "messages",
+                "contains(messages, '\"tool') OR contains(messages, '\"function_call\"')",
+            )
+        group_of = {r[0]: r[3] for r in found}
+        return {group_of[r[0]] for r in rows if uses_tools(_messages(r[1]))}
+
+    def names(self, name: str) -> tuple[bool, list[str], list[tuple[str, int]]]:
+        """What `name` is the id of: a record (whether), a prompt (the splits it occurs in, train
+        first), groups (each split and step where one has that id)."""
+        with self._query() as con:
+            record = con.execute("SELECT count(*) FROM idx WHERE id = $n", {"n": name}).fetchone()
+            prompts = con.execute("SELECT DISTINCT split FROM idx WHERE prompt = $n", {"n": name}).fetchall()
+            groups = con.execute(
+                "SELECT DISTINCT split, step FROM idx WHERE grp = $n ORDER BY split, step", {"n": name}
+            ).fetchall()
+        order = {s: i for i, s in enumerate(split_order([g[0] for g in groups]))}
+        return (
+            bool(record and record[0]),
+            split_order([r[0] for r in prompts]),
+            sorted(((s, int(n)) for s, n in groups), key=lambda g: (order[g[0]], g[1])),
+        )
+
     def prompts_of(self, ids: Sequence[str]) -> dict[str, str]:
         """The prompt text of each of these records (found in the index first, then read)."""
         if not ids:
@@ -254,7 +322,7 @@ class Archive(Index):
                 "SELECT id, src, rn FROM idx WHERE id IN (SELECT unnest($ids))", {"ids": list(ids)}
             ).fetchall()
             rows = self._rows(con, found, "messages")
-        return {r[0]: split_messages(_loads(r[1], []))[0] for r in rows}
+        return {r[0]: split_messages(_messages(r[1]))[0] for r in rows}
 
     def _completions(
         self,
@@ -288,7 +356,7 @@ class Archive(Index):
         out = []
         for r in index:
             _, raw_messages, raw_metadata = texts.get(r[0], (r[0], None, None))
-            messages = _loads(raw_messages, [])
+            messages = _messages(raw_messages)
             prompt, text = split_messages(messages)
             out.append(
                 Completion(
@@ -306,8 +374,9 @@ class Archive(Index):
                     prompt=prompt,
                     text=text,
                     messages=messages,
-                    metadata=_loads(raw_metadata, {}),
+                    metadata=_metadata(raw_metadata),
                     loaded=r[0] in texts,
+                    prompt_turns=prompt_length(messages),
                 )
             )
         return out

@@ -18,7 +18,7 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import duckdb
@@ -26,6 +26,7 @@ from duckdb.func import SPECIAL
 
 from .._records.groups import DEFAULT_GROUP_KEYS
 from .._select.watch import DEFAULT_WATCH_KEYS
+from ._files import archive_runs, counted, load_jsonl, parquet_columns
 from ._text import words_sql
 
 __all__ = ["LENGTH_KEYS", "TOKEN_COLUMNS", "Index"]
@@ -39,13 +40,6 @@ _INDEX_VERSION = 2
 # The same for the text index (`_text`: bumped when its words or its BLOCK change), kept in a
 # folder of its own beside the index's files.
 _TEXT_FOLDER = "text-1"
-# The columns every file of a ParquetSink archive has (docs/sinks.md); a file without them is skipped.
-_REQUIRED = frozenset(
-    ("id", "step", "split", "messages", "metadata", "reward", "advantage", "policy_version", "stop_reason")
-)
-_JSONL_COLUMNS = (
-    "{id: 'VARCHAR', step: 'BIGINT', split: 'VARCHAR', key: 'VARCHAR', timestamp: 'DOUBLE', sample: 'JSON'}"
-)
 
 
 def _path(key: str) -> str:
@@ -85,6 +79,20 @@ def _mask_count(b64: str | None) -> int | None:
     return len(raw) - raw.count(0)
 
 
+def _write_rows(con: duckdb.DuckDBPyConnection, query: str, path: Path) -> None:
+    """Write the rows of `query` to `path`, whole or not at all; a cache that cannot be
+    written is skipped (it only saves time)."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    quoted = str(temporary).replace("'", "''")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        con.execute(f"COPY ({query}) TO '{quoted}' (FORMAT parquet, COMPRESSION zstd)")
+        os.replace(temporary, path)
+    except (OSError, duckdb.Error):
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+
+
 class Index:
     """A Parquet archive directory (of `ParquetSink` files), a JSONL file, or a directory of
     JSONL files, indexed: table `idx` (and for JSONL, table `records`, the records whole)."""
@@ -100,6 +108,14 @@ class Index:
         if self.path.is_dir():
             parquet = bool(glob.glob(glob.escape(str(self.path)) + "/*.parquet"))
             jsonl = bool(glob.glob(glob.escape(str(self.path)) + "/*.jsonl"))
+            runs = archive_runs(self.path) if not parquet and not jsonl else []
+            if runs:
+                shown = ", ".join(os.path.basename(r) for r in runs[:5]) + (" …" if len(runs) > 5 else "")
+                raise ValueError(
+                    f"{self.path} holds no archive files but {len(runs)} "
+                    f"{'run' if len(runs) == 1 else 'runs'} ({shown}): view one of them, "
+                    f"e.g. asynctrace view {runs[0]}"
+                )
             self.kind = "jsonl" if jsonl and not parquet else "parquet"
         elif self.path.suffix == ".jsonl":
             self.kind = "jsonl"
@@ -113,6 +129,12 @@ class Index:
         self.files: list[str] = []
         # Files of the directory that are not of the archive's schema, with the reason.
         self.skipped: dict[str, str] = {}
+        # Files read but for some records (no integer step, no id...), with how many and why.
+        self.left_out: dict[str, str] = {}
+        # Set by `shut()`: background work stops, queries running are interrupted.
+        self.closing = threading.Event()
+        self._cursors: set[duckdb.DuckDBPyConnection] = set()
+        self._cursors_lock = threading.Lock()
         self._scanned = 0.0
         self._udf = False
         self._loading = False
@@ -151,6 +173,45 @@ class Index:
                 self._scan()
             finally:
                 self._loading = self._defer = False
+
+    @contextlib.contextmanager
+    def cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A cursor of its own for work beside the pages' queries, which `shut()` interrupts."""
+        cursor = self._con.cursor()
+        with self._cursors_lock:
+            self._cursors.add(cursor)
+        try:
+            yield cursor
+        finally:
+            with self._cursors_lock:
+                self._cursors.discard(cursor)
+            cursor.close()
+
+    def _interrupt(self) -> None:
+        with self._cursors_lock:
+            running = list(self._cursors)
+        for con in (*running, self._con):
+            with contextlib.suppress(duckdb.Error):
+                con.interrupt()
+
+    def shut(self, threads: Sequence[threading.Thread], timeout: float) -> bool:
+        """Stop for good, at exit: start no more background work, interrupt every query, and wait
+        up to `timeout` seconds until no thread is inside DuckDB: `threads` (the caller's) and the
+        text indexing ended, and no page's query running (the lock is then kept: none starts).
+        True once so. A thread inside DuckDB when the interpreter exits aborts the process (its
+        C++ code does not let Python's ending of the thread unwind through it).
+
+        It interrupts again while it waits: a query may start between a check and an interrupt."""
+        deadline = time.monotonic() + timeout
+        self.closing.set()
+        while time.monotonic() < deadline:
+            self._interrupt()
+            alive = [t for t in (*threads, self._text_thread) if t is not None and t.is_alive()]
+            if alive:
+                alive[0].join(0.05)
+            elif self._lock.acquire(timeout=0.05):
+                return True
+        return False
 
     def _indexed(self) -> None:
         """Called, under the lock, once new files are in the index: answers derived from it are stale."""
@@ -198,20 +259,13 @@ class Index:
         usable: list[str] = []
         have: set[str] = set()
         for f in files:
-            try:
-                columns = {
-                    r[0] for r in self._con.execute("SELECT name FROM parquet_schema(?)", [f]).fetchall()
-                }
-            except duckdb.Error as exc:
-                self.skipped[f] = f"not a Parquet file DuckDB can read: {str(exc).splitlines()[0]}"
-                continue
-            missing = sorted(_REQUIRED - columns)
-            if missing:
-                self.skipped[f] = f"not a ParquetSink file: no column {', '.join(missing)}"
+            columns = parquet_columns(self._con, f)
+            if isinstance(columns, str):
+                self.skipped[f] = columns
                 continue
             usable.append(f)
             have |= columns
-            self._columns[f] = frozenset(columns)
+            self._columns[f] = columns
         return usable, have
 
     def _index_parquet(self, every: list[str], first: int) -> None:
@@ -252,15 +306,30 @@ class Index:
             "INSERT INTO idx " + self._index_select(relation, tokens, count, "file_row_number"),
             {"files": rest},
         )
+        partial = self._leave_out_incomplete(first)
         if self._defer:
             self.tokens_ready.clear()
             self._untokened += [(first + every.index(f), self._columns[f]) for f in rest]
         for f in rest:
             path = kept[f]
-            if path is not None:
+            # A file with records left out is read again at each start, so each start says so.
+            if path is not None and f not in partial:
                 self._unkept.append((path, first + every.index(f)))
         if not self._loading:
             self.keep()
+
+    def _leave_out_incomplete(self, first: int) -> set[str]:
+        """Take out of the index the records just read without an id, a step or a split (a file
+        another tool wrote: ParquetSink never writes them), each file's count kept in `left_out`;
+        the files they came from."""
+        incomplete = f"src >= {int(first)} AND (id IS NULL OR step IS NULL OR split IS NULL)"
+        rows = self._con.execute(f"SELECT src, count(*) FROM idx WHERE {incomplete} GROUP BY src").fetchall()
+        if not rows:
+            return set()
+        self._con.execute(f"DELETE FROM idx WHERE {incomplete}")
+        for src, n in rows:
+            self.left_out[self.files[src]] = counted({"without an id, a step or a split": n}, "record")
+        return {self.files[src] for src, _ in rows}
 
     def lengths_need_tokens(self) -> bool:
         """Whether a record indexed without its token-level values has no length in its metadata
@@ -279,9 +348,10 @@ class Index:
         cursor of its own so that the overview is answered meanwhile."""
         with self._lock:
             pending, self._untokened = self._untokened, []
-        cursor = self._con.cursor()
-        try:
+        with self.cursor() as cursor:
             for src, columns in pending:
+                if self.closing.is_set():
+                    return
                 tokens, count = _token_values(columns)
                 # A file that went away since is left without them: its pages say it is gone.
                 with contextlib.suppress(duckdb.Error):
@@ -292,11 +362,9 @@ class Index:
                         f"WHERE idx.src = {int(src)} AND idx.rn = t.rn",
                         {"file": self.files[src]},
                     )
-        finally:
-            cursor.close()
-            with self._lock:
-                if not self._untokened:
-                    self.tokens_ready.set()
+        with self._lock:
+            if not self._untokened:
+                self.tokens_ready.set()
 
     def _cached(self, file: str) -> Path | None:
         """Where the index of `file` is kept: named after the file's path, size and time, so a
@@ -318,30 +386,15 @@ class Index:
             pending, self._unkept = self._unkept, []
         if not pending:
             return
-        cursor = self._con.cursor()
-        try:
+        with self.cursor() as cursor:
             for path, src in pending:
+                if self.closing.is_set():
+                    return
                 self._keep(cursor, path, src)
-        finally:
-            cursor.close()
 
     def _keep(self, con: duckdb.DuckDBPyConnection, path: Path, src: int) -> None:
         """Write one file's index rows."""
-        self._keep_rows(con, f"SELECT * EXCLUDE (src) FROM idx WHERE src = {int(src)}", path)
-
-    @staticmethod
-    def _keep_rows(con: duckdb.DuckDBPyConnection, query: str, path: Path) -> None:
-        """Write the rows of `query` to `path`, whole or not at all; a cache that cannot be
-        written is skipped (it only saves time)."""
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        quoted = str(temporary).replace("'", "''")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            con.execute(f"COPY ({query}) TO '{quoted}' (FORMAT parquet, COMPRESSION zstd)")
-            os.replace(temporary, path)
-        except (OSError, duckdb.Error):
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
+        _write_rows(con, f"SELECT * EXCLUDE (src) FROM idx WHERE src = {int(src)}", path)
 
     def index_text_soon(self) -> None:
         """Index the words of the files that have no text index yet, on a thread of its own."""
@@ -356,7 +409,7 @@ class Index:
             self._text_thread.start()
 
     def _index_text_until_done(self) -> None:
-        while True:
+        while not self.closing.is_set():
             self.index_text()
             with self._text_lock:
                 if not self._text_again:
@@ -379,17 +432,16 @@ class Index:
                 ]
             if not todo:
                 return
-            cursor = self._con.cursor()
-            try:
+            with self.cursor() as cursor:
                 for src, file in todo:
+                    if self.closing.is_set():
+                        return
                     try:
                         self._index_words(cursor, src, file)
                     except duckdb.Error:
                         continue  # a file that went away: searched whole, which says it is gone
                     with self._lock:
                         self.text_indexed.add(src)
-            finally:
-                cursor.close()
 
     def _index_words(self, con: duckdb.DuckDBPyConnection, src: int, file: str) -> None:
         """Put one file's words in table `words`, from the cache or from the file."""
@@ -406,7 +458,7 @@ class Index:
             f"INSERT INTO words SELECT {int(src)}, blk, w FROM ({words_sql(relation)})", {"file": file}
         )
         if path is not None:
-            self._keep_rows(con, f"SELECT blk, w FROM words WHERE src = {int(src)}", path)
+            _write_rows(con, f"SELECT blk, w FROM words WHERE src = {int(src)}", path)
 
     def _index_jsonl(self, files: list[str], first: int) -> None:
         """JSONL files are loaded whole into a table with the Parquet archive's columns."""
@@ -414,33 +466,7 @@ class Index:
         self._con.executemany(
             "INSERT INTO new_files VALUES (?, ?)", [(f, first + i) for i, f in enumerate(files)]
         )
-        number = "json_type(m->'{k}') IN ('DOUBLE', 'BIGINT', 'UBIGINT')"
-        integer = "json_type(m->'{k}') IN ('BIGINT', 'UBIGINT')"
-        select = f"""
-            SELECT id, step, split, key, to_timestamp(timestamp) AS timestamp,
-                coalesce(CAST(sample->'messages' AS VARCHAR), '[]') AS messages,
-                CAST(m AS VARCHAR) AS metadata,
-                CASE WHEN {number.format(k="reward")} THEN (m->>'reward')::DOUBLE END AS reward,
-                CASE WHEN {number.format(k="advantage")} THEN (m->>'advantage')::DOUBLE END AS advantage,
-                CASE WHEN {integer.format(k="policy_version")} THEN (m->>'policy_version')::BIGINT
-                     WHEN {integer.format(k="policy_version_max")} THEN (m->>'policy_version_max')::BIGINT
-                END AS policy_version,
-                CASE WHEN json_type(m->'stop_reason') = 'VARCHAR' THEN m->>'stop_reason' END AS stop_reason,
-                TRY_CAST(sample->>'score' AS DOUBLE) AS score,
-                CAST(sample->'spans' AS VARCHAR) AS spans,
-                CAST(sample->'tokens' AS VARCHAR) AS tokens,
-                src
-            FROM (SELECT *, coalesce(sample->'metadata', '{{}}'::JSON) AS m
-                  FROM read_json($files, format = 'newline_delimited', columns = {_JSONL_COLUMNS},
-                                 filename = true, ignore_errors = true)
-                  JOIN new_files USING (filename))
-            WHERE id IS NOT NULL
-        """
-        exists = self._con.execute(
-            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'records'"
-        ).fetchone()
-        verb = "INSERT INTO records " if exists and exists[0] else "CREATE TABLE records AS "
-        self._con.execute(verb + select, {"files": files})
+        self.left_out.update(load_jsonl(self._con, files))
         if not self._udf:
             self._con.create_function("mask_count", _mask_count, ["VARCHAR"], "BIGINT", null_handling=SPECIAL)
             self._udf = True

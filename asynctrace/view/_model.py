@@ -7,16 +7,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 __all__ = [
+    "ADVANTAGE_ZERO",
     "TRUNCATED",
     "Completion",
     "GroupRow",
     "PromptStep",
+    "StepFilter",
     "StepRow",
     "prompt_steps",
-    "split_messages",
+    "split_order",
 ]
 
 # Stop reasons that mean the completion hit its token budget (vLLM and SGLang say "length").
@@ -43,7 +43,8 @@ class StepRow:
 
 @dataclass(frozen=True, slots=True)
 class GroupRow:
-    """One prompt group of a step: its size, reward mean and spread (population standard deviation)."""
+    """One prompt group of a step: its size, reward mean and spread (population standard
+    deviation), mean advantage and truncated completions."""
 
     group: str
     prompt: str | None
@@ -52,11 +53,13 @@ class GroupRow:
     spread: float | None
     truncated: int
     first_id: str
+    advantage_mean: float | None
 
 
 @dataclass(frozen=True, slots=True)
 class Completion:
-    """One record with its texts: the prompt (every message before the last) and the completion."""
+    """One record with its texts: the prompt (the messages before the first assistant turn, the
+    first `prompt_turns` of `messages`) and the completion (every turn after them), as plain text."""
 
     id: str
     step: int
@@ -71,43 +74,25 @@ class Completion:
     has_tokens: bool
     prompt: str
     text: str
-    messages: list[dict[str, Any]]
+    messages: list[Any]
     metadata: dict[str, Any]
     loaded: bool = True
+    prompt_turns: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class PromptStep:
-    """One prompt at one step: how many completions, their rewards and policy versions."""
+    """One prompt at one step: its groups (a prompt may be sampled in several groups at one
+    step), how many completions, their rewards and policy versions."""
 
     step: int
-    group: str | None
+    groups: tuple[str, ...]
     samples: int
     reward_mean: float | None
     reward_min: float | None
     reward_max: float | None
     spread: float | None
     versions: str
-
-
-def _content(message: dict[str, Any]) -> str:
-    """A message's text: its content (the text parts of a list of parts), else its tool calls as JSON."""
-    content = message.get("content")
-    if isinstance(content, list):
-        content = "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
-    if not content and message.get("tool_calls"):
-        return "[tool_calls] " + orjson.dumps(message["tool_calls"]).decode()
-    return content if isinstance(content, str) else ""
-
-
-def split_messages(messages: list[dict[str, Any]]) -> tuple[str, str]:
-    """(prompt, completion): the last message is the completion when the assistant wrote it."""
-    if messages and isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant":
-        head, last = messages[:-1], _content(messages[-1])
-    else:
-        head, last = messages, ""
-    prompt = "\n\n".join(f"{m.get('role', '?')}: {_content(m)}" for m in head if isinstance(m, dict))
-    return prompt, last
 
 
 def prompt_steps(completions: Sequence[Completion]) -> list[PromptStep]:
@@ -128,7 +113,7 @@ def prompt_steps(completions: Sequence[Completion]) -> list[PromptStep]:
         out.append(
             PromptStep(
                 step=step,
-                group=min((c.group for c in items if c.group is not None), default=None),
+                groups=tuple(sorted({c.group for c in items if c.group is not None})),
                 samples=len(items),
                 reward_mean=mean,
                 reward_min=min(rewards, default=None),
@@ -138,3 +123,44 @@ def prompt_steps(completions: Sequence[Completion]) -> list[PromptStep]:
             )
         )
     return out
+
+
+# A group's mean advantage within this of zero counts as zero: GRPO's is zero up to rounding.
+ADVANTAGE_ZERO = 1e-6
+
+
+@dataclass(frozen=True, slots=True)
+class StepFilter:
+    """Which of a step's groups its page lists: only zero-spread ones, only those with a truncated
+    completion, only those whose mean advantage is positive ("pos") or negative ("neg"), only
+    those where some completion called a tool (or got a tool's result)."""
+
+    zero: bool = False
+    truncated: bool = False
+    advantage: str = ""
+    tools: bool = False
+
+    def __bool__(self) -> bool:
+        return self.zero or self.truncated or bool(self.advantage) or self.tools
+
+    def keeps(self, group: GroupRow) -> bool:
+        """Whether `group` passes the filters that the index answers (all but `tools`)."""
+        if self.zero and group.spread != 0:
+            return False
+        if self.truncated and not group.truncated:
+            return False
+        mean = group.advantage_mean
+        if self.advantage == "pos" and not (mean is not None and mean > ADVANTAGE_ZERO):
+            return False
+        return not (self.advantage == "neg" and not (mean is not None and mean < -ADVANTAGE_ZERO))
+
+    def query(self) -> dict[str, str]:
+        """The filters as a page's query parameters."""
+        out = {"zero": "1" if self.zero else "", "truncated": "1" if self.truncated else ""}
+        out.update(adv=self.advantage, tools="1" if self.tools else "")
+        return {k: v for k, v in out.items() if v}
+
+
+def split_order(splits: Sequence[str]) -> list[str]:
+    """Splits as every page lists them: train first, then the others by name."""
+    return sorted(set(splits), key=lambda s: (s != "train", s))

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from html import escape
 
-__all__ = ["line_chart"]
+__all__ = ["Member", "line_chart", "member_strip"]
 
 _COLORS = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c")
 
@@ -93,3 +94,87 @@ def line_chart(
         )
     out.append("</svg>")
     return "".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One member of a group as its strip draws it; `anchor` is its card's id on the page."""
+
+    anchor: str
+    label: str
+    reward: float | None
+    advantage: float | None
+    length: int | None
+    stop_reason: str | None
+    truncated: bool
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def member_strip(members: Sequence[Member], *, width: int = 1100) -> str:
+    """A group at a glance, one column per member linking to its card: a bar of its reward (from
+    0; green where its advantage is positive, red where negative, grey at zero or none), a grey bar
+    of its length below, and an amber frame and a mark when it was truncated. Hovering a column
+    shows its numbers; every member fits in `width` pixels."""
+    count = max(1, len(members))
+    column = max(6, min(56, width // count))
+    bars, lengths, label_height = 64, 14, 14
+    height = bars + lengths + label_height + 10
+    rewards = [r for m in members if (r := _finite(m.reward)) is not None]
+    low, high = min([0.0, *rewards]), max([0.0, *rewards])
+    if high == low:
+        high = low + 1.0
+    longest = max((m.length for m in members if m.length is not None and m.length > 0), default=1)
+
+    def y(value: float) -> float:
+        return 2 + (high - value) / (high - low) * (bars - 4)
+
+    out = [
+        f'<svg class="members" viewBox="0 0 {column * count} {height}" width="{column * count}" '
+        f'height="{height}" role="img" aria-label="reward, advantage, length, stop reason of each member">',
+        f'<line x1="0" x2="{column * count}" y1="{y(0.0):.1f}" y2="{y(0.0):.1f}" class="grid"/>',
+    ]
+    for i, m in enumerate(members):
+        x = i * column
+        advantage = _finite(m.advantage)
+        color = "#9ca3af" if not advantage else ("#16a34a" if advantage > 0 else "#dc2626")
+        tip = (
+            f"{m.label}: reward {_number(m.reward)}, advantage {_number(m.advantage)}, "
+            f"length {'—' if m.length is None else m.length}, stop reason {m.stop_reason or '—'}"
+        )
+        parts = [f'<a href="#{escape(m.anchor)}" class="member"><title>{escape(tip)}</title>']
+        parts.append(f'<rect x="{x}" y="0" width="{column}" height="{height}" class="hit"/>')
+        reward = _finite(m.reward)
+        if reward is not None:
+            top, base = sorted((y(reward), y(0.0)))
+            parts.append(
+                f'<rect x="{x + 1}" y="{top:.1f}" width="{column - 2}" height="{max(1.0, base - top):.1f}" '
+                f'fill="{color}"' + (' stroke="#d97706" stroke-width="2"' if m.truncated else "") + "/>"
+            )
+        else:
+            parts.append(
+                f'<text x="{x + column / 2:.1f}" y="{bars / 2}" class="axis" text-anchor="middle">?</text>'
+            )
+        if m.length is not None and m.length > 0:
+            w = max(1.0, (column - 2) * m.length / longest)
+            parts.append(
+                f'<rect x="{x + 1}" y="{bars + 2}" width="{w:.1f}" height="{lengths - 4}" fill="#9ca3af"/>'
+            )
+        mark = "✂" if m.truncated else ""
+        if column >= 28:
+            mark = f"{_number(m.reward, 2)}{' ✂' if m.truncated else ''}"
+        if mark:
+            parts.append(
+                f'<text x="{x + column / 2:.1f}" y="{bars + lengths + label_height}" class="axis'
+                f'{" cut" if m.truncated else ""}" text-anchor="middle">{escape(mark)}</text>'
+            )
+        parts.append("</a>")
+        out.append("".join(parts))
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _number(value: float | None, digits: int = 4) -> str:
+    return "—" if value is None or not math.isfinite(value) else f"{value:.{digits}g}"

@@ -22,8 +22,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ._archive import Archive
+from ._html import layout, num, url
 from ._model import Completion
-from ._pages import layout, num, url
 from ._token_data import WINDOW, Recent, Signal, TokenRecord, classes
 
 __all__ = ["token_page", "token_routes"]

@@ -90,7 +90,7 @@ def test_click_from_overview_to_tokens(browser_page: tuple[Any, str]) -> None:
     page.wait_for_selector("article.completion")
     assert page.locator("article.completion").count() == _archive.GROUP
     assert page.locator("article.completion.truncated").count() == 1
-    assert page.locator(".side-by-side").bounding_box()["width"] > 600  # side by side, not stacked
+    assert page.locator("div.members").bounding_box()["width"] > 600  # side by side, not stacked
 
     page.click("a.history")
     page.wait_for_selector("table.history")

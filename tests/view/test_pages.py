@@ -85,7 +85,7 @@ def test_overview_numbers_equal_a_duckdb_query(base: str, files: str) -> None:
         assert row["lag_max"] == str(lag_max)
     # The flat prompt is a zero-signal group at every training step, and nowhere else.
     assert [int(r[6]) for r in expected if r[0] == "train"] == [1] * _archive.STEPS
-    assert page.assets == ["/static/view.css"]  # nothing fetched from elsewhere
+    assert page.assets == ["/static/view.css", "/static/favicon.svg"]  # nothing fetched from elsewhere
     assert get(base, "/static/view.css").status == 200
     assert '<svg class="chart"' in page.html
 
