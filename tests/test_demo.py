@@ -310,7 +310,11 @@ def _every_view_has_content(base: str, overview: Any, steps: list[Any]) -> None:
     watched = get(base, f"/prompt?id={WATCHED}")
     tokens_link = next(link for link in watched.links if link.startswith("/tokens?"))
     record = get(base, tokens_link.replace("/tokens?", "/record?"))
-    assert record.status == 200 and "calculator" in record.html and "<b>tool</b>" in record.html
+    assert (
+        record.status == 200
+        and "calculator" in record.html
+        and '<span class="role">tool</span>' in record.html
+    )
     tokens = get(base, tokens_link)
     assert tokens.status == 200 and int(tokens.values["tokens"]) > 0
     spans = re.findall(r'<span class="t[^"]*" id="t\d+" title="[^"]*">([^<]*)</span>', tokens.html)

@@ -70,6 +70,23 @@ def _token_arrays(held: Any) -> dict[str, Any]:
     return out
 
 
+def _parquet_token_arrays(fetched: dict[str, Any]) -> dict[str, Any]:
+    """A Parquet row's token columns (as DuckDB fetched them) as numpy arrays; a column the file
+    lacks, or one whose values are damaged, is left out."""
+    out: dict[str, Any] = {}
+    for name, dtype in TOKEN_FIELDS.items():
+        column = fetched.get(name)
+        if column is None or not len(column) or column[0] is numpy.ma.masked or column[0] is None:
+            continue
+        # A file of another writer may hold nulls in a list, or values of another type.
+        try:
+            held = numpy.ma.filled(column[0], numpy.nan if dtype == "float32" else -1)
+            out[name] = numpy.asarray(held).astype(dtype)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
 def _loads(raw: Any, default: Any) -> Any:
     if raw is None:
         return default
@@ -449,18 +466,7 @@ class Archive(Index):
                 f"WHERE file_row_number = {int(row)}",
                 {"file": self.files[src]},
             ).fetchnumpy()
-        out: dict[str, Any] = {}
-        for name, dtype in TOKEN_FIELDS.items():
-            column = fetched.get(name)
-            if column is None or not len(column) or column[0] is numpy.ma.masked or column[0] is None:
-                continue
-            # A file of another writer may hold nulls in a list, or values of another type.
-            try:
-                held = numpy.ma.filled(column[0], numpy.nan if dtype == "float32" else -1)
-                out[name] = numpy.asarray(held).astype(dtype)
-            except (TypeError, ValueError):
-                continue
-        return out
+        return _parquet_token_arrays(fetched)
 
     def _token_columns(self, file: str) -> list[str]:
         """The token-level columns `file` has (an older file may lack some): NULL stands for the others."""

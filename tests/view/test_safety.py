@@ -37,6 +37,8 @@ _FORBIDDEN_TAGS = {
     "video",
     "audio",
 }
+# The only stylesheets and icon a page links: the server's own files.
+_ASSETS = ("/static/view.css", "/static/tokens.css", "/static/favicon.svg")
 _URL_ATTRIBUTES = ("href", "src", "action", "formaction", "xlink:href", "data", "poster")
 
 
@@ -62,7 +64,7 @@ def inert(path: str, html: str) -> Node:
             if name in _URL_ATTRIBUTES:
                 assert value.startswith(("/", "#")) and not value.startswith("//"), (path, name, value)
         if node.tag == "link":
-            assert node.attrs.get("href") in ("/static/view.css", "/static/favicon.svg"), (path, node.attrs)
+            assert node.attrs.get("href") in _ASSETS, (path, node.attrs)
         if node.tag == "meta":
             assert set(node.attrs) <= {"charset", "name", "content", "http-equiv"}, (path, node.attrs)
             assert node.attrs.get("http-equiv", "refresh") == "refresh" and "url" not in node.attrs.get(
