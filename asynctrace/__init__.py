@@ -82,6 +82,7 @@ def __dir__() -> list[str]:
 
 
 __version__ = "0.1.0"
+"""The package's version, as in pyproject.toml."""
 
 __all__ = [
     "AsyncTraceError",

@@ -327,9 +327,9 @@ def install_shutdown_hooks(
 ) -> Callable[[], None]:
     """Drain `session` within `timeout` seconds on SIGTERM/SIGINT and at interpreter exit.
 
-    Chains to the handlers installed before (see `asynctrace._runtime.shutdown` for what each case
-    does). Must be called from the main thread. Returns a function that removes the hooks
-    (finishing the session removes them too).
+    Chains to the handlers installed before (docs/reliability.md says what each case does).
+    Must be called from the main thread. Returns a function that removes the hooks (finishing
+    the session removes them too).
     """
     target = session.session if isinstance(session, SyncTraceSession) else session
     assert isinstance(target, TraceSession)

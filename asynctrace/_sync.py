@@ -131,10 +131,12 @@ class SyncTraceSession:
 
     @property
     def project(self) -> str:
+        """The session's project."""
         return self.session.project
 
     @property
     def run(self) -> str:
+        """The session's run name (generated when none was given)."""
         return self.session.run
 
     @property
@@ -194,6 +196,7 @@ class SyncTraceSession:
         return life.final
 
     def stats(self) -> SessionStats:
+        """A consistent snapshot of the session's accounting; see `TraceSession.stats`."""
         return self.session.stats()
 
     def __enter__(self) -> SyncTraceSession:

@@ -14,7 +14,7 @@ default) go into a fresh Trackio project under a temporary ``TRACKIO_DIR`` in th
 - "asynctrace, public path": the same, with the writer process's Trackio changed at start-up
   (a ``sitecustomize`` on its ``PYTHONPATH`` gives ``SQLiteStorage.bulk_log`` a signature the
   sink does not recognise, as a later release's might), so it writes through Trackio's public
-  ``run.log`` and reads each batch back (docs/sinks.md, "How the sink writes to Trackio").
+  ``run.log`` and reads each batch back (docs/sinks/trackio.md, "How the sink writes to Trackio").
   Each session variant checks that it wrote the way it is named.
 
 Both open the run with ``embed=False, auto_log_cpu=False, auto_log_gpu=False`` (no dashboard, no

@@ -509,7 +509,7 @@ class GroupSampler(Sampler):
     """Keeps whole prompt groups per step: every sample of the chosen groups, none of the others.
 
     The group of a sample comes from its metadata (`key`: by default ``group_uid``, else
-    ``prompt_index``; see `asynctrace.group_of`). When a step closes its groups are ordered by
+    ``prompt_index``; see docs/choosing.md). When a step closes its groups are ordered by
     the policy: by `stat` of their rewards (``"mean"``, or ``"spread"``: the population standard
     deviation) highest first for ``"top"``, lowest first for ``"bottom"``, alternately the
     highest and the lowest left for ``"top_bottom"``; by arrival for ``"first"``; by a random

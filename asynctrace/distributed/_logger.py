@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 __all__ = ["DistributedTraceLogger", "Mode", "RankStats"]
 
 Mode = Literal["global", "per_rank", "per_rank_stream"]
+"""A `DistributedTraceLogger`'s mode: one selection over every rank, or a run per rank
+(docs/distributed.md)."""
 _MODES: tuple[str, ...] = get_args(Mode)
 
 _OPEN_STEPS_WARNING = 64

@@ -398,11 +398,13 @@ def _close_open_steps(
         logger.error("asynctrace: handing merged steps to the session failed: %s", exc)
 
 
-# The actor class users see as `asynctrace.ray.TraceCollector`. The plain class above keeps its
-# module-level name, so Ray's workers import it by reference instead of pickling it by value.
+# The plain class above keeps its module-level name, so Ray's workers import it by reference
+# instead of pickling it by value.
 RemoteTraceCollector: Any = _remote(
     concurrency_groups={"ingest": INGEST_CONCURRENCY, "control": CONTROL_CONCURRENCY},
 )(TraceCollector)
+"""`asynctrace.ray.TraceCollector`: the class below as a Ray actor; make it with `start_collector`
+(or ``TraceCollector.remote(...)``) and call its methods with ``.remote(...)``."""
 
 
 def start_collector(

@@ -112,7 +112,7 @@ class MlflowSink(Sink):
     """Logs each record as one MLflow trace, linked to a run; metrics go to the run's metrics.
 
     The sink attaches to `run_id`, else to the run active (`mlflow.active_run()`) when it is
-    made, else opens a run of its own and ends it at close. What a trace holds: docs/sinks.md.
+    made, else opens a run of its own and ends it at close. What a trace holds: docs/sinks/mlflow.md.
     """
 
     def __init__(

@@ -4,7 +4,7 @@ A write appends its records to the journal of the file being filled (the commit 
 sink's file maker (`_parquet_maker`) turns each journal into its file, off the write path, with
 a writer process (`_parquet_worker`) doing the conversion. The next sink, or recovery, turns a
 killed one's journals into files (`_parquet_recovery`). The schema and the file life cycle:
-docs/sinks.md.
+docs/sinks/parquet.md.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class ParquetSink(Sink):
     """Writes every record to zstd-compressed Parquet files in `directory`, one schema for all.
 
     A file (``<stem>-<n>.parquet``) is rolled over at the first batch boundary once it holds
-    `max_records` records or `max_bytes` bytes of encoded samples (see docs/sinks.md). With
+    `max_records` records or `max_bytes` bytes of encoded samples (see docs/sinks/parquet.md). With
     `process` (the default) a writer process builds the file's row groups; with
     ``process=False`` a thread of the sink's own does.
     """

@@ -222,7 +222,7 @@ class TrackioSink(Sink):
         #: Replayed records that were already in Trackio and so were not written again.
         self.duplicates_skipped = 0
         #: How the sink writes to Trackio, once open: "private" (Trackio's storage class),
-        #: "public" (its public API, read back) or "remote" (docs/sinks.md).
+        #: "public" (its public API, read back) or "remote" (docs/sinks/trackio.md).
         self.trackio_path: str | None = None
         self._fallback_told = False
 

@@ -1,5 +1,6 @@
 """The log ids `TrackioSink` gives its entries where it commits them itself, and the record ids
-they decode back to (docs/reliability.md, "Idempotency"; the chip they make: docs/sinks.md)."""
+they decode back to (docs/reliability.md, "Idempotency"; the chip they make:
+docs/sinks/trackio.md, "What the dashboard shows")."""
 
 from __future__ import annotations
 

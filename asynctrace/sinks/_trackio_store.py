@@ -1,7 +1,7 @@
 """Trackio's local storage as `TrackioSink` uses it: which records a run holds, read back from the
 project's database, and Trackio's private bulk commit, used only where it is found as expected.
 
-Both ways the sink writes locally (docs/sinks.md, "How the sink writes to Trackio") rely on the
+Both ways the sink writes locally (docs/sinks/trackio.md, "How the sink writes to Trackio") rely on the
 read-back: it skips what a replay finds already stored, and on the public path it is how a write
 learns that Trackio's own thread has committed it. Imported in the writer only (it imports Trackio).
 """

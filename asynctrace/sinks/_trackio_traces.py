@@ -1,5 +1,5 @@
 """What a record becomes in Trackio: a trace whose metadata and spans carry what the Traces tab
-shows (docs/sinks.md, "What the dashboard shows")."""
+shows (docs/sinks/trackio.md, "What the dashboard shows")."""
 
 from __future__ import annotations
 

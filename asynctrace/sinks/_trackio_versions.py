@@ -2,7 +2,7 @@
 
 There is no upper bound: what the sink needs of a newer Trackio is detected when its run is
 opened (`_trackio_store.find_bulk_log`), and the sink writes through Trackio's public API where
-the faster private commit is missing or changed (docs/sinks.md, "Supported Trackio releases").
+the faster private commit is missing or changed (docs/sinks/trackio.md, "Supported Trackio releases").
 """
 
 from __future__ import annotations

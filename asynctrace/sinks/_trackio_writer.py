@@ -2,7 +2,7 @@
 
 It runs in a writer process by default (see `_trackio_worker`), or in a worker thread with
 ``TrackioSink(process=False)``. Kept free of asynctrace's event-loop code on purpose. It writes in
-one of three ways, its `path` (docs/sinks.md, "How the sink writes to Trackio"):
+one of three ways, its `path` (docs/sinks/trackio.md, "How the sink writes to Trackio"):
 
 - ``"private"``, locally where Trackio's storage class is as expected (`find_bulk_log`): each batch
   committed through `SQLiteStorage.bulk_log` before `write` returns, under log ids of the sink's

@@ -143,7 +143,7 @@ class WandbSink(Sink):
     its rows. Attached, by default, a write hands its rows to W&B, which writes them with the
     trainer's step, and the session counts them written once the `.wandb` file holds them
     (`confirm`); ``wait_for_log=False`` counts them once handed over. Tables, columns, steps,
-    acknowledgements and attached runs: docs/sinks.md.
+    acknowledgements and attached runs: docs/sinks/wandb.md.
     """
 
     def __init__(
@@ -214,7 +214,8 @@ class WandbSink(Sink):
         # A deadline walks away from a call a stalled W&B service blocks; `_io` keeps the calls
         # in order on the run, and every call into wandb goes through it, on a daemon thread.
         self._io = Serial("WandbSink", _permanent)
-        # What W&B has persisted: the run's `.wandb` file, read back (docs/sinks.md).
+        # What W&B has persisted: the run's `.wandb` file, read back (docs/sinks/wandb.md,
+        # "Acknowledgements").
         self._acks = Acks(self._io, self._open_step, self._probe)
 
     def recovery_args(self) -> dict[str, Any] | None:

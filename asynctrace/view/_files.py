@@ -14,7 +14,8 @@ import duckdb
 
 __all__ = ["REQUIRED", "archive_runs", "counted", "load_jsonl", "parquet_columns"]
 
-# The columns every file of a ParquetSink archive has (docs/sinks.md); a file without them is skipped.
+# The columns every file of a ParquetSink archive has (docs/sinks/parquet.md); a file without them is
+# skipped.
 REQUIRED = frozenset(
     ("id", "step", "split", "messages", "metadata", "reward", "advantage", "policy_version", "stop_reason")
 )
