@@ -211,6 +211,27 @@ async def test_damaged_lines_in_a_dead_journal_are_skipped_counted_and_named(tmp
     assert not _hidden(tmp_path)
 
 
+def test_a_journal_line_with_a_time_out_of_range_is_skipped_not_the_whole_journal(tmp_path: Path) -> None:
+    """A killed sink's journal with lines whose timestamps no 64-bit microsecond column holds
+    (1e300, -1e300 s): those two are skipped and counted, the other 28 records become a file,
+    and no journal is left behind."""
+    done = _run_child("killed-after-write", str(tmp_path), "30")
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    (journal,) = tmp_path.glob(".*.journal")
+    lines = journal.read_bytes().split(b"\n")
+    for rid, when in (("k-3", 1e300), ("k-17", -1e300)):
+        (at_line,) = [i for i, line in enumerate(lines) if f'"id":"{rid}"'.encode() in line]
+        lines[at_line] = orjson.dumps({**orjson.loads(lines[at_line]), "timestamp": when})
+    journal.write_bytes(b"\n".join(lines))
+    sink = at.ParquetSink(tmp_path, process=False)
+    anyio.run(sink.open)
+    anyio.run(sink.close)
+    assert sink.recovered == 28
+    assert [(d.path, d.lines, d.error) for d in sink.damaged_journals] == [(journal, 2, None)]
+    assert sorted(_ids(tmp_path)) == sorted(f"k-{i}" for i in range(30) if i not in (3, 17))
+    assert not _hidden(tmp_path)
+
+
 _KILLED_AFTER_FLUSH = """
 import os, signal, sys
 import asynctrace as at
