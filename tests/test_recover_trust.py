@@ -168,3 +168,29 @@ def test_recover_refuses_what_a_setup_should_not_hold_and_keeps_the_records(
     after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and spool not in p.parents}
     assert after == before
     assert len(list(spool.glob("setup-*.json"))) == 1
+
+
+def test_a_spool_lock_that_is_a_link_is_not_followed(tmp_path: Path) -> None:
+    """A copied spool whose `.lock` is a link to another file (or a FIFO in its place): recover
+    stops with exit 2 naming the lock, a session refuses the spool with a SpoolError, and the
+    file the link leads to is neither truncated nor written; the records stay in the spool."""
+    spool = tmp_path / "spool"
+    rs.leave(spool)
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me\n")
+    (spool / ".lock").unlink()
+    (spool / ".lock").symlink_to(precious)
+    result = h.recover(str(spool))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stdout + result.stderr
+    assert "cannot lock the spool directory" in result.stderr, result.stderr
+    session = at.TraceSession("p", run="r", sinks=[at.testing.MemorySink()], spool_dir=spool)
+    with pytest.raises(at.SpoolError, match="cannot lock the spool directory"), session:
+        pass
+    assert precious.read_text() == "keep me\n"
+    (spool / ".lock").unlink()
+    os.mkfifo(spool / ".lock")
+    session = at.TraceSession("p", run="r", sinks=[at.testing.MemorySink()], spool_dir=spool)
+    with pytest.raises(at.SpoolError, match="not a regular file"), session:
+        pass
+    (spool / ".lock").unlink()
+    assert len(list(spool.glob("seg-*.jsonl"))) == 1
