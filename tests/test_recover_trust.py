@@ -4,13 +4,17 @@ records of a session whose setup it will not follow."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
 import anyio
+import orjson
+import pyarrow.parquet as pq
 import pytest
 
 import asynctrace as at
@@ -194,3 +198,43 @@ def test_a_spool_lock_that_is_a_link_is_not_followed(tmp_path: Path) -> None:
         pass
     (spool / ".lock").unlink()
     assert len(list(spool.glob("seg-*.jsonl"))) == 1
+
+
+def _forge(segment: Path, kind: bytes, edit: dict[str, Any], nth: int = 0) -> None:
+    """Change fields of the `nth` line of `kind` (b"h", b"r") in `segment` and seal it again with
+    a matching CRC, as whoever edits a spool can."""
+    lines = segment.read_bytes().split(b"\n")
+    at = [i for i, line in enumerate(lines) if line.startswith(b'{"t":"' + kind + b'"')][nth]
+    line = lines[at]
+    cut = line.find(b',"sample":') if kind == b"r" else line.rindex(b',"c":')
+    head = orjson.loads(line[:cut] + b"}")
+    changed = json.dumps({**head, **edit}, separators=(",", ":")).encode()  # orjson stops at 64 bits
+    body = changed[:-1] + line[cut : line.rindex(b',"c":')]
+    lines[at] = body + b',"c":%d}' % zlib.crc32(body)
+    segment.write_bytes(b"\n".join(lines))
+
+
+def test_spool_lines_with_fields_no_session_writes_are_corrupt_not_replayed(tmp_path: Path) -> None:
+    """Record lines edited with a matching CRC to hold a step past 64 bits, a time past what a
+    sink's column holds, an id that is no string, and a file whose header names a path as its
+    project: those lines (and that file) are counted and named, the other records reach the JSONL
+    and Parquet sinks exactly once, recover goes on past them, and exits 1."""
+    spool, out, archive = tmp_path / "spool", tmp_path / "out.jsonl", tmp_path / "archive"
+    parquet = {"name": "parquet", "kind": "parquet", "args": {"directory": str(archive)}}
+    sessions = [rs.leave(spool, run) for run in ("r1", "r2")]
+    for session in sessions:
+        rs.set_sinks(spool, session, [rs.jsonl(out), parquet])
+    edited, headless = (next(spool.glob(f"seg-*-{s}-*.jsonl")) for s in sessions)
+    for nth, edit in enumerate([{"step": 2**70}, {"ts": 1e300}, {"id": 7}]):
+        _forge(edited, b"r", edit, nth)
+    _forge(headless, b"h", {"project": "../elsewhere"})
+    result = h.recover(str(spool))
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stdout + result.stderr
+    assert f"skipped: {edited.name}: 3 corrupt line(s) skipped" in result.stdout, result.stdout
+    assert f"skipped: {headless.name}: no valid header" in result.stdout, result.stdout
+    assert "stopped" not in result.stdout, result.stdout
+    assert rs.uids(out) == {"r1/0:3": 1, "r1/0:4": 1}
+    assert sorted(orjson.loads(m)["uid"] for m in pq.read_table(archive).column("metadata").to_pylist()) == [
+        "0:3",
+        "0:4",
+    ]
