@@ -308,3 +308,40 @@ def test_recover_skips_damaged_journal_lines_and_touches_no_file_it_did_not_writ
     links = [p for p in archive.iterdir() if p.is_symlink()]
     assert [os.readlink(p) for p in links] == [str(elsewhere / "dead.journal")], "the link was touched"
     assert sorted(_hidden(archive)) == sorted(p.name for p in [*foreign, *links] if p.parent == archive)
+
+
+_KILLED_WITH_A_HUNG_SINK = """
+import os, signal, sys, time
+import asynctrace as at
+
+archive, spool, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+sinks = [at.ParquetSink(archive), at.testing.MemorySink("memory", hang=True)]
+with at.TraceSession("p", run="r", sinks=sinks, spool_dir=spool) as s:
+    s.log_samples([{"prompt": f"q{i}", "response": "a", "uid": f"0:{i}"} for i in range(count)], step=0)
+    deadline = time.monotonic() + 60
+    while s.stats().sinks["parquet"].written < count:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    os.kill(os.getpid(), signal.SIGKILL)  # the records stay in the spool: the other sink has none
+"""
+
+
+def test_recover_that_replays_names_the_damaged_lines_its_sink_found_at_open(tmp_path: Path) -> None:
+    """A killed session whose other sink hung leaves its records in the spool and its Parquet
+    journal damaged: recover replays them, its ParquetSink turns the journal into a file at open,
+    and the summary still names the journal and the lines lost, with exit status 1."""
+    archive, spool = tmp_path / "archive", tmp_path / "spool"
+    child = subprocess.run(
+        [sys.executable, "-c", _KILLED_WITH_A_HUNG_SINK, str(archive), str(spool), "50"],
+        env=h.env(), cwd=h.ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    (journal,) = archive.glob(".*.journal")
+    ids = [orjson.loads(line)["id"] for line in journal.read_bytes().splitlines()[1:]]
+    _damage(journal, ids[5:8])
+    result = h.recover(str(spool))
+    assert "p/r: 50 replayed" in result.stdout, result.stdout
+    said = f"{journal}: 3 damaged journal lines skipped (their records are lost)"
+    assert said in result.stdout, result.stdout
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert len(_ids(archive)) == 47 and not _hidden(archive)
