@@ -329,7 +329,8 @@ with at.TraceSession("p", run="r", sinks=sinks, spool_dir=spool) as s:
 def test_recover_that_replays_names_the_damaged_lines_its_sink_found_at_open(tmp_path: Path) -> None:
     """A killed session whose other sink hung leaves its records in the spool and its Parquet
     journal damaged: recover replays them, its ParquetSink turns the journal into a file at open,
-    and the summary still names the journal and the lines lost, with exit status 1."""
+    and the summary still names the journal and the lines lost, with exit status 1 (and says once
+    why the in-memory sink gets nothing)."""
     archive, spool = tmp_path / "archive", tmp_path / "spool"
     child = subprocess.run(
         [sys.executable, "-c", _KILLED_WITH_A_HUNG_SINK, str(archive), str(spool), "50"],
@@ -345,3 +346,6 @@ def test_recover_that_replays_names_the_damaged_lines_its_sink_found_at_open(tmp
     assert said in result.stdout, result.stdout
     assert result.returncode == 1, result.stdout + result.stderr
     assert len(_ids(archive)) == 47 and not _hidden(archive)
+    unmade = "  sink 'memory' cannot be made outside the trainer, so it gets nothing: "
+    unmade += "its recovery_args() is None"
+    assert unmade in result.stdout.splitlines(), result.stdout
