@@ -232,6 +232,50 @@ def test_a_journal_line_with_a_time_out_of_range_is_skipped_not_the_whole_journa
     assert not _hidden(tmp_path)
 
 
+def _open_and_close(directory: Path) -> at.ParquetSink:
+    sink = at.ParquetSink(directory, process=False)
+    anyio.run(sink.open)
+    anyio.run(sink.close)
+    return sink
+
+
+def test_a_file_under_a_dead_journals_name_goes_with_it_only_when_it_holds_its_records(
+    tmp_path: Path,
+) -> None:
+    """A killed sink's journal whose file name is taken by a file that is not its own (another
+    writer's Parquet file) is left, named, and the file untouched; once that file is gone the
+    journal becomes its file; and that journal back in place (a kill after the file was named,
+    before the journal was removed) only goes, adding no row twice."""
+    archive = tmp_path / "archive"
+    done = _run_child("killed-after-write", str(archive), "30")
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    (journal,) = archive.glob(".*.journal")
+    kept = journal.read_bytes()
+    final = archive / (journal.name[1:].removesuffix(".journal") + ".parquet")
+    other = tmp_path / "other"
+    foreign = at.ParquetSink(other, stem="o", process=False)
+    anyio.run(foreign.open)
+    anyio.run(foreign.write, [_record(f"other-{i}") for i in range(3)])
+    anyio.run(foreign.close)
+    (made,) = other.glob("o-*.parquet")
+    final.write_bytes(made.read_bytes())
+    planted = final.read_bytes()
+
+    first = _open_and_close(archive)
+    assert first.recovered == 0 and journal.exists() and final.read_bytes() == planted
+    ((path, lines_lost, error),) = first.damaged_journals
+    assert path == journal and lines_lost == 0 and "does not hold this journal's records" in (error or "")
+
+    final.unlink()
+    assert _open_and_close(archive).recovered == 30 and not journal.exists()
+    assert sorted(_ids(archive)) == sorted(f"k-{i}" for i in range(30))
+
+    journal.write_bytes(kept)
+    again = _open_and_close(archive)
+    assert again.recovered == 0 and not again.damaged_journals and not journal.exists()
+    assert sorted(_ids(archive)) == sorted(f"k-{i}" for i in range(30))
+
+
 _KILLED_AFTER_FLUSH = """
 import os, signal, sys
 import asynctrace as at
