@@ -238,3 +238,23 @@ def test_spool_lines_with_fields_no_session_writes_are_corrupt_not_replayed(tmp_
         "0:3",
         "0:4",
     ]
+
+
+def test_a_spool_file_that_is_a_link_is_not_followed(tmp_path: Path) -> None:
+    """A spool holding, under a segment's name, a link to another spool's segment: recover
+    delivers its own records only, names the link as unreadable (exit 1), and leaves the other
+    spool's file as it was, its records still for that spool's recover."""
+    mine, theirs, out = tmp_path / "mine", tmp_path / "theirs", tmp_path / "out.jsonl"
+    rs.set_sinks(mine, rs.leave(mine, "r1"), [rs.jsonl(out)])
+    rs.set_sinks(theirs, rs.leave(theirs, "r2"), [rs.jsonl(out)])
+    (target,) = theirs.glob("seg-*.jsonl")
+    before = target.read_bytes()
+    link = mine / f"seg-{'0' * 20}-linked-0000.jsonl"
+    link.symlink_to(target)
+    result = h.recover(str(mine))
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stdout + result.stderr
+    assert f"skipped: {link.name}: unreadable (OSError: a link, not followed)" in result.stdout, result.stdout
+    assert rs.uids(out) == {f"r1/0:{i}": 1 for i in range(5)}
+    assert target.read_bytes() == before
+    assert h.recover(str(theirs)).returncode == 0
+    assert rs.uids(out) == {f"r{run}/0:{i}": 1 for run in (1, 2) for i in range(5)}

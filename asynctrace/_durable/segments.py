@@ -16,8 +16,10 @@ is counted and reported, and the rest of the spool is still used.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
+import stat
 import time
 import zlib
 from collections.abc import Iterable, Sequence
@@ -60,6 +62,8 @@ SINK_ACK_PREFIX = b'{"t":"s"'  # a sink's own acknowledgement (see `sink_ack_lin
 FileKind = Literal["seg", "dead"]
 
 _CRC = b',"c":'
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 # A record's time in seconds: what a 64-bit count of microseconds holds (the sinks' columns).
 _MAX_SECONDS = (2**63 - 1) / 1e6
 _SAMPLE = b',"sample":'
@@ -315,10 +319,26 @@ def _parse_record(body: bytes, offset: int) -> RawRecord | None:
     )
 
 
+def _read_regular(path: Path) -> bytes:
+    """The bytes of the regular file at `path`; an OSError for anything else. A spool directory
+    gets copied between people: a link in it is never followed (it could lead to another spool's
+    files, or anywhere), nor a FIFO waited on."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW | _CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, "a link, not followed") from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        return f.read()
+
+
 def read_file(path: Path, kind: FileKind) -> FileScan:
     scan = FileScan(name=path.name, path=path, kind=kind)
     try:
-        data = path.read_bytes()
+        data = _read_regular(path)
     except OSError as exc:
         scan.error = f"{type(exc).__name__}: {exc.strerror or exc}"
         return scan
@@ -428,7 +448,8 @@ def scan_dir(directory: Path) -> DirScan:
     earlier one. `deps` records which files a file's acknowledgements refer to, so a file is
     deleted only after those (see `books.Books.collect`).
     """
-    paths = sorted(p for p in directory.iterdir() if p.suffix == SUFFIX and p.is_file())
+    # Links too, to be told (`read_file` does not follow them).
+    paths = sorted(p for p in directory.iterdir() if p.suffix == SUFFIX and (p.is_file() or p.is_symlink()))
     files: list[FileScan] = []
     for path in paths:
         if path.name.startswith(f"{SEGMENT}-"):
@@ -476,7 +497,7 @@ def load_records(scan: FileScan, records: Sequence[RawRecord]) -> list[TraceReco
     """The payloads of `records` read back from `scan`'s file, as replayed `TraceRecord`s."""
     if not records:
         return []
-    data = scan.path.read_bytes()
+    data = _read_regular(scan.path)
     out = []
     for r in records:
         payload = data[r.offset : r.offset + r.size]
