@@ -322,6 +322,9 @@ async def _recover_into(
             )
             result.where = where
             report.groups.append(result)
+            # Its Parquet sinks turned the killed sinks' journals into files at open: what they
+            # could not take whole is told, as what the journals' last pass finds is.
+            _note_damage(report, sinks or [])
         report.unused = sorted(set(makers) - named)
         # Nothing of its session to replay, but what else its sinks needed (a Parquet journal
         # turned into a file) is unknown: the file stays, and the recovery is not whole.
@@ -388,9 +391,8 @@ def _finish_setups(
     done: dict[str, bool] = {}  # archive directory -> its journals are files now
     for setup in setups.values():
         whole = True
-        for sink in rebuild_sinks(setup.sinks).sinks:
-            inner = sink.sink if isinstance(sink, Selected) else sink
-            if isinstance(inner, ParquetSink) and str(inner.directory) not in done:
+        for inner in _parquet_sinks(rebuild_sinks(setup.sinks).sinks):
+            if str(inner.directory) not in done:
                 done[str(inner.directory)] = True
                 try:
                     report.finalized += inner.finalize_journals()
@@ -399,13 +401,26 @@ def _finish_setups(
                     report.unfinished.append(
                         (str(inner.directory), f"its journals were not turned into files: {describe(exc)}")
                     )
-                report.damaged_journals += inner.damaged_journals
+                _note_damage(report, [inner])
                 if any(j.error is not None for j in inner.damaged_journals):
                     done[str(inner.directory)] = False
-            if isinstance(inner, ParquetSink):
-                whole = whole and done[str(inner.directory)]
+            whole = whole and done[str(inner.directory)]
         if setup.session not in left and whole:
             remove_setup(directory, setup.session)
+
+
+def _parquet_sinks(sinks: list[Sink]) -> Iterator[ParquetSink]:
+    """The `ParquetSink`s among `sinks`, tiers' included."""
+    for sink in sinks:
+        inner = sink.sink if isinstance(sink, Selected) else sink
+        if isinstance(inner, ParquetSink):
+            yield inner
+
+
+def _note_damage(report: RecoverReport, sinks: list[Sink]) -> None:
+    """Add the journals the Parquet sinks among `sinks` could not take whole (once each)."""
+    for sink in _parquet_sinks(sinks):
+        report.damaged_journals += [j for j in sink.damaged_journals if j not in report.damaged_journals]
 
 
 async def _replay_group(

@@ -168,6 +168,7 @@ class ScrubbedUrl(NamedTuple):
 
 
 _URL = re.compile(_SCHEME)
+_SEPARATORS = re.compile("([&;])")
 
 
 def scrub_url(text: str) -> ScrubbedUrl:
@@ -191,11 +192,19 @@ def scrub_url(text: str) -> ScrubbedUrl:
 
 def _without_credentials(params: str) -> str:
     """A query (or fragment) without the parameters named like a credential; the others kept
-    exactly as written."""
+    exactly as written. Parameters are cut at ``&`` and at ``;`` (which servers also take as a
+    separator, and `scrub` does), so ``?a=1;token=...`` loses its token too."""
     if "=" not in params:
         return params
-    kept = [p for p in params.split("&") if not _CREDENTIAL_PARAM.fullmatch(unquote(p.partition("=")[0]))]
-    return "&".join(kept)
+    pieces = _SEPARATORS.split(params)  # parameter, separator, parameter, ...
+    kept: list[str] = []
+    for i in range(0, len(pieces), 2):
+        if _CREDENTIAL_PARAM.fullmatch(unquote(pieces[i].partition("=")[0])):
+            continue
+        if kept:
+            kept.append(pieces[i - 1])  # the separator before it
+        kept.append(pieces[i])
+    return "".join(kept)
 
 
 def describe(exc: BaseException) -> str:

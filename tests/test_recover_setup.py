@@ -176,6 +176,26 @@ def test_no_url_credential_reaches_the_spool_and_recover_says_what_it_lacks(tmp_
     assert "from MLFLOW_TRACKING_TOKEN" in notes["mlflow"] and "from TRACKIO_WRITE_TOKEN" in notes["trackio"]
 
 
+def test_a_credential_after_a_semicolon_is_left_out_of_the_setup_too() -> None:
+    """A URL whose query or fragment separates parameters with `;` (as servers also read them, and
+    as scrubbed text treats them) keeps none of its credentials in the spec; its other
+    parameters stay as written."""
+    from asynctrace.sinks import MlflowSink
+    from asynctrace.sinks._spec import describe_sinks
+
+    sinks = [
+        MlflowSink(tracking_uri="http://127.0.0.1:9/?a=1;api_key=MLSEMI1&b=2", attach_active=False),
+        at.TrackioSink(server_url="http://127.0.0.1:9/?project=x;write_token=TRSEMI2#sig=TRSEMI3;v=1"),
+    ]
+    specs = describe_sinks(sinks)
+    text = orjson.dumps(specs).decode()
+    for secret in ("MLSEMI1", "TRSEMI2", "TRSEMI3"):
+        assert secret not in text, text
+    assert [spec["withheld"] for spec in specs] == [["tracking_uri"], ["server_url"]]
+    assert specs[0]["args"]["tracking_uri"] == "http://127.0.0.1:9/?a=1&b=2"
+    assert specs[1]["args"]["server_url"] == "http://127.0.0.1:9/?project=x#v=1"
+
+
 def test_a_dead_letter_keeps_no_credential_of_a_url_in_its_error(tmp_path: Path) -> None:
     """A sink failing with an error that quotes a URL's password and its `key=`/`sig=` values:
     the dead letter and the stats hold the error with them replaced by `***`."""

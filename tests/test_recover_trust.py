@@ -4,13 +4,17 @@ records of a session whose setup it will not follow."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
 import anyio
+import orjson
+import pyarrow.parquet as pq
 import pytest
 
 import asynctrace as at
@@ -168,3 +172,89 @@ def test_recover_refuses_what_a_setup_should_not_hold_and_keeps_the_records(
     after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and spool not in p.parents}
     assert after == before
     assert len(list(spool.glob("setup-*.json"))) == 1
+
+
+def test_a_spool_lock_that_is_a_link_is_not_followed(tmp_path: Path) -> None:
+    """A copied spool whose `.lock` is a link to another file (or a FIFO in its place): recover
+    stops with exit 2 naming the lock, a session refuses the spool with a SpoolError, and the
+    file the link leads to is neither truncated nor written; the records stay in the spool."""
+    spool = tmp_path / "spool"
+    rs.leave(spool)
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me\n")
+    (spool / ".lock").unlink()
+    (spool / ".lock").symlink_to(precious)
+    result = h.recover(str(spool))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stdout + result.stderr
+    assert "cannot lock the spool directory" in result.stderr, result.stderr
+    session = at.TraceSession("p", run="r", sinks=[at.testing.MemorySink()], spool_dir=spool)
+    with pytest.raises(at.SpoolError, match="cannot lock the spool directory"), session:
+        pass
+    assert precious.read_text() == "keep me\n"
+    (spool / ".lock").unlink()
+    os.mkfifo(spool / ".lock")
+    session = at.TraceSession("p", run="r", sinks=[at.testing.MemorySink()], spool_dir=spool)
+    with pytest.raises(at.SpoolError, match="not a regular file"), session:
+        pass
+    (spool / ".lock").unlink()
+    assert len(list(spool.glob("seg-*.jsonl"))) == 1
+
+
+def _forge(segment: Path, kind: bytes, edit: dict[str, Any], nth: int = 0) -> None:
+    """Change fields of the `nth` line of `kind` (b"h", b"r") in `segment` and seal it again with
+    a matching CRC, as whoever edits a spool can."""
+    lines = segment.read_bytes().split(b"\n")
+    at = [i for i, line in enumerate(lines) if line.startswith(b'{"t":"' + kind + b'"')][nth]
+    line = lines[at]
+    cut = line.find(b',"sample":') if kind == b"r" else line.rindex(b',"c":')
+    head = orjson.loads(line[:cut] + b"}")
+    changed = json.dumps({**head, **edit}, separators=(",", ":")).encode()  # orjson stops at 64 bits
+    body = changed[:-1] + line[cut : line.rindex(b',"c":')]
+    lines[at] = body + b',"c":%d}' % zlib.crc32(body)
+    segment.write_bytes(b"\n".join(lines))
+
+
+def test_spool_lines_with_fields_no_session_writes_are_corrupt_not_replayed(tmp_path: Path) -> None:
+    """Record lines edited with a matching CRC to hold a step past 64 bits, a time past what a
+    sink's column holds, an id that is no string, and a file whose header names a path as its
+    project: those lines (and that file) are counted and named, the other records reach the JSONL
+    and Parquet sinks exactly once, recover goes on past them, and exits 1."""
+    spool, out, archive = tmp_path / "spool", tmp_path / "out.jsonl", tmp_path / "archive"
+    parquet = {"name": "parquet", "kind": "parquet", "args": {"directory": str(archive)}}
+    sessions = [rs.leave(spool, run) for run in ("r1", "r2")]
+    for session in sessions:
+        rs.set_sinks(spool, session, [rs.jsonl(out), parquet])
+    edited, headless = (next(spool.glob(f"seg-*-{s}-*.jsonl")) for s in sessions)
+    for nth, edit in enumerate([{"step": 2**70}, {"ts": 1e300}, {"id": 7}]):
+        _forge(edited, b"r", edit, nth)
+    _forge(headless, b"h", {"project": "../elsewhere"})
+    result = h.recover(str(spool))
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stdout + result.stderr
+    assert f"skipped: {edited.name}: 3 corrupt line(s) skipped" in result.stdout, result.stdout
+    assert f"skipped: {headless.name}: no valid header" in result.stdout, result.stdout
+    assert "stopped" not in result.stdout, result.stdout
+    assert rs.uids(out) == {"r1/0:3": 1, "r1/0:4": 1}
+    assert sorted(orjson.loads(m)["uid"] for m in pq.read_table(archive).column("metadata").to_pylist()) == [
+        "0:3",
+        "0:4",
+    ]
+
+
+def test_a_spool_file_that_is_a_link_is_not_followed(tmp_path: Path) -> None:
+    """A spool holding, under a segment's name, a link to another spool's segment: recover
+    delivers its own records only, names the link as unreadable (exit 1), and leaves the other
+    spool's file as it was, its records still for that spool's recover."""
+    mine, theirs, out = tmp_path / "mine", tmp_path / "theirs", tmp_path / "out.jsonl"
+    rs.set_sinks(mine, rs.leave(mine, "r1"), [rs.jsonl(out)])
+    rs.set_sinks(theirs, rs.leave(theirs, "r2"), [rs.jsonl(out)])
+    (target,) = theirs.glob("seg-*.jsonl")
+    before = target.read_bytes()
+    link = mine / f"seg-{'0' * 20}-linked-0000.jsonl"
+    link.symlink_to(target)
+    result = h.recover(str(mine))
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stdout + result.stderr
+    assert f"skipped: {link.name}: unreadable (OSError: a link, not followed)" in result.stdout, result.stdout
+    assert rs.uids(out) == {f"r1/0:{i}": 1 for i in range(5)}
+    assert target.read_bytes() == before
+    assert h.recover(str(theirs)).returncode == 0
+    assert rs.uids(out) == {f"r{run}/0:{i}": 1 for run in (1, 2) for i in range(5)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import stat
 import time
 from pathlib import Path
 
@@ -20,6 +21,7 @@ except ImportError:  # pragma: no cover
 __all__ = ["LOCK_NAME", "SpoolDir", "WriteErrors"]
 
 LOCK_NAME = ".lock"
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 ERROR_LOG_INTERVAL = 60.0
 
 
@@ -64,7 +66,13 @@ class SpoolDir:
                     f"(mode {mode:o}) and cannot be made private: {describe(exc)}"
                 ) from exc
         try:
-            fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+            # A spool directory gets copied between machines and people: its lock file is opened
+            # only as the regular file it is, never through a link (truncated and written below).
+            flags = os.O_RDWR | os.O_CREAT | _NOFOLLOW | os.O_NONBLOCK
+            fd = os.open(directory / LOCK_NAME, flags, 0o600)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise SpoolError(f"the spool directory's {LOCK_NAME} is not a regular file")
             if fcntl is not None:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -16,7 +16,10 @@ is counted and reported, and the rest of the spool is still used.
 
 from __future__ import annotations
 
+import errno
+import math
 import os
+import stat
 import time
 import zlib
 from collections.abc import Iterable, Sequence
@@ -26,6 +29,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
+from .._checks import MAX_STEP, check_project_run
 from .._records.types import TraceRecord
 from .._security import scrub_bytes
 
@@ -58,6 +62,10 @@ SINK_ACK_PREFIX = b'{"t":"s"'  # a sink's own acknowledgement (see `sink_ack_lin
 FileKind = Literal["seg", "dead"]
 
 _CRC = b',"c":'
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+# A record's time in seconds: what a 64-bit count of microseconds holds (the sinks' columns).
+_MAX_SECONDS = (2**63 - 1) / 1e6
 _SAMPLE = b',"sample":'
 
 
@@ -267,31 +275,70 @@ def _unseal(line: bytes) -> bytes | None:
     return body if zlib.crc32(body) == crc else None
 
 
+def _number(value: Any, bound: float) -> bool:
+    """`value` is a JSON number (not a bool) within `bound` either side of zero."""
+    return type(value) in (int, float) and -bound <= value <= bound
+
+
 def _parse_record(body: bytes, offset: int) -> RawRecord | None:
+    """The record of a sealed line; None where its fields are not of the types and ranges a
+    session writes (a spool is data: a line edited, its CRC made to match, is corrupt, never
+    replayed into sinks as a step or time that they cannot store)."""
     cut = body.find(_SAMPLE)
     if cut < 0:
         return None
     head = orjson.loads(body[:cut] + b"}")
     start = cut + len(_SAMPLE)
+    rid, step, split, key, ts, score = (head.get(k) for k in ("id", "step", "split", "key", "ts", "score"))
+    error, sinks = head.get("error"), head.get("sinks")
+    if not (
+        type(rid) is str
+        and type(step) is int
+        and 0 <= step <= MAX_STEP
+        and type(split) is str
+        and type(key) is str
+        and _number(ts, _MAX_SECONDS)
+        and (score is None or _number(score, math.inf))
+        and (error is None or type(error) is str)
+        and (sinks is None or (type(sinks) is list and all(type(s) is str for s in sinks)))
+        and body[start : start + 1] == b"{"  # an encoded sample is a JSON object
+    ):
+        return None
     return RawRecord(
-        id=str(head["id"]),
-        step=int(head["step"]),
-        split=str(head["split"]),
-        key=str(head["key"]),
-        ts=float(head["ts"]),
-        score=None if head.get("score") is None else float(head["score"]),
+        id=rid,
+        step=step,
+        split=split,
+        key=key,
+        ts=float(ts),
+        score=None if score is None else float(score),
         offset=offset + start,
         size=len(body) - start,
-        error=head.get("error"),
-        sinks=head.get("sinks"),
+        error=error,
+        sinks=sinks,
         watched=bool(head.get("w")),
     )
+
+
+def _read_regular(path: Path) -> bytes:
+    """The bytes of the regular file at `path`; an OSError for anything else. A spool directory
+    gets copied between people: a link in it is never followed (it could lead to another spool's
+    files, or anywhere), nor a FIFO waited on."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW | _CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, "a link, not followed") from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        return f.read()
 
 
 def read_file(path: Path, kind: FileKind) -> FileScan:
     scan = FileScan(name=path.name, path=path, kind=kind)
     try:
-        data = path.read_bytes()
+        data = _read_regular(path)
     except OSError as exc:
         scan.error = f"{type(exc).__name__}: {exc.strerror or exc}"
         return scan
@@ -331,9 +378,13 @@ def _take_line(scan: FileScan, body: bytes, offset: int, first: bool) -> bool:
     obj = orjson.loads(body + b"}")
     kind = obj.get("t")
     if kind == "h" and first:
-        scan.project = str(obj["project"])
-        scan.run = str(obj["run"])
-        scan.session = str(obj.get("session"))
+        # The names a session can have (recover opens a session with them): a header naming
+        # another (a path, a dict) leaves the whole file skipped, not the recovery stopped.
+        project, run, session = obj["project"], obj["run"], obj.get("session")
+        if run is None or (session is not None and type(session) is not str):
+            return False
+        check_project_run(project, run)  # a ValueError: the line is corrupt
+        scan.project, scan.run, scan.session = project, run, str(session)
         scan.header_ok = True
         return True
     if kind == "a":
@@ -397,7 +448,8 @@ def scan_dir(directory: Path) -> DirScan:
     earlier one. `deps` records which files a file's acknowledgements refer to, so a file is
     deleted only after those (see `books.Books.collect`).
     """
-    paths = sorted(p for p in directory.iterdir() if p.suffix == SUFFIX and p.is_file())
+    # Links too, to be told (`read_file` does not follow them).
+    paths = sorted(p for p in directory.iterdir() if p.suffix == SUFFIX and (p.is_file() or p.is_symlink()))
     files: list[FileScan] = []
     for path in paths:
         if path.name.startswith(f"{SEGMENT}-"):
@@ -445,7 +497,7 @@ def load_records(scan: FileScan, records: Sequence[RawRecord]) -> list[TraceReco
     """The payloads of `records` read back from `scan`'s file, as replayed `TraceRecord`s."""
     if not records:
         return []
-    data = scan.path.read_bytes()
+    data = _read_regular(scan.path)
     out = []
     for r in records:
         payload = data[r.offset : r.offset + r.size]

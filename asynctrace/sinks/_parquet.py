@@ -17,7 +17,7 @@ import os
 import re
 import sys
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +30,11 @@ from ..exceptions import PermanentSinkError
 from ._appends import write_all
 from ._base import Sink
 from ._guard import Guard
-from ._parquet_file import journal_ids
+from ._parquet_file import file_ids, journal_ids
 from ._parquet_journal import DamagedJournal, Journal, JournalName, create, fsync_dir, next_index
 from ._parquet_maker import FileMaker
 from ._parquet_recovery import recover_journals
-from ._parquet_rows import journal_parts, pyarrow, schema
+from ._parquet_rows import journal_parts, schema
 
 __all__ = ["DamagedJournal", "ParquetSink", "schema"]
 
@@ -259,25 +259,6 @@ class ParquetSink(Sink):
         if self._known is not None:
             self._known.update(r.id for r in records)
 
-    def _ids_in(self, paths: Iterable[Path], prefixes: set[str]) -> set[str]:
-        pa = pyarrow()
-        import pyarrow.compute as pc
-
-        ids: set[str] = set()
-        for path in paths:
-            try:
-                column = pa.parquet.read_table(path, columns=["id"]).column("id")
-            except (OSError, KeyError, pa.lib.ArrowException):
-                continue  # not one of ours (another schema, or not Parquet): it holds none of our ids
-            keep = None
-            for prefix in prefixes:
-                hit = pc.starts_with(column, prefix + "-")
-                keep = hit if keep is None else pc.or_(keep, hit)
-            if keep is not None:
-                column = column.filter(keep)
-            ids.update(column.to_pylist())
-        return ids
-
     def _unseen(self, records: Sequence[TraceRecord]) -> list[TraceRecord]:
         """Replayed records that no file or journal here holds yet (a spool replays what a kill cut off)."""
         if self._known is None:
@@ -285,7 +266,7 @@ class ParquetSink(Sink):
             # The journals first: a file named meanwhile holds what its journal did.
             journals = set().union(*(journal_ids(j.fd, j.start, j.end) for j in self._journals))
             files = [p for p in self.directory.iterdir() if p.name.endswith(_SUFFIX) and p.name[0] != "."]
-            self._known = self._ids_in(files, prefixes) | journals
+            self._known = file_ids(files, prefixes) | journals
         known = self._known
         batch: set[str] = set()
         out = []

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Container, Iterator
+from collections.abc import Container, Iterable, Iterator
 from itertools import chain
+from pathlib import Path
 from typing import IO, Any
 
 import orjson
 
 from ._parquet_rows import SAMPLE_KEY, RowBuffer, pyarrow
 
-__all__ = ["CHUNK_BYTES", "ROW_GROUP_BYTES", "FileConverter", "journal_ids"]
+__all__ = ["CHUNK_BYTES", "ROW_GROUP_BYTES", "FileConverter", "file_ids", "journal_ids"]
 
 # Encoded samples buffered before they become a row group: what bounds the memory a file costs.
 ROW_GROUP_BYTES = 4 * 2**20
@@ -64,6 +65,29 @@ def journal_ids(fd: int, start: int, end: int) -> set[str]:
             rid = head.get("id") if type(head) is dict else None
             if type(rid) is str:
                 ids.add(rid)
+    return ids
+
+
+def file_ids(paths: Iterable[Path], prefixes: set[str] | None = None) -> set[str]:
+    """The record ids the Parquet files at `paths` hold (only those starting with one of
+    `prefixes` and a "-", where given); a file that is not one of ours (another schema, or not
+    Parquet) holds none."""
+    pa = pyarrow()
+    import pyarrow.compute as pc
+
+    ids: set[str] = set()
+    for path in paths:
+        try:
+            column = pa.parquet.read_table(path, columns=["id"]).column("id")
+        except (OSError, KeyError, pa.lib.ArrowException):
+            continue
+        keep = None
+        for prefix in prefixes or ():
+            hit = pc.starts_with(column, prefix + "-")
+            keep = hit if keep is None else pc.or_(keep, hit)
+        if keep is not None:
+            column = column.filter(keep)
+        ids.update(column.to_pylist())
     return ids
 
 

@@ -4,7 +4,8 @@ Only journals asynctrace wrote are touched (`_parquet_journal.open_dead`: the he
 file in its place, not locked by a running sink), and of the temporaries only the one of each
 such journal's file. A journal's file gets the name its sink would have given it; where that file
 is already there (a kill after the file was named and before the journal was removed), the
-journal only goes. A damaged line is skipped and counted, the rest of the journal is recovered,
+journal only goes, once that file is seen to hold the journal's records (else the journal is
+left and named). A damaged line is skipped and counted, the rest of the journal is recovered,
 and the journal is named in a warning; a journal that cannot be made a file at all is left as it
 is and named too. Nothing here raises because of another sink's journal.
 """
@@ -19,7 +20,7 @@ from typing import NamedTuple
 from .._security import logger
 from ..exceptions import PermanentSinkError
 from ._parquet_client import Made
-from ._parquet_file import FileConverter
+from ._parquet_file import FileConverter, file_ids, journal_ids
 from ._parquet_journal import (
     CLOEXEC,
     DamagedJournal,
@@ -91,11 +92,17 @@ def _to_file(directory: Path, name: JournalName, dead: DeadJournal, level: int |
     stem = f"{name.stem}-{name.number:05d}"
     final = directory / f"{stem}.parquet"
     temporary = directory / f".{stem}.parquet.tmp"
-    if os.path.lexists(final):  # named before the kill: the journal only goes
+    end = whole_lines(dead.fd)
+    if os.path.lexists(final):
+        # Named before the kill, the journal only goes; but only where the file is its own, a
+        # regular file holding every record of the journal: another file in its place (left by
+        # something else) must not cost the journal its records.
+        mine = not os.path.islink(final) and journal_ids(dead.fd, dead.start, end) <= file_ids([final])
+        if not mine:
+            raise FileExistsError(f"{final.name} is there already and does not hold this journal's records")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         return Made(0, 0)
-    end = whole_lines(dead.fd)
     # A copy of the descriptor for the converter: the journal stays locked until it is removed.
     reader = os.dup(dead.fd)
     try:

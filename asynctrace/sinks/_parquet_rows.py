@@ -481,6 +481,10 @@ def _row(line: memoryview) -> _Row:
         raise TypeError("step is not a 64-bit integer")
     if type(when) is not float and type(when) is not int:
         raise TypeError("timestamp is not a number")
+    # The column holds 64-bit microseconds: a time past them would fail the whole chunk's column.
+    micros = int64_or_none(int(when * 1_000_000))
+    if micros is None:
+        raise OverflowError("timestamp is out of range")
     sample = data["sample"]
     meta = sample.get("metadata") or {}
     if type(meta) is not dict:
@@ -493,7 +497,7 @@ def _row(line: memoryview) -> _Row:
         step,
         split,
         key,
-        int(when * 1_000_000),
+        micros,
         dumps(sample.get("messages", [])),
         dumps(meta),
         _number(meta.get("reward")),

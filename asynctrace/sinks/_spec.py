@@ -153,7 +153,7 @@ def _make(spec: Mapping[str, Any], name: str, makers: Mapping[str, Maker | None]
     else:
         kind = kind_of(spec)
         if args is None:
-            out.unmade.append(SinkNote(name, "it cannot be made outside the trainer (no recovery_args)"))
+            out.unmade.append(SinkNote(name, "its recovery_args() is None"))
             return
         if kind is None:
             raise ValueError(

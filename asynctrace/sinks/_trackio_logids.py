@@ -42,9 +42,12 @@ def log_id_for(first_record_id: str) -> str:
     return f"{_tag(first_record_id)}-at-{first_record_id}"
 
 
-def decode_record_id(log_id: str | None, index: int | None) -> str | None:
-    """The record id of the trace at `index` of the log entry `log_id`; None when not ours."""
-    m = _LOG_ID.match(log_id) if log_id else None
+def decode_record_id(log_id: object, index: object) -> str | None:
+    """The record id of the trace at `index` of the log entry `log_id`; None when not ours
+    (read back from the database, either may be of any type SQLite stores)."""
+    if type(index) is not int and index is not None:
+        return None
+    m = _LOG_ID.match(log_id) if isinstance(log_id, str) and log_id else None
     if m is None:
         return None
     first = m.group(1)

@@ -75,7 +75,7 @@ class TraceStore:
             wanted = sorted(set(steps))
             parts = [wanted[i : i + _STEPS_PER_QUERY] for i in range(0, len(wanted), _STEPS_PER_QUERY)]
             queries = [(f"{query} AND step IN ({','.join('?' * len(p))})", [run_id, *p]) for p in parts]
-        rows: list[tuple[str | None, int | None, str | bytes]] = []
+        rows: list[tuple[object, object, object]] = []
         try:
             with contextlib.closing(sqlite3.connect(self.path, timeout=30.0)) as conn:
                 for sql, params in queries:
@@ -103,7 +103,9 @@ class TraceStore:
         return out
 
 
-def _metadata_id(metadata: str | bytes) -> str | None:
+def _metadata_id(metadata: object) -> str | None:
+    if not isinstance(metadata, (str, bytes)):
+        return None  # SQLite stores any type in any column: not a trace of ours
     try:
         found = orjson.loads(metadata)
     except orjson.JSONDecodeError:

@@ -11,7 +11,7 @@ from html import escape
 
 from ._cards import completion_card, turns_html
 from ._html import cell, layout, num, url
-from ._model import TRUNCATED, Completion, PromptStep
+from ._model import TRUNCATED, Completion, PromptStep, reward_stats
 from ._svg import Member, line_chart, member_strip
 from ._turns import shared_length
 
@@ -43,16 +43,7 @@ def _strip(completions: Sequence[Completion]) -> str:
 
 
 def group_page(split: str, step: int, group: str, completions: Sequence[Completion], *, archive: str) -> str:
-    rewards = [c.reward for c in completions if c.reward is not None]
-    mean = spread = None
-    if rewards:
-        mean = math.fsum(rewards) / len(rewards)
-        # Equal rewards have spread 0, not a rounding error's worth above it.
-        spread = (
-            0.0
-            if len(set(rewards)) == 1
-            else math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / len(rewards))
-        )
+    mean, spread = reward_stats([c.reward for c in completions if c.reward is not None])
     prompt_id = completions[0].prompt_id if completions else None
     banner = (
         '<p class="badge zero-banner">zero spread: every completion got the same reward, '
@@ -175,8 +166,7 @@ def prompt_page(
         # The best and the worst of each version: the archive read their texts.
         top, bottom = max(items, key=_reward), min(items, key=_reward)
         shown = [top] if top is bottom else [top, bottom]
-        rewards = [c.reward for c in items if c.reward is not None]
-        mean = sum(rewards) / len(rewards) if rewards else None
+        mean = reward_stats([c.reward for c in items if c.reward is not None]).mean
         label = "unknown" if version is None else str(version)
         blocks.append(
             f'<section class="version" data-version="{escape(label)}"><h3>policy version {escape(label)} '

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "ADVANTAGE_ZERO",
@@ -15,9 +15,15 @@ __all__ = [
     "PromptStep",
     "StepFilter",
     "StepRow",
+    "RewardStats",
     "prompt_steps",
+    "reward_stats",
     "split_order",
 ]
+
+# Past this magnitude a square, or a sum of a few values, may pass a float's range (OverflowError
+# in math.fsum): such rewards are scaled down first.
+_LARGE = 1e150
 
 # Stop reasons that mean the completion hit its token budget (vLLM and SGLang say "length").
 TRUNCATED: tuple[str, ...] = ("length", "max_tokens", "truncated")
@@ -95,6 +101,32 @@ class PromptStep:
     versions: str
 
 
+class RewardStats(NamedTuple):
+    """The mean and the spread (population standard deviation) of some rewards; None for none."""
+
+    mean: float | None
+    spread: float | None
+
+
+def reward_stats(rewards: Sequence[float]) -> RewardStats:
+    """The mean and spread of `rewards`, as every page computes them: equal rewards have spread 0
+    (not a rounding error's worth above it); any value an archive holds gives numbers, never an
+    error (one that is not finite makes them NaN or infinite, shown as "—")."""
+    if not rewards:
+        return RewardStats(None, None)
+    n = len(rewards)
+    if not all(math.isfinite(r) for r in rewards):
+        return RewardStats(sum(rewards) / n, math.nan)  # no fsum: it raises on inf - inf
+    if len(set(rewards)) == 1:
+        return RewardStats(rewards[0], 0.0)
+    scale = max(abs(r) for r in rewards)
+    scale = scale if scale > _LARGE else 1.0
+    scaled = [r / scale for r in rewards] if scale != 1.0 else rewards
+    mean = math.fsum(scaled) / n
+    spread = math.sqrt(math.fsum((r - mean) ** 2 for r in scaled) / n)
+    return RewardStats(mean * scale, spread * scale)
+
+
 def prompt_steps(completions: Sequence[Completion]) -> list[PromptStep]:
     """One prompt's completions summed up per step (from the index's values: no text needed)."""
     by_step: dict[int, list[Completion]] = {}
@@ -103,12 +135,7 @@ def prompt_steps(completions: Sequence[Completion]) -> list[PromptStep]:
     out = []
     for step, items in sorted(by_step.items()):
         rewards = [c.reward for c in items if c.reward is not None]
-        mean = math.fsum(rewards) / len(rewards) if rewards else None
-        spread = (
-            math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / len(rewards))
-            if mean is not None
-            else None
-        )
+        mean, spread = reward_stats(rewards)
         versions = sorted({c.policy_version for c in items if c.policy_version is not None})
         out.append(
             PromptStep(

@@ -15,11 +15,28 @@ _COLORS = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c")
 def _ticks(low: float, high: float, count: int = 4) -> list[float]:
     if high <= low:
         return [low]
-    raw = (high - low) / count
-    magnitude = 10 ** math.floor(math.log10(raw))
+    raw = _per(high, low, count)
+    magnitude = 10.0 ** math.floor(math.log10(raw)) if raw > 0 else 0.0
+    if not magnitude:  # two values a few subnormals apart
+        return [low]
     step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw)
     first = math.ceil(low / step) * step
-    return [first + i * step for i in range(int((high - first) / step + 1e-9) + 1)]
+    ticks = (first + i * step for i in range(int(_per(high, first, step) + 1e-9) + 1))
+    return [tick for tick in ticks if math.isfinite(tick)]  # i * step may pass a float's range
+
+
+def _per(high: float, low: float, divisor: float) -> float:
+    """`(high - low) / divisor`, divided first where the difference is past a float's range
+    (-1e308 to 1e308)."""
+    difference = high - low
+    return difference / divisor if math.isfinite(difference) else high / divisor - low / divisor
+
+
+def _scale(low: float, high: float) -> Callable[[float], float]:
+    """Where `value` lies from `high` (0) to `low` (1); halves, so that no difference of two
+    finite values overflows, and the middle where the two are equal."""
+    span = high / 2 - low / 2
+    return lambda value: (high / 2 - value / 2) / span if span else 0.5
 
 
 def _label(value: float) -> str:
@@ -55,12 +72,13 @@ def line_chart(
     y0, y1 = min(ys), max(ys)
     if y0 == y1:
         y0, y1 = y0 - 0.5, y1 + 0.5
+    down = _scale(y0, y1)
 
     def px(x: float) -> float:
         return left + (x - x0) / ((x1 - x0) or 1) * (width - left - right)
 
     def py(y: float) -> float:
-        return top + (y1 - y) / (y1 - y0) * (height - top - bottom)
+        return top + down(y) * (height - top - bottom)
 
     for tick in _ticks(y0, y1):
         y = py(tick)
@@ -128,8 +146,10 @@ def member_strip(members: Sequence[Member], *, width: int = 1100) -> str:
         high = low + 1.0
     longest = max((m.length for m in members if m.length is not None and m.length > 0), default=1)
 
+    down = _scale(low, high)
+
     def y(value: float) -> float:
-        return 2 + (high - value) / (high - low) * (bars - 4)
+        return 2 + down(value) * (bars - 4)
 
     out = [
         f'<svg class="members" viewBox="0 0 {column * count} {height}" width="{column * count}" '

@@ -211,6 +211,71 @@ async def test_damaged_lines_in_a_dead_journal_are_skipped_counted_and_named(tmp
     assert not _hidden(tmp_path)
 
 
+def test_a_journal_line_with_a_time_out_of_range_is_skipped_not_the_whole_journal(tmp_path: Path) -> None:
+    """A killed sink's journal with lines whose timestamps no 64-bit microsecond column holds
+    (1e300, -1e300 s): those two are skipped and counted, the other 28 records become a file,
+    and no journal is left behind."""
+    done = _run_child("killed-after-write", str(tmp_path), "30")
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    (journal,) = tmp_path.glob(".*.journal")
+    lines = journal.read_bytes().split(b"\n")
+    for rid, when in (("k-3", 1e300), ("k-17", -1e300)):
+        (at_line,) = [i for i, line in enumerate(lines) if f'"id":"{rid}"'.encode() in line]
+        lines[at_line] = orjson.dumps({**orjson.loads(lines[at_line]), "timestamp": when})
+    journal.write_bytes(b"\n".join(lines))
+    sink = at.ParquetSink(tmp_path, process=False)
+    anyio.run(sink.open)
+    anyio.run(sink.close)
+    assert sink.recovered == 28
+    assert [(d.path, d.lines, d.error) for d in sink.damaged_journals] == [(journal, 2, None)]
+    assert sorted(_ids(tmp_path)) == sorted(f"k-{i}" for i in range(30) if i not in (3, 17))
+    assert not _hidden(tmp_path)
+
+
+def _open_and_close(directory: Path) -> at.ParquetSink:
+    sink = at.ParquetSink(directory, process=False)
+    anyio.run(sink.open)
+    anyio.run(sink.close)
+    return sink
+
+
+def test_a_file_under_a_dead_journals_name_goes_with_it_only_when_it_holds_its_records(
+    tmp_path: Path,
+) -> None:
+    """A killed sink's journal whose file name is taken by a file that is not its own (another
+    writer's Parquet file) is left, named, and the file untouched; once that file is gone the
+    journal becomes its file; and that journal back in place (a kill after the file was named,
+    before the journal was removed) only goes, adding no row twice."""
+    archive = tmp_path / "archive"
+    done = _run_child("killed-after-write", str(archive), "30")
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    (journal,) = archive.glob(".*.journal")
+    kept = journal.read_bytes()
+    final = archive / (journal.name[1:].removesuffix(".journal") + ".parquet")
+    other = tmp_path / "other"
+    foreign = at.ParquetSink(other, stem="o", process=False)
+    anyio.run(foreign.open)
+    anyio.run(foreign.write, [_record(f"other-{i}") for i in range(3)])
+    anyio.run(foreign.close)
+    (made,) = other.glob("o-*.parquet")
+    final.write_bytes(made.read_bytes())
+    planted = final.read_bytes()
+
+    first = _open_and_close(archive)
+    assert first.recovered == 0 and journal.exists() and final.read_bytes() == planted
+    ((path, lines_lost, error),) = first.damaged_journals
+    assert path == journal and lines_lost == 0 and "does not hold this journal's records" in (error or "")
+
+    final.unlink()
+    assert _open_and_close(archive).recovered == 30 and not journal.exists()
+    assert sorted(_ids(archive)) == sorted(f"k-{i}" for i in range(30))
+
+    journal.write_bytes(kept)
+    again = _open_and_close(archive)
+    assert again.recovered == 0 and not again.damaged_journals and not journal.exists()
+    assert sorted(_ids(archive)) == sorted(f"k-{i}" for i in range(30))
+
+
 _KILLED_AFTER_FLUSH = """
 import os, signal, sys
 import asynctrace as at
@@ -287,3 +352,44 @@ def test_recover_skips_damaged_journal_lines_and_touches_no_file_it_did_not_writ
     links = [p for p in archive.iterdir() if p.is_symlink()]
     assert [os.readlink(p) for p in links] == [str(elsewhere / "dead.journal")], "the link was touched"
     assert sorted(_hidden(archive)) == sorted(p.name for p in [*foreign, *links] if p.parent == archive)
+
+
+_KILLED_WITH_A_HUNG_SINK = """
+import os, signal, sys, time
+import asynctrace as at
+
+archive, spool, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+sinks = [at.ParquetSink(archive), at.testing.MemorySink("memory", hang=True)]
+with at.TraceSession("p", run="r", sinks=sinks, spool_dir=spool) as s:
+    s.log_samples([{"prompt": f"q{i}", "response": "a", "uid": f"0:{i}"} for i in range(count)], step=0)
+    deadline = time.monotonic() + 60
+    while s.stats().sinks["parquet"].written < count:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    os.kill(os.getpid(), signal.SIGKILL)  # the records stay in the spool: the other sink has none
+"""
+
+
+def test_recover_that_replays_names_the_damaged_lines_its_sink_found_at_open(tmp_path: Path) -> None:
+    """A killed session whose other sink hung leaves its records in the spool and its Parquet
+    journal damaged: recover replays them, its ParquetSink turns the journal into a file at open,
+    and the summary still names the journal and the lines lost, with exit status 1 (and says once
+    why the in-memory sink gets nothing)."""
+    archive, spool = tmp_path / "archive", tmp_path / "spool"
+    child = subprocess.run(
+        [sys.executable, "-c", _KILLED_WITH_A_HUNG_SINK, str(archive), str(spool), "50"],
+        env=h.env(), cwd=h.ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    (journal,) = archive.glob(".*.journal")
+    ids = [orjson.loads(line)["id"] for line in journal.read_bytes().splitlines()[1:]]
+    _damage(journal, ids[5:8])
+    result = h.recover(str(spool))
+    assert "p/r: 50 replayed" in result.stdout, result.stdout
+    said = f"{journal}: 3 damaged journal lines skipped (their records are lost)"
+    assert said in result.stdout, result.stdout
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert len(_ids(archive)) == 47 and not _hidden(archive)
+    unmade = "  sink 'memory' cannot be made outside the trainer, so it gets nothing: "
+    unmade += "its recovery_args() is None"
+    assert unmade in result.stdout.splitlines(), result.stdout

@@ -295,6 +295,38 @@ def test_a_damaged_database_fails_a_write_permanently(
         writer.write(_items("def", 2))
 
 
+@pytest.mark.parametrize("path", ["private", "public"])
+def test_rows_of_other_types_in_the_database_are_not_ours_and_break_no_write(
+    project: str, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trace rows of the run that another writer (or an edited file) stored with a log id or a
+    metadata that is a BLOB, or a trace index that is text, are none of the sink's: a replay
+    reading the run back skips what it holds and writes the rest, on either path."""
+    if path == "public":
+        change_bulk_log(monkeypatch)
+    writer = _open_writer(project)
+    assert writer.path == path
+    assert writer.write(_items("abc", 2)) == 0
+    from trackio.sqlite_storage import SQLiteStorage
+
+    with contextlib.closing(sqlite3.connect(SQLiteStorage.get_project_db_path(project))) as conn, conn:
+        columns = [row[1] for row in conn.execute("PRAGMA table_info(traces)")]
+        (row,) = conn.execute("SELECT * FROM traces WHERE run_id = ? LIMIT 1", [writer.run.id]).fetchall()
+        odd = [
+            {"log_id": b"0000000-at-abc-0", "metadata": b'{"asynctrace_id": 1}'},
+            {"log_id": "0000000-at-abc-0", "trace_index": "x", "metadata": "{}"},
+        ]
+        for i, changed in enumerate(odd):
+            values = dict(zip(columns, row, strict=True)) | changed | {"id": f"odd-{i}"}
+            marks = ", ".join("?" * len(values))
+            conn.execute(f"INSERT INTO traces ({', '.join(values)}) VALUES ({marks})", list(values.values()))
+    assert writer.write(_items("abc", 3, replayed=True)) == 2
+    with contextlib.redirect_stdout(io.StringIO()):
+        writer.finish()
+    stored = [t["metadata"].get("asynctrace_id") for t in read_traces(project, "r")]
+    assert sorted(i for i in stored if isinstance(i, str)) == ["abc-0", "abc-1", "abc-2"]
+
+
 def test_the_public_path_refuses_trackio_s_jsonl_fragments(
     project: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

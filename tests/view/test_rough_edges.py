@@ -136,3 +136,54 @@ def test_a_parquet_step_that_is_no_integer_is_left_out_and_counted(
             in page.html
         )
         assert "nulls.parquet</code>: 4 records left out: 4 without an id, a step or a split" in page.html
+
+
+def _reward_line(record: str, prompt: str, group: str, reward: float) -> str:
+    line = json.loads(_line(record, 0))
+    line["sample"]["metadata"] = {"prompt_id": prompt, "group_uid": group, "reward": reward}
+    return json.dumps(line)
+
+
+def _every_page_answers(base: str, paths: list[str]) -> None:
+    """Each of `paths`, and each group and prompt page it links to, answers 200."""
+    seen: set[str] = set()
+    todo = list(paths)
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        page = get(base, path)
+        assert page.status == 200, (path, page.status, page.html[-300:])
+        todo += [link for link in page.links if link.startswith(("/group?", "/prompt?", "/step?"))]
+
+
+def test_rewards_at_a_floats_limits_leave_every_page_whole(
+    archive: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Rewards of 1e308 and -1e308 in one group (their squares and sum pass a float's range), a
+    prompt whose every reward is the largest float, and, in a Parquet file of another writer, a
+    group holding inf, -inf and NaN: every step, group and prompt page answers, "—" where there is
+    no number."""
+    largest = 1.7976931348623157e308
+    path = tmp_path / "run.jsonl"
+    lines = [_reward_line(f"big-{i}", "p-big", "g-big", r) for i, r in enumerate([1e308, -1e308, 1e308])]
+    lines += [_reward_line(f"max-{i}", "p-max", "g-max", largest) for i in range(2)]
+    path.write_text("\n".join(lines) + "\n")
+    with _archive.served(path) as base:
+        _every_page_answers(base, ["/step?split=train&step=0"])
+        assert get(base, "/group?split=train&step=0&group=g-max").values["spread"] == "0.0000"
+    directory = tmp_path / "archive"
+    directory.mkdir()
+    flagged = "json_extract_string(metadata, '$.group_uid') = 'w2-tools'"
+    pick = "(['inf', '-inf', 'nan'])[(row_number() OVER ()) % 3 + 1]::DOUBLE"
+    for source in archive[0].glob("*.parquet"):
+        target = directory / source.name
+        duckdb.execute(
+            f"COPY (SELECT * REPLACE (CASE WHEN {flagged} THEN {pick} ELSE reward END AS reward) "
+            f"FROM '{source}') TO '{target}'"
+        )
+    with _archive.served(directory) as base:
+        page = get(base, "/group?" + urlencode({"split": "train", "step": 2, "group": "w2-tools"}))
+        assert page.status == 200 and page.values["spread"] == "—", page.html[-300:]
+        _every_page_answers(base, ["/step?split=train&step=2"])
