@@ -284,14 +284,15 @@ def test_client_merges_consecutive_calls_for_a_step(project: str) -> None:
     for step in (0, 0, 0, 1, 1, 0):
         client.log_samples_nowait(make_samples("m", step, 2, seed=0), step=step)
     with client._lock:  # take the batch the shipping thread would send
-        call_id, call, wire = client._out.take_batch()
+        call = client._out.take_batch()
+    wire = call.parts
     # No cap: nothing is selected locally, so the groups go without a part (-1) or rows.
     assert [(split, step, part, len(p), rows) for split, step, part, p, rows in wire] == [
         ("train", 0, -1, 6, []),
         ("train", 1, -1, 4, []),
         ("train", 0, -1, 2, []),
     ]
-    client._ship(call_id, call, wire)
+    client._ship(call)
     stats = client.close(30.0)
     assert stats.check() and stats.delivered == 12
     assert ray.get(collector.finish.remote()).written == 12
@@ -373,7 +374,7 @@ def test_concurrent_close_waits_for_the_one_under_way(project: str) -> None:
     second = threading.Thread(target=close, args=("second", 0.1))
     first.start()
     deadline = time.monotonic() + 10
-    while not client._close_lock.locked() and time.monotonic() < deadline:
+    while client._finish.open and time.monotonic() < deadline:
         time.sleep(0.01)  # the first close() is under way before the second begins
     time.sleep(0.2)
     second.start()
@@ -633,3 +634,37 @@ def test_group_metrics_count_every_sample_of_a_capped_collector(project: str, tm
         metrics["asynctrace/groups/train/count"] == 3.0
         and metrics["asynctrace/groups/train/zero_spread"] == 0.0
     )
+
+
+def test_a_driver_exiting_with_an_open_client_ships_before_finishing_its_collector(project: str) -> None:
+    """A driver that exits with a client still open and its collector started with
+    finish_at_exit: the client ships its samples first, then the collector is finished, so the
+    step its sampler held is written (not counted "closed" by a collector finished first)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    address = ray.get_runtime_context().gcs_address
+    script = f"""
+        import ray
+        from asynctrace.ray import TraceClient, start_collector
+        from tests.distributed._helpers import make_samples
+        ray.init(address={address!r}, log_to_driver=False, configure_logging=False)
+        collector = start_collector(
+            {project!r}, "driver-exit", max_traces_per_step=4, sampler="top_bottom", step_timeout=None
+        )
+        client = TraceClient(collector, flush_interval=60.0)
+        client.log_samples_nowait(make_samples("d", 0, 10, seed=0), step=0)
+    """
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+        cwd=root,
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(read_traces(project, "driver-exit")) == 4
