@@ -135,16 +135,16 @@ class DistributedTraceLogger:
         self.writes = mode != "global" or self.rank == ranks.dst_group_rank
 
         setup = RankSetup(
-            mode,
-            project,
-            self.run_name,
-            self.rank,
-            self.trackio_group,
-            max_traces_per_step,
-            self.sampler,
-            on_invalid,
-            redact,
-            watch,
+            mode=mode,
+            project=project,
+            run_name=self.run_name,
+            rank=self.rank,
+            trackio_group=self.trackio_group,
+            max_traces_per_step=max_traces_per_step,
+            sampler=self.sampler,
+            on_invalid=on_invalid,
+            redact=redact,
+            watch=watch,
         )
         self._writer = open_writer(setup, ranks, self.writes, session_factory, session_kwargs)
         session = self._writer.session if self._writer is not None else None
@@ -330,7 +330,8 @@ class DistributedTraceLogger:
         context manager does that when it exits with an exception, so an error never hangs a rank.
         Samples logged while it runs are counted as ``"closed"``; if the reduction fails, the
         session is still finished before the error is raised. A finish() from another thread
-        meanwhile waits for this one's outcome (`_runtime/finishing.py`)."""
+        meanwhile waits for this one's outcome; one from a signal handler on the thread that is
+        finishing returns the stats of the moment."""
         timeout = check_timeout(timeout)
         return self._finish.run(lambda: self._finish_once(timeout, collective), self.stats)
 

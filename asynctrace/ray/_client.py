@@ -218,8 +218,10 @@ class TraceClient:
 
     def _release(self, parts: list[Part], now: float) -> None:
         """Buffer what goes on (lock held)."""
-        self._wake(self._out.append(parts, now))
-        self._start()
+        if self._out.append(parts, now):
+            self._work.notify()
+        if self._thread is None:
+            self._start()
 
     def _start(self) -> None:
         """Start the shipping thread on first use (lock held)."""
@@ -288,18 +290,15 @@ class TraceClient:
             self._work.notify()
         return self.stats()
 
-    def _abandon(self) -> tuple[int, int]:
-        """Stop without making any Ray call: count what is buffered as ``"not_closed"``.
-
-        Returns (samples dropped, calls' samples still in flight, whose fate is unknown).
-        """
+    def _abandon(self) -> _Abandoned:
+        """Stop without making any Ray call: count what is buffered as ``"not_closed"``."""
         with self._lock:
             self._closing = True
             self._stopping = True
             n = self._clear_buffer(discard=True)
             self._front.drop("not_closed", n)
             self._work.notify()
-            return n, self._out.in_flight
+            return _Abandoned(n, self._out.in_flight)
 
     def stats(self) -> ClientStats:
         """A consistent snapshot of this client's accounting."""
@@ -437,6 +436,14 @@ def _check_arguments(a: dict[str, Any]) -> None:
         raise ValueError(
             f"max_buffered ({a['max_buffered']}) must be at least batch_size ({a['batch_size']})"
         )
+
+
+class _Abandoned(NamedTuple):
+    """What a client stopped without a Ray call left: samples dropped, and samples of calls still
+    in flight, whose fate is unknown."""
+
+    lost: int
+    in_flight: int
 
 
 class _Outcome(NamedTuple):
