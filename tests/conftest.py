@@ -34,3 +34,15 @@ def project() -> str:
 @pytest.fixture
 def trackio_dir() -> Iterator[str]:
     yield _TRACKIO_DIR
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    """One local Ray cluster for the whole run, started by the first test that needs one (a start
+    takes seconds, more under load); its workers inherit TRACKIO_DIR."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()

@@ -16,7 +16,6 @@ runs on SIGKILL, which is what the spool is for.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import signal
@@ -29,6 +28,7 @@ from typing import Any, Protocol
 
 from .._checks import wait_arg
 from .._security import logger
+from .exits import Phase, at_exit
 from .lifecycle import Closable, Lifecycle, finish_bound
 
 __all__ = ["EXIT_MARGIN", "hand_on", "hook_bound", "install", "runners"]
@@ -278,7 +278,6 @@ def install_for_session(life: Lifecycle) -> None:
     _hooked.add(life)
 
 
-@atexit.register
 def _at_exit() -> None:
     # A synchronous session left open at interpreter exit is drained with its own deadline, so
     # traces are not lost and the writer thread (a daemon) cannot hang the exit.
@@ -305,3 +304,6 @@ def _at_exit() -> None:
             life.stats().pending,
             held,
         )
+
+
+at_exit(Phase.SESSIONS, _at_exit, "finishing the open sessions")

@@ -154,6 +154,11 @@ class PartSteps:
         self._rounds: OrderedDict[tuple[str, int], int] = OrderedDict()
         self._seq = 0
 
+    def is_ended(self, split: str, step: int) -> bool:
+        """Whether `step` of `split` was ended here for good, so a sample for it is late (never
+        with `reopen`)."""
+        return step <= max(self._ended_all, self._ended.get(split, -1))
+
     def offer(
         self,
         split: str,
@@ -166,7 +171,7 @@ class PartSteps:
 
         The pairs at the positions in `watched` (the watch list's) are held past the selection,
         numbered in one sequence with the others, for `grant_watched` where the parts meet."""
-        if step <= max(self._ended_all, self._ended.get(split, -1)):
+        if self.is_ended(split, step):
             return 0, 0, len(encoded)
         key = (split, step)
         opened = self.open.get(key)

@@ -3,7 +3,6 @@ line in a framework's loop needs no setup: the first call opens one, later calls
 
 from __future__ import annotations
 
-import atexit
 import functools
 import inspect
 import threading
@@ -81,10 +80,9 @@ def start_trainer_session(trainer: Any, project: str, run: str | None, **kwargs:
     kwargs.setdefault("max_traces_per_step", 64)
     kwargs.setdefault("sampler", "top_bottom")
     kwargs.setdefault("shutdown_hooks", threading.current_thread() is threading.main_thread())
+    # Off the main thread no signal handler can be installed; every blocking session is
+    # finished at exit all the same (`_runtime/shutdown.py`).
     session = TraceSession(project, run, **kwargs).start()
-    if not kwargs["shutdown_hooks"]:
-        # Signal handlers need the main thread; finishing at exit does not.
-        atexit.register(session.finish)
     setattr(trainer, TRAINER_ATTR, session)
     return session
 

@@ -8,7 +8,6 @@ raise into training; `to_samples` is the raising form.
 
 from __future__ import annotations
 
-import atexit
 import enum
 import math
 import threading
@@ -266,8 +265,6 @@ def open_session(args: Any, **kwargs: Any) -> SyncTraceSession:
         except Exception:
             _sessions[(project, run)] = _FAILED
             raise
-        if not kwargs["shutdown_hooks"]:
-            atexit.register(session.finish)
         _sessions[(project, run)] = session
         return session
 

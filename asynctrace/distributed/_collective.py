@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 
+from .._fronts.selection import Ended
 from .._security import shown
 from .._select.base import Entry
-from .._select.parts import PartStep
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Collective", "Ended", "Parts", "frame", "unframe"]
+__all__ = ["Collective", "Parts", "RankPart", "frame", "unframe"]
 
 _FRAME = struct.Struct(">I")
 # Every buffer a collective moves starts with the real length of what it carries: buffers are
@@ -28,11 +28,21 @@ _LENGTH = struct.Struct(">Q")
 # A run name, and the seed a group sampler drew (see DistributedTraceLogger), fit in this.
 _RUN_NAME_BYTES = 320
 
-# Steps a rank ended, each with its selection: ((split, step), its part of the step).
-Ended = list[tuple[tuple[str, int], PartStep]]
 Cands = list[tuple[Entry, bytes]]
-# (split, step) -> [(rank, samples offered there, candidates, watched samples), each with its payload]
-Parts = dict[tuple[str, int], list[tuple[int, int, Cands, Cands]]]
+
+
+class RankPart(NamedTuple):
+    """One rank's part of a step, as the writing rank reads it from the rank's frame: how many
+    samples it was offered, and its candidates and watched samples, each with its payload."""
+
+    rank: int
+    offered: int
+    cands: Cands
+    watched: Cands
+
+
+# (split, step) -> each rank's part of it, in the order of the frames
+Parts = dict[tuple[str, int], list[RankPart]]
 
 
 class Collective:
@@ -160,7 +170,7 @@ def unframe(frames: Sequence[bytes], group_of: Callable[[bytes], Hashable | None
                     cands.append((Entry(score, int(seq), key=key, group=group_of(payload)), payload))
                     offset += size
                 read.append(cands)
-            by_step.setdefault((split, int(step)), []).append((rank, int(offered), read[0], read[1]))
+            by_step.setdefault((split, int(step)), []).append(RankPart(rank, int(offered), read[0], read[1]))
     return by_step
 
 

@@ -1,13 +1,14 @@
 """TraceClient: fire-and-forget logging from Ray actors and tasks to a `TraceCollector`.
 
-The caller's thread validates, encodes, selects (`_local.py`) and appends to a bounded buffer;
-a background thread ships batches, whose completions arrive as future callbacks. The data path,
-its bounds and its drop reasons: docs/distributed.md.
+The caller's thread admits samples through the front engine (`_fronts/front.py`: checks,
+encoding, this actor's part of each step's selection, counts) and appends what goes on to a
+bounded buffer; a background thread ships batches, whose completions arrive as future
+callbacks. The data path, its bounds and its drop reasons: docs/distributed.md.
 """
 
 from __future__ import annotations
 
-import atexit
+import functools
 import threading
 import time
 import weakref
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import ray
 from ray.actor import ActorHandle
@@ -40,15 +41,14 @@ from .._checks import (
     check_timeout,
     wait_arg,
 )
-from .._engine.ledger import Ledger
-from .._records.encode import as_list, encode_samples
-from .._records.groups import GroupKey
+from .._fronts.front import Front
+from .._fronts.selection import Encoded, Part, PartSelection, parts_of
 from .._records.types import Sample, SampleLike
+from .._runtime.exits import Phase, at_exit
+from .._runtime.finishing import FinishOnce
 from .._security import describe, logger
-from .._select.base import Sampler
-from .._select.watch import Watch
 from .._stats import Counts, DropReason
-from ._local import PLAIN, LocalSelection, Released
+from ._merge import ClientPlan
 from ._outbox import Call, Outbox
 
 __all__ = ["ClientStats", "TraceClient"]
@@ -123,32 +123,44 @@ class TraceClient:
         self.on_invalid = on_invalid
         self.redact = redact
 
-        # One lock guards every field below; two conditions share it: `_work` wakes the
-        # shipping thread, `_progress` wakes callers waiting in flush().
-        self._lock = threading.Lock()
+        plan = _ask_plan(collector) if select_locally else None
+        selection = (
+            PartSelection.streaming(
+                plan.k,
+                plan.sampler,
+                plan.part,
+                max_open_steps=max_open_steps,
+                step_timeout=step_timeout,
+                watch=plan.watch,
+            )
+            if plan is not None and plan.k is not None and plan.sampler is not None
+            else None
+        )
+        # The front counts every sample; what the collector took is `handed_on` there. Its lock
+        # guards every field below too; two conditions share it: `_work` wakes the shipping
+        # thread, `_progress` wakes callers waiting in flush().
+        self._front = Front(
+            selection,
+            sampler=selection.sampler if selection is not None else None,
+            redact=redact,
+            on_invalid=on_invalid,
+            group_keys=plan.group_keys if plan is not None else (),
+            owner="client",
+            quiet=("closed", "capped"),
+            max_bytes=max_batch_bytes,
+            bound="max_batch_bytes",
+        )
+        self._lock = self._front.lock
         self._work = threading.Condition(self._lock)
         self._progress = threading.Condition(self._lock)
         self._out = Outbox(batch_size, max_batch_bytes, self.flush_interval, max_in_flight)
-        # The engine's ledger counts submitted and dropped samples, and warns once per reason;
-        # what the collector took is `written` there, as this client's one sink.
-        self._ledger = Ledger((), None, owner="client", quiet=("closed", "capped"))
         self._n_calls = self._bytes_shipped = 0
         self._gone = self._closing = self._stopping = False
         self._last_error: str | None = None
         self._thread: threading.Thread | None = None
-        # Held by the close() that drains; a second close() waits on it for that one's outcome.
-        self._close_lock = threading.Lock()
-        self._closed = False  # a close() ran to its end: its deadline is spent, not to be repeated
-        self._closer: int | None = None  # the thread running the close() under way
-        self._local, group_keys = (
-            _ask_selection(collector, max_open_steps, step_timeout) if select_locally else (None, ())
-        )
-        sampler = self._local.sampler if self._local is not None else None
-        self._score_needed_by = type(sampler).__name__ if sampler and sampler.needs_score else None
-        # The keys the collector session's group samplers read (its cap's, its tiers'): a sample
-        # none of them can name a group of is invalid here, as in the session.
-        self._group_keys: tuple[GroupKey, ...] = group_keys
+        self._finish: FinishOnce[ClientStats] = FinishOnce()
         _open_clients.add(self)
+        _close_clients_at_exit()
 
     def __repr__(self) -> str:
         return f"TraceClient({self.stats().summary()})"
@@ -179,69 +191,43 @@ class TraceClient:
         be displaced by a better one before its step closes).
         """
         check_step(step, split)
-        items = as_list(samples)
-        if self._closing or self._gone:
-            # Nothing will be shipped: skip the encoding, only count.
-            with self._lock:
-                self._ledger.submitted += len(items)
-                self._ledger.drop("closed" if self._closing else "collector_gone", len(items))
-            return 0
-        # Validated and encoded in the caller, as the session does.
-        skipped: list[int] = []
-        encoded, invalid = encode_samples(
-            items,
-            redact=self.redact,
-            skip_invalid=self.on_invalid == "skip",
-            max_bytes=self.max_batch_bytes,
-            bound="max_batch_bytes",
-            score_needed_by=self._score_needed_by,
-            group_keys=self._group_keys,
-            skipped=skipped,
+        accepted = self._front.admit(
+            samples,
+            step=step,
+            split=split,
+            refused=self._refused,
+            now=time.monotonic(),
+            fit=self._fit,
+            release=self._release,
         )
-        watched = self._watched(items, skipped, split, step) if encoded else set()
-        nbytes = sum(len(p) for p, _ in encoded)
-        now = time.monotonic()
-        with self._lock:
-            ledger = self._ledger
-            ledger.submitted += len(items)
-            ledger.drop("invalid", invalid)
-            if self._closing or self._gone:
-                ledger.drop("closed" if self._closing else "collector_gone", len(encoded))
-                return 0
-            out = self._out
-            held, held_bytes = self._held()
-            keep, nbytes = out.fit(
-                encoded, nbytes, self.max_buffered - held, self.max_buffered_bytes - held_bytes
-            )
-            ledger.drop("queue_full", len(encoded) - keep)
-            encoded = encoded[:keep]
-            if not encoded:
-                return 0
-            if self._local is None:
-                accepted = len(encoded)
-                ship: list[Released] = [(split, step, PLAIN, [p for p, _ in encoded], [])]
-            else:
-                marked = [e for i, e in enumerate(encoded) if i in watched] if watched else []
-                if marked:
-                    encoded = [e for i, e in enumerate(encoded) if i not in watched]
-                accepted, capped, ship = self._local.offer(split, step, encoded, now, marked)
-                ledger.drop("capped", capped)
-            self._wake(out.append(ship, now))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="asynctrace-ray-client", daemon=True)
-                self._thread.start()
-            return accepted
+        if accepted and self._thread is None:
+            with self._lock:
+                self._start()
+        return accepted
 
-    def _watched(self, items: Sequence[Any], skipped: list[int], split: str, step: int) -> set[int]:
-        """The places, among the call's encoded samples, of those the collector session's watch
-        list passes by, within this client's share of the step's watch budget (counted now)."""
-        watch = self._local.watch if self._local is not None else None
-        if watch is None:
-            return set()
-        if skipped:
-            left_out = set(skipped)
-            items = [obj for i, obj in enumerate(items) if i not in left_out]
-        return set(watch.split(items, split, step)[0])
+    def _refused(self) -> DropReason | None:
+        """Why nothing more can be shipped, if so."""
+        return "closed" if self._closing else "collector_gone" if self._gone else None
+
+    def _fit(self, encoded: Sequence[Encoded]) -> int:
+        """How many of a call's samples fit the bound on what this process holds: buffered, in
+        flight (its memory until the collector answered) and held by the selection (lock held)."""
+        selection = self._front.selection
+        held, held_bytes = (selection.held, selection.held_bytes) if selection is not None else (0, 0)
+        return self._out.fit(encoded, self.max_buffered - held, self.max_buffered_bytes - held_bytes)
+
+    def _release(self, parts: list[Part], now: float) -> None:
+        """Buffer what goes on (lock held)."""
+        if self._out.append(parts, now):
+            self._work.notify()
+        if self._thread is None:
+            self._start()
+
+    def _start(self) -> None:
+        """Start the shipping thread on first use (lock held)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="asynctrace-ray-client", daemon=True)
+            self._thread.start()
 
     def end_step(self, step: int, split: str | None = None) -> None:
         """Ship the candidates of every step up to `step` (of `split`, or of every split) now; a
@@ -251,12 +237,9 @@ class TraceClient:
         if split is not None:
             check_step(step, split)
         with self._lock:
-            if self._local is not None:
-                self._wake(self._out.append(self._local.end_step(step, split), time.monotonic()))
-
-    def _held(self) -> tuple[int, int]:
-        """Candidates held by the local selection, as (samples, bytes) (lock held)."""
-        return (0, 0) if self._local is None else (self._local.held, self._local.held_bytes)
+            selection = self._front.selection
+            if selection is not None:
+                self._wake(self._out.append(parts_of(selection.end(step, split)), time.monotonic()))
 
     def flush(self, timeout: float | None = None) -> bool:
         """Ship everything buffered now and wait until each sample logged before the call was
@@ -264,9 +247,10 @@ class TraceClient:
         are written) or dropped. Returns False when `timeout` passed first."""
         timeout = check_timeout(timeout)
         with self._lock:
-            if self._local is not None:
+            selection = self._front.selection
+            if selection is not None:
                 # Every step held here is complete as far as this flush is concerned.
-                self._wake(self._out.append(self._local.close_all(), time.monotonic()))
+                self._wake(self._out.append(selection.close_all(), time.monotonic()))
             target = self._out.next_seq
             if target > self._out.flush_target:
                 self._out.flush_target = target
@@ -283,32 +267,19 @@ class TraceClient:
         with self._lock:
             self._closing = True
         _open_clients.discard(self)
-        # Waiting for a close() under way keeps its drain whole (a shorter deadline here would
-        # drop what it is still shipping); after one that ended, the calls still in flight are
-        # waiting on an unresponsive collector, and waiting for them again would only repeat
-        # a deadline already spent.
-        me = threading.get_ident()
-        if self._closer == me:
-            # Re-entered on the thread already closing (a signal handler that closes the
-            # client): that close() is draining, and waiting for it here would never end.
-            return self.stats()
-        with self._close_lock:
-            if not self._closed:
-                self._closer = me
-                try:
-                    self._drain_and_stop(budget)
-                    self._closed = True
-                finally:
-                    self._closer = None
+        # Once (`_runtime/finishing.py`): a close() from another thread meanwhile waits for this
+        # drain whole, a later one does not wait out a deadline already spent on calls stuck in
+        # flight, and one re-entering on this thread (a signal handler) returns at once.
+        self._finish.run(lambda: self._drain_and_stop(budget), self.stats)
         return self.stats()
 
-    def _drain_and_stop(self, budget: float) -> None:
+    def _drain_and_stop(self, budget: float) -> ClientStats:
         """Ship what is buffered within `budget`, drop the rest, and tell the thread to stop."""
         flushed = self.flush(budget)
         with self._lock:
             if not flushed and self._out:
                 n = self._clear_buffer()
-                self._ledger.drop("close_timeout", n)
+                self._front.drop("close_timeout", n)
                 logger.warning(
                     "asynctrace: TraceClient.close() reached its %.1fs deadline; "
                     "%d buffered samples were dropped",
@@ -317,32 +288,34 @@ class TraceClient:
                 )
             self._stopping = True
             self._work.notify()
+        return self.stats()
 
-    def _abandon(self) -> tuple[int, int]:
-        """Stop without making any Ray call: count what is buffered as ``"not_closed"``.
-
-        Returns (samples dropped, calls' samples still in flight, whose fate is unknown).
-        """
+    def _abandon(self) -> _Abandoned:
+        """Stop without making any Ray call: count what is buffered as ``"not_closed"``."""
         with self._lock:
             self._closing = True
             self._stopping = True
             n = self._clear_buffer(discard=True)
-            self._ledger.drop("not_closed", n)
+            self._front.drop("not_closed", n)
             self._work.notify()
-            return n, self._out.in_flight
+            return _Abandoned(n, self._out.in_flight)
 
     def stats(self) -> ClientStats:
         """A consistent snapshot of this client's accounting."""
         with self._lock:
-            held, held_bytes = self._held()
+            tally = self._front.tally()
+            selection = self._front.selection
+            out = self._out
             return ClientStats(
-                submitted=self._ledger.submitted,
-                delivered=self._ledger.written,
-                in_flight=self._out.in_flight,
-                buffered=self._out.buffered,
-                held=held,
-                dropped=dict(self._ledger.dropped),
-                held_bytes=self._out.buffered_bytes + self._out.in_flight_bytes + held_bytes,
+                submitted=tally.submitted,
+                delivered=tally.handed_on,
+                in_flight=out.in_flight,
+                buffered=out.buffered,
+                held=tally.held,
+                dropped=tally.dropped,
+                held_bytes=out.buffered_bytes
+                + out.in_flight_bytes
+                + (selection.held_bytes if selection is not None else 0),
                 calls=self._n_calls,
                 bytes_shipped=self._bytes_shipped,
                 collector_gone=self._gone,
@@ -369,13 +342,15 @@ class TraceClient:
 
     def _clear_buffer(self, discard: bool = False) -> int:
         """Forget what is buffered (and with `discard` what the local selection holds); returns how many."""
-        n = self._out.clear() + (self._local.discard() if discard and self._local is not None else 0)
+        selection = self._front.selection
+        n = self._out.clear() + (selection.discard() if discard and selection is not None else 0)
         self._progress.notify_all()
         return n
 
     def _due_in(self, now: float) -> float | None:
         """Seconds until the next batch should go; 0 when one should go now, None when idle."""
-        idle = self._local.next_due(now) if self._local is not None else None
+        selection = self._front.selection
+        idle = selection.next_due(now) if selection is not None else None
         ship = self._out.ship_due(now, self._stopping)
         if idle is None or (ship is not None and ship <= idle):
             return ship
@@ -390,53 +365,55 @@ class TraceClient:
                 with self._lock:
                     while True:
                         now = time.monotonic()
-                        if self._local is not None:
+                        selection = self._front.selection
+                        if selection is not None:
                             if self._gone:
-                                self._ledger.drop("collector_gone", self._local.discard())
+                                self._front.drop("collector_gone", selection.discard())
                             else:
-                                self._out.append(self._local.close_idle(now), now)
+                                self._out.append(selection.close_idle(now), now)
                         if self._gone and self._out:
-                            self._ledger.drop("collector_gone", self._clear_buffer())
+                            self._front.drop("collector_gone", self._clear_buffer())
                         if self._stopping and not self._out:
                             return
                         due = self._due_in(now)
                         if due == 0.0:
-                            call_id, call, wire = self._out.take_batch()
+                            call = self._out.take_batch()
                             break
                         self._work.wait(due)
-                self._ship(call_id, call, wire)
+                self._ship(call)
         except BaseException as exc:  # pragma: no cover - a bug; never let samples vanish silently
             logger.exception("asynctrace: TraceClient shipping thread failed")
             with self._lock:
                 self._last_error = _describe(exc)
                 self._gone = True
-                self._ledger.drop("ship_error", self._clear_buffer(discard=True))
+                self._front.drop("ship_error", self._clear_buffer(discard=True))
 
-    def _ship(self, call_id: int, call: Call, wire: list[Released]) -> None:
+    def _ship(self, call: Call) -> None:
         try:
-            ref: Any = self.collector.ingest_parts.remote(wire)
+            ref: Any = self.collector.ingest_parts.remote(call.parts)
             future: Future[Any] = ref.future()
         except Exception as exc:  # Ray not connected in this process, or shutting down
-            self._finish_call(call_id, exc, "ship_error")
+            self._finish_call(call.id, _Outcome(exc, "ship_error"))
             return
         with self._lock:
             self._n_calls += 1
             self._bytes_shipped += call.nbytes
         # The callback runs on a Ray thread (or right here when already done).
-        future.add_done_callback(lambda f: self._finish_call(call_id, *_outcome(f)))
+        future.add_done_callback(lambda f: self._finish_call(call.id, _outcome(f)))
 
-    def _finish_call(self, call_id: int, exc: BaseException | None, reason: DropReason | None) -> None:
+    def _finish_call(self, call_id: int, outcome: _Outcome) -> None:
         with self._lock:
             call = self._out.finish(call_id)
             if call is None:
                 return
-            if reason is None:
-                self._ledger.written += call.n
+            if outcome.reason is None:
+                self._front.handed_on(call.n)
             else:
-                self._last_error = _describe(exc) if exc is not None else reason
-                if reason == "collector_gone":
+                exc = outcome.error
+                self._last_error = _describe(exc) if exc is not None else outcome.reason
+                if outcome.reason == "collector_gone":
                     self._gone = True
-                self._ledger.drop(reason, call.n)
+                self._front.drop(outcome.reason, call.n)
             self._progress.notify_all()
             self._work.notify()
 
@@ -461,46 +438,51 @@ def _check_arguments(a: dict[str, Any]) -> None:
         )
 
 
-def _outcome(future: Future[Any]) -> tuple[BaseException | None, DropReason | None]:
-    """How a call ended: (None, None) when the collector ingested it, else the error and its reason."""
+class _Abandoned(NamedTuple):
+    """What a client stopped without a Ray call left: samples dropped, and samples of calls still
+    in flight, whose fate is unknown."""
+
+    lost: int
+    in_flight: int
+
+
+class _Outcome(NamedTuple):
+    """How a call ended: no reason when the collector ingested it, else the error and its reason."""
+
+    error: BaseException | None
+    reason: DropReason | None
+
+
+def _outcome(future: Future[Any]) -> _Outcome:
     try:
         future.result()
     except ActorUnavailableError as exc:
         # Ray is restarting the collector (max_restarts): later calls may succeed.
-        return exc, "collector_unavailable"
+        return _Outcome(exc, "collector_unavailable")
     except RayActorError as exc:
         # The collector is dead for good. Whether it ingested this batch before it died is
         # unknowable, and its own counts died with it: the batch is counted here.
-        return exc, "collector_gone"
+        return _Outcome(exc, "collector_gone")
     except BaseException as exc:
-        return exc, "collector_error"
-    return None, None
+        return _Outcome(exc, "collector_error")
+    return _Outcome(None, None)
 
 
-def _ask_selection(
-    collector: ActorHandle[Any], max_open_steps: int, step_timeout: float | None
-) -> tuple[LocalSelection | None, tuple[GroupKey, ...]]:
-    """The local selection matching the collector's cap, sampler and watch list, as a part of its
-    own (None when the collector has no cap, or cannot say: then every sample is shipped and
-    selected there), and the group keys its session's selections read."""
+def _ask_plan(collector: ActorHandle[Any]) -> ClientPlan | None:
+    """What the collector says a new client selects with (its cap, sampler, watch list, this
+    client's part number, and the group keys its session reads); None when it cannot say: then
+    every sample is shipped and selected there."""
     try:
         ref: Any = collector.selection.remote()
-        answer: tuple[int | None, Sampler | None, int, Watch | None, tuple[GroupKey, ...]]
-        answer = ray.get(ref, timeout=SELECTION_TIMEOUT)
-        k, sampler, part, watch, keys = answer
+        plan: ClientPlan = ray.get(ref, timeout=SELECTION_TIMEOUT)
     except Exception as exc:
         logger.warning(
             "asynctrace: TraceClient could not ask the collector for its cap (%s); "
             "every sample will be shipped and selected there",
             _describe(exc),
         )
-        return None, ()
-    if k is None or sampler is None:
-        return None, keys
-    local = LocalSelection(
-        k, sampler, part, max_open_steps=max_open_steps, step_timeout=step_timeout, watch=watch
-    )
-    return local, keys
+        return None
+    return plan
 
 
 # Clients still open at interpreter exit: shipped from a driver, counted as lost elsewhere.
@@ -517,7 +499,11 @@ def _can_ship_at_exit() -> bool:
         return False
 
 
-@atexit.register
+@functools.cache  # once per process, after `import ray`: the registry then runs before Ray's own hook
+def _close_clients_at_exit() -> None:
+    at_exit(Phase.SHIP, _close_open_clients, "closing the open TraceClients")
+
+
 def _close_open_clients() -> None:
     # In a Ray worker, Ray disconnects the process before Python's exit hooks run, and a remote
     # call made then ends the process on the spot, losing the buffer without a word. So there

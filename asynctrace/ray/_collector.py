@@ -7,7 +7,6 @@ are merged (`_merge.py`) before the session sees them. Two concurrency groups (`
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import functools
@@ -26,17 +25,15 @@ from ray.actor import ActorHandle
 
 from .._checks import check_seconds, check_timeout, wait_arg
 from .._engine.engine import selection_group_keys
-from .._records.groups import GroupKey
+from .._fronts.selection import PLAIN, Part
+from .._runtime.exits import Phase, at_exit
 from .._runtime.shutdown import hand_on, hook_bound
 from .._security import generated_run_name, logger
-from .._select.base import Sampler
-from .._select.watch import Watch
 from .._session import TraceSession, hurry_finish
 from .._stats import SessionStats
 from .._sync import SyncTraceSession, log_payloads, log_within
 from ..exceptions import SessionClosedError
-from ._local import PLAIN, Released
-from ._merge import Merged, StepMerge
+from ._merge import ClientPlan, Merged, StepMerge
 from ._sinkspec import build_sinks, check_sendable
 
 __all__ = ["RemoteTraceCollector", "TraceCollector", "start_collector"]
@@ -118,7 +115,7 @@ class TraceCollector:
         self._merge_lock = threading.Condition()
         self._merge: StepMerge | None = None
         # For the merge thread and the exit hook: no reference to the collector, so it can go.
-        self._merging: tuple[StepMerge, threading.Condition, SyncTraceSession, float] | None = None
+        self._merging: _Merging | None = None
         self._merge_thread: threading.Thread | None = None
         self._parts = itertools.count(1)  # part 0 is a single process's own stream
         k = session.max_traces_per_step
@@ -134,8 +131,8 @@ class TraceCollector:
             # Ray may drop the actor's instance before the exit hooks run (`__ray_terminate__`):
             # the steps still merging then go to the session when the instance goes, so the
             # session's own exit drain writes them.
-            self._merging = (self._merge, self._merge_lock, self._sync, ingest_timeout)
-            weakref.finalize(self, _close_open_steps, *self._merging, final=True)
+            self._merging = _Merging(self._merge, self._merge_lock, self._sync, ingest_timeout)
+            weakref.finalize(self, self._merging.close_open, final=True)
         _collectors.add(self)
         _install_exit_hooks()
 
@@ -148,7 +145,7 @@ class TraceCollector:
         return self._plain(groups, time.monotonic() + self.ingest_timeout)
 
     @_group("ingest")
-    def ingest_parts(self, groups: Iterable[Released]) -> int:
+    def ingest_parts(self, groups: Iterable[Part]) -> int:
         """The wire method `TraceClient` calls: one client's parts of (split, step)s, with a row per
         sample for the merge (part -1: a client that does not select, taken as they are). Returns
         how many samples the session accepted, of those and of the steps this call closed.
@@ -156,9 +153,10 @@ class TraceCollector:
         order with the merged steps, so its own watch list passes them (docs/distributed.md)."""
         deadline = time.monotonic() + self.ingest_timeout
         groups = list(groups)
+        # Unpacked by place: a caller of this wire method may send plain tuples.
         if self._merge is None or all(part == PLAIN for _, _, part, _, _ in groups):
             # Nothing to merge: no lock, so calls waiting for room (block policy) wait side by side.
-            return self._plain([(split, step, p) for split, step, _, p, _ in groups], deadline)
+            return self._plain([Merged(split, step, p) for split, step, _, p, _ in groups], deadline)
         merge = self._merge
         with self._merge_lock:
             now = time.monotonic()
@@ -166,7 +164,7 @@ class TraceCollector:
             for split, step, part, payloads, rows in groups:
                 if part == PLAIN or merge.closed:
                     # Not selected, or finishing: the session takes them as they are.
-                    merged.append((split, step, payloads))
+                    merged.append(Merged(split, step, payloads))
                 else:
                     merged.extend(merge.add(split, step, part, payloads, rows, now))
             if merge.step_timeout is not None and not merge.closed:
@@ -181,13 +179,13 @@ class TraceCollector:
     def _start_merge_thread(self) -> None:
         if self._merge_thread is None and self._merging is not None:
             self._merge_thread = threading.Thread(
-                target=_close_idle_steps, args=self._merging, name="asynctrace-ray-merge", daemon=True
+                target=self._merging.close_idle, name="asynctrace-ray-merge", daemon=True
             )
             self._merge_thread.start()
 
     def _close_merge(self, *, final: bool) -> None:
         if self._merging is not None:
-            _close_open_steps(*self._merging, final=final, blocking=self._blocking and self._sync.is_open)
+            self._merging.close_open(final=final, blocking=self._blocking and self._sync.is_open)
 
     def _with_merge(self, stats: SessionStats) -> SessionStats:
         """The session's stats with the merge's own counts (merge lock held): samples waiting for
@@ -234,20 +232,20 @@ class TraceCollector:
         }
 
     @_group("control")
-    def selection(self) -> tuple[int | None, Sampler | None, int, Watch | None, tuple[GroupKey, ...]]:
-        """The cap, the sampler and the watch list a new client selects its part of each step
-        with, its part number, and the keys every group sampler of the session reads (its cap's,
-        its tiers'; the client validates for them): (k, sampler, part, watch, keys); (None, None,
-        0, None, keys) without a cap (clients ship everything, and the session applies its watch
-        list itself), as with group metrics (`group_key=`), which count every sample of a step
-        before the cap: a client that selected would ship only its candidates."""
+    def selection(self) -> ClientPlan:
+        """What a new client selects its part of each step with: the cap, the sampler, the watch
+        list and its part number, and the keys every group sampler of the session reads (its
+        cap's, its tiers'; the client validates for them). No cap for the client (it ships
+        everything, and the session applies its watch list itself) where the session has none,
+        or has group metrics (`group_key=`), which count every sample of a step before the cap:
+        a client that selected would ship only its candidates."""
         session = self._session
         k = session.max_traces_per_step
         keys = tuple(selection_group_keys(session.sampler if k is not None else None, session.sinks))
         if k is None or session.group_key is not None:
-            return None, None, 0, None, keys
+            return ClientPlan(None, None, 0, None, keys)
         with self._merge_lock:
-            return k, session.sampler, next(self._parts), session.watch, keys
+            return ClientPlan(k, session.sampler, next(self._parts), session.watch, keys)
 
     @_group("control")
     def flush(self, timeout: float | None = None) -> bool:
@@ -310,7 +308,7 @@ _sigterm_handled = False
 
 @functools.cache  # once per process, however many collectors it hosts
 def _install_exit_hooks() -> None:
-    atexit.register(_finish_all, "exit")
+    at_exit(Phase.OWNED, functools.partial(_finish_all, "exit"), "finishing the collector's session")
     if threading.current_thread() is not threading.main_thread():
         return  # signal handlers can only be set from the main thread
     previous = signal.getsignal(signal.SIGTERM)
@@ -350,52 +348,53 @@ def _log_groups(
 ) -> int:
     """Log each group within one deadline shared by them all; returns how many the session accepted."""
     accepted = 0
-    for split, step, payloads in groups:
+    for split, step, payloads in groups:  # by place: `ingest_encoded` may get plain tuples
         accepted += log_payloads(sync, payloads, step=step, split=split, blocking=blocking, deadline=deadline)
     return accepted
 
 
-def _close_idle_steps(
-    merge: StepMerge, lock: threading.Condition, sync: SyncTraceSession, timeout: float
-) -> None:
-    """Merge steps whose parts stopped coming `step_timeout` seconds ago (its own thread)."""
-    with lock:
-        while not merge.closed:
-            now = time.monotonic()
-            merged = merge.close_idle(now)
-            if merged:
-                try:
-                    _log_groups(sync, merged, now + timeout)
-                except Exception as exc:  # the session counts what it refused; carry on
-                    logger.error("asynctrace: handing merged steps to the session failed: %s", exc)
-                continue
-            due = merge.next_due(now)
-            lock.wait(None if due is None else wait_arg(max(due, 1e-3)))
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Merging:
+    """The collector's open steps (`merge`, guarded by `lock`) and the session they go to once
+    merged, within `timeout`; it holds no reference to the collector, so the instance can go."""
 
+    merge: StepMerge
+    lock: threading.Condition
+    sync: SyncTraceSession
+    timeout: float
 
-def _close_open_steps(
-    merge: StepMerge,
-    lock: threading.Condition,
-    sync: SyncTraceSession,
-    timeout: float,
-    *,
-    final: bool,
-    blocking: bool = False,
-) -> None:
-    """Merge every open step and hand it to the session (flush); with `final` (finish, or the
-    instance gone at exit) for good: clients' later parts go to the session as they are, which
-    counts them as closed."""
-    try:
+    def close_idle(self) -> None:
+        """Merge steps whose parts stopped coming `step_timeout` seconds ago (its own thread)."""
+        merge, lock = self.merge, self.lock
         with lock:
-            if merge.closed:
-                return
-            merged = merge.close_all()
-            if final:
-                merge.closed = True
-                lock.notify_all()
-            _log_groups(sync, merged, time.monotonic() + timeout, blocking)
-    except Exception as exc:  # the session counts what it refused; flush or finish all the same
-        logger.error("asynctrace: handing merged steps to the session failed: %s", exc)
+            while not merge.closed:
+                now = time.monotonic()
+                merged = merge.close_idle(now)
+                if merged:
+                    try:
+                        _log_groups(self.sync, merged, now + self.timeout)
+                    except Exception as exc:  # the session counts what it refused; carry on
+                        logger.error("asynctrace: handing merged steps to the session failed: %s", exc)
+                    continue
+                due = merge.next_due(now)
+                lock.wait(None if due is None else wait_arg(max(due, 1e-3)))
+
+    def close_open(self, *, final: bool, blocking: bool = False) -> None:
+        """Merge every open step and hand it to the session (flush); with `final` (finish, or the
+        instance gone at exit) for good: clients' later parts go to the session as they are,
+        which counts them as closed."""
+        merge, lock = self.merge, self.lock
+        try:
+            with lock:
+                if merge.closed:
+                    return
+                merged = merge.close_all()
+                if final:
+                    merge.closed = True
+                    lock.notify_all()
+                _log_groups(self.sync, merged, time.monotonic() + self.timeout, blocking)
+        except Exception as exc:  # the session counts what it refused; flush or finish all the same
+            logger.error("asynctrace: handing merged steps to the session failed: %s", exc)
 
 
 # The plain class above keeps its module-level name, so Ray's workers import it by reference
@@ -437,7 +436,8 @@ def start_collector(
     ray.get(handle.ready.remote(), timeout=ready_timeout)
     if finish_at_exit:
         ref = weakref.ref(handle)
-        atexit.register(_finish_from_driver, ref, exit_timeout)
+        finish = functools.partial(_finish_from_driver, ref, exit_timeout)
+        at_exit(Phase.REMOTE, finish, "finishing a collector from its driver")
     return handle
 
 

@@ -11,19 +11,40 @@ holds its lock.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
 
-from .._records.groups import payload_group
+from .._fronts.selection import WATCHED
+from .._records.groups import GroupKey, payload_group
 from .._select.base import Entry, Sampler
 from .._select.parts import PartSteps, Row, group_key_of, merge_parts
 from .._select.watch import Watch, WatchCounter
 from .._select.window import Step, StepWindow
-from ._local import WATCHED
 
-__all__ = ["Merged", "StepMerge"]
+__all__ = ["ClientPlan", "Merged", "StepMerge"]
 
-# (split, step, encoded samples): one merged step, and the wire format of
-# `TraceCollector.ingest_encoded`.
-Merged = tuple[str, int, list[bytes]]
+
+class Merged(NamedTuple):
+    """One step's samples for the session, encoded: a merged step, watched samples within the
+    budget, or a plain client's; the wire format of `TraceCollector.ingest_encoded`."""
+
+    split: str
+    step: int
+    payloads: list[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class ClientPlan:
+    """What the collector tells a new client (`TraceCollector.selection`): the cap, sampler and
+    watch list to select its part with (`k` None: ship every sample, the session selects), its
+    part number, and the keys the session's group samplers read groups by (its cap's, its
+    tiers'), which the client validates for."""
+
+    k: int | None
+    sampler: Sampler | None
+    part: int
+    watch: Watch | None
+    group_keys: tuple[GroupKey, ...]
 
 
 class _Parts:
@@ -76,7 +97,7 @@ class StepMerge:
             n = self._watch.take(split, step, len(payloads)) if self._watch is not None else 0
             if n:
                 # Past every selection, never late, opening and closing no step.
-                watched.append((split, step, list(payloads[:n])))
+                watched.append(Merged(split, step, list(payloads[:n])))
                 payloads, rows = payloads[n:], rows[n:]
                 if not payloads:
                     return watched
@@ -132,5 +153,5 @@ class StepMerge:
             chosen = merge_parts(self.sampler, split, step, self.k, ordered)
             self.held -= parts.n
             self.capped += parts.n - len(chosen)
-            out.append((split, step, chosen))
+            out.append(Merged(split, step, chosen))
         return out

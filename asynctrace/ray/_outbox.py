@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from .._fronts.selection import Encoded, Part
 from .._select.parts import Row
-from ._local import Released
 
 __all__ = ["Call", "Outbox"]
 
@@ -33,11 +33,13 @@ class _Group:
 
 @dataclass(slots=True)
 class Call:
-    """One ingest call in flight."""
+    """One ingest call: its parts, and while in flight the first sequence number and size it holds."""
 
+    id: int
     first_seq: int
     n: int
     nbytes: int
+    parts: list[Part]
 
 
 class Outbox:
@@ -60,7 +62,7 @@ class Outbox:
         self.next_seq = 0  # sequence number of the next accepted sample
         self.flush_target = 0  # ship everything with a sequence number below this now
 
-    def append(self, released: Iterable[Released], now: float) -> bool:
+    def append(self, released: Iterable[Part], now: float) -> bool:
         """Queue groups of one (split, step, part) each; True when the shipping thread should look now."""
         was_empty = not self._groups
         for split, step, part, payloads, rows in released:
@@ -71,22 +73,20 @@ class Outbox:
             self.buffered_bytes += nbytes
         return was_empty or self.buffered >= self.batch_size or self.buffered_bytes >= self.max_batch_bytes
 
-    def fit(
-        self, encoded: list[tuple[bytes, float | None]], nbytes: int, limit: int, limit_bytes: int
-    ) -> tuple[int, int]:
-        """How many of `encoded` (and their bytes) fit the bound on what this process holds: the
-        samples buffered and in flight count, as they are its memory until the collector answered."""
+    def fit(self, encoded: Sequence[Encoded], limit: int, limit_bytes: int) -> int:
+        """How many of `encoded` fit the bound on what this process holds: the samples buffered
+        and in flight count, as they are its memory until the collector answered."""
         room = limit - self.buffered - self.in_flight
         room_bytes = limit_bytes - self.buffered_bytes - self.in_flight_bytes
-        if len(encoded) <= room and nbytes <= room_bytes:
-            return len(encoded), nbytes
+        if len(encoded) <= room and sum([len(p) for p, _ in encoded]) <= room_bytes:
+            return len(encoded)
         keep = kept_bytes = 0
         for p, _ in encoded[: max(room, 0)]:
             if kept_bytes + len(p) > room_bytes:
                 break
             keep += 1
             kept_bytes += len(p)
-        return keep, kept_bytes
+        return keep
 
     def clear(self) -> int:
         """Forget what waits to be shipped; returns how many samples that was."""
@@ -116,10 +116,10 @@ class Outbox:
             return 0.0
         return max(0.0, self._groups[0].since + self.flush_interval - now)
 
-    def take_batch(self) -> tuple[int, Call, list[Released]]:
+    def take_batch(self) -> Call:
         """Pop up to `batch_size` samples / `max_batch_bytes` as one call in flight, keeping (split,
         step, part) groups together."""
-        wire: list[Released] = []
+        wire: list[Part] = []
         n = nbytes = 0
         first_seq = self._groups[0].first_seq
         while self._groups and n < self.batch_size:
@@ -139,14 +139,19 @@ class Outbox:
             else:
                 group.payloads, group.rows = group.payloads[take:], group.rows[take:]
                 group.first_seq += take
-            if wire and wire[-1][:3] == (group.split, group.step, group.part):
+            last = wire[-1] if wire else None
+            if last is not None and (last.split, last.step, last.part) == (
+                group.split,
+                group.step,
+                group.part,
+            ):
                 # Consecutive calls for the same step travel as one group: the collector
                 # handles (and may wait for room for) each group once. The lists are slices,
                 # this batch's alone, so extending them is safe.
-                wire[-1][3].extend(payloads)
-                wire[-1][4].extend(rows)
+                last.payloads.extend(payloads)
+                last.rows.extend(rows)
             else:
-                wire.append((group.split, group.step, group.part, payloads, rows))
+                wire.append(Part(group.split, group.step, group.part, payloads, rows))
             n += take
             nbytes += took_bytes
             if nbytes >= self.max_batch_bytes:
@@ -155,9 +160,9 @@ class Outbox:
         self.buffered_bytes -= nbytes
         self.in_flight += n
         self.in_flight_bytes += nbytes
-        call_id = next(self._call_ids)
-        call = self.calls[call_id] = Call(first_seq, n, nbytes)
-        return call_id, call, wire
+        call = Call(next(self._call_ids), first_seq, n, nbytes, wire)
+        self.calls[call.id] = call
+        return call
 
     def finish(self, call_id: int) -> Call | None:
         """The call that ended (None when it was already counted)."""

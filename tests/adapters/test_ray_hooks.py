@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,7 +77,7 @@ def _steps(project: str, run: str = "grpo-tool") -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def ended(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ended]:
+def ended(tmp_path_factory: pytest.TempPathFactory, ray_cluster: None) -> Ended:
     """Two actors run OpenRLHF's trainer and slime's rollout manager through their hooks, with
     the sessions those hooks open; then one is ended gracefully, its handle dropped (as
     `train_ppo_ray` drops the trainer's when `train` returns), and the other killed. Its
@@ -100,18 +99,14 @@ def ended(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ended]:
             "slime": {"checkpoint": str(checkpoint), "project": names["slime"], "session": session("slime")},
         }
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
-        remote = ray.remote(Host)
-        graceful, doomed = remote.remote(**host(projects, False)), remote.remote(**host(killed, True))
-        pids = ray.get([graceful.run.remote(), doomed.run.remote()], timeout=300)
-        del graceful  # its work is done and the driver lets go of it: Ray ends it gracefully
-        ray.kill(doomed, no_restart=True)
-        for pid in pids:
-            _exited(pid)
-    finally:
-        ray.shutdown()
-    yield Ended(projects, killed, spools, {name: _steps(project) for name, project in killed.items()})
+    remote = ray.remote(Host)
+    graceful, doomed = remote.remote(**host(projects, False)), remote.remote(**host(killed, True))
+    pids = ray.get([graceful.run.remote(), doomed.run.remote()], timeout=300)
+    del graceful  # its work is done and the driver lets go of it: Ray ends it gracefully
+    ray.kill(doomed, no_restart=True)
+    for pid in pids:
+        _exited(pid)
+    return Ended(projects, killed, spools, {name: _steps(project) for name, project in killed.items()})
 
 
 def _replay(project: str, spool: Path) -> at.SessionStats:

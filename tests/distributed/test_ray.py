@@ -45,16 +45,24 @@ class _Rollout:
             self._log(samples[i : i + chunk], step)
         return [{"uid": s["uid"], "reward": s["reward"]} for s in samples]
 
-    def stream(self, seconds: float, chunk: int = 10, *, until_gone: bool = False) -> dict[str, Any]:
+    def stream(
+        self, seconds: float, chunk: int = 10, *, until_gone: bool = False, until_pushed_back: bool = False
+    ) -> dict[str, Any]:
         """Log as fast as a busy rollout loop would for `seconds` (with `until_gone`, also until the
-        client has seen the collector die, and a little after; 120 s at most); report call latencies."""
+        client has seen the collector die; with `until_pushed_back`, until it had to drop samples
+        as "queue_full"; then a little after; 120 s at most); report call latencies."""
         start = time.monotonic()
         end = start + seconds
         calls = 0
         step = 0
-        while time.monotonic() < end or (until_gone and time.monotonic() < start + 120):
-            if until_gone and time.monotonic() >= end and self.client.stats().collector_gone:
-                until_gone, end = False, time.monotonic() + 0.5
+        waiting = until_gone or until_pushed_back
+        while time.monotonic() < end or (waiting and time.monotonic() < start + 120):
+            if waiting and time.monotonic() >= end:
+                stats = self.client.stats()
+                if (until_gone and stats.collector_gone) or (
+                    until_pushed_back and stats.dropped.get("queue_full")
+                ):
+                    waiting, end = False, time.monotonic() + 0.5
             self._log(make_samples(self.tag, step, chunk, seed=calls), step)
             calls += 1
             if calls % 20 == 0:
@@ -284,14 +292,15 @@ def test_client_merges_consecutive_calls_for_a_step(project: str) -> None:
     for step in (0, 0, 0, 1, 1, 0):
         client.log_samples_nowait(make_samples("m", step, 2, seed=0), step=step)
     with client._lock:  # take the batch the shipping thread would send
-        call_id, call, wire = client._out.take_batch()
+        call = client._out.take_batch()
+    wire = call.parts
     # No cap: nothing is selected locally, so the groups go without a part (-1) or rows.
     assert [(split, step, part, len(p), rows) for split, step, part, p, rows in wire] == [
         ("train", 0, -1, 6, []),
         ("train", 1, -1, 4, []),
         ("train", 0, -1, 2, []),
     ]
-    client._ship(call_id, call, wire)
+    client._ship(call)
     stats = client.close(30.0)
     assert stats.check() and stats.delivered == 12
     assert ray.get(collector.finish.remote()).written == 12
@@ -373,7 +382,7 @@ def test_concurrent_close_waits_for_the_one_under_way(project: str) -> None:
     second = threading.Thread(target=close, args=("second", 0.1))
     first.start()
     deadline = time.monotonic() + 10
-    while not client._close_lock.locked() and time.monotonic() < deadline:
+    while client._finish.open and time.monotonic() < deadline:
         time.sleep(0.01)  # the first close() is under way before the second begins
     time.sleep(0.2)
     second.start()
@@ -478,9 +487,9 @@ def test_sigterm_keeps_its_deadline_while_a_finish_is_under_way(project: str) ->
 
 def test_collector_queue_stays_bounded_with_a_holding_sampler(project: str) -> None:
     """A client streaming step after step into a collector whose session keeps top_bottom
-    selections, behind a sink slower than the stream: the collector's queue never holds more
-    than queue_size plus a selection per open step (its ingest calls wait for room, which
-    pushes back to the client's own bounded buffer)."""
+    selections, behind a sink slower than the stream, until the collector pushes back (its
+    ingest calls wait for room, so the client's own bounded buffer fills): the collector's queue
+    never holds more than queue_size plus a selection per open step."""
     collector = start_collector(
         sinks=[MemorySink(delay=0.5)],
         project=project,
@@ -493,8 +502,8 @@ def test_collector_queue_stays_bounded_with_a_holding_sampler(project: str) -> N
         ingest_timeout=30.0,
         finish_at_exit=False,
     )
-    actor = Rollout.remote(collector, "bound", batch_size=50, max_buffered=400, flush_interval=0.01)
-    streaming = actor.stream.remote(3.0, 5)
+    actor = Rollout.remote(collector, "bound", batch_size=50, max_buffered=100, flush_interval=0.01)
+    streaming = actor.stream.remote(1.0, 5, until_pushed_back=True)
     peak = 0
     while not ray.wait([streaming], timeout=0.02)[0]:
         peak = max(peak, ray.get(collector.stats.remote()).queue_depth)
@@ -502,7 +511,7 @@ def test_collector_queue_stays_bounded_with_a_holding_sampler(project: str) -> N
     ray.get(actor.close.remote(0.5))
     ray.kill(collector, no_restart=True)
     assert result["stats"].check()
-    assert result["calls"] > 200  # steps far faster than the sink writes their selections
+    assert result["stats"].dropped.get("queue_full", 0) > 0  # the stream outran the sink
     assert 0 < peak <= 100 + 8 * 3, peak
 
 
@@ -633,3 +642,37 @@ def test_group_metrics_count_every_sample_of_a_capped_collector(project: str, tm
         metrics["asynctrace/groups/train/count"] == 3.0
         and metrics["asynctrace/groups/train/zero_spread"] == 0.0
     )
+
+
+def test_a_driver_exiting_with_an_open_client_ships_before_finishing_its_collector(project: str) -> None:
+    """A driver that exits with a client still open and its collector started with
+    finish_at_exit: the client ships its samples first, then the collector is finished, so the
+    step its sampler held is written (not counted "closed" by a collector finished first)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    address = ray.get_runtime_context().gcs_address
+    script = f"""
+        import ray
+        from asynctrace.ray import TraceClient, start_collector
+        from tests.distributed._helpers import make_samples
+        ray.init(address={address!r}, log_to_driver=False, configure_logging=False)
+        collector = start_collector(
+            {project!r}, "driver-exit", max_traces_per_step=4, sampler="top_bottom", step_timeout=None
+        )
+        client = TraceClient(collector, flush_interval=60.0)
+        client.log_samples_nowait(make_samples("d", 0, 10, seed=0), step=0)
+    """
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+        cwd=root,
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(read_traces(project, "driver-exit")) == 4

@@ -298,10 +298,10 @@ def test_local_selection_plugs_in_a_custom_sampler() -> None:
     does); steps close on a newer step past max_open_steps and after step_timeout on the clock
     given, releasing their candidates in arrival order with their rows, as the client's part."""
     from asynctrace import Sample
+    from asynctrace._fronts.selection import PartSelection
     from asynctrace._records.encode import encode_samples
-    from asynctrace.ray._local import LocalSelection
 
-    local = LocalSelection(2, _ByPriority(), 3, max_open_steps=1, step_timeout=10.0)
+    local = PartSelection.streaming(2, _ByPriority(), 3, max_open_steps=1, step_timeout=10.0)
 
     def encoded(step: int, priorities: list[int]) -> list[tuple[bytes, float | None]]:
         samples = [Sample(messages=[], metadata={"priority": p, "step": step}) for p in priorities]
@@ -373,7 +373,7 @@ def test_collector_spends_one_watch_budget_and_merges_the_rest() -> None:
     merged; past it they join the step's merge as a part of the collector's own (held, then
     capped or chosen like any candidate), and are late once their step was merged."""
     from asynctrace import TopBottomSampler, Watch
-    from asynctrace.ray._local import WATCHED
+    from asynctrace._fronts.selection import WATCHED
     from asynctrace.ray._merge import StepMerge
 
     merge = StepMerge(

@@ -646,3 +646,60 @@ def test_group_metrics_are_refused_where_the_session_sees_only_the_selection(pro
     logger.log_samples(rows, step=0)
     assert logger.finish(10.0).check()
     assert sink.metrics[0][1]["asynctrace/groups/train/count"] == 3.0
+
+
+def test_a_concurrent_finish_waits_for_the_one_handing_on(project: str) -> None:
+    """A finish() from a second thread while the first is still handing the last step to the
+    session (waiting for room) waits for that finish and returns its stats, instead of closing
+    the session under it and losing the step as "closed"."""
+    import threading
+
+    sink = MemorySink(delay=0.2)
+    logger = _logger(
+        project,
+        mode="per_rank",
+        max_traces_per_step=8,
+        sinks=[sink],
+        queue_size=2,
+        batch_size=2,
+        on_full="block",
+    )
+    logger.log_samples(make_samples("c", 0, 8, seed=0), step=0)
+    results: dict[str, Any] = {}
+    first = threading.Thread(target=lambda: results.setdefault("first", logger.finish(30.0)))
+    first.start()
+    deadline = time.monotonic() + 10
+    while logger.stats().handed_on < 8 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the first finish took the step and is writing it into the session
+    time.sleep(0.1)
+    results["second"] = logger.finish(5.0)
+    first.join(30)
+    final = results["first"]
+    assert results["second"] == final
+    assert final.session is not None and dict(final.session.dropped) == {}
+    assert final.session.written == len(sink.records) == 8 and final.check()
+
+
+def test_finish_reentered_from_a_signal_handler_returns_at_once(project: str) -> None:
+    """A finish() from a signal handler that interrupts a finish() on the same thread returns the
+    stats of the moment at once, instead of waiting for the finish it interrupted."""
+    import signal
+
+    logger = _logger(project, mode="per_rank", max_traces_per_step=4, sinks=[MemorySink(hang=True)])
+    logger.log_samples(make_samples("s", 0, 4, seed=0), step=0)
+    took: list[float] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        t = time.monotonic()
+        logger.finish(0.5)
+        took.append(time.monotonic() - t)
+
+    previous = signal.signal(signal.SIGALRM, handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        final = logger.finish(2.0)  # its drain waits out the 2 s on the sink that never answers
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert len(took) == 1 and took[0] < 1.0, took
+    assert final.check() and logger.finish() == final
