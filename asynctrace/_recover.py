@@ -41,7 +41,7 @@ from .sinks._base import Sink
 from .sinks._kinds import KINDS
 from .sinks._parquet import DamagedJournal, ParquetSink
 from .sinks._selected import Selected
-from .sinks._spec import Maker, SinkNote, rebuild_sinks
+from .sinks._spec import Maker, SinkNote, rebuild_kind, rebuild_sinks
 
 if sys.version_info < (3, 11):  # pragma: no cover - anyio brings the backport there
     from exceptiongroup import BaseExceptionGroup
@@ -391,7 +391,8 @@ def _finish_setups(
     done: dict[str, bool] = {}  # archive directory -> its journals are files now
     for setup in setups.values():
         whole = True
-        for inner in _parquet_sinks(rebuild_sinks(setup.sinks).sinks):
+        # Only its Parquet sinks are made: W&B's, MLflow's or Trackio's would be made for nothing.
+        for inner in _parquet_sinks(rebuild_kind(setup.sinks, "parquet").sinks):
             if str(inner.directory) not in done:
                 done[str(inner.directory)] = True
                 try:

@@ -24,7 +24,7 @@ from ._base import Sink
 from ._kinds import KINDS, check_args, kind_of, kind_of_class, resolved_paths
 from ._selected import Selected
 
-__all__ = ["Maker", "Rebuilt", "SinkNote", "describe_sinks", "rebuild_sinks"]
+__all__ = ["Maker", "Rebuilt", "SinkNote", "describe_sinks", "rebuild_kind", "rebuild_sinks"]
 
 Maker = Callable[[Mapping[str, Any]], Sink]
 """Makes a sink from the arguments its spec holds (the user's own sinks, passed in code)."""
@@ -205,3 +205,21 @@ def rebuild_sinks(specs: Sequence[Any], makers: Mapping[str, Maker | None] | Non
             why = str(exc) if isinstance(exc, ValueError) else describe(exc)
             out.refused.append(SinkNote(name, why))
     return out
+
+
+def rebuild_kind(specs: Sequence[Any], kind: str) -> Rebuilt:
+    """The sinks of `kind` the specs describe, a tier's as its plain sink (its selection, and
+    whether its sampler can be made again, play no part), and no other sink made: what recover
+    needs to reach a kind's files, such as a Parquet archive's journals."""
+    return rebuild_sinks(
+        [{k: v for k, v in spec.items() if k != "selected"} for spec in specs if _is_kind(spec, kind)]
+    )
+
+
+def _is_kind(spec: Any, kind: str) -> bool:
+    if not isinstance(spec, dict):
+        return False
+    try:
+        return kind_of(spec) == kind
+    except ValueError:  # a kind this release does not know
+        return False

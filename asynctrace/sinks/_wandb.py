@@ -17,7 +17,7 @@ from .._security import check_name, check_text, describe, logger
 from ..exceptions import PermanentSinkError
 from ._base import Sink
 from ._guard import Serial
-from ._wandb_ack import Acks
+from ._wandb_ack import Acks, table_file
 from ._wandb_txlog import LogTail
 
 __all__ = ["WANDB_COLUMNS", "WandbSink"]
@@ -347,9 +347,6 @@ class WandbSink(Sink):
             before = len(table.data)
             for r in group:
                 table.add_data(*record_row(r))
-            files_dir = Path(self.wandb_run.dir) if reads else None
-            if files_dir is not None:
-                book.before(name, files_dir)
             try:
                 self._log({name: table, self.step_metric: group[-1].step})
             except BaseException:
@@ -360,8 +357,10 @@ class WandbSink(Sink):
             log = book.add(name, [r.id for r in group])
             if self._defers:
                 self._unconfirmed += len(group)
-            if files_dir is not None:
-                log.file = book.new_file(name, files_dir)
+            if reads:
+                log.file = table_file(table, Path(self.wandb_run.dir), name)
+                if log.file is None:
+                    self._acks.give_up("W&B's Table did not name the file it stored the rows of a log in")
                 # The step the rows went into, or a later one (a blocking request to wandb-core):
                 # the open step they joined, or, after a log that committed, the one before.
                 step = _step_of(self.wandb_run)

@@ -12,7 +12,7 @@ reports it as `degraded`, and every row it has not confirmed counts as failed, n
 
 from __future__ import annotations
 
-import glob
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -29,7 +29,7 @@ from ..exceptions import PermanentSinkError
 from ._guard import Serial
 from ._wandb_txlog import LogTail
 
-__all__ = ["TESTED_WANDB", "Acks", "Book", "Log", "OpenStep"]
+__all__ = ["TESTED_WANDB", "Acks", "Book", "Log", "OpenStep", "table_file"]
 
 
 #: The wandb release the `.wandb` reader was tested with (it checks the format itself).
@@ -47,8 +47,8 @@ _ASK_WAIT = 1.0
 class Log:
     """One of the sink's `run.log` calls of a table key."""
 
-    #: The table file W&B stored its rows in (as the run's history names it); None until known,
-    #: or when it could not be told apart from another's.
+    #: The table file W&B stored its rows in (as the run's history names it); None until known
+    #: (or when W&B did not say: the sink can confirm nothing then).
     file: str | None = None
     #: The W&B step its rows went into, or a later one (read after the log); None until known.
     step: int | None = None
@@ -64,12 +64,6 @@ class Book:
     def __init__(self) -> None:
         self.logged: dict[str, tuple[str, int]] = {}  # row id -> (table key, its log's number: 1, 2, ...)
         self.logs: dict[str, list[Log]] = {}
-        self._known: dict[str, set[str]] = {}  # the key's table files before its latest log
-
-    def before(self, name: str, files_dir: Path) -> None:
-        """Called before a log of `name`: the key's table files so far (once per key)."""
-        if name not in self._known:
-            self._known[name] = _table_files(files_dir, name)
 
     def add(self, name: str, ids: Sequence[str]) -> Log:
         """Note a log of `name` that carried the rows `ids`."""
@@ -79,13 +73,6 @@ class Book:
         for row in ids:
             self.logged[row] = (name, len(logs))
         return log
-
-    def new_file(self, name: str, files_dir: Path) -> str | None:
-        """The file of the increment just logged under `name`; None if it cannot be told apart."""
-        now = _table_files(files_dir, name)
-        new = now - self._known.get(name, set())
-        self._known[name] = now
-        return new.pop() if len(new) == 1 else None
 
     def need(self, records: Sequence[TraceRecord]) -> dict[str, int]:
         """Per table key, the last of the sink's logs that carried one of `records`."""
@@ -109,28 +96,24 @@ class Book:
     def in_log(self, tail: LogTail, name: str, n: int) -> bool:
         """Whether the `.wandb` file holds the sink's `n`-th log of `name`: its history record,
         or a later one of the same key (logs of one step that W&B merged keep the last
-        increment, which lists the earlier ones). A log whose file could not be told apart
-        counts by the key's increments in the file."""
-        for i, log in enumerate(self.logs[name][n - 1 :], start=n):
-            if log.file is None:
-                if tail.reached.get(name, 0) >= i:
-                    return True
-            elif log.file in tail.files:
-                return True
-        return False
+        increment, which lists the earlier ones). A log whose file is not known counts by none:
+        the key's increments in the file could be an earlier session's or another sink's."""
+        return any(log.file is not None and log.file in tail.files for log in self.logs[name][n - 1 :])
 
 
-def _table_files(files_dir: Path, name: str) -> set[str]:
-    """The table files W&B stored for `name` so far, as its history names them (relative to
-    the run's files directory, where `run.log` copies each one before returning)."""
-    folder, _, stem = f"media/table/{name}".rpartition("/")
-    try:
-        return {
-            p.relative_to(files_dir).as_posix()
-            for p in (files_dir / folder).glob(f"{glob.escape(stem)}_*.table.json")
-        }
-    except OSError:
-        return set()
+def table_file(table: object, files_dir: Path, name: str) -> str | None:
+    """The file W&B stored the increment of `table` just logged under `name` in, as the run's
+    history names it (relative to the run's files directory); None when the table does not say.
+
+    `run.log` moves each increment's file into the run's files directory and keeps its path on
+    the table (W&B's `Media._path`): one attribute read, where listing the key's files would
+    take longer with every increment. Only a path to one of the key's table files there counts;
+    it is compared with the history's, never opened."""
+    path = getattr(table, "_path", None)
+    if not isinstance(path, str):
+        return None
+    rel = os.path.relpath(path, files_dir).replace(os.sep, "/")
+    return rel if rel.startswith(f"media/table/{name}_") and rel.endswith(".table.json") else None
 
 
 class _Answer(NamedTuple):
@@ -247,7 +230,8 @@ class Acks:
         pause = _POLL_FIRST
         ask_at = time.monotonic() + _ASK_EVERY
         while True:
-            await run_sync_daemon(tail.poll)
+            # False: the poll read its most and more was there (a long wait's backlog): no pause.
+            caught_up = await run_sync_daemon(tail.poll)
             # Read before the files: a history record's items are noted before its step.
             passed, ended = tail.last_step, tail.finished
             need = {name: n for name, n in need.items() if not self.book.in_log(tail, name, n)}
@@ -267,8 +251,9 @@ class Acks:
                 if not await self.held_back(records):
                     await self._still_there()
                 ask_at = time.monotonic() + _ASK_EVERY
-            await anyio.sleep(pause)
-            pause = min(pause * 2, _POLL_MAX)
+            if caught_up:
+                await anyio.sleep(pause)
+                pause = min(pause * 2, _POLL_MAX)
 
     async def held_back(self, records: Sequence[TraceRecord]) -> bool:
         """True while the W&B step the rows of `records` went into is still the trainer's open

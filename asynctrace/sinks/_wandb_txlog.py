@@ -12,6 +12,13 @@ The reader trusts only what it can check: the header (`:W&B`, its magic number, 
 file, a wandb without the `Record` type) stop it for good, `broken` saying why: it never guesses,
 so nothing it could not check ever counts a row persisted. Record kinds it does not know (W&B
 adds some now and then) are skipped: they hold no table increment of the sink's.
+
+A log that is there already when the reader first looks (an attached run of a long training job
+can have written gigabytes) is read from near its end: from a block boundary at most `_TAIL`
+bytes before it, skipping the pieces of a record begun before that boundary. Every row the sink
+logs after that first look is written past it (wandb-core appends what it gets in order), and
+reading less of the file can only confirm less, never more. Each poll reads at most `_POLL`
+bytes, `_READ` at a time, so neither the first look nor a catch-up holds much in memory.
 """
 
 from __future__ import annotations
@@ -35,6 +42,12 @@ __all__ = ["FORMAT", "LogTail"]
 _BLOCK = 32768
 _HEADER = 7
 _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
+# How much of an existing log the first poll reads (enough records to check the format before a
+# row is handed over); the most one read takes in (a chunk never spans blocks, so any whole
+# chunk fits); the most one poll reads.
+_TAIL = 8 * _BLOCK
+_READ = 32 * _BLOCK
+_POLL = 8 * _READ
 #: The header of the one `.wandb` format the reader knows: ident, magic number, version.
 FORMAT = b":W&B" + struct.pack("<HB", 0xBEE1, 0)
 
@@ -51,6 +64,12 @@ def _record_type() -> Callable[[bytes], Any]:
         return pb.Record.FromString  # type: ignore[attr-defined, no-any-return]
     except Exception as exc:  # no wandb.proto, no Record: a wandb this reader does not know
         raise _Unreadable(f"wandb's Record type cannot be loaded ({describe(exc)})") from exc
+
+
+def _start_of(size: int) -> int:
+    """Where to read a log of `size` bytes from: the block boundary at most `_TAIL` bytes before
+    its end (0, the header, for a short one)."""
+    return max(0, size - _TAIL) // _BLOCK * _BLOCK
 
 
 class LogTail:
@@ -73,47 +92,69 @@ class LogTail:
         self.finished = False
         self.broken: str | None = None
         self._pos = 0  # the file offset read up to: 0 until the header is checked
+        self._start: int | None = None  # where reading begins, fixed by the first poll
+        self._resync = False  # skipping the rest of a record begun before `_start`
         self._pending: bytes | None = None  # the pieces of a record read so far
         self._suspect: int | None = None  # a chunk whose checksum failed once (see _chunk)
         self._lock = threading.Lock()
         self._decode: Callable[[bytes], Any] | None = None
 
-    def poll(self) -> None:
-        """Read what wandb-core appended since the last poll (nothing once `broken`)."""
+    def poll(self) -> bool:
+        """Read what wandb-core appended since the last poll (nothing once `broken`), at most
+        `_POLL` bytes of it; False when more was there already (poll again)."""
         with self._lock:
             if self.broken is not None:
-                return
+                return True
             try:
-                self._poll()
+                return self._poll()
             except _Unreadable as exc:
                 self.broken = f"{self.path.name}: {exc}"
+                return True
 
-    def _poll(self) -> None:
+    def _poll(self) -> bool:
         if self._decode is None:
             self._decode = _record_type()
         try:
             with self.path.open("rb") as f:
                 size = os.fstat(f.fileno()).st_size
+                if self._start is None:
+                    self._start = _start_of(size)
                 if size < self._pos:
                     raise _Unreadable(f"the file shrank to {size} bytes after {self._pos} were read from it")
-                f.seek(self._pos)
-                data = f.read()
+                if self._pos == 0 and not self._header(f.read(_HEADER)):
+                    return True
+                end = min(size, self._pos + _POLL)
+                while self._pos < end:
+                    f.seek(self._pos)
+                    before = self._pos
+                    if not self._parse(f.read(min(end - self._pos, _READ))):
+                        return True  # a chunk to read again at the next poll
+                    if self._pos == before:
+                        break  # a chunk cut at `end`: not all written yet, or past this poll's part
+                return end == size
         except FileNotFoundError:
             if self._pos:
                 raise _Unreadable("the file is gone") from None
-            return  # not written yet
+            if self._start is None:
+                self._start = 0  # not written yet: all of it is to come
+            return True
         except OSError as exc:
             raise _Unreadable(f"the file cannot be read ({describe(exc)})") from exc
-        if self._pos == 0:
-            if len(data) < _HEADER:
-                return  # wandb-core has not written the header yet
-            if data[:_HEADER] != FORMAT:
-                raise _Unreadable(f"its header {data[:_HEADER]!r} is not that of format {FORMAT!r}")
-            self._pos = _HEADER
-            data = data[_HEADER:]
-        self._parse(data)
 
-    def _parse(self, data: bytes) -> None:
+    def _header(self, header: bytes) -> bool:
+        """Check the file's header; False while wandb-core has not written it all."""
+        if len(header) < _HEADER:
+            return False
+        if header != FORMAT:
+            raise _Unreadable(f"its header {header!r} is not that of format {FORMAT!r}")
+        assert self._start is not None  # set by the poll before
+        self._pos = max(_HEADER, self._start)
+        self._resync = self._pos > _HEADER
+        return True
+
+    def _parse(self, data: bytes) -> bool:
+        """Read the whole chunks of `data` (the file from `_pos` on); False when it stopped at
+        one whose checksum failed, to be read again at the next poll, not at once."""
         at = 0  # offset in `data`; the file offset is self._pos + at
         try:
             while True:
@@ -139,11 +180,12 @@ class LogTail:
                     break  # wandb-core has not written this chunk whole yet
                 chunk = data[at + _HEADER : at + _HEADER + length]
                 if not self._checked(pos, crc, kind, chunk):
-                    break  # read while being written, maybe: again at the next poll
+                    return False  # read while being written, maybe: again at the next poll
                 at += _HEADER + length
                 self._chunk(pos, kind, chunk)
         finally:
             self._pos += at
+        return True
 
     def _checked(self, pos: int, crc: int, kind: int, chunk: bytes) -> bool:
         """Whether the chunk's CRC-32 (of its kind byte and data) matches. A mismatch is read
@@ -159,6 +201,10 @@ class LogTail:
 
     def _chunk(self, pos: int, kind: int, chunk: bytes) -> None:
         """One checked chunk: a whole record, or a piece of one (first, middle, last)."""
+        if self._resync:
+            if kind in (_MIDDLE, _LAST):
+                return  # the rest of a record begun before the reader's start: not the sink's
+            self._resync = False
         if kind == _FULL and self._pending is None:
             self._note(chunk)
         elif kind == _FIRST and self._pending is None:

@@ -4,14 +4,26 @@ is whole and queryable, Trackio holds each step's selection, with its submission
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime
 import sqlite3
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
+import anyio
 import duckdb
+import orjson
+import pytest
 
+import asynctrace as at
+from asynctrace._recover import recover
+from asynctrace.sinks._kinds import KINDS
+from asynctrace.sinks._spec import describe_sinks
+from tests import _recover_spools as rs
 from tests.faults import _harness as h
 
 PER_STEP = 16
@@ -126,3 +138,65 @@ def test_recover_turns_a_journal_into_a_file_with_nothing_to_replay(tmp_path: Pa
     rows = duckdb.sql(f"SELECT json_extract_string(metadata, '$.uid') FROM '{archive}/*.parquet'").fetchall()
     assert sorted(uid for (uid,) in rows) == sorted(f"0:{i}" for i in range(10))
     assert not list(archive.glob(".*.journal")) and not list(spool.glob("setup-*.json"))
+
+
+_KILLED_WITH_A_TIER = """
+import os, signal, sys
+import asynctrace as at
+from asynctrace.sinks import ParquetSink, Selected
+
+class Mine(at.FirstSampler):  # a sampler of the user's own: the tier cannot be made again
+    pass
+
+archive, tier, spool = sys.argv[1], sys.argv[2], sys.argv[3]
+top = ParquetSink(tier)
+top.name = "top"
+sinks = [ParquetSink(archive), Selected(top, max_traces_per_step=2, sampler=Mine())]
+with at.TraceSession("p", run="r", sinks=sinks, spool_dir=spool) as s:
+    s.log_samples([{"prompt": f"q{i}", "response": "a", "uid": f"0:{i}"} for i in range(10)], step=0)
+    assert s.flush(timeout=30)
+    written = {name: sink.written for name, sink in s.stats().sinks.items()}
+    assert written == {"parquet": 10, "top": 2}, written
+    os.kill(os.getpid(), signal.SIGKILL)  # everything acknowledged: the spool holds nothing
+"""
+
+
+def test_recover_makes_only_a_setups_parquet_sinks_to_finish_their_journals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With nothing to replay, recover turns the journals of the killed session's Parquet
+    sinks into files (a tier's too, though its sampler cannot be made again) without making the
+    W&B, MLflow or Trackio sinks its setup also names."""
+    archive, tier, spool = tmp_path / "archive", tmp_path / "tier", tmp_path / "spool"
+    child = subprocess.run(
+        [sys.executable, "-c", _KILLED_WITH_A_TIER, str(archive), str(tier), str(spool)],
+        env=h.env(), cwd=h.ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert child.returncode == -9, child.stderr
+    assert list(archive.glob(".*.journal")) and list(tier.glob(".*.journal"))
+    (setup,) = spool.glob("setup-*.json")
+    trackers = [
+        at.WandbSink(project="wp", run="wr", init_kwargs={"mode": "offline", "dir": str(tmp_path)}),
+        at.sinks.MlflowSink(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", experiment="e"),
+        at.TrackioSink(project="tp", run="tr"),
+    ]
+    specs = orjson.loads(setup.read_bytes())["sinks"] + describe_sinks(trackers)
+    rs.set_sinks(spool, setup.name[len("setup-") : -len(".json")], specs)
+    made: list[str] = []
+    for kind in ("wandb", "mlflow", "trackio"):
+        real = KINDS[kind].cls
+
+        class Counted(real):  # type: ignore[valid-type, misc]
+            """The shipped sink, counted each time one is made."""
+
+            def __init__(self, *args: Any, _cls: type = real, **kwargs: Any) -> None:
+                made.append(_cls.__name__)
+                super().__init__(*args, **kwargs)
+
+        monkeypatch.setitem(KINDS, kind, dataclasses.replace(KINDS[kind], cls=Counted))
+    report = anyio.run(lambda: recover(spool, progress=False))
+    assert report.ok and not report.groups, report.lines()
+    assert made == [], f"made for nothing: {made}"
+    assert report.finalized == 10 + 2, report.lines()
+    assert not list(archive.glob(".*.journal")) and not list(tier.glob(".*.journal"))
+    assert not list(spool.glob("setup-*.json"))

@@ -187,6 +187,49 @@ async def test_a_batch_written_again_adds_no_rows(offline_wandb: Path) -> None:
     assert sorted(ids) == sorted(r.id for r in memory.records)
 
 
+# The list `_listings` notes directories in, while its block runs; whether the hook is in.
+_LISTED: list[list[str]] = []
+_HOOKED: list[bool] = []
+
+
+@contextlib.contextmanager
+def _listings() -> Iterator[list[str]]:
+    """The directories this process lists (`os.scandir`, `os.listdir`) within the block."""
+    if not _HOOKED:
+        # An audit hook stays for the life of the process: it notes nothing outside the block.
+        sys.addaudithook(_note_listing)
+        _HOOKED.append(True)
+    listed: list[str] = []
+    _LISTED.append(listed)
+    try:
+        yield listed
+    finally:
+        _LISTED.clear()
+
+
+def _note_listing(event: str, args: tuple[Any, ...]) -> None:
+    if _LISTED and event in ("os.scandir", "os.listdir"):
+        _LISTED[0].append(str(args[0]) if args else "")
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_write_lists_no_directory_however_many_increments(offline_wandb: Path) -> None:
+    """Each write knows the table file of its increment without listing the run's table folder,
+    which gains a file a write: 12 writes, each waiting for its rows in the log, no listing."""
+    sink = _sink(offline_wandb, log_flush_interval=0.05)
+    async with at.TraceSession("p", run="listings", sinks=[sink], batch_size=2) as s:
+        await s.log_samples([sample(0)], step=0)
+        assert await s.flush(timeout=30)
+        with _listings() as listed:
+            for step in range(1, 13):
+                await s.log_samples([sample(i, step=step) for i in range(2)], step=step)
+                assert await s.flush(timeout=30)
+        assert s.stats().written == 25 and s.stats().check()
+    files = str(_files(sink))
+    assert not [p for p in listed if p.startswith(files)], listed
+    assert len(table_rows(_files(sink), "train/traces-incr")) == 25
+
+
 async def test_out_of_order_steps_are_kept_on_the_custom_axis(offline_wandb: Path) -> None:
     """Metrics and tables logged for earlier steps are all in the history, each with its step."""
     sink = _sink(offline_wandb)
@@ -272,6 +315,38 @@ async def test_an_attached_run_counts_rows_once_its_log_holds_them(offline_wandb
     assert len(ids) == len(set(ids)) == 12
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_an_attached_run_with_a_long_log_confirms_the_rows_logged_after(offline_wandb: Path) -> None:
+    """A trainer's run whose `.wandb` file is megabytes long when the sink attaches (read from a
+    block boundary near its end, inside one of the trainer's records): the rows logged after
+    count written once the trainer's next step puts them in the log, each once."""
+    import wandb
+
+    settings = wandb.Settings(**_SETTINGS, x_transaction_log_flush_interval=0.05)  # type: ignore[arg-type]
+    run = await anyio.to_thread.run_sync(
+        lambda: wandb.init(project="p", name="long", dir=str(offline_wandb), settings=settings)
+    )
+    log = Path(run.settings.sync_file)
+    try:
+        for i in range(8):  # records of 200 kB, each over several blocks
+            await anyio.to_thread.run_sync(run.log, {"trainer/text": str(i) * 200_000})
+        with anyio.fail_after(30):
+            while not log.exists() or log.stat().st_size < 1_500_000:
+                await anyio.sleep(0.02)
+        async with at.TraceSession("p", run="long", sinks=[at.WandbSink(attach=run)]) as s:
+            await s.log_samples([sample(i) for i in range(6)], step=0)
+            assert await s.flush(timeout=10)
+            await anyio.to_thread.run_sync(lambda: run.log({"trainer/loss": 1.0}))
+            with anyio.fail_after(30):
+                while s.stats().written < 6:
+                    await anyio.sleep(0.01)
+            assert s.stats().check() and s.stats().sinks["wandb"].degraded is None
+    finally:
+        await anyio.to_thread.run_sync(run.finish)
+    ids = [row["id"] for row in table_rows(Path(run.dir), "train/traces-incr")]
+    assert len(ids) == len(set(ids)) == 6
+
+
 async def test_wait_for_log_false_counts_rows_handed_to_its_service(offline_wandb: Path) -> None:
     """Attached with ``wait_for_log=False``, a row counts as written once handed to wandb-core:
     W&B writes it with the trainer's step, in its log only once the trainer has moved on."""
@@ -354,6 +429,38 @@ async def test_a_second_sink_on_a_run_waits_for_its_own_rows(offline_wandb: Path
             assert await s.flush(timeout=30) and s.stats().written == 4
     finally:
         await anyio.to_thread.run_sync(run.finish)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_an_earlier_sessions_increments_never_confirm_a_later_ones_rows(offline_wandb: Path) -> None:
+    """A session's increment of a table key is in the trainer's log; a second session's rows of
+    the same key, held in the trainer's open step, count written only once the log holds them
+    (each knows its increment by its own table file, not by how many the key has)."""
+    import wandb
+
+    settings = wandb.Settings(**_SETTINGS, x_transaction_log_flush_interval=0.05)  # type: ignore[arg-type]
+    run = await anyio.to_thread.run_sync(
+        lambda: wandb.init(project="p", name="earlier", dir=str(offline_wandb), settings=settings)
+    )
+    log = Path(run.settings.sync_file)
+    try:
+        async with at.TraceSession("p", run="a", sinks=[at.WandbSink(attach=run, commit=True)]) as s:
+            await s.log_samples([sample(i) for i in range(4)], step=0)
+            assert await s.flush(timeout=30) and s.stats().written == 4
+        async with at.TraceSession("p", run="b", sinks=[at.WandbSink(attach=run)]) as s:
+            await anyio.to_thread.run_sync(lambda: run.log({"trainer/loss": 0.0}))
+            await s.log_samples([sample(i) for i in range(4)], step=1)
+            assert await s.flush(timeout=10)
+            await anyio.sleep(0.5)  # ten of the run's flush intervals: the step is still open
+            assert s.stats().written == 0 and s.stats().pending == 4
+            await anyio.to_thread.run_sync(lambda: run.log({"trainer/loss": 1.0}))
+            with anyio.fail_after(30):
+                while s.stats().written < 4:
+                    await anyio.sleep(0.01)
+            assert increments(log) >= 1 and s.stats().check()
+    finally:
+        await anyio.to_thread.run_sync(run.finish)
+    assert len(table_rows(Path(run.dir), "train/traces-incr")) == 8
 
 
 async def test_a_stopped_service_bounds_finish_and_the_run_is_finished_after(offline_wandb: Path) -> None:

@@ -18,6 +18,7 @@ import pytest
 import asynctrace as at
 from asynctrace.exceptions import PermanentSinkError
 from asynctrace.sinks._guard import Serial
+from asynctrace.sinks._wandb_ack import Book, table_file
 from asynctrace.sinks._wandb_txlog import LogTail
 from tests._util import sample
 from tests.sinks._wandb_env import SETTINGS, offline_wandb, trainer_run
@@ -31,11 +32,13 @@ FORMAT = b":W&B\xe1\xbe\x00"
 
 
 class RealLog(NamedTuple):
-    """A finished offline run's `.wandb` file and the table files of its increments of `KEY`."""
+    """A finished offline run's `.wandb` file and the table files of its increments of `KEY`
+    (as found in its folder, and as each `wandb.Table` named it after its log)."""
 
     path: Path
     files: list[str]
     records: list[bytes]
+    named: list[str | None]
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +48,12 @@ def real_log(offline_wandb: Path) -> RealLog:
 
     run = wandb.init(project="p", name="real", dir=str(offline_wandb), settings=wandb.Settings(**SETTINGS))  # type: ignore[arg-type]
     table = wandb.Table(columns=["id"], log_mode="INCREMENTAL")
+    files_dir = Path(run.dir)
+    named = []
     for step in range(2):
         table.add_data(f"row-{step}")
         run.log({KEY: table, "trainer/loss": float(step)})
-    files_dir = Path(run.dir)
+        named.append(table_file(table, files_dir, KEY))
     run.finish()
     files = sorted(
         p.relative_to(files_dir).as_posix() for p in files_dir.glob("media/table/train/*.table.json")
@@ -56,7 +61,7 @@ def real_log(offline_wandb: Path) -> RealLog:
     assert len(files) == 2
     path = Path(run.settings.sync_file)
     history(path.parent)  # waits for the run's exit record: wandb-core writes it after finish()
-    return RealLog(path, files, records(path))
+    return RealLog(path, files, records(path), named)
 
 
 def _read(path: Path, polls: int = 2) -> LogTail:
@@ -80,6 +85,67 @@ def test_the_reader_reads_a_real_log(real_log: RealLog) -> None:
     copy = real_log.path.with_name("copy.wandb")
     copy.write_bytes(frame(real_log.records))
     assert _read(copy).files == tail.files
+
+
+def test_each_increments_file_is_the_one_its_history_record_names(real_log: RealLog, tmp_path: Path) -> None:
+    """After `run.log`, a table names the file W&B stored the increment in, as the increment's
+    history record does (no listing of the run's table folder needed); a table not logged, or
+    one whose file is not of the key, names none."""
+    import wandb
+
+    assert real_log.named == real_log.files
+    assert set(real_log.files) <= _read(real_log.path).files
+    assert table_file(wandb.Table(columns=["id"]), tmp_path, KEY) is None
+    assert table_file(wandb.Table(columns=["id"]), tmp_path, "other-incr") is None
+
+
+def test_a_log_whose_file_is_not_known_is_confirmed_by_no_other_increment(real_log: RealLog) -> None:
+    """The key's increments in the `.wandb` file (an earlier session's, another sink's) never
+    stand in for a log of the sink's whose table file is not known."""
+    tail = _read(real_log.path)
+    book = Book()
+    unknown = book.add(KEY, ["a"])
+    assert tail.reached[KEY] == 2 and unknown.file is None and not book.in_log(tail, KEY, 1)
+    book.add(KEY, ["b"]).file = real_log.files[1]
+    assert book.in_log(tail, KEY, 2)
+
+
+def _history_record(step: int, file: str | None = None, filler: int = 0) -> bytes:
+    """A history record of W&B step `step` naming `file` as an increment of `KEY`, or holding
+    `filler` bytes of another key."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    if file is not None:
+        item = pb.HistoryItem(nested_key=[KEY, "path"], value_json=f'"{file}"')  # type: ignore[attr-defined]
+    else:
+        item = pb.HistoryItem(nested_key=["trainer", "text"], value_json='"' + "x" * filler + '"')  # type: ignore[attr-defined]
+    return pb.Record(history=pb.HistoryRecord(item=[item], step=pb.HistoryStep(num=step))).SerializeToString()  # type: ignore[attr-defined, no-any-return]
+
+
+def test_an_existing_log_is_read_from_near_its_end(tmp_path: Path) -> None:
+    """A log 4 MB long at the first poll is read from a block boundary near its end, the rest of
+    the record begun before it skipped: the increment named there counts, the one at its start
+    is never read. What is appended later counts, each poll reading a bounded part of it."""
+    block = 32768
+    early, late, after = (f"media/table/train/traces-incr_{i}_x.table.json" for i in range(3))
+    fillers = [_history_record(step, filler=40_000) for step in range(1, 101)]
+    items: list[bytes | tuple[int, bytes]] = [_history_record(0, early), *fillers, _history_record(101, late)]
+    path = tmp_path / "long.wandb"
+    path.write_bytes(data := frame(items))
+    # Every block of the fillers begins inside a record (a middle or last piece of one).
+    assert {data[at_ + 6] for at_ in range(block, len(data) - block, block)} <= {3, 4}
+    tail = LogTail(path)
+    assert tail.poll() is True
+    assert tail.broken is None and late in tail.files and early not in tail.files
+    assert tail.last_step == 101
+    more = [_history_record(step, filler=40_000) for step in range(102, 402)]  # 12 MB more
+    path.write_bytes(frame([*items, *more, _history_record(402, after)]))
+    assert tail.poll() is False and after not in tail.files  # read in part: more is there
+    polls = 1
+    while not tail.poll():
+        polls += 1
+        assert polls < 10
+    assert tail.broken is None and after in tail.files and tail.last_step == 402
 
 
 def _damaged_history(log: RealLog, file: str) -> bytes:
