@@ -3,9 +3,11 @@
 
 A journal's first line says asynctrace wrote it (`header`): recovery reads, converts and deletes
 only such journals, never another program's hidden files that happen to be named alike. A sink
-creates its journal under its final name, exclusively, locks it (`flock`) and only then writes
-the header: a recovery that sees the header and still gets the lock knows the sink is gone, and
-one that sees no header touches nothing. A journal is opened for recovery without following a
+makes its journal unnamed, locks it (`flock`), writes the header and only then links it under its
+final name, exclusively (`create`): a recovery that sees the header and still gets the lock knows
+the sink is gone, and a kill never leaves a journal without its header. Where the system cannot
+make a file unnamed, the journal is created under its name and locked before the header is
+written; one that shows no header is touched by nothing. A journal is opened for recovery without following a
 link and only as a regular file (`open_dead`), and the lock is checked to cover the file the name
 still holds.
 """
@@ -114,19 +116,61 @@ def _header_end(fd: int, name: JournalName) -> int | None:
 def create(directory: Path, name: JournalName) -> Journal:
     """A new journal, locked and with its header: FileExistsError where that name is taken."""
     path = directory / f".{name.stem}-{name.number:05d}.journal"
+    header = _header(name)
+    fd = _create_whole(directory, path, header)
+    if fd is None:
+        fd = _create_in_place(path, header)
+    return Journal(path, name.number, fd, len(header), len(header))
+
+
+def _create_whole(directory: Path, path: Path, header: bytes) -> int | None:
+    """The journal made unnamed (O_TMPFILE), locked and given its header, then linked under its
+    name: a kill at any point leaves either no journal or a whole one, never a file without the
+    header that recovery must leave alone for good. None where the system cannot (not Linux, a
+    file system without O_TMPFILE, no /proc)."""
+    if fcntl is None or not hasattr(os, "O_TMPFILE"):
+        return None
+    try:
+        fd = os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_APPEND | CLOEXEC, 0o644)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        write_all(fd, [header])
+        folder = os.open(directory, os.O_RDONLY | CLOEXEC)
+        try:
+            # Through /proc and with the directory's descriptor, so that `linkat` follows the
+            # link to the unnamed file (os.link would call `link`, which does not follow it).
+            os.link(f"/proc/self/fd/{fd}", path.name, dst_dir_fd=folder, follow_symlinks=True)
+        finally:
+            os.close(folder)
+    except FileExistsError:
+        os.close(fd)
+        raise
+    except OSError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _create_in_place(path: Path, header: bytes) -> int:
+    """The journal created under its name, then locked and given its header: a kill between the
+    two leaves a file without the header, which recovery leaves alone."""
     flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | CLOEXEC | _NOFOLLOW
     fd = os.open(path, flags, 0o644)
     try:
         if fcntl is not None:
             # Nobody else locks a journal without a header: this never waits.
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        header = _header(name)
         write_all(fd, [header])
     except BaseException:
         os.close(fd)
         os.unlink(path)
         raise
-    return Journal(path, name.number, fd, len(header), len(header))
+    return fd
 
 
 def next_index(directory: Path, stem: str) -> int:

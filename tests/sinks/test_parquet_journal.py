@@ -54,3 +54,33 @@ def test_a_batch_is_written_whole_from_its_pieces(
     finally:
         os.close(fd)
     assert path.read_bytes() == b"before\n" + joined
+
+
+def test_a_journal_is_named_only_once_its_header_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the header is written the journal has no name yet, so a kill at that moment leaves no
+    header-less journal (which recovery would have to leave in the directory for good)."""
+    from asynctrace.sinks import _parquet_journal as journals
+
+    seen: list[bool] = []
+    real = journals.write_all
+
+    def watching(fd: int, parts: Any) -> None:
+        seen.append(any(p.name.endswith(".journal") for p in tmp_path.iterdir()))
+        real(fd, parts)
+
+    monkeypatch.setattr(journals, "write_all", watching)
+    journal = journals.create(tmp_path, journals.JournalName("s", 0))
+    try:
+        assert seen == [False]
+        assert journal.path.read_bytes().startswith(b'{"journal":"asynctrace.parquet-journal"')
+        with pytest.raises(FileExistsError):
+            journals.create(tmp_path, journals.JournalName("s", 0))
+        with pytest.raises(journals.LiveJournal):
+            journals.open_dead(journal.path)
+    finally:
+        os.close(journal.fd)
+    dead = journals.open_dead(journal.path)
+    assert dead is not None and dead.start == journal.start
+    os.close(dead.fd)
