@@ -55,7 +55,11 @@ _STAGE = 0
 _ACK = 1
 _DEAD = 2
 _SINK = 3  # one sink dealt with records (error: the sink's name)
-_TIER = 4  # a tier's progress (error: the sink's name; extra: (written deltas, closed prefix, set))
+_TIER = 4  # a tier's progress (error: the sink's name)
+
+# A tier's progress: (records written per (split, step), each split's closed prefix, whether the
+# counts are totals rather than deltas); see `Spool.tier`.
+_TierNote = tuple[dict[tuple[str, int], int], dict[str, int], bool]
 
 
 class _Op(NamedTuple):
@@ -66,7 +70,7 @@ class _Op(NamedTuple):
     error: str | None  # a dead letter's error; a sink or tier line's sink name
     sinks: Sequence[str]  # a dead letter's failed sinks
     lines: list[bytes] | None  # the records' lines, when staged encoded
-    extra: Any  # a tier line's (written deltas, closed prefix, absolute)
+    tier: _TierNote | None  # a tier line's progress
 
 
 class Spool:
@@ -233,14 +237,15 @@ class Spool:
         partial: dict[str, list[TraceRecord]] = {}
         tiers: dict[str, tuple[set[tuple[str, int]], set[str]]] = {}
         lost = 0
-        for kind, records, error, sinks, encoded, extra in ops:
+        for kind, records, error, sinks, encoded, tier in ops:
             if kind == _SINK:
                 assert error is not None
                 partial.setdefault(error, []).extend(records)
                 continue
             if kind == _TIER:
                 assert error is not None
-                written, closed, absolute = extra
+                assert tier is not None
+                written, closed, absolute = tier
                 self._books.tier_update(
                     error, written, closed, absolute, tiers.setdefault(error, (set(), set()))
                 )
