@@ -311,11 +311,11 @@ def test_enqueue_waits_for_a_commit_that_took_its_records(
     still writing them, the caller's log_samples returns only once they are on disk."""
     import time
 
-    from asynctrace._durable import spool as spool_module
+    from asynctrace._durable import files as files_module
     from asynctrace._engine import buffer as _buffer
 
     spool = tmp_path / "spool"
-    append, admit = spool_module.Spool._append, _buffer.Buffer.admit
+    append, admit = files_module.SpoolFiles.append, _buffer.Buffer.admit
 
     def slow_append(self: Any, f: Any, data: bytes) -> Any:
         if b"uid-" in data:
@@ -328,7 +328,7 @@ def test_enqueue_waits_for_a_commit_that_took_its_records(
             time.sleep(0.05)  # B is descheduled right after staging; A's commit takes B's record
         return out
 
-    monkeypatch.setattr(spool_module.Spool, "_append", slow_append)
+    monkeypatch.setattr(files_module.SpoolFiles, "append", slow_append)
     monkeypatch.setattr(_buffer.Buffer, "admit", paused_admit)
 
     def on_disk(uid: str) -> bool:

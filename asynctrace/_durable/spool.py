@@ -11,32 +11,33 @@ wrote of each step, the steps it closed) is committed as tier lines, running tot
 new segment starts with again, so the newest one always holds all of them.
 
 The files' table, the acknowledgement, sink and tier lines, and which files may go are kept by
-`books.py`. A segment is deleted when none of its records is unresolved and every segment it
-holds acknowledgements for is gone (deleting it earlier would bring those records back on replay);
-a session's newest segment with tier lines also stays while any file of that session holds
-unresolved records (their replay needs what the tiers had done).
+`books.py`; making, appending to and closing the files by `files.py`. A segment is deleted when
+none of its records is unresolved and every segment it holds acknowledgements for is gone
+(deleting it earlier would bring those records back on replay); a session's newest segment with
+tier lines also stays while any file of that session holds unresolved records (their replay
+needs what the tiers had done).
 A failed write (a full disk) truncates the partial line away, counts the records as
 ``unspooled`` and logs one error: the records are still delivered to the sinks.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from .._records.types import TraceRecord
 from .._security import describe, logger, secret_bytes
 from .._stats import SpoolStats
 from ..exceptions import SpoolError
 from . import segments as seg
-from .books import Books, SpoolFile
-from .directory import SpoolDir, WriteErrors
+from .books import Books
+from .directory import SpoolDir
+from .files import SpoolFiles
 from .setup import remove_setup, write_setup
 
 __all__ = ["STAGED", "UNSPOOLED", "Durability", "Spool"]
@@ -54,10 +55,22 @@ _STAGE = 0
 _ACK = 1
 _DEAD = 2
 _SINK = 3  # one sink dealt with records (error: the sink's name)
-_TIER = 4  # a tier's progress (error: the sink's name; extra: (written deltas, closed prefix, set))
+_TIER = 4  # a tier's progress (error: the sink's name)
 
-# One staged operation: (kind, records, error, failed sinks, pre-encoded lines or None, extra).
-_Op = tuple[int, Sequence[TraceRecord], str | None, Sequence[str], list[bytes] | None, Any]
+# A tier's progress: (records written per (split, step), each split's closed prefix, whether the
+# counts are totals rather than deltas); see `Spool.tier`.
+_TierNote = tuple[dict[tuple[str, int], int], dict[str, int], bool]
+
+
+class _Op(NamedTuple):
+    """One staged operation, committed in the order it was staged."""
+
+    kind: int
+    records: Sequence[TraceRecord]
+    error: str | None  # a dead letter's error; a sink or tier line's sink name
+    sinks: Sequence[str]  # a dead letter's failed sinks
+    lines: list[bytes] | None  # the records' lines, when staged encoded
+    tier: _TierNote | None  # a tier line's progress
 
 
 class Spool:
@@ -82,18 +95,20 @@ class Spool:
         self.session = session
         self.durability = durability
         self._books = Books()
-        self._files = self._books.files  # the books' table: the spool adds, writes and closes files
-        self._by_name: dict[str, SpoolFile] = {}
-        self._next = 0
-        self._active: SpoolFile | None = None
-        self._dead: SpoolFile | None = None
-        self._made = 0
+        self._files = SpoolFiles(
+            self.directory,
+            self._books,
+            project=project,
+            run=run,
+            session=session,
+            segment_bytes=SEGMENT_BYTES,
+        )
+        self._errors = self._files.errors
         self._ops: list[_Op] = []
         self._plock = threading.Lock()  # guards _ops; taken under the buffer lock
         self._io = threading.Lock()  # one commit at a time, in order
         # `within`: the lock `asynctrace recover` holds for all its sessions (see SpoolDir).
         self._dir = SpoolDir(self.directory, within=within)
-        self._errors = WriteErrors(self.directory)
         self.appended = self.acknowledged = self.dead_letters = 0
         self._secrets_at = -math.inf
         self._secret_bytes: list[bytes] = []
@@ -107,7 +122,7 @@ class Spool:
         try:
             scan = seg.scan_dir(self.directory)
             for f in scan.files:
-                self._register(f)
+                self._files.register(f)
             self._books.collect()
             if self._setup is not None:
                 write_setup(self.directory, self.session, self.project, self.run, self._setup)
@@ -119,29 +134,6 @@ class Spool:
             raise
         return scan
 
-    def _register(self, scan: seg.FileScan) -> SpoolFile:
-        f = SpoolFile(self._next, scan.name, scan.path, scan.kind, size=scan.size, session=scan.session)
-        f.tiers = bool(scan.tiers)
-        self._next += 1
-        if scan.empty:
-            self._unlink(f)
-        elif not scan.usable:
-            # Its records cannot be attributed to a project and run: set it aside, keep it.
-            quarantine = scan.path.with_name(scan.name + seg.CORRUPT_SUFFIX)
-            with contextlib.suppress(OSError):
-                scan.path.rename(quarantine)
-                f.path = quarantine
-            f.keep = True
-        else:
-            f.live = len(scan.unresolved)
-        self._files[f.index] = f
-        self._by_name[f.name] = f
-        for name in scan.deps:
-            dep = self._by_name.get(name)
-            if dep is not None:
-                f.deps.add(dep.index)
-        return f
-
     def backlog(
         self, scan: seg.DirScan, match: Callable[[seg.FileScan], bool]
     ) -> Iterator[list[TraceRecord]]:
@@ -149,7 +141,7 @@ class Spool:
         for fs in scan.files:
             if not fs.usable or not fs.unresolved or not match(fs):
                 continue
-            f = self._by_name[fs.name]
+            f = self._files.named(fs.name)
             try:
                 records = seg.load_records(fs, fs.unresolved)
             except OSError as exc:
@@ -179,19 +171,19 @@ class Spool:
             for r in fresh:
                 seg.record_line_parts(r, secrets, lines)
         with self._plock:
-            self._ops.append((_STAGE, fresh, None, (), lines, None))
+            self._ops.append(_Op(_STAGE, fresh, None, (), lines, None))
 
     def resolve(
         self, records: Sequence[TraceRecord], error: str | None = None, sinks: Sequence[str] = ()
     ) -> None:
         """Records are done: written or dropped (`error` None), or failed for good (dead letters)."""
         with self._plock:
-            self._ops.append((_ACK if error is None else _DEAD, records, error, sinks, None, None))
+            self._ops.append(_Op(_ACK if error is None else _DEAD, records, error, sinks, None, None))
 
     def sink_done(self, records: Sequence[TraceRecord], sink: str) -> None:
         """One sink (its name in the session) dealt with records that others may not have yet."""
         with self._plock:
-            self._ops.append((_SINK, records, sink, (), None, None))
+            self._ops.append(_Op(_SINK, records, sink, (), None, None))
 
     def tier(
         self,
@@ -204,7 +196,7 @@ class Spool:
         """A `Selected` sink wrote `written` more records of these (split, step)s, and has closed
         each split's steps up to `closed`; with `absolute`, the counts are totals (a replay's)."""
         with self._plock:
-            self._ops.append((_TIER, (), sink, (), None, (dict(written), dict(closed), absolute)))
+            self._ops.append(_Op(_TIER, (), sink, (), None, (dict(written), dict(closed), absolute)))
 
     @property
     def has_staged(self) -> bool:
@@ -236,7 +228,7 @@ class Spool:
 
     def _write(self, ops: list[_Op]) -> None:
         secrets = self._secrets()
-        active = self._ensure_file(seg.SEGMENT)
+        active = self._files.ensure(seg.SEGMENT)
         target = active.index if active is not None else UNSPOOLED
         lines: list[bytes] = []
         fresh: list[TraceRecord] = []
@@ -245,14 +237,15 @@ class Spool:
         partial: dict[str, list[TraceRecord]] = {}
         tiers: dict[str, tuple[set[tuple[str, int]], set[str]]] = {}
         lost = 0
-        for kind, records, error, sinks, encoded, extra in ops:
+        for kind, records, error, sinks, encoded, tier in ops:
             if kind == _SINK:
                 assert error is not None
                 partial.setdefault(error, []).extend(records)
                 continue
             if kind == _TIER:
                 assert error is not None
-                written, closed, absolute = extra
+                assert tier is not None
+                written, closed, absolute = tier
                 self._books.tier_update(
                     error, written, closed, absolute, tiers.setdefault(error, (set(), set()))
                 )
@@ -287,7 +280,7 @@ class Spool:
             acks += self._books.tier_lines({k: v for k, v in tiers.items()})
         ok = True
         if active is not None and (lines or acks):
-            error = self._append(active, b"".join(lines) + acks)
+            error = self._files.append(active, b"".join(lines) + acks)
             if error is not None:
                 ok = False
                 for r in fresh:
@@ -303,10 +296,11 @@ class Spool:
                 active.deps.update(deps)
                 if tiers:
                     active.tiers = True
+        table = self._files.table
         for r in done:
             where = r.spool_slot
             if where is not None and where >= 0:
-                f = self._files.get(where)
+                f = table.get(where)
                 if f is not None:
                     f.live -= 1
                     self.acknowledged += 1
@@ -316,11 +310,11 @@ class Spool:
         self, dead: list[tuple[TraceRecord, str, Sequence[str]]], secrets: list[bytes]
     ) -> list[TraceRecord]:
         """Append dead letters; returns the records now safely there (to acknowledge)."""
-        f = self._ensure_file(seg.DEAD)
+        f = self._files.ensure(seg.DEAD)
         if f is None:
             return []
         data = b"".join(seg.dead_line(r, error, sinks, secrets) for r, error, sinks in dead)
-        error = self._append(f, data)
+        error = self._files.append(f, data)
         if error is not None:
             # Left unacknowledged, these records are replayed by the next session instead.
             self._errors.failed(error, 0)
@@ -329,74 +323,6 @@ class Spool:
         self.dead_letters += len(dead)
         return [r for r, _, _ in dead]
 
-    def _ensure_file(self, kind: seg.FileKind) -> SpoolFile | None:
-        current = self._active if kind == seg.SEGMENT else self._dead
-        if current is not None and current.fd is not None and current.size < SEGMENT_BYTES:
-            return current
-        if current is not None:
-            self._close_file(current)
-        name = seg.new_file_name(kind, self.session, self._made)
-        self._made += 1
-        path = self.directory / name
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
-        except OSError as exc:
-            self._errors.failed(describe(exc), 0)
-            return None
-        f = SpoolFile(self._next, name, path, kind, fd=fd, session=self.session)
-        self._next += 1
-        self._files[f.index] = f
-        self._by_name[name] = f
-        head = seg.header_line(self.project, self.run, self.session, kind)
-        # A new segment starts with every tier total, so the newest one holds them all.
-        state = self._books.tier_lines(None) if kind == seg.SEGMENT else b""
-        error = self._append(f, head + state)
-        if error is not None:
-            self._errors.failed(error, 0)
-            self._close_file(f)
-            self._unlink(f)
-            return None
-        if kind == seg.SEGMENT:
-            self._active = f
-            if state:
-                f.tiers = True
-        else:
-            self._dead = f
-        return f
-
-    def _append(self, f: SpoolFile, data: bytes) -> str | None:
-        """Append all of `data` or nothing: a failed write is truncated away, so no torn line stays."""
-        assert f.fd is not None
-        view = memoryview(data)
-        try:
-            while view:
-                n = os.write(f.fd, view)
-                view = view[n:]
-        except OSError as exc:
-            try:
-                os.ftruncate(f.fd, f.size)
-            except OSError:
-                # The partial line cannot be removed: nothing more goes into this file.
-                self._close_file(f)
-            return describe(exc)
-        f.size += len(data)
-        return None
-
-    def _close_file(self, f: SpoolFile) -> None:
-        fd, f.fd = f.fd, None
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        if f is self._active:
-            self._active = None
-        if f is self._dead:
-            self._dead = None
-
-    def _unlink(self, f: SpoolFile) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            f.path.unlink()
-        f.deleted = True
-
     def close(self) -> None:
         """Commit what is staged, close the files, delete what is fully acknowledged, unlock."""
         if self.closed:
@@ -404,9 +330,7 @@ class Spool:
         try:
             self.commit()
             with self._io:
-                for f in list(self._files.values()):
-                    if f.fd is not None:
-                        self._close_file(f)
+                self._files.close_all()
                 self._books.collect()
                 self.closed = True
         finally:
@@ -418,7 +342,7 @@ class Spool:
         if self._setup is None:
             return
         own = f"-{self.session}-"
-        if any(own in f.name and not f.deleted for f in list(self._files.values())):
+        if any(own in f.name for f in self._files.present()):
             return
         remove_setup(self.directory, self.session)
 
@@ -429,11 +353,10 @@ class Spool:
 
     def unresolved(self) -> int:
         """Records the spool still holds for a later replay."""
-        # list() copies in one step: a commit on another thread may add or drop files meanwhile.
-        return sum(f.live for f in list(self._files.values()) if not f.deleted and f.kind == seg.SEGMENT)
+        return sum(f.live for f in self._files.present() if f.kind == seg.SEGMENT)
 
     def stats(self, duplicates: int = 0) -> SpoolStats:
-        files = [f for f in list(self._files.values()) if not f.deleted]  # see unresolved()
+        files = self._files.present()
         return SpoolStats(
             directory=str(self.directory),
             durability=self.durability,
