@@ -17,7 +17,7 @@ import duckdb
 import orjson
 
 from ._index import Index
-from ._model import TRUNCATED, Completion, GroupRow, StepRow, split_order
+from ._model import HISTORY_DIFFS, HISTORY_VERSIONS, TRUNCATED, Completion, GroupRow, StepRow, split_order
 from ._turns import prompt_length, split_messages, uses_tools
 
 __all__ = ["Browse", "load_json", "read_rows"]
@@ -28,21 +28,27 @@ _TOKENS_DEADLINE = 60.0
 
 
 def _highlights(rows: list[Any]) -> set[str]:
-    """Ids of each step's best completion and each policy version's best and worst (index rows:
-    id, step, ..., reward at 5, policy_version at 7)."""
+    """Ids of the best completion of each of the latest HISTORY_DIFFS + 1 steps, and the best and
+    the worst of each of the latest HISTORY_VERSIONS policy versions: what a prompt's history
+    shows (index rows: id, step, ..., reward at 5, policy_version at 7)."""
 
     def reward(r: Any) -> float:
         return -math.inf if r[5] is None else float(r[5])
 
-    picked: set[str] = set()
-    for position in (1, 7):
+    def latest(position: int, count: int) -> dict[Any, list[Any]]:
         by: dict[Any, list[Any]] = {}
         for r in rows:
             by.setdefault(r[position], []).append(r)
-        for items in by.values():
-            picked.add(max(items, key=reward)[0])
-            if position == 7:
-                picked.add(min(items, key=reward)[0])
+        # A version that is not known sorts oldest, as the page orders it.
+        kept = sorted(by, key=lambda k: (k is not None, k), reverse=True)[:count]
+        return {k: by[k] for k in kept}
+
+    picked: set[str] = set()
+    for items in latest(1, HISTORY_DIFFS + 1).values():
+        picked.add(max(items, key=reward)[0])
+    for items in latest(7, HISTORY_VERSIONS).values():
+        picked.add(max(items, key=reward)[0])
+        picked.add(min(items, key=reward)[0])
     return picked
 
 
@@ -328,9 +334,9 @@ class Browse(Index):
 
     def prompt_history(self, prompt: str, split: str) -> tuple[list[Completion], list[str]]:
         """Every completion of one prompt id in `split` (by policy version, then step, best reward
-        first), and the splits the prompt occurs in. Texts are read for each step's best and each
-        policy version's best and worst only: a prompt's completions lie in every file of the run,
-        and each text read costs."""
+        first), and the splits the prompt occurs in. Texts are read for what the page shows only
+        (`_highlights`): a prompt's completions lie in every file of the run, and each text read
+        costs a block of its file."""
         every = self._completions(
             "prompt = $prompt",
             {"prompt": prompt},
