@@ -1,4 +1,5 @@
-"""The viewer's index of an archive: a few typed values of every record, in DuckDB, in memory.
+"""The viewer's index of an archive: a few typed values of every record, in DuckDB (a database
+file of the process's own, compressed, read through DuckDB's buffer: see `_store`).
 
 The index holds a few typed values of every record (step, split, group, prompt id, reward,
 advantage, policy version, stop reason, response length) so that the overview and the rankings
