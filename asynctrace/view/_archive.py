@@ -80,6 +80,7 @@ class Archive(Browse):
         self.overview()
         self.frequent_prompts()
         if keep:
+            self.index_ids()
             self.keep()
             self.keep_summary()
             self.index_text()
@@ -122,7 +123,8 @@ class Archive(Browse):
         self._await_tokens()
         with self._query() as con:
             found = con.execute(
-                "SELECT id, src, rn FROM idx WHERE id = $id AND tok", {"id": record_id}
+                f"SELECT id, src, rn FROM idx WHERE {self.located(con, [record_id])} AND id = $id AND tok",
+                {"id": record_id},
             ).fetchall()
             if not found:
                 return None
@@ -196,6 +198,7 @@ class Archive(Browse):
             {"hits": [h[0] for h in hits]},
             "step, id",
             texts_read={h[0]: h[2] for h in hits},
+            ids=[h[0] for h in hits],
         )
 
     def _block_steps(self, con: duckdb.DuckDBPyConnection) -> dict[tuple[int, int], int]:

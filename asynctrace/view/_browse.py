@@ -240,7 +240,9 @@ class Browse(Index):
         """What `name` is the id of: a record (whether), a prompt (the splits it occurs in, train
         first), groups (each split and step where one has that id)."""
         with self._query() as con:
-            record = con.execute("SELECT count(*) FROM idx WHERE id = $n", {"n": name}).fetchone()
+            record = con.execute(
+                f"SELECT count(*) FROM idx WHERE {self.located(con, [name])} AND id = $n", {"n": name}
+            ).fetchone()
             prompts = con.execute("SELECT DISTINCT split FROM idx WHERE prompt = $n", {"n": name}).fetchall()
             groups = con.execute(
                 "SELECT DISTINCT split, step FROM idx WHERE grp = $n ORDER BY split, step", {"n": name}
@@ -258,7 +260,8 @@ class Browse(Index):
             return {}
         with self._query() as con:
             found = con.execute(
-                "SELECT id, src, rn FROM idx WHERE id IN (SELECT unnest($ids))", {"ids": list(ids)}
+                f"SELECT id, src, rn FROM idx WHERE {self.located(con, ids)} AND id IN (SELECT unnest($ids))",
+                {"ids": list(ids)},
             ).fetchall()
             rows = self._rows(con, found, "messages")
         return {r[0]: split_messages(_messages(r[1]))[0] for r in rows}
@@ -272,12 +275,16 @@ class Browse(Index):
         metadata: bool = False,
         shown: Callable[[list[Any]], set[str]] | None = None,
         texts_read: dict[str, str] | None = None,
+        ids: Sequence[str] | None = None,
     ) -> list[Completion]:
         """The index rows matching `where`, with the texts (and with `metadata`, the metadata) of
         those `shown` picks, every one by default; the others have `loaded` False. `texts_read`
-        gives the messages, by id, where the caller has read them."""
+        gives the messages, by id, where the caller has read them. `ids`: the rows are some of
+        these records' (found by their places first, see `located`)."""
         self._await_tokens()
         with self._query() as con:
+            if ids is not None:
+                where = f"{self.located(con, ids)} AND ({where})"
             index = con.execute(
                 "SELECT id, step, split, grp, prompt, reward, advantage, policy_version, stop_reason, "
                 f"rlen, tok, src, rn FROM idx WHERE {where} ORDER BY {order}",
@@ -329,7 +336,7 @@ class Browse(Index):
         )
 
     def record(self, record_id: str) -> Completion | None:
-        found = self._completions("id = $id", {"id": record_id}, "id", metadata=True)
+        found = self._completions("id = $id", {"id": record_id}, "id", metadata=True, ids=[record_id])
         return found[0] if found else None
 
     def prompt_history(self, prompt: str, split: str) -> tuple[list[Completion], list[str]]:

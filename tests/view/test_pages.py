@@ -569,3 +569,30 @@ def test_prompt_history_reads_the_texts_of_its_latest_versions_and_steps_only(
     assert shown == versions[:2]
     assert f"{len(versions) - 2} older policy versions" in html
     assert html.count('<section class="diff"') == 2
+
+
+def test_a_record_is_found_by_its_place_once_ids_are_indexed(archive: tuple[Path, Path]) -> None:
+    """Table `ids` leads every record id to its own row, the filter on places holds few others,
+    and an id the archive lacks to none."""
+    from asynctrace.view._archive import Archive
+
+    viewed = Archive(archive[0])
+    viewed.load(keep=False)
+    with viewed._query() as con:
+        assert viewed.located(con, ["anything"]) == "true"  # before `ids`: the id column decides
+    viewed.index_ids()
+    with viewed._query() as con:
+        every = [r[0] for r in con.execute("SELECT id FROM idx").fetchall()]
+        assert len(every) > 10
+        for record in every:
+            where = viewed.located(con, [record])
+            assert con.execute(f"SELECT id FROM idx WHERE {where} AND id = $i", {"i": record}).fetchall() == [
+                (record,)
+            ]
+            assert con.execute(f"SELECT count(*) FROM idx WHERE {where}").fetchall()[0][0] <= 2
+        some = every[::3]
+        where = viewed.located(con, some)
+        found = con.execute(f"SELECT id FROM idx WHERE {where} AND id IN (SELECT unnest($s))", {"s": some})
+        assert sorted(r[0] for r in found.fetchall()) == sorted(some)
+        assert viewed.located(con, ["no such record"]) == "false"
+    assert viewed.record(every[0]) is not None and viewed.record("no such record") is None
