@@ -1,10 +1,12 @@
 """`asynctrace view` on a large archive: start time and the time each page takes to answer.
 
-Builds a Parquet archive of ``--rows`` records (default 1,000,000) through a real
+Builds a Parquet archive of each ``--rows`` count (default 1,000,000) through a real
 ``TraceSession`` with a ``ParquetSink``: GRPO-style groups of 8 completions, 512 groups a step,
 prompt ids drawn from a pool of 5,000 (so each prompt recurs across steps), policy-version lag,
 truncations, and token-level fields (512 tokens of ids, loss mask, log-probs and advantages) on
-one record in 64. ``--archive DIR`` keeps it there and reuses it on the next run.
+one record in 64. ``--archive DIR ...`` (one per count) keeps each there and reuses it on the next
+run. The archives are measured one after another and printed side by side, each figure's growth
+from the first to the last, the goals (set for 10,000,000 rows) judged on the largest.
 
 Then runs ``asynctrace view`` itself (the command, in a subprocess) twice: with an empty index
 cache (the first open of an archive) and with the cache the first run left (every later
@@ -15,9 +17,11 @@ server it times every view over HTTP, ``--repeat`` times each, after one untimed
 the figure is the median, and the slowest is printed too. Side by side, in the same run, it
 answers the overview's, a step's and a prompt's questions and each search by text with one
 DuckDB query each straight on the files (what one would type without the viewer; for a search,
-what the viewer did before its text index) and prints the ratios.
+what the viewer did before its text index) and prints the ratios (``--no-direct``: not). Each
+server's own peak RSS is read from its process (Linux ``VmHWM``) before it stops.
 
     python benchmarks/bench_view.py --archive /tmp/view-1m
+    python benchmarks/bench_view.py --rows 1000000 10000000 --archive /tmp/view-1m /tmp/view-10m --no-direct
     python benchmarks/bench_view.py --quick
 """
 
