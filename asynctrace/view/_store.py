@@ -10,6 +10,7 @@ import contextlib
 import glob
 import hashlib
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -21,8 +22,10 @@ import duckdb
 
 from ._files import archive_runs
 
-__all__ = ["Store"]
+__all__ = ["Store", "sweep", "write_rows"]
 
+# The folder of a process's index database: this, its process id, a dash, a random name.
+_PREFIX = "asynctrace-view-"
 # Bumped whenever the index's columns or their meaning change: older cached indexes are not read.
 _INDEX_VERSION = 2
 
@@ -59,7 +62,8 @@ class Store:
         # tables (an index of 1M records: 16 MB, against 117 MB as an in-memory table, which it
         # never compresses nor evicts) and keeps in memory only the blocks queries use, so the
         # server's memory does not grow with the archive. The file is this process's alone.
-        self._scratch = tempfile.TemporaryDirectory(prefix="asynctrace-view-")
+        sweep(tempfile.gettempdir())
+        self._scratch = tempfile.TemporaryDirectory(prefix=f"{_PREFIX}{os.getpid()}-")
         self._con = duckdb.connect(os.path.join(self._scratch.name, "index.duckdb"))
         # Nothing in it outlives the process: no checkpoint at its end, where a failing one would
         # abort the interpreter; the connection is closed before the folder goes.
@@ -138,6 +142,27 @@ class Store:
             return None
         key = f"{_INDEX_VERSION}\0{os.path.abspath(file)}\0{stat.st_size}\0{stat.st_mtime_ns}"
         return self.cache / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".parquet")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
+
+
+def sweep(root: str) -> None:
+    """Remove the index folders in `root` of viewer processes that are gone: one killed (SIGTERM,
+    SIGKILL) never removes its own. A folder whose process id is alive, whoever it now is, stays."""
+    if os.name != "posix":
+        return  # os.kill(pid, 0) sends Ctrl-C on Windows
+    for path in glob.glob(os.path.join(glob.escape(root), _PREFIX + "*")):
+        pid = os.path.basename(path)[len(_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _drop(con: duckdb.DuckDBPyConnection, scratch: tempfile.TemporaryDirectory[str]) -> None:

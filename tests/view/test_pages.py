@@ -596,3 +596,34 @@ def test_a_record_is_found_by_its_place_once_ids_are_indexed(archive: tuple[Path
         assert sorted(r[0] for r in found.fetchall()) == sorted(some)
         assert viewed.located(con, ["no such record"]) == "false"
     assert viewed.record(every[0]) is not None and viewed.record("no such record") is None
+
+
+def test_a_start_removes_the_index_folders_of_viewers_that_are_gone(
+    archive: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A viewer killed before its end leaves its index database; the next start removes it, and
+    leaves the folder of a process that still runs."""
+    import tempfile
+
+    from asynctrace.view._archive import Archive
+
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead, running = (
+        tmp_path / f"asynctrace-view-{int(gone.stdout)}-x",
+        tmp_path / f"asynctrace-view-{os.getpid()}-y",
+    )
+    for folder in (dead, running):
+        folder.mkdir()
+        (folder / "index.duckdb").write_bytes(b"left")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    viewed = Archive(archive[0])
+    assert not dead.exists() and running.exists()
+    ours = [p for p in tmp_path.glob("asynctrace-view-*") if p != running]
+    assert len(ours) == 1 and (ours[0] / "index.duckdb").exists()
+    del viewed
+    import gc
+
+    gc.collect()
+    assert not ours[0].exists()  # its own folder goes with it
