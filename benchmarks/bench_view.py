@@ -1,10 +1,12 @@
 """`asynctrace view` on a large archive: start time and the time each page takes to answer.
 
-Builds a Parquet archive of ``--rows`` records (default 1,000,000) through a real
+Builds a Parquet archive of each ``--rows`` count (default 1,000,000) through a real
 ``TraceSession`` with a ``ParquetSink``: GRPO-style groups of 8 completions, 512 groups a step,
 prompt ids drawn from a pool of 5,000 (so each prompt recurs across steps), policy-version lag,
 truncations, and token-level fields (512 tokens of ids, loss mask, log-probs and advantages) on
-one record in 64. ``--archive DIR`` keeps it there and reuses it on the next run.
+one record in 64. ``--archive DIR ...`` (one per count) keeps each there and reuses it on the next
+run. The archives are measured one after another and printed side by side, each figure's growth
+from the first to the last, the goals (set for 10,000,000 rows) judged on the largest.
 
 Then runs ``asynctrace view`` itself (the command, in a subprocess) twice: with an empty index
 cache (the first open of an archive) and with the cache the first run left (every later
@@ -15,15 +17,18 @@ server it times every view over HTTP, ``--repeat`` times each, after one untimed
 the figure is the median, and the slowest is printed too. Side by side, in the same run, it
 answers the overview's, a step's and a prompt's questions and each search by text with one
 DuckDB query each straight on the files (what one would type without the viewer; for a search,
-what the viewer did before its text index) and prints the ratios.
+what the viewer did before its text index) and prints the ratios (``--no-direct``: not). Each
+server's own peak RSS is read from its process (Linux ``VmHWM``) before it stops.
 
     python benchmarks/bench_view.py --archive /tmp/view-1m
+    python benchmarks/bench_view.py --rows 1000000 10000000 --archive /tmp/view-1m /tmp/view-10m --no-direct
     python benchmarks/bench_view.py --quick
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import random
 import re
@@ -36,12 +41,16 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
+# Goals at 10,000,000 rows (judged on the largest archive measured).
 GOAL_MS = 300.0
-START_GOAL_S = 2.0
+FIRST_OPEN_GOAL_S = 3.0
+TEXT_GOAL_S = 15.0
+RSS_GOAL_MIB = 1024.0
 GROUP = 8
 GROUPS_PER_STEP = 512
 PROMPTS = 5_000
@@ -147,6 +156,15 @@ class Server:
         while fetch(self.url + "/step?split=train&step=0")[0] == 503:
             time.sleep(0.01)
         self.ready = time.perf_counter() - started
+
+    def peak_rss(self) -> float:
+        """The server process's own peak resident memory so far, in MiB (Linux: VmHWM)."""
+        try:
+            status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        except OSError:
+            return math.nan
+        found = re.search(r"VmHWM:\s+(\d+) kB", status)
+        return int(found.group(1)) / 1024 if found else math.nan
 
     def close(self) -> None:
         self.proc.terminate()
@@ -257,83 +275,147 @@ def direct_queries(archive: Path, page: dict[str, str]) -> dict[str, Callable[[]
     return queries
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--archive", type=Path, help="keep the archive here (built when it holds none)")
-    parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="20,480 rows, 3 repeats")
-    parser.add_argument("--strict", action="store_true", help="exit 1 when a goal is not met")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.rows, args.repeat = 20_480, 3
-    scratch = Path(tempfile.mkdtemp(prefix="asynctrace-bench-view-"))
+@dataclass
+class Measured:
+    """One archive's figures: its size, both starts, each page (median, slowest ms), the same
+    questions as one DuckDB query each (median, slowest ms), and each server's peak RSS (MiB)."""
+
+    rows: int
+    files: int
+    mib: float
+    load: float
+    cold: Server
+    warm: Server
+    text_ready: float
+    cold_rss: float
+    warm_rss: float
+    pages: dict[str, tuple[float, float]]
+    direct: dict[str, tuple[float, float]]
+
+
+def measure(archive: Path, repeat: int, scratch: Path, direct: bool) -> Measured:
+    """Both starts of `asynctrace view` on `archive`, then every page of the second, timed."""
+    files = str(archive / "*.parquet")
+    rows = one(f"SELECT count(*) FROM '{files}'")
+    parts = list(archive.glob("*.parquet"))
+    size = sum(p.stat().st_size for p in parts) / 2**20
+    load = os.getloadavg()[0]
+    print(
+        f"archive: {rows:,} rows in {len(parts)} files, {size:.0f} MiB; load average {load:.1f}", flush=True
+    )
+    cache = scratch / f"cache-{rows}"
+    cold = Server(archive, cache)
+    # The index is kept once the pages are ready, then the text index is built and kept;
+    # the second start needs all of it.
     try:
-        archive = args.archive or scratch / "archive"
-        if not list(archive.glob("*.parquet")):
-            started = time.perf_counter()
-            build(archive, args.rows)
-            print(f"built the archive in {time.perf_counter() - started:.1f} s")
-        import duckdb
-
-        files = str(archive / "*.parquet")
-        rows = one(f"SELECT count(*) FROM '{files}'")
-        parts = list(archive.glob("*.parquet"))
-        size = sum(p.stat().st_size for p in parts) / 2**20
-        print(f"archive: {rows:,} rows in {len(parts)} files, {size:.0f} MiB")
-        load = os.getloadavg()[0]
-        print(f"machine: {os.cpu_count()} CPUs, load average {load:.1f}, duckdb {duckdb.__version__}")
-
-        cache = scratch / "cache"
-        cold = Server(archive, cache)
-        # The index is kept once the pages are ready, then the text index is built and kept;
-        # the second start needs all of it.
         while len(list(cache.glob("*.parquet"))) < len(parts):
             time.sleep(0.05)
         while len(list(cache.glob("text-*/*.parquet"))) < len(parts):
             time.sleep(0.05)
         text_ready = time.perf_counter() - cold.started
+        cold_rss = cold.peak_rss()
+    finally:
         cold.close()
-        warm = Server(archive, cache)
-        try:
-            page = _pages(archive)
-            results = {
-                name: timed(lambda path=path: fetch(warm.url + path), args.repeat)
-                for name, path in page.items()
-            }
-            direct = {name: timed(call, args.repeat) for name, call in direct_queries(archive, page).items()}
-        finally:
-            warm.close()
-        failed = False
-        print()
-        print("| start | listening | overview answers | every page answers | goal (overview) |")
-        print("|---|---|---|---|---|")
-        for label, server in (("first open (empty cache)", cold), ("later start (cache kept)", warm)):
-            met = server.indexed < START_GOAL_S
+    warm = Server(archive, cache)
+    try:
+        page = _pages(archive)
+        results = {
+            name: timed(lambda path=path: fetch(warm.url + path), repeat) for name, path in page.items()
+        }
+        warm_rss = warm.peak_rss()
+    finally:
+        warm.close()
+    # The benchmark's own queries run in this process, after the server has gone: its RSS is its own.
+    answers = (
+        {name: timed(call, repeat) for name, call in direct_queries(archive, page).items()} if direct else {}
+    )
+    return Measured(
+        rows, len(parts), size, load, cold, warm, text_ready, cold_rss, warm_rss, results, answers
+    )
+
+
+def _cells(values: list[float], unit: str, goal: float | None, digits: int = 0) -> str:
+    cells = [f"{v:,.{digits}f} {unit}" for v in values]
+    if goal is None:
+        return " | ".join(cells) + " | —"
+    verdict = "met" if values[-1] <= goal else "not met"
+    return " | ".join(cells) + f" | ≤ {goal:,.{digits}f} {unit}: {verdict}"
+
+
+def report(measured: list[Measured]) -> bool:
+    """Print the archives side by side, the goals judged on the largest; whether all are met."""
+    names = " | ".join(f"{m.rows:,} rows" for m in measured)
+    growth = len(measured) > 1
+    print(f"\n| | {names} | goal (largest) |" + (" growth |" if growth else ""))
+    print("|---|" + "---|" * len(measured) + "---|" + ("---|" if growth else ""))
+    met = True
+
+    def row(label: str, values: list[float], unit: str, goal: float | None, digits: int = 0) -> None:
+        nonlocal met
+        if goal is not None:
+            met &= values[-1] <= goal
+        extra = f" {values[-1] / values[0]:.1f}x |" if growth and values[0] else (" — |" if growth else "")
+        print(f"| {label} | {_cells(values, unit, goal, digits)} |{extra}")
+
+    row("archive on disk", [m.mib for m in measured], "MiB", None)
+    row("first open: overview answers", [m.cold.indexed for m in measured], "s", FIRST_OPEN_GOAL_S, 2)
+    row("first open: every page answers", [m.cold.ready for m in measured], "s", None, 2)
+    row("first open: text index built and kept", [m.text_ready for m in measured], "s", TEXT_GOAL_S, 1)
+    row("later start: overview answers", [m.warm.indexed for m in measured], "s", None, 2)
+    row("later start: every page answers", [m.warm.ready for m in measured], "s", None, 2)
+    row("server peak RSS, first open", [m.cold_rss for m in measured], "MiB", RSS_GOAL_MIB)
+    row("server peak RSS, later start and every page", [m.warm_rss for m in measured], "MiB", RSS_GOAL_MIB)
+    for name in measured[0].pages:
+        row(name, [m.pages[name][0] for m in measured], "ms", GOAL_MS)
+    print(
+        "\npages: median of the repeats; slowest of each: "
+        + "; ".join(f"{m.rows:,} rows {max(v[1] for v in m.pages.values()):.0f} ms" for m in measured)
+    )
+    print("load average at each start: " + ", ".join(f"{m.load:.1f}" for m in measured))
+    for m in measured:
+        for name, (median, _) in m.direct.items():
             print(
-                f"| {label} | {server.listening:.2f} s | {server.indexed:.2f} s | {server.ready:.2f} s | "
-                f"< {START_GOAL_S:.0f} s: {'met' if met else 'not met'} |"
+                f"{m.rows:,} rows, {name}: one DuckDB query on the files {median:.0f} ms, "
+                f"the page {m.pages[name][0]:.0f} ms ({median / m.pages[name][0]:.1f}x)"
             )
-            failed |= not met
-        print(
-            f"\nfirst open: text index built and kept {text_ready:.1f} s after the command started "
-            "(until then a search by text reads every message)"
-        )
-        print()
-        print("| page | median | slowest | goal | one DuckDB query on the files | ratio |")
-        print("|---|---|---|---|---|---|")
-        for name, (median, slowest) in results.items():
-            met = median < GOAL_MS
-            failed |= not met
-            base = direct.get(name)
-            extra = f"{base[0]:.0f} ms | {base[0] / median:.1f}x" if base else "— | —"
-            print(
-                f"| {name} | {median:.0f} ms | {slowest:.0f} ms | < {GOAL_MS:.0f} ms: "
-                f"{'met' if met else 'not met'} | {extra} |"
-            )
-        for name, (median, _) in direct.items():
-            print(f"ratio {name}: direct query / page = {median / results[name][0]:.2f}")
-        return 1 if failed and args.strict else 0
+    return met
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1_000_000])
+    parser.add_argument(
+        "--archive",
+        type=Path,
+        nargs="+",
+        help="keep each archive here, one per --rows (built when it holds none)",
+    )
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="20,480 rows, 3 repeats")
+    parser.add_argument(
+        "--no-direct", action="store_true", help="skip the DuckDB queries straight on the files"
+    )
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a goal is not met")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rows, args.repeat = [20_480], 3
+    if args.archive and len(args.archive) != len(args.rows):
+        parser.error("give one --archive per --rows")
+    scratch = Path(tempfile.mkdtemp(prefix="asynctrace-bench-view-"))
+    try:
+        import duckdb
+
+        print(f"machine: {os.cpu_count()} CPUs, duckdb {duckdb.__version__}")
+        measured = []
+        for k, rows in enumerate(args.rows):
+            archive = args.archive[k] if args.archive else scratch / f"archive-{rows}"
+            if not list(archive.glob("*.parquet")):
+                started = time.perf_counter()
+                build(archive, rows)
+                print(f"built the archive of {rows:,} rows in {time.perf_counter() - started:.1f} s")
+            measured.append(measure(archive, args.repeat, scratch, not args.no_direct))
+        met = report(measured)
+        return 1 if not met and args.strict else 0
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

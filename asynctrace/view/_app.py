@@ -108,7 +108,14 @@ class Loading:
         # After the overview is ready: the pages that show token-level values wait for them;
         # the cache saves the next start, not this one; until the text index is in, a search by
         # text reads every message. Each step is skipped once the server stops.
-        for later in (archive.complete_tokens, archive.keep, archive.keep_summary, archive.index_text):
+        later_steps = (
+            archive.complete_tokens,
+            archive.index_ids,
+            archive.keep,
+            archive.keep_summary,
+            archive.index_text,
+        )
+        for later in later_steps:
             if self.error is not None or archive.closing.is_set():
                 return
             try:

@@ -11,7 +11,7 @@ from html import escape
 
 from ._cards import completion_card, turns_html
 from ._html import cell, layout, num, url
-from ._model import TRUNCATED, Completion, PromptStep, reward_stats
+from ._model import HISTORY_DIFFS, HISTORY_VERSIONS, TRUNCATED, Completion, PromptStep, reward_stats
 from ._svg import Member, line_chart, member_strip
 from ._turns import shared_length
 
@@ -126,7 +126,6 @@ def prompt_page(
     completions: Sequence[Completion],
     *,
     archive: str,
-    diffs: int = 20,
 ) -> str:
     here = url("/prompt", id=prompt, split=split)
     other = " · ".join(
@@ -162,22 +161,33 @@ def prompt_page(
     for c in completions:
         versions.setdefault(c.policy_version, []).append(c)
     blocks = []
-    for version, items in versions.items():
+    older = []
+    for k, (version, items) in enumerate(versions.items()):
+        mean = reward_stats([c.reward for c in items if c.reward is not None]).mean
+        label = "unknown" if version is None else str(version)
+        counts = f"{len(items)} completions at {len({c.step for c in items})} steps, reward mean {num(mean)}"
+        if k >= HISTORY_VERSIONS:
+            # Only the latest versions' texts are read (`HISTORY_VERSIONS`): older ones are counted.
+            older.append(f"<li>policy version {escape(label)}: {counts}</li>")
+            continue
         # The best and the worst of each version: the archive read their texts.
         top, bottom = max(items, key=_reward), min(items, key=_reward)
         shown = [top] if top is bottom else [top, bottom]
-        mean = reward_stats([c.reward for c in items if c.reward is not None]).mean
-        label = "unknown" if version is None else str(version)
         blocks.append(
             f'<section class="version" data-version="{escape(label)}"><h3>policy version {escape(label)} '
-            f'<span class="muted">{len(items)} completions at {len({c.step for c in items})} steps, '
-            f"reward mean {num(mean)}; the best and the worst:</span></h3>"
+            f'<span class="muted">{counts}; the best and the worst:</span></h3>'
             f'<div class="side-by-side">{"".join(completion_card(c, show_step=True) for c in shown)}</div>'
             "</section>"
         )
+    if older:
+        blocks.append(
+            f'<section class="older-versions"><h3>{len(older)} older policy versions '
+            '<span class="muted">(their completions are in the table above, a click away)</span></h3>'
+            f"<ul>{''.join(older)}</ul></section>"
+        )
     # Consecutive steps compared by their best completion: where the text changed, and how.
     best = [(step, max(items, key=_reward)) for step, items in sorted(_by_step(completions).items())]
-    pairs = list(itertools.pairwise(best))[-diffs:]
+    pairs = list(itertools.pairwise(best))[-HISTORY_DIFFS:]
     diff_blocks = "".join(
         f'<section class="diff" data-from="{escape(a[1].id)}" data-to="{escape(b[1].id)}">'
         f'<h3>step {a[0]} → step {b[0]} <span class="muted">reward {num(a[1].reward)} → '

@@ -1,4 +1,5 @@
-"""The viewer's index of an archive: a few typed values of every record, in DuckDB, in memory.
+"""The viewer's index of an archive: a few typed values of every record, in DuckDB (a database
+file of the process's own, compressed, read through DuckDB's buffer: see `_store`).
 
 The index holds a few typed values of every record (step, split, group, prompt id, reward,
 advantage, policy version, stop reason, response length) so that the overview and the rankings
@@ -13,12 +14,10 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import glob
-import hashlib
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import duckdb
@@ -26,20 +25,20 @@ from duckdb.func import SPECIAL
 
 from .._records.groups import DEFAULT_GROUP_KEYS
 from .._select.watch import DEFAULT_WATCH_KEYS
-from ._files import archive_runs, counted, load_jsonl, parquet_columns
+from ._files import counted, load_jsonl, parquet_columns
+from ._store import write_rows
 from ._text import words_sql
+from ._words import TextIndex
 
 __all__ = ["LENGTH_KEYS", "TOKEN_COLUMNS", "Index"]
 
+# Bumped (with `_text`'s words or its BLOCK) so that older kept text indexes are not read: they
+# are kept in a folder of this name beside the index's files.
+_TEXT_FOLDER = "text-1"
 # Metadata keys of a completion's length in tokens, tried in order.
 LENGTH_KEYS: tuple[str, ...] = ("response_len", "response_length")
 # The token-level columns of an archive (a record's `tok` in the index says it has any).
 TOKEN_COLUMNS: tuple[str, ...] = ("token_ids", "loss_mask", "logprobs", "advantages")
-# Bumped whenever the index's columns or their meaning change: older cached indexes are not read.
-_INDEX_VERSION = 2
-# The same for the text index (`_text`: bumped when its words or its BLOCK change), kept in a
-# folder of its own beside the index's files.
-_TEXT_FOLDER = "text-1"
 
 
 def _path(key: str) -> str:
@@ -79,62 +78,17 @@ def _mask_count(b64: str | None) -> int | None:
     return len(raw) - raw.count(0)
 
 
-def _write_rows(con: duckdb.DuckDBPyConnection, query: str, path: Path) -> None:
-    """Write the rows of `query` to `path`, whole or not at all; a cache that cannot be
-    written is skipped (it only saves time)."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    quoted = str(temporary).replace("'", "''")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        con.execute(f"COPY ({query}) TO '{quoted}' (FORMAT parquet, COMPRESSION zstd)")
-        os.replace(temporary, path)
-    except (OSError, duckdb.Error):
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-
-
-class Index:
+class Index(TextIndex):
     """A Parquet archive directory (of `ParquetSink` files), a JSONL file, or a directory of
-    JSONL files, indexed: table `idx` (and for JSONL, table `records`, the records whole)."""
+    JSONL files, indexed: table `idx` (and for JSONL, table `records`, the records whole), and
+    the text index of `TextIndex`."""
 
     def __init__(
         self, source: str | os.PathLike[str], *, cache: str | os.PathLike[str] | None = None
     ) -> None:
-        self.path = Path(source)
-        # Where each Parquet file's index is kept for the next start (None: nowhere).
-        self.cache = Path(cache) if cache is not None else None
-        if not self.path.exists():
-            raise FileNotFoundError(f"no archive at {self.path}")
-        if self.path.is_dir():
-            parquet = bool(glob.glob(glob.escape(str(self.path)) + "/*.parquet"))
-            jsonl = bool(glob.glob(glob.escape(str(self.path)) + "/*.jsonl"))
-            runs = archive_runs(self.path) if not parquet and not jsonl else []
-            if runs:
-                shown = ", ".join(os.path.basename(r) for r in runs[:5]) + (" …" if len(runs) > 5 else "")
-                raise ValueError(
-                    f"{self.path} holds no archive files but {len(runs)} "
-                    f"{'run' if len(runs) == 1 else 'runs'} ({shown}): view one of them, "
-                    f"e.g. asynctrace view {runs[0]}"
-                )
-            self.kind = "jsonl" if jsonl and not parquet else "parquet"
-        elif self.path.suffix == ".jsonl":
-            self.kind = "jsonl"
-        else:
-            raise ValueError(f"{self.path}: expected a directory of .parquet files or a .jsonl file")
-        self._con = duckdb.connect(":memory:")
-        self._con.execute(f"SET threads = {max(1, min(8, os.cpu_count() or 1))}")
-        # A sink's file never changes once named: its footer is read once, not at every page.
-        self._con.execute("SET parquet_metadata_cache = true")
-        self._lock = threading.Lock()
-        self.files: list[str] = []
-        # Files of the directory that are not of the archive's schema, with the reason.
-        self.skipped: dict[str, str] = {}
+        super().__init__(source, cache=cache)
         # Files read but for some records (no integer step, no id...), with how many and why.
         self.left_out: dict[str, str] = {}
-        # Set by `shut()`: background work stops, queries running are interrupted.
-        self.closing = threading.Event()
-        self._cursors: set[duckdb.DuckDBPyConnection] = set()
-        self._cursors_lock = threading.Lock()
         self._scanned = 0.0
         self._udf = False
         self._loading = False
@@ -142,6 +96,8 @@ class Index:
         self._columns: dict[str, frozenset[str]] = {}  # each readable Parquet file's columns
         # Parquet files indexed without their token-level values: (src, file's columns).
         self._untokened: list[tuple[int, frozenset[str]]] = []
+        # Whether table `ids` (see `index_ids`) holds every Parquet record of the index.
+        self._ids_ready = False
         # Cleared while some are: the pages that show token-level values wait for it.
         self.tokens_ready = threading.Event()
         self.tokens_ready.set()
@@ -153,14 +109,6 @@ class Index:
             "reward DOUBLE, advantage DOUBLE, policy_version BIGINT, stop_reason VARCHAR, rlen BIGINT, "
             "tok BOOLEAN, rn BIGINT, src INTEGER)"
         )
-        # The text index (`_text`): the words of each block of a Parquet file's rows. A search
-        # uses it for the files in `text_indexed` and reads every row of the others.
-        self._con.execute("CREATE TABLE words (src INTEGER, blk INTEGER, w VARCHAR)")
-        self.text_indexed: set[int] = set()
-        self._text_lock = threading.Lock()  # guards the indexing thread's state
-        self._text_running = threading.Lock()  # one text indexing at a time
-        self._text_thread: threading.Thread | None = None
-        self._text_again = False  # files came while a text indexing ran: it runs once more
 
     def build(self, *, defer_tokens: bool = False) -> None:
         """Index every file there is now; the indexes to keep wait for `keep()`. With
@@ -174,54 +122,8 @@ class Index:
             finally:
                 self._loading = self._defer = False
 
-    @contextlib.contextmanager
-    def cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A cursor of its own for work beside the pages' queries, which `shut()` interrupts."""
-        cursor = self._con.cursor()
-        with self._cursors_lock:
-            self._cursors.add(cursor)
-        try:
-            yield cursor
-        finally:
-            with self._cursors_lock:
-                self._cursors.discard(cursor)
-            cursor.close()
-
-    def _interrupt(self) -> None:
-        with self._cursors_lock:
-            running = list(self._cursors)
-        for con in (*running, self._con):
-            with contextlib.suppress(duckdb.Error):
-                con.interrupt()
-
-    def shut(self, threads: Sequence[threading.Thread], timeout: float) -> bool:
-        """Stop for good, at exit: start no more background work, interrupt every query, and wait
-        up to `timeout` seconds until no thread is inside DuckDB: `threads` (the caller's) and the
-        text indexing ended, and no page's query running (the lock is then kept: none starts).
-        True once so. A thread inside DuckDB when the interpreter exits aborts the process (its
-        C++ code does not let Python's ending of the thread unwind through it).
-
-        It interrupts again while it waits: a query may start between a check and an interrupt."""
-        deadline = time.monotonic() + timeout
-        self.closing.set()
-        while time.monotonic() < deadline:
-            self._interrupt()
-            alive = [t for t in (*threads, self._text_thread) if t is not None and t.is_alive()]
-            if alive:
-                alive[0].join(0.05)
-            elif self._lock.acquire(timeout=0.05):
-                return True
-        return False
-
     def _indexed(self) -> None:
         """Called, under the lock, once new files are in the index: answers derived from it are stale."""
-
-    def _listing(self) -> list[str]:
-        if self.path.is_file():
-            return [str(self.path)]
-        pattern = "*.jsonl" if self.kind == "jsonl" else "*.parquet"
-        # Hidden names are a sink's temporaries and journals: never read.
-        return sorted(glob.glob(os.path.join(glob.escape(str(self.path)), pattern)))
 
     def _scan(self, every: float = 0.0) -> None:
         """Index the files that appeared since the last scan, listing them at most once per `every`
@@ -240,6 +142,8 @@ class Index:
         else:
             self._index_jsonl(new, first)
         self._indexed()
+        if self._ids_ready:
+            self._add_ids(self._con, first)
         if self.kind == "parquet" and not self._loading:
             self.index_text_soon()  # a file a running trainer added: searched whole until then
 
@@ -366,17 +270,42 @@ class Index:
             if not self._untokened:
                 self.tokens_ready.set()
 
-    def _cached(self, file: str) -> Path | None:
-        """Where the index of `file` is kept: named after the file's path, size and time, so a
-        file that changed (it never does once a sink named it) is indexed again."""
-        if self.cache is None:
-            return None
-        try:
-            stat = os.stat(file)
-        except OSError:
-            return None
-        key = f"{_INDEX_VERSION}\0{os.path.abspath(file)}\0{stat.st_size}\0{stat.st_mtime_ns}"
-        return self.cache / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".parquet")
+    def index_ids(self) -> None:
+        """Make table `ids`: each Parquet record's id hashed, with its place (src, rn), in hash
+        order. DuckDB keeps a string's statistics by its first 8 bytes, which the ids of a run
+        share, so `WHERE id = ...` decompresses the whole id column (1.3 s at 10M records); in hash
+        order an integer's statistics skip to the rows (`located`). Built through a cursor of its
+        own after the overview, so pages are answered meanwhile (by the id column until then)."""
+        if self.kind != "parquet":
+            return
+        with self._lock:
+            upto = len(self.files)
+        with self.cursor() as cursor:
+            cursor.execute(
+                f"CREATE OR REPLACE TABLE ids AS SELECT hash(id) AS h, src, rn FROM idx "
+                f"WHERE src < {int(upto)} ORDER BY h"
+            )
+        with self._lock:
+            self._add_ids(self._con, upto)  # files indexed meanwhile
+            self._ids_ready = True
+
+    def _add_ids(self, con: duckdb.DuckDBPyConnection, first: int) -> None:
+        con.execute(f"INSERT INTO ids SELECT hash(id), src, rn FROM idx WHERE src >= {int(first)} ORDER BY 1")
+
+    def located(self, con: duckdb.DuckDBPyConnection, ids: Sequence[str]) -> str:
+        """SQL that the index rows of these record ids meet, with at most a few others: a filter
+        on their places, which DuckDB's statistics skip to; "true" until table `ids` is made (the
+        caller holds the lock, and matches the ids themselves too)."""
+        if not self._ids_ready or not ids:
+            return "true"
+        places = con.execute(
+            "SELECT DISTINCT src, rn FROM ids WHERE h IN (SELECT hash(unnest($ids)))", {"ids": list(ids)}
+        ).fetchall()
+        if not places:
+            return "false"
+        srcs = ", ".join(str(int(s)) for s in sorted({p[0] for p in places}))
+        rows = ", ".join(str(int(r)) for r in sorted({p[1] for p in places}))
+        return f"(src IN ({srcs}) AND rn IN ({rows}))"
 
     def keep(self) -> None:
         """Write the index of each file indexed since the last call into the cache, for the next start.
@@ -394,54 +323,7 @@ class Index:
 
     def _keep(self, con: duckdb.DuckDBPyConnection, path: Path, src: int) -> None:
         """Write one file's index rows."""
-        _write_rows(con, f"SELECT * EXCLUDE (src) FROM idx WHERE src = {int(src)}", path)
-
-    def index_text_soon(self) -> None:
-        """Index the words of the files that have no text index yet, on a thread of its own."""
-        with self._text_lock:
-            if self._text_thread is not None and self._text_thread.is_alive():
-                self._text_again = True
-                return
-            self._text_again = False
-            self._text_thread = threading.Thread(
-                target=self._index_text_until_done, name="asynctrace-view-text", daemon=True
-            )
-            self._text_thread.start()
-
-    def _index_text_until_done(self) -> None:
-        while not self.closing.is_set():
-            self.index_text()
-            with self._text_lock:
-                if not self._text_again:
-                    self._text_thread = None
-                    return
-                self._text_again = False
-
-    def index_text(self) -> None:
-        """Index the words of every Parquet file that has none yet: read from the cache when kept
-        there, else from the file (and kept). It runs through a cursor of its own, so pages are
-        answered meanwhile; a file's words are used once all of them are in."""
-        if self.kind != "parquet":
-            return
-        with self._text_running:
-            with self._lock:
-                todo = [
-                    (src, f)
-                    for src, f in enumerate(self.files)
-                    if src not in self.text_indexed and f not in self.skipped
-                ]
-            if not todo:
-                return
-            with self.cursor() as cursor:
-                for src, file in todo:
-                    if self.closing.is_set():
-                        return
-                    try:
-                        self._index_words(cursor, src, file)
-                    except duckdb.Error:
-                        continue  # a file that went away: searched whole, which says it is gone
-                    with self._lock:
-                        self.text_indexed.add(src)
+        write_rows(con, f"SELECT * EXCLUDE (src) FROM idx WHERE src = {int(src)}", path)
 
     def _index_words(self, con: duckdb.DuckDBPyConnection, src: int, file: str) -> None:
         """Put one file's words in table `words`, from the cache or from the file."""
@@ -458,7 +340,7 @@ class Index:
             f"INSERT INTO words SELECT {int(src)}, blk, w FROM ({words_sql(relation)})", {"file": file}
         )
         if path is not None:
-            _write_rows(con, f"SELECT blk, w FROM words WHERE src = {int(src)}", path)
+            write_rows(con, f"SELECT blk, w FROM words WHERE src = {int(src)}", path)
 
     def _index_jsonl(self, files: list[str], first: int) -> None:
         """JSONL files are loaded whole into a table with the Parquet archive's columns."""

@@ -9,6 +9,8 @@ from typing import Any, NamedTuple
 
 __all__ = [
     "ADVANTAGE_ZERO",
+    "HISTORY_DIFFS",
+    "HISTORY_VERSIONS",
     "TRUNCATED",
     "Completion",
     "GroupRow",
@@ -24,6 +26,13 @@ __all__ = [
 # Past this magnitude a square, or a sum of a few values, may pass a float's range (OverflowError
 # in math.fsum): such rewards are scaled down first.
 _LARGE = 1e150
+
+# A prompt's history shows the best and the worst completion of its latest HISTORY_VERSIONS
+# policy versions, and a diff of its latest HISTORY_DIFFS pairs of consecutive steps; older
+# versions are counted only. Each text shown is read from the files, so a history costs the same
+# whether the run holds a prompt at 40 steps or at 400.
+HISTORY_VERSIONS = 20
+HISTORY_DIFFS = 20
 
 # Stop reasons that mean the completion hit its token budget (vLLM and SGLang say "length").
 TRUNCATED: tuple[str, ...] = ("length", "max_tokens", "truncated")

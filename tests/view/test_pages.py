@@ -525,3 +525,105 @@ def test_a_file_gone_after_indexing_is_an_error_page(archive: tuple[Path, Path],
         page = get(base, "/group?split=train&step=1&group=train-1-p-alpha")
         assert page.status == 500 and "this page could not be made: IOException" in page.html
         assert get(base, "/").status == 200  # the overview needs only the index
+
+
+def test_prompt_history_reads_the_texts_of_its_latest_versions_and_steps_only(
+    archive: tuple[Path, Path], files: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long history reads the texts of the latest versions' best and worst and the latest steps'
+    best only, and counts the older versions, so its cost does not grow with the run."""
+    from asynctrace.view import _browse, _groups
+    from asynctrace.view._archive import Archive
+    from asynctrace.view._model import prompt_steps
+
+    for module in (_browse, _groups):
+        monkeypatch.setattr(module, "HISTORY_VERSIONS", 2)
+        monkeypatch.setattr(module, "HISTORY_DIFFS", 2)
+    rows = q(
+        f"""
+        SELECT id, step, policy_version, reward FROM '{files}'
+        WHERE json_extract_string(metadata, '$.prompt_id') = 'p-alpha' AND split = 'train'
+        ORDER BY policy_version DESC, step DESC, reward DESC, id
+        """
+    )
+    versions = sorted({r[2] for r in rows}, reverse=True)
+    steps = sorted({r[1] for r in rows}, reverse=True)
+    assert len(versions) > 2 and len(steps) > 3  # else nothing is left out
+    expected = set()
+    for step in steps[:3]:
+        expected.add(max((r for r in rows if r[1] == step), key=lambda r: r[3])[0])
+    for version in versions[:2]:
+        of = [r for r in rows if r[2] == version]
+        expected |= {max(of, key=lambda r: r[3])[0], min(of, key=lambda r: r[3])[0]}
+
+    viewed = Archive(archive[0])
+    viewed.load(keep=False)
+    viewed.complete_tokens()
+    completions, _ = viewed.prompt_history("p-alpha", "train")
+    assert len(completions) == len(rows)
+    assert {c.id for c in completions if c.loaded} == expected
+    html = _groups.prompt_page(
+        "p-alpha", "train", ["train"], prompt_steps(completions), completions, archive="a"
+    )
+    shown = [int(v) for v in re.findall(r'<section class="version" data-version="(-?\d+)"', html)]
+    assert shown == versions[:2]
+    assert f"{len(versions) - 2} older policy versions" in html
+    assert html.count('<section class="diff"') == 2
+
+
+def test_a_record_is_found_by_its_place_once_ids_are_indexed(archive: tuple[Path, Path]) -> None:
+    """Table `ids` leads every record id to its own row, the filter on places holds few others,
+    and an id the archive lacks to none."""
+    from asynctrace.view._archive import Archive
+
+    viewed = Archive(archive[0])
+    viewed.load(keep=False)
+    with viewed._query() as con:
+        assert viewed.located(con, ["anything"]) == "true"  # before `ids`: the id column decides
+    viewed.index_ids()
+    with viewed._query() as con:
+        every = [r[0] for r in con.execute("SELECT id FROM idx").fetchall()]
+        assert len(every) > 10
+        for record in every:
+            where = viewed.located(con, [record])
+            assert con.execute(f"SELECT id FROM idx WHERE {where} AND id = $i", {"i": record}).fetchall() == [
+                (record,)
+            ]
+            assert con.execute(f"SELECT count(*) FROM idx WHERE {where}").fetchall()[0][0] <= 2
+        some = every[::3]
+        where = viewed.located(con, some)
+        found = con.execute(f"SELECT id FROM idx WHERE {where} AND id IN (SELECT unnest($s))", {"s": some})
+        assert sorted(r[0] for r in found.fetchall()) == sorted(some)
+        assert viewed.located(con, ["no such record"]) == "false"
+    assert viewed.record(every[0]) is not None and viewed.record("no such record") is None
+
+
+def test_a_start_removes_the_index_folders_of_viewers_that_are_gone(
+    archive: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A viewer killed before its end leaves its index database; the next start removes it, and
+    leaves the folder of a process that still runs."""
+    import tempfile
+
+    from asynctrace.view._archive import Archive
+
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead, running = (
+        tmp_path / f"asynctrace-view-{int(gone.stdout)}-x",
+        tmp_path / f"asynctrace-view-{os.getpid()}-y",
+    )
+    for folder in (dead, running):
+        folder.mkdir()
+        (folder / "index.duckdb").write_bytes(b"left")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    viewed = Archive(archive[0])
+    assert not dead.exists() and running.exists()
+    ours = [p for p in tmp_path.glob("asynctrace-view-*") if p != running]
+    assert len(ours) == 1 and (ours[0] / "index.duckdb").exists()
+    del viewed
+    import gc
+
+    gc.collect()
+    assert not ours[0].exists()  # its own folder goes with it
