@@ -90,7 +90,7 @@ async def main_async(args: argparse.Namespace) -> int:
             for name, n in collections.Counter(seen).most_common():
                 print(f"{n:4d}  {name}")
             print()
-    print(f"one log_samples(batch of {BATCH}) call after {BEFORE} samples of a {PER_STEP}-sample step, cap 16")
+    print(f"one log_samples(batch of {BATCH}) call after {BEFORE} of a step's {PER_STEP} samples, cap 16")
     common.print_table(["sampler", "python calls", "in asynctrace", "files"], rows)
     return 0
 

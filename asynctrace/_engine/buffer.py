@@ -87,11 +87,12 @@ class Buffer(Queue):
             ledger = self.ledger
             if self.closed and not nowait:
                 raise SessionClosedError(_CLOSED)
-            ledger.submitted += n + invalid + refused
             if self.closed:
+                ledger.submit(n + invalid + refused)
                 ledger.drop("closed", n + invalid + refused)
                 return out
-            self._count_left_out(split, step, invalid, refused)
+            ledger.submit(n + invalid + refused, invalid=invalid)
+            self._count_refused(split, step, refused)
             # log_samples_nowait never blocks: "block" behaves as drop_newest there.
             on_full: OnFull = "drop_newest" if nowait and self.on_full == "block" else self.on_full
             out.accepted = n
@@ -116,11 +117,8 @@ class Buffer(Queue):
                 self.waitings.add(out.waiting)
         return out
 
-    def _count_left_out(self, split: str, step: int, invalid: int, refused: int) -> None:
-        """Lock held: count a submission's samples that never became records, `invalid` ones
-        and `refused` ones the cap turned away before they were encoded."""
-        if invalid:
-            self.ledger.drop("invalid", invalid)
+    def _count_refused(self, split: str, step: int, refused: int) -> None:
+        """Lock held: count a submission's samples the cap turned away before they were encoded."""
         if refused:
             assert self.gate is not None
             self.ledger.drop("late" if self.gate.is_closed(split, step) else "capped", refused)
@@ -128,15 +126,13 @@ class Buffer(Queue):
     def count_invalid(self, n: int) -> None:
         """`n` samples the caller could not build: counted as submitted and dropped ("invalid")."""
         with self.lock:
-            self.ledger.submitted += n
-            self.ledger.drop("invalid", n)
+            self.ledger.submit(n, invalid=n)
 
     def count_closed(self, n: int, invalid: int = 0) -> None:
         """`n` samples (and `invalid` ones) a caller finished preparing after finish() began:
         counted as submitted and dropped ("closed", "invalid"), as a reservation then is."""
         with self.lock:
-            self.ledger.submitted += n + invalid
-            self.ledger.drop("invalid", invalid)
+            self.ledger.submit(n + invalid, invalid=invalid)
             self.ledger.drop("closed", n)
 
     def take_ticket(self) -> int:
@@ -182,8 +178,8 @@ class Buffer(Queue):
             if refused_with is None or keeps is None or True in keeps or self.closed:
                 return keeps
             n = len(scores)
-            self.ledger.submitted += n + refused_with
-            self._count_left_out(split, step, refused_with, n)
+            self.ledger.submit(n + refused_with, invalid=refused_with)
+            self._count_refused(split, step, n)
             gate.skip(split, step, n)  # a positional sampler (the reservoir) counts them
             return []
 
@@ -262,7 +258,7 @@ class Buffer(Queue):
         with self.lock:
             if self.closed:
                 raise SessionClosedError(_CLOSED)
-            self.ledger.submitted += len(records)
+            self.ledger.submit(len(records))
             self.ledger.replayed += len(records)
             stop = self.enqueue(records, out, "block")
             if stop < len(records):
@@ -282,14 +278,12 @@ class Buffer(Queue):
         with self.lock:
             if self.closed:
                 # finish() ran while these rows were decoded: nothing would deliver them now.
-                self.ledger.submitted += len(scores) + invalid
-                self.ledger.drop("invalid", invalid)
+                self.ledger.submit(len(scores) + invalid, invalid=invalid)
                 self.ledger.drop("closed", len(scores))
                 return [None] * len(scores), False
             if self.gated is not None:
                 return self.gated.reserve(scores, split, step, invalid, self.on_full)
-            self.ledger.submitted += len(scores) + invalid
-            self.ledger.drop("invalid", invalid)
+            self.ledger.submit(len(scores) + invalid, invalid=invalid)
             entries: list[Entry | None] = [Entry(s, 0) for s in scores]
             for e in entries:
                 e.state = RELEASED  # type: ignore[union-attr]

@@ -137,8 +137,7 @@ class GatedAdmission:
         full = n and self.room_needed(split, step, 0) is not None
         if full and on_full == "block" and not self.room_for_held(split, step, 0, "block"):
             return None
-        self.ledger.submitted += n + invalid
-        self.ledger.drop("invalid", invalid)
+        self.ledger.submit(n + invalid, invalid=invalid)
         if full and on_full != "block" and not self.room_for_held(split, step, 0, on_full):
             self.ledger.drop("queue_full", n)
             return [None] * n, False

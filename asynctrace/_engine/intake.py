@@ -315,20 +315,19 @@ class Intake:
         )
         if submitted is None:  # the cap refused it whole, and the buffer counted it
             return accepted_watched, _REFUSED, 0
-        records, invalid, refused, gaps, groups = submitted
         adm = self.buffer.admit(
-            records,
+            submitted.records,
             split=split,
             step=step,
             nowait=nowait,
-            invalid=invalid,
-            refused=refused,
+            invalid=submitted.invalid,
+            refused=submitted.refused,
             ticket=ticket,
-            gaps=gaps,
-            groups=groups,
+            gaps=submitted.gaps,
+            groups=submitted.groups,
         )
         self._after_admit(adm, blocking=not nowait)
-        return accepted_watched, adm, len(records) + invalid
+        return accepted_watched, adm, len(submitted.records) + submitted.invalid
 
     def log_watched(self, samples: SampleLike | Iterable[SampleLike], step: int, split: str) -> int:
         """Queue samples another process's watch list passed by, within the step's watch cap
