@@ -3,8 +3,10 @@
 Each built-in sampler's session (``max_traces_per_step=16``, an in-memory sink) is given a
 step's first 512 samples (1,024-sample steps, rewards shuffled, groups of 8 by
 ``prompt_index``, batches of 32), then one more batch of 32 is logged under ``sys.setprofile``:
-every Python function that call enters is counted, with the files they are in. A call of the
-steady state, once the step's selection is full: the usual call of a capped trainer.
+every Python function that call enters is counted, with the files they are in; "session to
+buffer" counts those in ``_session.py`` and ``_engine/`` (the sampler's own work and the
+encoding of each kept sample left out). A call of the steady state, once the step's selection
+is full: the usual call of a capped trainer.
 
     python benchmarks/call_path.py
     python benchmarks/call_path.py --show top_bottom
@@ -85,13 +87,18 @@ async def main_async(args: argparse.Namespace) -> int:
         seen = await trace_one(None if sampler == "no cap" else sampler, samples)
         ours = [s for s in seen if s.startswith("asynctrace/")]
         files = {s.split(":")[0] for s in ours}
-        rows.append([sampler, str(len(seen)), str(len(ours)), str(len(files))])
+        # The path from the session to the buffer: the sampler's own work and the encoding of
+        # each kept sample (per sample, not per call) left out.
+        path = [s for s in ours if s.startswith(("asynctrace/_session.py", "asynctrace/_engine/"))]
+        rows.append([sampler, str(len(seen)), str(len(ours)), str(len(path)), str(len(files))])
         if sampler == args.show:
             for name, n in collections.Counter(seen).most_common():
                 print(f"{n:4d}  {name}")
             print()
     print(f"one log_samples(batch of {BATCH}) call after {BEFORE} of a step's {PER_STEP} samples, cap 16")
-    common.print_table(["sampler", "python calls", "in asynctrace", "files"], rows)
+    common.print_table(
+        ["sampler", "python calls", "in asynctrace", "session to buffer (_session, _engine)", "files"], rows
+    )
     return 0
 
 

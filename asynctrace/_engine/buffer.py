@@ -121,7 +121,7 @@ class Buffer(Queue):
         """Lock held: count a submission's samples the cap turned away before they were encoded."""
         if refused:
             assert self.gate is not None
-            self.ledger.drop("late" if self.gate.is_closed(split, step) else "capped", refused)
+            self.ledger.drop("late" if self.gate.window.is_late(split, step) else "capped", refused)
 
     def count_invalid(self, n: int) -> None:
         """`n` samples the caller could not build: counted as submitted and dropped ("invalid")."""
@@ -180,7 +180,8 @@ class Buffer(Queue):
             n = len(scores)
             self.ledger.submit(n + refused_with, invalid=refused_with)
             self._count_refused(split, step, n)
-            gate.skip(split, step, n)  # a positional sampler (the reservoir) counts them
+            if gate.sampler.counts_skipped:
+                gate.skip(split, step, n)  # a positional sampler (the reservoir) counts them
             return []
 
     def admit_waiting(self, waiting: Waiting) -> Admission:

@@ -32,6 +32,7 @@ __all__ = ["EVERY", "Candidates", "Encoder", "Submitted"]
 Keeps = Callable[..., list[bool] | None]
 # The sample types whose shape the capped path reads without the full path's help.
 _PLAIN = frozenset((Sample, dict))
+_FLOAT_ONLY = {float}
 
 
 @dataclass(slots=True)
@@ -111,8 +112,11 @@ class Encoder:
         id_prefix: str,
         group_key: GroupKey | None = None,
         group_keys: Sequence[GroupKey] = (),
+        counts_skipped: bool = True,
     ) -> None:
         self.trace_key = trace_key
+        # Whether the cap's selections count refused samples by position (`Sampler.counts_skipped`).
+        self.counts_skipped = counts_skipped
         self.redact = redact
         self.skip_invalid = skip_invalid
         self.max_bytes = max_bytes
@@ -214,13 +218,15 @@ class Encoder:
                 else preview_score(obj)
                 for obj in items
             ]
-            # `in` compares by identity first: one C-level pass each, no per-item Python call.
-            if UNKNOWN in scores:
-                return EVERY
-            if None in scores:
-                invalid = {i for i, sc in enumerate(scores) if sc is None}
-                if not skip:
-                    raise missing_score(min(invalid), ranked_by)
+            # Every score a float, the usual case, told from their types in one C-level pass
+            # (`in` would compare each float with UNKNOWN and None, a slow fallback each).
+            if set(map(type, scores)) != _FLOAT_ONLY:
+                if UNKNOWN in scores:
+                    return EVERY
+                if None in scores:
+                    invalid = {i for i, sc in enumerate(scores) if sc is None}
+                    if not skip:
+                        raise missing_score(min(invalid), ranked_by)
         elif _PLAIN.issuperset(map(type, items)):
             scores = [None] * n
         else:
@@ -234,36 +240,37 @@ class Encoder:
                     path = bad[first].path
                     raise RecordError(f"sample {first}: {path}: {bad[first]}", index=first, path=path)
                 invalid |= bad.keys()
-        places: Candidates[tuple[bytes, float | None]] = Candidates(
-            [i for i in range(n) if i not in invalid] if invalid else list(range(n)), invalid
-        )
+        live = [i for i in range(n) if i not in invalid] if invalid else None  # None: every one
+        places: Candidates[tuple[bytes, float | None]] | None = None  # made once the cap keeps some
         while True:
-            live = places.live
             keeps = self._keeps(
-                scores if len(live) == n else [scores[i] for i in live],
+                scores if live is None else [scores[i] for i in live],
                 split=split,
                 step=step,
-                groups=None if groups is None else [groups[i] for i in live] if len(live) < n else groups,
+                groups=groups if live is None or groups is None else [groups[i] for i in live],
                 # The usual capped call once a step is under way: the buffer counts it whole.
-                refused_with=None if places.done else len(places.invalid),
+                refused_with=len(invalid) if places is None or not places.done else None,
             )
             if keeps is None:
                 return EVERY
             if not keeps:
                 return None
+            if places is None:
+                places = Candidates(list(range(n)) if live is None else live, invalid)
             todo = places.todo(keeps)
             failed = self._encode_places(items, todo, places.done)
             if failed is None or (ranked_by is not None and not _scores_agree(places.done, todo, scores)):
                 return EVERY  # the preview misread this shape; let the full path decide
             if not places.leave_out(failed):
                 break
+            live = places.live
         order = sorted(places.done)
         done = places.done
         return Submitted(
             records_for([done[i] for i in order], self._ids, self._id_prefix, step, split, key, time.time()),
             len(places.invalid),
             n - len(places.invalid) - len(done),
-            places.gaps(order),
+            places.gaps(order) if self.counts_skipped else None,
             None if groups is None else [groups[i] for i in order],
         )
 
@@ -340,4 +347,8 @@ def _scores_agree(
     done: Mapping[int, tuple[bytes, float | None]], todo: Sequence[int], scores: Sequence[Any]
 ) -> bool:
     """Whether encoding found the scores the preview read for the samples just encoded."""
-    return all(done[i][1] == scores[i] for i in todo if i in done)
+    for i in todo:  # a loop, not a generator: no call per sample
+        pair = done.get(i)
+        if pair is not None and pair[1] != scores[i]:
+            return False
+    return True

@@ -99,6 +99,7 @@ class Engine:
             id_prefix=id_prefix,
             group_key=getattr(sampler, "group_key", None),
             group_keys=selection_group_keys(sampler if gate is not None else None, self.sinks),
+            counts_skipped=sampler.counts_skipped,
         )
         self.intake = Intake(
             self.buffer,

@@ -527,6 +527,7 @@ class GroupSampler(Sampler):
 
     holds = True
     starts_cheaply = True
+    counts_skipped = False
 
     def __init__(
         self,
