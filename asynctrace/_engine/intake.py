@@ -26,6 +26,7 @@ from ..exceptions import RecordError
 from .buffer import Admission, Buffer, Marker
 from .encoder import Encoder
 from .group_metrics import GroupMetrics
+from .reservations import Reservations
 from .rollout_intake import log_rollouts, renumbered
 from .waits import Waits
 
@@ -72,6 +73,7 @@ class Intake:
         # log yields to the writer once this many records wait for it (see there).
         self._yield_at = 2 * batch_size
         self.waits = Waits(buffer, life, self.wake)
+        self.reservations = Reservations(buffer)  # log_rollouts' places, taken before decoding
         self._since_turn = 0
 
     def wake(self) -> None:
@@ -298,7 +300,7 @@ class Intake:
 
         def attempt() -> bool:
             # A holding sampler's selection takes rows only while the queue has room (block).
-            reserved = self.buffer.reserve(wanted, split=split, step=step, invalid=invalid)
+            reserved = self.reservations.reserve(wanted, split=split, step=step, invalid=invalid)
             if reserved is not None:
                 got.append(reserved)
             return reserved is not None
@@ -311,7 +313,7 @@ class Intake:
         return [i for i, _ in kept], [e for _, e in kept]
 
     async def fill(self, entries: Sequence[Entry], records: Sequence[TraceRecord]) -> int:
-        adm = self.buffer.fill(entries, records)
+        adm = self.reservations.fill(entries, records)
         self._after_admit(adm)
         if adm.waiting is not None:
             return adm.accepted - await self.waits.wait_for_room(adm.waiting, None)
@@ -326,4 +328,4 @@ class Intake:
         )
 
     def cancel(self, entries: Sequence[Entry], reason: DropReason, *, step: int, split: str) -> None:
-        self.buffer.cancel(entries, reason, split=split, step=step)
+        self.reservations.cancel(entries, reason, split=split, step=step)
