@@ -288,7 +288,7 @@ class TraceSession:
         # log_rollouts is decoding) must be queued before the marker that flush waits for.
         left = None if deadline is None else deadline - anyio.current_time()
         engine = self._engine
-        if not await engine.intake.until_queued(engine.buffer.last_ticket(), left):
+        if not await engine.intake.waits.until_queued(engine.buffer.last_ticket(), left):
             return False
         return await engine.flush(deadline)
 

@@ -50,6 +50,10 @@ import anyio
 BATCH = 32
 SAMPLERS = ("first", "top_bottom", "reservoir", "group", "group_unsized")
 REFERENCES = ("floor", "least top_bottom", "no cap")  # not held to the goal
+# The goal, each sampler's ratio to the floor at most: the group sampler decides whole groups at
+# step close, so with `group_size` it gets more room; without it, it encodes every sample of
+# the step by design (shown, not held to a goal).
+GOALS = {"first": 2.5, "top_bottom": 2.5, "reservoir": 2.5, "group": 3.5}
 
 
 def make_sampler(name: str) -> Any:
@@ -205,7 +209,11 @@ async def main_async(args: argparse.Namespace) -> int:
                 variant,
                 f"{statistics.median(values):.3f}",
                 common.fmt_ratio(statistics.median(ratios)),
-                "-" if variant in REFERENCES else "yes" if statistics.median(ratios) <= 2.0 else "NO",
+                "-"
+                if variant not in GOALS
+                else "yes"
+                if statistics.median(ratios) <= GOALS[variant]
+                else "NO",
                 " / ".join(f"{v:.3f}" for v in values),
             ]
         )
@@ -213,9 +221,10 @@ async def main_async(args: argparse.Namespace) -> int:
         f"time inside await session.log_samples(batch of {BATCH}) per sample submitted; "
         f"{args.per_step} samples (2.5 KB) per step, max_traces_per_step={args.cap}, "
         f"{args.steps} steps, {args.gap * 1e3:.0f} ms between calls; "
-        f"{args.rounds} alternating rounds (median); goal: every sampler at most 2x the floor"
+        f"{args.rounds} alternating rounds (median); goal: every sampler at most 2.5x the floor, "
+        "the group sampler with group_size 3.5x"
     )
-    common.print_table(["variant", "us/sample", "vs floor", "<= 2x", "rounds (us/sample)"], rows)
+    common.print_table(["variant", "us/sample", "vs floor", "goal met", "rounds (us/sample)"], rows)
     print()
     print(
         "where it goes: samples a step each variant encoded (accepted into the selection, kept or "

@@ -6,7 +6,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING
 
 from .._records.types import TraceRecord
-from .._select.base import EVICTED, HELD, RELEASED, Entry
+from .._select.base import Entry
 from .._select.gate import Gate, GateResult
 from .._stats import DropReason, SessionStats
 from ..exceptions import SessionClosedError
@@ -87,11 +87,12 @@ class Buffer(Queue):
             ledger = self.ledger
             if self.closed and not nowait:
                 raise SessionClosedError(_CLOSED)
-            ledger.submitted += n + invalid + refused
             if self.closed:
+                ledger.submit(n + invalid + refused)
                 ledger.drop("closed", n + invalid + refused)
                 return out
-            self._count_left_out(split, step, invalid, refused)
+            ledger.submit(n + invalid + refused, invalid=invalid)
+            self._count_refused(split, step, refused)
             # log_samples_nowait never blocks: "block" behaves as drop_newest there.
             on_full: OnFull = "drop_newest" if nowait and self.on_full == "block" else self.on_full
             out.accepted = n
@@ -116,27 +117,22 @@ class Buffer(Queue):
                 self.waitings.add(out.waiting)
         return out
 
-    def _count_left_out(self, split: str, step: int, invalid: int, refused: int) -> None:
-        """Lock held: count a submission's samples that never became records, `invalid` ones
-        and `refused` ones the cap turned away before they were encoded."""
-        if invalid:
-            self.ledger.drop("invalid", invalid)
+    def _count_refused(self, split: str, step: int, refused: int) -> None:
+        """Lock held: count a submission's samples the cap turned away before they were encoded."""
         if refused:
             assert self.gate is not None
-            self.ledger.drop("late" if self.gate.is_closed(split, step) else "capped", refused)
+            self.ledger.drop("late" if self.gate.window.is_late(split, step) else "capped", refused)
 
     def count_invalid(self, n: int) -> None:
         """`n` samples the caller could not build: counted as submitted and dropped ("invalid")."""
         with self.lock:
-            self.ledger.submitted += n
-            self.ledger.drop("invalid", n)
+            self.ledger.submit(n, invalid=n)
 
     def count_closed(self, n: int, invalid: int = 0) -> None:
         """`n` samples (and `invalid` ones) a caller finished preparing after finish() began:
         counted as submitted and dropped ("closed", "invalid"), as a reservation then is."""
         with self.lock:
-            self.ledger.submitted += n + invalid
-            self.ledger.drop("invalid", invalid)
+            self.ledger.submit(n + invalid, invalid=invalid)
             self.ledger.drop("closed", n)
 
     def take_ticket(self) -> int:
@@ -182,9 +178,10 @@ class Buffer(Queue):
             if refused_with is None or keeps is None or True in keeps or self.closed:
                 return keeps
             n = len(scores)
-            self.ledger.submitted += n + refused_with
-            self._count_left_out(split, step, refused_with, n)
-            gate.skip(split, step, n)  # a positional sampler (the reservoir) counts them
+            self.ledger.submit(n + refused_with, invalid=refused_with)
+            self._count_refused(split, step, n)
+            if gate.sampler.counts_skipped:
+                gate.skip(split, step, n)  # a positional sampler (the reservoir) counts them
             return []
 
     def admit_waiting(self, waiting: Waiting) -> Admission:
@@ -226,7 +223,8 @@ class Buffer(Queue):
                 self.waitings.discard(waiting)
         return out
 
-    def _wait(self, out: Admission, waiting: Waiting) -> None:
+    def wait(self, out: Admission, waiting: Waiting) -> None:
+        """Lock held: `waiting` waits for room (block policy); finish() gives it up."""
         out.waiting = waiting
         self.waitings.add(waiting)
 
@@ -262,79 +260,12 @@ class Buffer(Queue):
         with self.lock:
             if self.closed:
                 raise SessionClosedError(_CLOSED)
-            self.ledger.submitted += len(records)
+            self.ledger.submit(len(records))
             self.ledger.replayed += len(records)
             stop = self.enqueue(records, out, "block")
             if stop < len(records):
-                self._wait(out, Waiting(records, stop))
+                self.wait(out, Waiting(records, stop))
         return out
-
-    # -- reservations for log_rollouts ---------------------------------------------------
-
-    def reserve(
-        self, scores: Sequence[float | None], *, split: str, step: int, invalid: int = 0
-    ) -> tuple[list[Entry | None], bool] | None:
-        """Ask the gate which rows can be kept before they are decoded; counts the rest, and
-        `invalid` rows that were left out (counted as submitted and dropped). Also returns
-        whether the writer should be woken (this offer closed older steps, releasing them).
-        None (nothing counted) when a holding sampler's selection has no room under "block":
-        the caller waits for room and asks again."""
-        with self.lock:
-            if self.closed:
-                # finish() ran while these rows were decoded: nothing would deliver them now.
-                self.ledger.submitted += len(scores) + invalid
-                self.ledger.drop("invalid", invalid)
-                self.ledger.drop("closed", len(scores))
-                return [None] * len(scores), False
-            if self.gated is not None:
-                return self.gated.reserve(scores, split, step, invalid, self.on_full)
-            self.ledger.submitted += len(scores) + invalid
-            self.ledger.drop("invalid", invalid)
-            entries: list[Entry | None] = [Entry(s, 0) for s in scores]
-            for e in entries:
-                e.state = RELEASED  # type: ignore[union-attr]
-            return entries, False
-
-    def fill(self, entries: Sequence[Entry], records: Sequence[TraceRecord]) -> Admission:
-        """Attach decoded records to reserved entries; released ones go to the queue now."""
-        out = Admission()
-        ready: list[TraceRecord] = []
-        with self.lock:
-            if self.closed:
-                # finish() ran while these rows were decoded: nothing would deliver them now.
-                live = [e for e in entries if e.state != EVICTED]
-                for e in live:
-                    e.state = EVICTED
-                self.ledger.drop("closed", len(live))
-                return out
-            staged: list[TraceRecord] = []
-            for e, r in zip(entries, records, strict=True):
-                if e.state == HELD:
-                    e.record = r
-                    staged.append(r)
-                elif e.state == RELEASED:
-                    ready.append(r)
-                    staged.append(r)
-                # EVICTED: already counted as capped.
-            if self.staging is not None:
-                self.staging.admitted(staged)
-            # Held rows count as accepted, as they do in log_samples; drops below subtract.
-            out.accepted = len(staged)
-            stop = self.enqueue(ready, out, self.on_full)
-            if stop < len(ready):
-                self._wait(out, Waiting(ready, stop))
-        return out
-
-    def cancel(self, entries: Sequence[Entry], reason: DropReason, *, split: str, step: int) -> None:
-        """Resolve reserved entries that could not be filled (their decoding failed); they
-        give their places in the step's selection back."""
-        with self.lock:
-            live = [e for e in entries if e.state != EVICTED]
-            if self.gated is not None:
-                self.gated.gate.withdraw(split, step, live)
-            for e in live:
-                e.state = EVICTED
-            self.ledger.drop(reason, len(live), [e.record for e in live if e.record is not None])
 
     def close_steps(self, *, idle_only: bool = False) -> bool:
         if self.gated is None:

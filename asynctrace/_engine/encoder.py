@@ -6,8 +6,9 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from .._checks import MAX_STEP, check_split, check_step
 from .._records.encode import (
@@ -25,15 +26,72 @@ from .._records.types import Sample, SampleLike, TraceRecord, records_for
 from .._security import shown
 from ..exceptions import RecordError
 
-__all__ = ["Encoder"]
+__all__ = ["EVERY", "Candidates", "Encoder", "Submitted"]
 
 # Which of a submission's samples (by score) the cap would keep if offered now; None: cannot tell.
 Keeps = Callable[..., list[bool] | None]
-Kept = tuple[list[tuple[bytes, float | None]], int, int, list[int], list[Hashable | None] | None]
-# What `submit` returns: records, invalid, refused before encoding, gaps, groups (see there).
-Submitted = tuple[list[TraceRecord], int, int, list[int] | None, list[Hashable | None] | None]
-# What `encode_kept` returns for a submission the buffer counted whole as refused.
-REFUSED_WHOLE: Kept = ([], 0, 0, [], None)
+# The sample types whose shape the capped path reads without the full path's help.
+_PLAIN = frozenset((Sample, dict))
+_FLOAT_ONLY = {float}
+
+
+@dataclass(slots=True)
+class Submitted:
+    """One submission validated and encoded in the caller, on its way to `Buffer.admit`."""
+
+    records: list[TraceRecord]
+    invalid: int = 0  # samples left out as invalid (on_invalid="skip")
+    refused: int = 0  # samples the cap refused before they were encoded
+    # Per record, how many refused samples came right before it (a positional sampler counts them).
+    gaps: list[int] | None = None
+    # Per record, its prompt group as the cap read it (a group sampler then parses no payload).
+    groups: list[Hashable | None] | None = None
+
+
+class _Every:
+    """`encode_kept`'s answer when the cap cannot tell cheaply: encode every sample."""
+
+
+EVERY = _Every()
+T = TypeVar("T")
+
+
+class Candidates(Generic[T]):
+    """A submission's samples on their way past the cap: the places still offered (`live`),
+    those found invalid, and what the ones encoded so far became (`done`). Every way in that
+    asks the cap before encoding (or decoding) goes through here, the one place its rule is
+    kept: an invalid sample takes no place, so one the cap refused in its favour may fit once
+    it is left out (`leave_out`, then ask the cap again)."""
+
+    __slots__ = ("done", "invalid", "live")
+
+    def __init__(self, live: list[int], invalid: set[int]) -> None:
+        self.live = live
+        self.invalid = invalid
+        self.done: dict[int, T] = {}
+
+    def todo(self, keeps: Sequence[bool] | None) -> list[int]:
+        """The live places the cap keeps (`keeps`, one flag per live place; None: every one)
+        that were not encoded yet."""
+        kept = self.live if keeps is None else list(itertools.compress(self.live, keeps))
+        done = self.done
+        return [p for p in kept if p not in done] if done else kept
+
+    def leave_out(self, bad: Collection[int]) -> bool:
+        """`bad` places turned out invalid; True when the cap must be asked again (see the class)."""
+        if not bad:
+            return False
+        self.invalid.update(bad)
+        invalid = self.invalid
+        self.live = [p for p in self.live if p not in invalid]
+        return True
+
+    def gaps(self, order: Sequence[int]) -> list[int]:
+        """For each encoded place, in `order`, how many live places the cap refused right before it."""
+        if len(self.live) != (self.live[-1] + 1 if self.live else 0):
+            at = {p: j for j, p in enumerate(self.live)}
+            order = [at[p] for p in order]
+        return [b - a - 1 for a, b in zip(itertools.chain((-1,), order), order, strict=False)]
 
 
 class Encoder:
@@ -54,8 +112,11 @@ class Encoder:
         id_prefix: str,
         group_key: GroupKey | None = None,
         group_keys: Sequence[GroupKey] = (),
+        counts_skipped: bool = True,
     ) -> None:
         self.trace_key = trace_key
+        # Whether the cap's selections count refused samples by position (`Sampler.counts_skipped`).
+        self.counts_skipped = counts_skipped
         self.redact = redact
         self.skip_invalid = skip_invalid
         self.max_bytes = max_bytes
@@ -122,24 +183,19 @@ class Encoder:
 
     def submit(self, items: Sequence[Any], step: int, split: str, key: str) -> Submitted | None:
         """Validate and encode a submission (`prepare`d), in the caller, with a cap only what it
-        would keep; returns records, the invalid count, how many the cap refused before they
-        were encoded and, then, how many of those came right before each record (a positional
-        sampler counts them) and each record's prompt group as the cap read it (a group sampler
-        takes it from there). None when the cap refused the whole submission: the buffer
+        would keep (`encode_kept`). None when the cap refused the whole submission: the buffer
         counted it."""
-        kept = self.encode_kept(items, step, split) if self.precheck else None
-        if kept is None:
-            return (*self._encode_all(items, step, split, key, None), 0, None, None)
-        if kept is REFUSED_WHOLE:
-            return None
-        encoded, invalid, refused, gaps, groups = kept
-        records = records_for(encoded, self._ids, self._id_prefix, step, split, key, time.time())
-        return records, invalid, refused, gaps, groups
+        if self.precheck:
+            kept = self.encode_kept(items, step, split, key)
+            if kept is not EVERY:
+                return kept  # type: ignore[return-value]
+        records, invalid = self._encode_all(items, step, split, key, None)
+        return Submitted(records, invalid)
 
-    def encode_kept(self, items: Sequence[Any], step: int, split: str) -> Kept | None:
-        """Encode only the samples the cap would keep if offered now; None when that cannot be
-        told cheaply (the caller then encodes everything). Also returns, per encoded sample, how
-        many refused ones came right before it.
+    def encode_kept(self, items: Sequence[Any], step: int, split: str, key: str) -> Submitted | _Every | None:
+        """Encode only the samples the cap would keep if offered now; `EVERY` when that cannot
+        be told cheaply (the caller then encodes everything), None when the cap keeps none (the
+        buffer counted the submission whole).
 
         A sample the cap refuses is counted as capped without being encoded or validated, as
         `log_rollouts` skips decoding rows it will not keep. The gate still decides at
@@ -162,17 +218,19 @@ class Encoder:
                 else preview_score(obj)
                 for obj in items
             ]
-            # `in` compares by identity first: one C-level pass each, no per-item Python call.
-            if UNKNOWN in scores:
-                return None
-            if None in scores:
-                invalid = {i for i, sc in enumerate(scores) if sc is None}
-                if not skip:
-                    raise missing_score(min(invalid), ranked_by)
-        elif all(type(obj) is Sample or type(obj) is dict for obj in items):
+            # Every score a float, the usual case, told from their types in one C-level pass
+            # (`in` would compare each float with UNKNOWN and None, a slow fallback each).
+            if set(map(type, scores)) != _FLOAT_ONLY:
+                if UNKNOWN in scores:
+                    return EVERY
+                if None in scores:
+                    invalid = {i for i, sc in enumerate(scores) if sc is None}
+                    if not skip:
+                        raise missing_score(min(invalid), ranked_by)
+        elif _PLAIN.issuperset(map(type, items)):
             scores = [None] * n
         else:
-            return None  # an unusual item gets the full path, and its error if it is wrong
+            return EVERY  # an unusual item gets the full path, and its error if it is wrong
         groups: list[Hashable | None] | None = None
         if self._group_key is not None:
             groups, bad = self.groups_of(items)
@@ -182,64 +240,67 @@ class Encoder:
                     path = bad[first].path
                     raise RecordError(f"sample {first}: {path}: {bad[first]}", index=first, path=path)
                 invalid |= bad.keys()
-        candidates = [i for i in range(n) if i not in invalid] if invalid else range(n)
-        encoded: dict[int, tuple[bytes, float | None]] = {}
-        while candidates:
+        live = [i for i in range(n) if i not in invalid] if invalid else None  # None: every one
+        places: Candidates[tuple[bytes, float | None]] | None = None  # made once the cap keeps some
+        while True:
             keeps = self._keeps(
-                scores if not invalid else [scores[i] for i in candidates],
+                scores if live is None else [scores[i] for i in live],
                 split=split,
                 step=step,
-                groups=None if groups is None else [groups[i] for i in candidates],
+                groups=groups if live is None or groups is None else [groups[i] for i in live],
                 # The usual capped call once a step is under way: the buffer counts it whole.
-                refused_with=None if encoded else len(invalid),
+                refused_with=len(invalid) if places is None or not places.done else None,
             )
             if keeps is None:
-                return None
+                return EVERY
             if not keeps:
-                return REFUSED_WHOLE
-            failed = False
-            for i, keep in zip(candidates, keeps, strict=True):
-                if not keep or i in encoded:
-                    continue
-                try:
-                    pair = encode_checked(
-                        items[i], i, None, self.max_bytes, "max_queue_bytes", None, self.group_keys
-                    )
-                except RecordError:
-                    if not skip:
-                        raise
-                    invalid.add(i)
-                    failed = True
-                    continue
-                if ranked_by is not None and pair[1] != scores[i]:
-                    return None  # the preview misread this shape; let the full path decide
-                encoded[i] = pair
-            if not failed:
+                return None
+            if places is None:
+                places = Candidates(list(range(n)) if live is None else live, invalid)
+            todo = places.todo(keeps)
+            failed = self._encode_places(items, todo, places.done)
+            if failed is None or (ranked_by is not None and not _scores_agree(places.done, todo, scores)):
+                return EVERY  # the preview misread this shape; let the full path decide
+            if not places.leave_out(failed):
                 break
-            # An invalid sample takes no place, so one refused in its favour may fit now.
-            candidates = [i for i in candidates if i not in invalid]
-        gaps: list[int] = []
-        if len(candidates) == n:  # nothing invalid: candidate positions are the indices
-            last = -1
-            for i in sorted(encoded):
-                gaps.append(i - last - 1)
-                last = i
-        else:
-            gap = 0
-            for i in candidates:
-                if i in encoded:
-                    gaps.append(gap)
-                    gap = 0
-                else:
-                    gap += 1
-        order = sorted(encoded)
-        return (
-            [encoded[i] for i in order],
-            len(invalid),
-            n - len(invalid) - len(encoded),
-            gaps,
+            live = places.live
+        order = sorted(places.done)
+        done = places.done
+        return Submitted(
+            records_for([done[i] for i in order], self._ids, self._id_prefix, step, split, key, time.time()),
+            len(places.invalid),
+            n - len(places.invalid) - len(done),
+            places.gaps(order) if self.counts_skipped else None,
             None if groups is None else [groups[i] for i in order],
         )
+
+    def _encode_places(
+        self, items: Sequence[Any], todo: list[int], done: dict[int, tuple[bytes, float | None]]
+    ) -> list[int] | None:
+        """Validate and encode the samples at `todo`, as one batch, into `done`; returns the
+        places found invalid (on_invalid="skip"; otherwise the first raises, naming its place)."""
+        skipped: list[int] = []
+        encoded, _ = encode_samples(
+            [items[i] for i in todo],
+            skip_invalid=True,
+            max_bytes=self.max_bytes,
+            skipped=skipped,
+            group_keys=self.group_keys,
+        )
+        if not skipped:
+            done.update(zip(todo, encoded, strict=True))
+            return []
+        if not self.skip_invalid:
+            first = todo[skipped[0]]
+            # The same checks once more, for its error numbered as the caller's sample.
+            encode_checked(
+                items[first], first, None, self.max_bytes, "max_queue_bytes", None, self.group_keys
+            )
+            return None  # it passed the second time: an odd object; the full path decides
+        bad = [todo[j] for j in skipped]
+        left_out = set(bad)
+        done.update(zip([i for i in todo if i not in left_out], encoded, strict=True))
+        return bad
 
     def groups_of(self, items: Sequence[Any]) -> tuple[list[Hashable | None], dict[int, GroupKeyError]]:
         """Each sample's prompt group, read from its metadata as encoding will find it (a group
@@ -280,3 +341,14 @@ class Encoder:
                 bad[i] = exc
                 out.append(None)
         return out, bad
+
+
+def _scores_agree(
+    done: Mapping[int, tuple[bytes, float | None]], todo: Sequence[int], scores: Sequence[Any]
+) -> bool:
+    """Whether encoding found the scores the preview read for the samples just encoded."""
+    for i in todo:  # a loop, not a generator: no call per sample
+        pair = done.get(i)
+        if pair is not None and pair[1] != scores[i]:
+            return False
+    return True

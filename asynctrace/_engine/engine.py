@@ -99,6 +99,7 @@ class Engine:
             id_prefix=id_prefix,
             group_key=getattr(sampler, "group_key", None),
             group_keys=selection_group_keys(sampler if gate is not None else None, self.sinks),
+            counts_skipped=sampler.counts_skipped,
         )
         self.intake = Intake(
             self.buffer,
@@ -187,7 +188,7 @@ class Engine:
                 await self.flush(life.deadline)
         life.drain_scope = None
         assert self.writer is not None
-        left = await after_drain(life, self.writer, self.intake.until_queued, self.spool, self.buffer)
+        left = await after_drain(life, self.writer, self.intake.waits.until_queued, self.spool, self.buffer)
         closed = await close_sinks(self.sinks, self.sink_names, left)
         if self.spool is not None and closed:
             # Otherwise `recover` still needs the sinks, to finish what a close left undone.

@@ -63,9 +63,10 @@ class GatedAdmission:
         past the bound, by at most a selection per open step.
         """
         gate = self.gate
-        if not gate.sampler.holds or gate.is_closed(split, step):
+        if not gate.sampler.holds or gate.window.is_late(split, step):
             return None
-        n, released = gate.releasing(split, step)
+        # Usually the offer closes no step: nothing to count then.
+        n, released = gate.releasing(split, step) if gate.window.behind(split, step) is not None else (0, 0)
         if n + 1 > self.queue.queue_size or released + nbytes > self.queue.max_bytes:
             # Selections larger than the whole bound: room for one sample, as for any other.
             n, released = 0, 0
@@ -98,7 +99,12 @@ class GatedAdmission:
         is left in `out.waiting`."""
         if start >= len(records):
             return start
-        if not self.room_for_held(split, step, records[start].nbytes, on_full):
+        need = self.room_needed(split, step, records[start].nbytes)
+        if (
+            need is not None
+            and not self.queue.fits(need[1], need[0])
+            and not (on_full == "drop_oldest" and self.queue.evict_for(need[1], need[0]))
+        ):  # `room_for_held`, inline on the caller's path
             if on_full == "block":
                 return start
             rest = records[start:]
@@ -109,24 +115,28 @@ class GatedAdmission:
         seq = self.entry_seq
         entries = [Entry(r.score, seq + i, r) for i, r in enumerate(offered, 1)]
         self.entry_seq = seq + len(entries)
-        if gaps is not None:
-            for e, gap in zip(entries, gaps[start:], strict=True):
-                e.gap = gap
-        if groups is not None:
-            for e, group in zip(entries, groups[start:], strict=True):
-                e.group = group
+        if gaps is not None or groups is not None:
+            for i, e in enumerate(entries, start):
+                if gaps is not None:
+                    e.gap = gaps[i]
+                if groups is not None:
+                    e.group = groups[i]
         result = self.gate.offer(split, step, entries, self.clock())
         if self.staging is not None:
             # Staged before anything is dropped below, so every drop finds it staged.
             self.staging.admitted([e.record for e in entries if e.state != EVICTED and e.record])
-        passed, wake = self.apply(result)
-        out.wake |= wake
+        if result.passed or result.capped or result.evicted or result.late or result.released:
+            passed, wake = self.apply(result)
+            out.wake |= wake
+        else:
+            passed = []  # the usual offer to a holding sampler: everything held, nothing to count
         refused = len(offered) - len(passed) - result.held
         out.accepted -= refused
         out.refused += refused
-        stop = self.queue.enqueue(passed, out, on_full)
-        if stop < len(passed):
-            out.waiting = Waiting(passed, stop)
+        if passed:
+            stop = self.queue.enqueue(passed, out, on_full)
+            if stop < len(passed):
+                out.waiting = Waiting(passed, stop)
         return len(records)
 
     def reserve(
@@ -137,8 +147,7 @@ class GatedAdmission:
         full = n and self.room_needed(split, step, 0) is not None
         if full and on_full == "block" and not self.room_for_held(split, step, 0, "block"):
             return None
-        self.ledger.submitted += n + invalid
-        self.ledger.drop("invalid", invalid)
+        self.ledger.submit(n + invalid, invalid=invalid)
         if full and on_full != "block" and not self.room_for_held(split, step, 0, on_full):
             self.ledger.drop("queue_full", n)
             return [None] * n, False

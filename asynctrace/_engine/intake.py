@@ -23,10 +23,12 @@ from .._select.base import Entry
 from .._select.watch import WatchCounter
 from .._stats import DropReason
 from ..exceptions import RecordError
-from .buffer import Admission, Buffer, Marker, Waiting
+from .buffer import Admission, Buffer, Marker
 from .encoder import Encoder
 from .group_metrics import GroupMetrics
+from .reservations import Reservations
 from .rollout_intake import log_rollouts, renumbered
+from .waits import Waits
 
 __all__ = ["Intake"]
 
@@ -70,6 +72,8 @@ class Intake:
         self.groups = groups  # group metrics: they see every sample submitted, before the cap
         # log yields to the writer once this many records wait for it (see there).
         self._yield_at = 2 * batch_size
+        self.waits = Waits(buffer, life, self.wake)
+        self.reservations = Reservations(buffer)  # log_rollouts' places, taken before decoding
         self._since_turn = 0
 
     def wake(self) -> None:
@@ -102,85 +106,6 @@ class Intake:
         if adm.wake:
             self.wake()
 
-    # -- waiting (the one way: a Room subscription) ---------------------------------------
-
-    async def until_changed(self, attempt: Callable[[], bool]) -> None:
-        """On the loop thread: call `attempt` until it returns True, waiting for the buffer to
-        change between tries."""
-        life = self.life
-        while True:
-            event = anyio.Event()
-
-            def wake(event: anyio.Event = event) -> None:
-                if life.on_loop_thread():
-                    event.set()
-                else:
-                    life.call_soon(event.set)
-
-            self.buffer.room.subscribe(wake)
-            if attempt():
-                return
-            await event.wait()
-
-    def _admit_waiting(self, waiting: Waiting) -> Waiting:
-        adm = self.buffer.admit_waiting(waiting)
-        if adm.wake:
-            self.wake()
-        # What a sampler passed, waiting for the queue, goes on as plain records.
-        return adm.waiting if adm.waiting is not None and adm.waiting is not waiting else waiting
-
-    async def wait_for_room(self, waiting: Waiting, timeout: float | None) -> int:
-        """Admit `waiting` as room frees up; returns how many will not be queued after all
-        (given up, or refused by the cap when they were offered at last)."""
-        ticket = self.buffer.take_ticket()
-        current = [waiting]
-
-        def attempt() -> bool:
-            current[0] = self._admit_waiting(current[0])
-            return not len(current[0])
-
-        try:
-            with anyio.move_on_after(timeout):
-                await self.until_changed(attempt)
-                return current[0].lost
-            self.buffer.give_up_waiting(current[0], "queue_full")
-            return current[0].lost
-        except BaseException:
-            if len(current[0]):
-                self.buffer.give_up_waiting(current[0], "cancelled")
-            raise
-        finally:
-            self.buffer.return_ticket(ticket)
-
-    def _wait_blocking(
-        self, waiting: Waiting, timeout: float | None, cancelled: threading.Event | None
-    ) -> int:
-        buf = self.buffer
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            event = threading.Event()
-            buf.room.subscribe(event.set)
-            if cancelled is not None and cancelled.is_set():
-                buf.give_up_waiting(waiting, "cancelled")
-                break
-            waiting = self._admit_waiting(waiting)
-            if not len(waiting):
-                break
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                buf.give_up_waiting(waiting, "queue_full")
-                break
-            event.wait(left)
-        return waiting.lost
-
-    async def until_queued(self, ticket: int | None, timeout: float | None) -> bool:
-        """Wait until the submissions numbered `ticket` or earlier (None: every one) are queued or
-        given up; False when `timeout` passed first."""
-        with anyio.move_on_after(timeout):
-            await self.until_changed(lambda: not self.buffer.tickets_upto(ticket))
-            return True
-        return False
-
     # -- submissions ------------------------------------------------------------------------
 
     async def log(
@@ -205,7 +130,7 @@ class Intake:
                 self._since_turn = 0
                 await anyio.lowlevel.checkpoint()
             return watched + adm.accepted
-        return watched + adm.accepted - await self.wait_for_room(adm.waiting, timeout)
+        return watched + adm.accepted - await self.waits.wait_for_room(adm.waiting, timeout)
 
     async def _log_from_other_loop(
         self, samples: SampleLike | Iterable[SampleLike], step: int, split: str, timeout: float | None
@@ -242,7 +167,7 @@ class Intake:
             watched, adm, _ = self._submit(samples, step, split, nowait=False, ticket=ticket)
             if adm.waiting is None:
                 return watched + adm.accepted
-            return watched + adm.accepted - self._wait_blocking(adm.waiting, timeout, cancelled)
+            return watched + adm.accepted - self.waits.wait_blocking(adm.waiting, timeout, cancelled)
         finally:
             if ticket is not None:
                 buf.return_ticket(ticket)
@@ -315,20 +240,20 @@ class Intake:
         )
         if submitted is None:  # the cap refused it whole, and the buffer counted it
             return accepted_watched, _REFUSED, 0
-        records, invalid, refused, gaps, groups = submitted
         adm = self.buffer.admit(
-            records,
+            submitted.records,
             split=split,
             step=step,
             nowait=nowait,
-            invalid=invalid,
-            refused=refused,
+            invalid=submitted.invalid,
+            refused=submitted.refused,
             ticket=ticket,
-            gaps=gaps,
-            groups=groups,
+            gaps=submitted.gaps,
+            groups=submitted.groups,
         )
-        self._after_admit(adm, blocking=not nowait)
-        return accepted_watched, adm, len(records) + invalid
+        if self.buffer.journal is not None or adm.wake:
+            self._after_admit(adm, blocking=not nowait)
+        return accepted_watched, adm, len(submitted.records) + submitted.invalid
 
     def log_watched(self, samples: SampleLike | Iterable[SampleLike], step: int, split: str) -> int:
         """Queue samples another process's watch list passed by, within the step's watch cap
@@ -360,7 +285,7 @@ class Intake:
         if adm.wake:
             self.wake()
         if adm.waiting is not None:
-            await self.wait_for_room(adm.waiting, None)
+            await self.waits.wait_for_room(adm.waiting, None)
 
     # -- reservations (log_rollouts) --------------------------------------------------------
 
@@ -375,12 +300,12 @@ class Intake:
 
         def attempt() -> bool:
             # A holding sampler's selection takes rows only while the queue has room (block).
-            reserved = self.buffer.reserve(wanted, split=split, step=step, invalid=invalid)
+            reserved = self.reservations.reserve(wanted, split=split, step=step, invalid=invalid)
             if reserved is not None:
                 got.append(reserved)
             return reserved is not None
 
-        await self.until_changed(attempt)
+        await self.waits.until_changed(attempt)
         entries, wake = got[0]
         if wake:
             self.wake()
@@ -388,10 +313,10 @@ class Intake:
         return [i for i, _ in kept], [e for _, e in kept]
 
     async def fill(self, entries: Sequence[Entry], records: Sequence[TraceRecord]) -> int:
-        adm = self.buffer.fill(entries, records)
+        adm = self.reservations.fill(entries, records)
         self._after_admit(adm)
         if adm.waiting is not None:
-            return adm.accepted - await self.wait_for_room(adm.waiting, None)
+            return adm.accepted - await self.waits.wait_for_room(adm.waiting, None)
         return adm.accepted
 
     async def log_rollouts(
@@ -403,4 +328,4 @@ class Intake:
         )
 
     def cancel(self, entries: Sequence[Entry], reason: DropReason, *, step: int, split: str) -> None:
-        self.buffer.cancel(entries, reason, split=split, step=step)
+        self.reservations.cancel(entries, reason, split=split, step=step)

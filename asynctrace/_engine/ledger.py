@@ -84,6 +84,13 @@ class Ledger:
         self._warned = set(quiet)
         self.holds = Holds()
 
+    def submit(self, n: int, *, invalid: int = 0) -> None:
+        """`n` samples submitted, `invalid` of them left out as invalid: the one place the
+        submitted count grows, so every way in counts alike."""
+        self.submitted += n
+        if invalid:
+            self.drop("invalid", invalid)
+
     def drop(
         self, reason: DropReason, n: int, records: Sequence[TraceRecord] = (), *, displaced: bool = False
     ) -> None:

@@ -18,7 +18,7 @@ from .._select.watch import WatchCounter
 from .._stats import DropReason
 from ..exceptions import RecordError
 from .buffer import Buffer
-from .encoder import Encoder
+from .encoder import Candidates, Encoder
 from .group_metrics import GroupMetrics
 
 __all__ = ["RolloutFront", "log_rollouts", "renumbered"]
@@ -95,13 +95,12 @@ async def log_rollouts(
     # Taken before anything is counted, so a flush() from now on waits until these rows are queued.
     ticket = intake.buffer.take_ticket()
     try:
-        encoded: dict[int, TraceRecord] = {}
+        rows: Candidates[TraceRecord] = Candidates([p for p in places if p not in bad], bad)
         checked = False  # whether the batch was decoded from (a batch problem raises there)
         while True:
             # Only the rows the cap would keep now are decoded (it only gets harder to enter).
-            live = [p for p in places if p not in bad]
-            keeps = intake.buffer.keeps([scores[p] for p in live], split=split, step=step)
-            todo = [p for j, p in enumerate(live) if (keeps is None or keeps[j]) and p not in encoded]
+            keeps = intake.buffer.keeps([scores[p] for p in rows.live], split=split, step=step)
+            todo = rows.todo(keeps)
             if not todo:
                 if not checked:  # the cap keeps none: a bad batch still raises, uncounted
                     await anyio.to_thread.run_sync(decode, [])
@@ -121,12 +120,13 @@ async def log_rollouts(
             except RecordError as exc:
                 raise renumbered(exc, None if exc.index is None else row_of[done[exc.index]]) from None
             left_out = {p for p in todo if row_of[p] in failed} | {done[j] for j in skipped}
-            encoded.update(zip([p for p in done if p not in left_out], records, strict=True))
-            if not left_out:
+            rows.done.update(zip([p for p in done if p not in left_out], records, strict=True))
+            if not rows.leave_out(left_out):
                 break
-            # An invalid row takes no place, so one refused in its favour may fit now.
-            bad |= left_out
-        kept, entries = await intake.reserve(scores, live, step=step, split=split, invalid=len(bad))
+        kept, entries = await intake.reserve(
+            scores, rows.live, step=step, split=split, invalid=len(rows.invalid)
+        )
+        encoded = rows.done
         lost = [e for p, e in zip(kept, entries, strict=True) if p not in encoded]
         if lost:  # the cap kept a row it would have refused when asked: none to fill it with
             intake.cancel(lost, "capped", split=split, step=step)

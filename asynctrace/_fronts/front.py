@@ -113,8 +113,7 @@ class Front:
         selection = self.selection
         with self.lock:
             ledger = self._ledger
-            ledger.submitted += len(items)
-            ledger.drop("invalid", invalid)
+            ledger.submit(len(items), invalid=invalid)
             reason = refused()
             if reason is None and selection is not None and selection.is_late(split, step):
                 reason = "late"
@@ -162,7 +161,7 @@ class Front:
 
     def _refuse(self, n: int, reason: DropReason) -> None:
         with self.lock:
-            self._ledger.submitted += n
+            self._ledger.submit(n)
             self._ledger.drop(reason, n)
 
     # -- handing on ---------------------------------------------------------------------------
@@ -188,7 +187,7 @@ class Front:
         """`n` samples went on as they came, past any selection here (a rank streaming into its
         own session, which counts what becomes of them)."""
         with self.lock:
-            self._ledger.submitted += n
+            self._ledger.submit(n)
             self._ledger.written += n
 
     # The owner's own stages (a client's buffer and calls), under `lock`, held by the caller.

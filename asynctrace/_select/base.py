@@ -104,6 +104,9 @@ class Sampler(abc.ABC):
     #: True when `new_step` costs little, so the session may ask a step not open yet which
     #: samples it would keep (`StepSelection.keeps`) and skip encoding the others.
     starts_cheaply: bool = False
+    #: False when no selection of the sampler counts the samples `keeps` refused
+    #: (`StepSelection.skip`), so the session need not say where they were.
+    counts_skipped: bool = True
 
     @abc.abstractmethod
     def new_step(self, split: str, step: int, k: int) -> StepSelection:

@@ -70,10 +70,12 @@ class Gate:
         Within an open step a selection only gets harder to enter (a count fills up, a held
         set only improves), so a candidate refused here would be refused later too.
         """
-        if self.is_closed(split, step):
+        if self.window.is_late(split, step):
             return [False] * len(scores)
         opened = self._open.get((split, step))
         if opened is not None:
+            if groups is None:  # `_ask`, inline on the usual call
+                return opened.keeps(scores, first_seq)
             return self._ask(opened, scores, first_seq, groups)
         if self.sampler.starts_cheaply:
             # The fresh selection is kept for the offer that opens the step, so a seeded
@@ -161,7 +163,9 @@ class Gate:
         """Open `step` and close the steps its arrival closes; True when `step` itself is late."""
         window = self.window
         if self.sampler.holds:
-            self._release(window.arrive(split, step, now), result.released, result.evicted)
+            closed = window.arrive(split, step, now)
+            if closed:
+                self._release(closed, result.released, result.evicted)
             return False
         if len(self._open) >= COUNTER_WINDOW and (split, step) not in self._open:
             # A sampler that holds nothing needs only a counter per step, so stragglers many

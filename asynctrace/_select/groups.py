@@ -215,6 +215,7 @@ class GroupSampler(Sampler):
 
     holds = True
     starts_cheaply = True
+    counts_skipped = False
 
     def __init__(
         self,

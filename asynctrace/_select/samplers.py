@@ -7,7 +7,7 @@ import math
 import random
 from collections import deque
 from collections.abc import Sequence
-from typing import Literal, cast
+from typing import Literal
 
 from .._security import shown
 from .base import Entry, Sampler, StepSelection, in_merged_order
@@ -52,6 +52,7 @@ class FirstSampler(Sampler):
 
     holds = False
     starts_cheaply = True
+    counts_skipped = False
 
     def new_step(self, split: str, step: int, k: int) -> StepSelection:
         return _FirstSelection(k)
@@ -111,10 +112,12 @@ class _TopBottomSelection(StepSelection):
             # are offered (and encoded) without asking which of them push each other out again.
             hi = self._top[0][0] if self._top else math.inf
             lo = -self._bottom[0][0] if self._bottom else -math.inf
-            if None not in scores:
-                ranked = cast("Sequence[float]", scores)
-                if max(ranked) <= hi and min(ranked) >= lo:
-                    return [False] * n  # the usual call: two C-level passes, no per-sample Python
+            # The usual call: two C-level passes, no per-sample Python (and no `cast`, a call).
+            try:
+                if max(scores) <= hi and min(scores) >= lo:  # type: ignore[type-var,operator]
+                    return [False] * n
+            except TypeError:  # a None among them (its sample left out as invalid)
+                pass
             return [sc is not None and (sc > hi or sc < lo) for sc in scores]
         # Filling: offer the call to copies of the two heaps, as `offer` would (ties cannot
         # happen: the sequence numbers differ), by (score, -seq) alone, so that only what
@@ -142,6 +145,7 @@ class TopBottomSampler(Sampler):
 
     needs_score = True
     starts_cheaply = True
+    counts_skipped = False
 
     def new_step(self, split: str, step: int, k: int) -> StepSelection:
         return _TopBottomSelection(k)
