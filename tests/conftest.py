@@ -1,4 +1,5 @@
-"""Shared fixtures: a temporary Trackio directory for the whole run, both async backends."""
+"""Shared fixtures: a temporary Trackio directory for the whole run, both async backends; how
+pytest-xdist's workers share the tests out."""
 
 from __future__ import annotations
 
@@ -18,6 +19,17 @@ import pytest  # noqa: E402
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     shutil.rmtree(_TRACKIO_DIR, ignore_errors=True)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test module runs whole on one xdist worker (`--dist loadgroup`), so a module-scoped
+    fixture (the examples' run, a Ray actor's ended work, a trained model) is built once, not
+    once per worker; every test on the Ray cluster runs on one worker, so the run starts one
+    cluster. Runs before xdist's own hook, which reads these marks."""
+    for item in items:
+        group = "ray-cluster" if "ray_cluster" in item.fixturenames else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(params=["asyncio", "trio"])
