@@ -282,7 +282,8 @@ def test_token_fields_round_trip_through_the_parquet_archive(
     original = [{k: v.clone() for k, v in group.items() if isinstance(v, torch.Tensor)} for group in batch]
     adv_batch = grpo_actor().compute_advantages(batch)
     fields = ("token_ids", "loss_mask", "logprobs", "advantages")
-    with at.TraceSession("p", run="r", sinks=[at.ParquetSink(tmp_path)]) as session:
+    # In-process writer: the files are what is read here; tests/sinks/ test the writer process.
+    with at.TraceSession("p", run="r", sinks=[at.ParquetSink(tmp_path, process=False)]) as session:
         assert (
             areal_adapter.log_batch(session, adv_batch, tokenizer=hf_tokenizer, step=0, token_fields=fields)
             == 4
