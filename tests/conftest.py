@@ -1,4 +1,5 @@
-"""Shared fixtures: a temporary Trackio directory for the whole run, both async backends."""
+"""Shared fixtures: a temporary Trackio directory for the whole run, both async backends; how
+pytest-xdist's workers share the tests out."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 # Trackio reads TRACKIO_DIR once, at import; it must point at a scratch directory before any
 # test module imports trackio or asynctrace. Child processes inherit it.
@@ -18,6 +20,45 @@ import pytest  # noqa: E402
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     shutil.rmtree(_TRACKIO_DIR, ignore_errors=True)
+
+
+# The modules whose tests run on the shared Ray cluster (`ray_cluster`): one xdist worker runs
+# them all, so a run starts one cluster. A test on the cluster elsewhere fails the collection.
+RAY_CLUSTER_MODULES = (
+    "tests/adapters/test_ray_hooks.py",
+    "tests/distributed/test_ray.py",
+    "tests/distributed/test_ray_composition.py",
+    "tests/distributed/test_ray_local_selection.py",
+)
+
+
+def _work_unit(nodeid: str) -> str:
+    """What one xdist worker runs whole: the test's module, or every module on the Ray cluster."""
+    module = nodeid.split("::", 1)[0]
+    return "ray-cluster" if module in RAY_CLUSTER_MODULES else module
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test on the Ray cluster in a module RAY_CLUSTER_MODULES leaves out fails the run."""
+    stray = sorted({i.nodeid.split("::", 1)[0] for i in items if "ray_cluster" in i.fixturenames})
+    stray = [module for module in stray if module not in RAY_CLUSTER_MODULES]
+    if stray:
+        raise pytest.UsageError(f"tests on the Ray cluster outside RAY_CLUSTER_MODULES: {stray}")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Each xdist worker runs whole modules (a module-scoped fixture, such as the examples' run,
+    is built once, not once per worker) and the Ray cluster's modules together. xdist's own
+    `--dist loadgroup` would carry `xdist_group` marks, but it ignores them under pytest 9.2's
+    node ids (pytest-xdist issue 1386); the scope comes from the node id instead."""
+    from xdist.scheduler import LoadFileScheduling
+
+    class ByModule(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _work_unit(nodeid)
+
+    return ByModule(config, log)
 
 
 @pytest.fixture(params=["asyncio", "trio"])

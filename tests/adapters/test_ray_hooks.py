@@ -80,8 +80,9 @@ def _steps(project: str, run: str = "grpo-tool") -> list[int]:
 def ended(tmp_path_factory: pytest.TempPathFactory, ray_cluster: None) -> Ended:
     """Two actors run OpenRLHF's trainer and slime's rollout manager through their hooks, with
     the sessions those hooks open; then one is ended gracefully, its handle dropped (as
-    `train_ppo_ray` drops the trainer's when `train` returns), and the other killed. Its
-    sessions were opened, as the pages say, with a spool each."""
+    `train_ppo_ray` drops the trainer's when `train` returns), and the other killed. Their
+    sessions were opened as the pages say: the killed one's with a spool each, the graceful
+    one's with a finish deadline a loaded machine meets."""
     root = tmp_path_factory.mktemp("ray-hooks")
     checkpoint = root / "checkpoint"
     PreTrainedTokenizerFast(tokenizer_object=toy_tokenizer(), pad_token="<pad>").save_pretrained(checkpoint)
@@ -92,7 +93,11 @@ def ended(tmp_path_factory: pytest.TempPathFactory, ray_cluster: None) -> Ended:
 
     def host(names: dict[str, str], spooled: bool) -> dict[str, dict[str, Any]]:
         def session(name: str) -> dict[str, Any]:
-            return {"spool_dir": str(spools[name]), "durability": "enqueue"} if spooled else {}
+            if spooled:
+                return {"spool_dir": str(spools[name]), "durability": "enqueue"}
+            # The exit hook's finish gets the time a loaded machine needs to start Trackio's
+            # writer process (the default 10 s deadline passed there with nothing written).
+            return {"finish_timeout": 60.0}
 
         return {
             "openrlhf": {"project": names["openrlhf"], "script": OPENRLHF, "session": session("openrlhf")},
@@ -118,8 +123,8 @@ def _replay(project: str, spool: Path) -> at.SessionStats:
 
 @pytest.mark.timeout(420)
 def test_openrlhf_trainer_actor_writes_every_record_when_its_work_ends(ended: Ended) -> None:
-    """OpenRLHF's trainer actor ran two steps through the page's lines: the session the hook
-    opened has written both once the actor's work ended (its exit hook closed the held last
+    """OpenRLHF's trainer actor ran two steps through the page's lines: the actor's session
+    has written both once the actor's work ended (its exit hook closed the held last
     step); killed instead, with a spool, the next session on the spool writes the rest, each
     record once."""
     assert _steps(ended.projects["openrlhf"]) == [1] * ROWS + [2] * ROWS
@@ -132,7 +137,7 @@ def test_openrlhf_trainer_actor_writes_every_record_when_its_work_ends(ended: En
 @pytest.mark.timeout(420)
 def test_slime_rollout_manager_actor_writes_every_record_when_its_work_ends(ended: Ended) -> None:
     """slime's RolloutManager actor logged two rollouts through slime's `log_rollout_data` and the
-    page's plugin: the session it opened has written both once the actor's work ended; killed
+    page's plugin: the actor's session has written both once the actor's work ended; killed
     instead, with a spool, the next session on the spool writes the rest, each record once."""
     rows = 9  # three prompts, three samples each (tests/adapters/_slime_setup.py)
     assert _steps(ended.projects["slime"]) == [0] * rows + [1] * rows

@@ -256,7 +256,8 @@ def test_token_fields_round_trip_through_the_parquet_archive(tokenizer: Any, tmp
     over its real tokens, and the Parquet archive gives them back bit for bit."""
     batch, _, _ = _train_batch(tokenizer)
     fields = ("token_ids", "loss_mask", "logprobs", "advantages")
-    sink = at.ParquetSink(tmp_path)
+    # In-process writer: the files are what is read here; tests/sinks/ test the writer process.
+    sink = at.ParquetSink(tmp_path, process=False)
     with at.TraceSession("verl", run="r", sinks=[sink], max_traces_per_step=None) as session:
         trainer = _trainer(tokenizer, step=1, session=session)
         assert verl_adapter.log_batch(trainer, batch, token_fields=fields) == len(batch)

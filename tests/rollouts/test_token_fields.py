@@ -88,7 +88,8 @@ async def test_token_arrays_round_trip_exactly_through_the_parquet_archive(
     """log_rollouts with token fields: the archive's list columns hold exactly each row's values."""
     batch = _batch(tokenizer)
     memory = at.testing.MemorySink("memory")
-    sink = at.ParquetSink(tmp_path)
+    # In-process writer: the files are what is read here; tests/sinks/ test the writer process.
+    sink = at.ParquetSink(tmp_path, process=False)
     async with at.TraceSession("p", run="r", sinks=[sink, memory]) as s:
         fields = batch.pop("token_fields")
         n = await s.log_rollouts(

@@ -105,7 +105,8 @@ def write(root: Path) -> tuple[Path, Path]:
     parquet, jsonl = root / "agentic", root / "agentic-jsonl" / "run.jsonl"
 
     async def main() -> None:
-        sinks = [at.ParquetSink(parquet), at.JsonlSink(jsonl)]
+        # In-process writer: the files are what is read here; tests/sinks/ test the writer process.
+        sinks = [at.ParquetSink(parquet, process=False), at.JsonlSink(jsonl)]
         async with at.TraceSession("view-agentic", run="r", sinks=sinks, health_metrics=False) as session:
             for step in range(STEPS):
                 await session.log_samples(samples(step, "train"), step=step)

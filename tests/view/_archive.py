@@ -82,7 +82,8 @@ def write(root: Path) -> tuple[Path, Path]:
     parquet, jsonl = root / "archive", root / "jsonl" / "run.jsonl"
 
     async def main(steps: range) -> None:
-        sinks = [at.ParquetSink(parquet), at.JsonlSink(jsonl)]
+        # In-process writer: the files are what is read here; tests/sinks/ test the writer process.
+        sinks = [at.ParquetSink(parquet, process=False), at.JsonlSink(jsonl)]
         async with at.TraceSession("view-test", run="r", sinks=sinks, health_metrics=False) as session:
             for step in steps:
                 await session.log_samples(samples(step, "train"), step=step)

@@ -116,8 +116,9 @@ def write(root: Path) -> Path:
     directory = root / payload("dir", slash=False)
 
     async def main() -> None:
+        # In-process writer: the files are what is read here; tests/sinks/ test the writer process.
         async with at.TraceSession(
-            "view-hostile", run="r", sinks=[at.ParquetSink(directory)], health_metrics=False
+            "view-hostile", run="r", sinks=[at.ParquetSink(directory, process=False)], health_metrics=False
         ) as session:
             for step in range(3):
                 await session.log_samples(_samples(step), step=step, split=SPLIT)

@@ -34,8 +34,9 @@ def large(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("large") / "archive"
 
     async def main() -> None:
+        # In-process writer: the files are what is read here; tests/sinks/ test the writer process.
         async with at.TraceSession(
-            "view-large", run="r", sinks=[at.ParquetSink(directory)], health_metrics=False
+            "view-large", run="r", sinks=[at.ParquetSink(directory, process=False)], health_metrics=False
         ) as s:
             for step in range(40):
                 batch = [

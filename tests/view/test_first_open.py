@@ -55,8 +55,9 @@ def _write_with_lengths(directory: Path) -> None:
     """Records whose metadata give their length, one in four with token fields."""
 
     async def main() -> None:
+        # In-process writer: the files are what is read here; tests/sinks/ test the writer process.
         async with at.TraceSession(
-            "first-open", run="r", sinks=[at.ParquetSink(directory)], health_metrics=False
+            "first-open", run="r", sinks=[at.ParquetSink(directory, process=False)], health_metrics=False
         ) as session:
             for step in range(3):
                 batch = [

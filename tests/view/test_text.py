@@ -42,8 +42,9 @@ def _write(directory: Path, seed: int, steps: range) -> None:
     rng = random.Random(seed)
 
     async def main() -> None:
+        # In-process writer: the files are what is read here; tests/sinks/ test the writer process.
         async with at.TraceSession(
-            "text", run="r", sinks=[at.ParquetSink(directory)], health_metrics=False
+            "text", run="r", sinks=[at.ParquetSink(directory, process=False)], health_metrics=False
         ) as session:
             for step in steps:
                 batch = [

@@ -142,7 +142,8 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     samples = _samples(toy_tokenizer())
 
     async def main() -> None:
-        sinks = [at.ParquetSink(parquet), at.JsonlSink(jsonl)]
+        # In-process writer: the files are what is read here; tests/sinks/ test the writer process.
+        sinks = [at.ParquetSink(parquet, process=False), at.JsonlSink(jsonl)]
         async with at.TraceSession("tokens", run="r", sinks=sinks, health_metrics=False) as session:
             await session.log_samples(samples, step=3)
 
