@@ -56,6 +56,18 @@ _WORDS = (  # noqa: SIM905 - a readable word list
 ).split()
 
 
+def make_sampler(name: str) -> Any:
+    """The `sampler=` argument bench_capped.py and call_path.py give a sampler's name:
+    "group" is the group sampler with `group_size=8`, "group_unsized" without it."""
+    import asynctrace as at
+
+    if name == "group":
+        return at.GroupSampler("top_bottom", stat="mean", group_size=8)
+    if name == "group_unsized":
+        return at.GroupSampler("top_bottom", stat="mean")
+    return name
+
+
 def cleanup_trackio_dir_at_exit() -> None:
     """Remove this run's temporary TRACKIO_DIR when the interpreter exits."""
     path = os.environ.get("TRACKIO_DIR")

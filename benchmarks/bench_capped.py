@@ -56,16 +56,6 @@ REFERENCES = ("floor", "least top_bottom", "no cap")  # not held to the goal
 GOALS = {"first": 2.5, "top_bottom": 2.5, "reservoir": 2.5, "group": 3.5}
 
 
-def make_sampler(name: str) -> Any:
-    import asynctrace as at
-
-    if name == "group":
-        return at.GroupSampler("top_bottom", stat="mean", group_size=8)
-    if name == "group_unsized":
-        return at.GroupSampler("top_bottom", stat="mean")
-    return name
-
-
 async def floor_round(samples: list[Any], *, per_step: int, cap: int, gap: float) -> float:
     """Seconds spent reading each sample's reward and keeping the `cap` best so far."""
     spent = 0.0
@@ -140,7 +130,7 @@ async def session_round(
     spent = 0.0
     kwargs: dict[str, Any] = {}
     if sampler is not None:
-        kwargs = {"max_traces_per_step": cap, "sampler": make_sampler(sampler)}
+        kwargs = {"max_traces_per_step": cap, "sampler": common.make_sampler(sampler)}
     async with at.TraceSession(project, finish_timeout=300.0, **kwargs) as session:
         await session.flush()  # the writer process is up before timing starts
         for c in range(0, len(samples), BATCH):

@@ -30,16 +30,6 @@ PER_STEP = 1024
 BEFORE = 512  # samples of the step logged before the traced call
 
 
-def make_sampler(name: str) -> Any:
-    import asynctrace as at
-
-    if name == "group":
-        return at.GroupSampler("top_bottom", stat="mean", group_size=8)
-    if name == "group_unsized":
-        return at.GroupSampler("top_bottom", stat="mean")
-    return name
-
-
 def build() -> list[Any]:
     bodies = common.sample_bodies(PER_STEP, common.SIZES["2.5KB"])
     rewards = [i / PER_STEP for i in range(PER_STEP)]
@@ -56,7 +46,7 @@ async def trace_one(sampler: str | None, samples: list[Any]) -> list[str]:
 
     kwargs: dict[str, Any] = {}
     if sampler is not None:
-        kwargs = {"max_traces_per_step": 16, "sampler": make_sampler(sampler)}
+        kwargs = {"max_traces_per_step": 16, "sampler": common.make_sampler(sampler)}
     seen: list[str] = []
     root = str(Path(at.__file__).parent.parent)
 
