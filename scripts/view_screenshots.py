@@ -107,9 +107,12 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="asynctrace-view-") as tmp:
         archive = write_archive(Path(tmp))
-        cmd = [sys.executable, "-m", "asynctrace", "view", str(archive), "--port", "0", "--no-cache"]
+        # Served by its path relative to the temporary directory, so the header the pages show
+        # names the run, not this machine's temporary path.
+        relative = str(archive.relative_to(tmp))
+        cmd = [sys.executable, "-m", "asynctrace", "view", relative, "--port", "0", "--no-cache"]
         cmd += ["--watch", WATCHED]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=tmp)
         try:
             assert proc.stdout is not None
             line = proc.stdout.readline()
