@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import asynctrace as at
+
+
+class LazyModule:
+    """A module imported at the first read of one of its public attributes.
+
+    A framework's import takes seconds and every xdist worker collects every test module:
+    through this, it runs only in the worker that runs a test using it. Private names are not
+    looked up: pytest's collection reads `_mock_name`, `__wrapped__` and the like on every
+    module-level object, which would import the module at collection (importlib's LazyLoader
+    imports on any attribute)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("_"):
+            raise AttributeError(attribute)
+        return getattr(importlib.import_module(self._name), attribute)
 
 
 def read_traces(project: str, run: str) -> list[dict[str, Any]]:

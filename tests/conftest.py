@@ -32,6 +32,23 @@ RAY_CLUSTER_MODULES = (
 )
 
 
+# The work units that take longest (seconds summed on 2 loaded cores), handed out first: xdist
+# orders units by their number of tests, which left a unit of a few slow tests (test_kill: 2
+# tests, about 40 s) to start last while the other worker had nothing left to run.
+LONGEST_FIRST = (
+    "ray-cluster",
+    "tests/test_examples.py",
+    "tests/faults/test_kill.py",
+    "tests/adapters/test_trl.py",
+    "tests/sinks/test_parquet.py",
+    "tests/sinks/test_wandb.py",
+    "tests/test_lifecycle.py",
+    "tests/faults/test_signals.py",
+    "tests/sinks/test_wandb_persisted.py",
+    "tests/distributed/test_torch_distributed.py",
+)
+
+
 def _work_unit(nodeid: str) -> str:
     """What one xdist worker runs whole: the test's module, or every module on the Ray cluster."""
     module = nodeid.split("::", 1)[0]
@@ -49,7 +66,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Each xdist worker runs whole modules (a module-scoped fixture, such as the examples' run,
-    is built once, not once per worker) and the Ray cluster's modules together. xdist's own
+    is built once, not once per worker) and the Ray cluster's modules together, the longest
+    first. xdist's own
     `--dist loadgroup` would carry `xdist_group` marks, but it ignores them under pytest 9.2's
     node ids (pytest-xdist issue 1386); the scope comes from the node id instead."""
     from xdist.scheduler import LoadFileScheduling
@@ -57,6 +75,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     class ByModule(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return _work_unit(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            # The longest unit still waiting goes next (LONGEST_FIRST), then xdist's own order.
+            waiting = [unit for unit in LONGEST_FIRST if unit in self.workqueue]
+            if waiting:
+                self.workqueue.move_to_end(waiting[0], last=False)
+            super()._assign_work_unit(node)
 
     return ByModule(config, log)
 

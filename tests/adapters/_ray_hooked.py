@@ -14,8 +14,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from transformers import PreTrainedTokenizerFast
-
 from asynctrace.adapters import openrlhf_adapter, slime_adapter
 from asynctrace.rollouts import toy_tokenizer
 
@@ -25,6 +23,8 @@ class OpenRLHFTrainer:
     `train_step` with docs/frameworks/openrlhf.md's lines in it, one scripted rollout per step."""
 
     def __init__(self, project: str, script: dict[str, Any], session_options: dict[str, Any]) -> None:
+        from transformers import PreTrainedTokenizerFast
+
         from tests.adapters import _openrlhf_setup as setup
 
         self.setup = setup
@@ -56,6 +56,8 @@ class SlimeRolloutManager:
     slime's `log_rollout_data`, which calls the plugin docs/frameworks/slime.md's flag names."""
 
     def __init__(self, checkpoint: str, project: str, session_options: dict[str, Any]) -> None:
+        from transformers import PreTrainedTokenizerFast
+
         from tests.adapters import _slime_setup as setup
 
         self.setup = setup

@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
-from datasets import Dataset
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-from trl import GRPOConfig, GRPOTrainer
 
 from asynctrace.rollouts import toy_tokenizer
+
+# transformers' models and TRL's trainer take seconds to import: each function imports what it
+# builds, so collecting the TRL tests does not pay for them.
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
+    from trl import GRPOTrainer
 
 WEIGHTS = (0.5, 2.0)
 """reward_weights for (length, keyword): exact in float32, so the weighted sums compare exactly."""
@@ -31,6 +35,8 @@ CHAT_TEMPLATE = (
 
 def hf_tokenizer() -> PreTrainedTokenizerFast:
     """The in-process tokenizer as transformers and TRL use it."""
+    from transformers import PreTrainedTokenizerFast
+
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=toy_tokenizer(), pad_token="<pad>", eos_token="<|im_end|>"
     )
@@ -40,6 +46,8 @@ def hf_tokenizer() -> PreTrainedTokenizerFast:
 
 def tiny_model(vocab_size: int) -> Qwen2ForCausalLM:
     """A randomly initialised Qwen2 with one layer of width 16."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
     torch.manual_seed(0)
     config = Qwen2Config(
         vocab_size=vocab_size,
@@ -58,6 +66,8 @@ def tiny_model(vocab_size: int) -> Qwen2ForCausalLM:
 
 def conversations(n: int, what: str) -> Dataset:
     """`n` conversational prompts."""
+    from datasets import Dataset
+
     return Dataset.from_list([{"prompt": [{"role": "user", "content": f"{what} {i}?"}]} for i in range(n)])
 
 
@@ -114,6 +124,8 @@ class Recorder:
 
 def build_trainer(output_dir: str, project: str, run: str, recorder: Recorder) -> GRPOTrainer:
     """GRPO with num_iterations=2, logging_steps=2 and an eval pass every 2 steps, for 4 steps."""
+    from trl import GRPOConfig, GRPOTrainer
+
     tokenizer = hf_tokenizer()
     args = GRPOConfig(
         output_dir=output_dir,

@@ -4,6 +4,7 @@ JSONL file and compared with what OpenRLHF computed (tests/adapters/_openrlhf_se
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import subprocess
@@ -14,13 +15,12 @@ from typing import Any
 import orjson
 import pytest
 import torch
-from transformers import PreTrainedTokenizerFast
 
 import asynctrace as at
 from asynctrace._records.tokens import decode_token_fields
 from asynctrace.adapters import openrlhf_adapter
 from asynctrace.rollouts import toy_tokenizer
-from tests.adapters import _openrlhf_setup as setup
+from tests._util import LazyModule
 from tests.adapters.conftest import moved
 
 # The tests that run docs/frameworks/openrlhf.md's lines as written, in the framework's own code
@@ -45,12 +45,16 @@ SCRIPT = [
     [["97<|im_end|>"], ["91 is prime.<|im_end|>"], [CALL, "Hm, 391 is not prime.<|im_end|>"]],
     [["tac<|im_end|>"], ["act<|im_end|>"], ["It is tac, of course: t-a-c reversed from c-a-t.<|im_end|>"]],
 ]
+# OpenRLHF's import (with peft, datasets and torch's compiler: seconds) runs with the first test.
+setup = LazyModule("tests.adapters._openrlhf_setup")
 GEN = {"max_len": 256, "temperature": 1.0, "n_samples_per_prompt": N}
 
 
 @pytest.fixture(scope="module")
 def hf_tokenizer() -> Any:
     """The in-process tokenizer under transformers' API, which OpenRLHF's agents and trainer call."""
+    from transformers import PreTrainedTokenizerFast
+
     return PreTrainedTokenizerFast(tokenizer_object=toy_tokenizer(), pad_token="<pad>")
 
 
@@ -71,7 +75,10 @@ def _expected(p: int, k: int) -> dict[str, Any]:
     return {"messages": messages, "reward": _reward(p, k), "advantage": advantage, "turns": len(turns)}
 
 
-HOOKED = setup.page_hooked()
+@functools.cache
+def _hooked() -> dict[str, Any]:
+    """OpenRLHF's functions with the documented lines in them (`setup.page_hooked`), made once."""
+    return setup.page_hooked()
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
@@ -90,7 +97,7 @@ def _run_step(
     with at.TraceSession("openrlhf", sinks=[sink], max_traces_per_step=None) as session:
         trainer.asynctrace_session = session
         rollout_samples, _, _, _ = trainer.samples_generator.generate_samples(**GEN)
-        status, next_step = HOOKED["BasePPOTrainer.train_step"](trainer, rollout_samples, global_step)
+        status, next_step = _hooked()["BasePPOTrainer.train_step"](trainer, rollout_samples, global_step)
     assert next_step == global_step + 1 and status["policy_loss"] == 0.25
     return trainer, _read(tmp_path / "traces.jsonl")
 
@@ -205,7 +212,7 @@ def test_evaluate_logs_its_samples_as_eval(hf_tokenizer: Any, tmp_path: Path) ->
     sink = at.testing.MemorySink()
     with at.TraceSession("openrlhf", sinks=[sink], max_traces_per_step=None) as session:
         trainer.asynctrace_session = session
-        logs = HOOKED["PPOTrainer.evaluate"](trainer, 7, **{**GEN, "n_samples_per_prompt": 2})
+        logs = _hooked()["PPOTrainer.evaluate"](trainer, 7, **{**GEN, "n_samples_per_prompt": 2})
     assert logs["eval_data_pass1"] == pytest.approx(sum(_reward(p, 0) + _reward(p, 1) for p in range(3)) / 6)
     records = sink.records
     assert {(r.split, r.step) for r in records} == {("eval", 7)}

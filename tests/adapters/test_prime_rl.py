@@ -12,6 +12,7 @@ is emulated as `main_loop` and `finalize_train_batch` call it (orchestrator.py, 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import logging
 import re
@@ -20,14 +21,17 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-import verifiers.v1 as vf
 
 import asynctrace as at
 from asynctrace.adapters import prime_rl_adapter
 from asynctrace.adapters._sessions import session_for
-from tests._util import read_traces
-from tests.adapters._upstream import prime_rl_source as prime
+from tests._util import LazyModule, read_traces
 from tests.adapters.conftest import moved
+
+# verifiers' import takes seconds: it runs in the first test that uses it, not at collection.
+vf = LazyModule("verifiers.v1")
+PRIME = "tests.adapters._upstream.prime_rl_source"
+prime = LazyModule(PRIME)
 
 # The tests that run docs/frameworks/prime_rl.md's lines as written, in the framework's own code
 # (tests/test_doc_snippets.py checks they are here).
@@ -121,7 +125,7 @@ def monitors(tmp_path: Path) -> Any:
     file_monitor = prime.FileMonitor(SimpleNamespace(path="metrics.jsonl"))
     asyncio.run(file_monitor.init(output_dir=tmp_path))
     prime.MONITORS.append(file_monitor)
-    yield prime
+    yield importlib.import_module(PRIME)  # the module itself: tests patch its attributes
     file_monitor.file.close()
     prime.MONITORS.clear()
 

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from transformers import PreTrainedTokenizerFast
 
 import asynctrace as at
 from asynctrace.rollouts import toy_tokenizer
@@ -83,6 +82,8 @@ def ended(tmp_path_factory: pytest.TempPathFactory, ray_cluster: None) -> Ended:
     `train_ppo_ray` drops the trainer's when `train` returns), and the other killed. Their
     sessions were opened as the pages say: the killed one's with a spool each, the graceful
     one's with a finish deadline a loaded machine meets."""
+    from transformers import PreTrainedTokenizerFast
+
     root = tmp_path_factory.mktemp("ray-hooks")
     checkpoint = root / "checkpoint"
     PreTrainedTokenizerFast(tokenizer_object=toy_tokenizer(), pad_token="<pad>").save_pretrained(checkpoint)

@@ -17,7 +17,6 @@ from typing import Any
 import orjson
 import pytest
 import torch
-from transformers import PreTrainedTokenizerFast
 
 import asynctrace as at
 from asynctrace.adapters import slime_adapter
@@ -43,6 +42,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A `--hf-checkpoint` directory holding the in-process tokenizer (nothing is downloaded)."""
+    from transformers import PreTrainedTokenizerFast
+
     path = tmp_path_factory.mktemp("checkpoint")
     PreTrainedTokenizerFast(tokenizer_object=toy_tokenizer(), pad_token="<pad>").save_pretrained(path)
     return path
@@ -50,6 +51,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def hf_tokenizer(checkpoint: Path) -> Any:
+    from transformers import PreTrainedTokenizerFast
+
     return PreTrainedTokenizerFast.from_pretrained(checkpoint)
 
 

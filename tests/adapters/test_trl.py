@@ -19,12 +19,10 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trl
-from transformers import TrainerCallback
-from trl import GRPOConfig, GRPOTrainer
 
 import asynctrace as at
 from asynctrace.adapters import trl_adapter
@@ -41,6 +39,11 @@ from tests.adapters._trl_setup import (
     tiny_model,
 )
 from tests.adapters.conftest import moved
+
+# `import trl` is light; its trainer (transformers' models, accelerate, datasets: seconds) is
+# imported where a test builds or patches one, not when the module is collected.
+if TYPE_CHECKING:
+    from trl import GRPOTrainer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -217,6 +220,8 @@ def test_a_moved_hook_point_is_named_and_the_trainer_left_as_it_is(
     """A GRPOTrainer whose TRL renamed the method attach wraps, or laid out `_logs` without a
     column it reads: attach says so once, naming TRL 1.16.0 and what is missing, opens no
     session and leaves the trainer untouched; nothing raises."""
+    from trl import GRPOTrainer
+
     trainer = build_trainer(str(tmp_path), project, "r", Recorder())
     callbacks = list(trainer.callback_handler.callbacks)
     method = GRPOTrainer._generate_and_score_completions
@@ -293,6 +298,8 @@ def test_rows_follow_trl_on_two_processes(tmp_path: Path) -> None:
 
 def _reporting_to_trackio(tmp_path: Path, project: str, run: str) -> GRPOTrainer:
     """One step of GRPO with `report_to="trackio"`: TRL opens its own Trackio run too."""
+    from trl import GRPOConfig, GRPOTrainer
+
     tokenizer = hf_tokenizer()
     args = GRPOConfig(
         output_dir=str(tmp_path),
@@ -318,18 +325,19 @@ def _reporting_to_trackio(tmp_path: Path, project: str, run: str) -> GRPOTrainer
     )
 
 
-class _TracesFirst(TrainerCallback):  # type: ignore[misc]
-    """Writes a trace as training begins, before TRL has logged anything: the order in which
-    Trackio made two runs of one name, one for TRL's metrics and one for the traces."""
+def _traces_first(tracer: trl_adapter.GRPOTracer) -> Any:
+    """A callback that writes a trace as training begins, before TRL has logged anything: the
+    order in which Trackio made two runs of one name, one for TRL's metrics and one for the traces."""
+    from transformers import TrainerCallback
 
-    def __init__(self, tracer: trl_adapter.GRPOTracer) -> None:
-        self.tracer = tracer
+    class TracesFirst(TrainerCallback):  # type: ignore[misc]
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            session = tracer.session
+            assert isinstance(session, at.SyncTraceSession)
+            session.log_samples([at.Sample(messages=[{"role": "user", "content": "first"}])], step=0)
+            assert session.flush(timeout=60)
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        session = self.tracer.session
-        assert isinstance(session, at.SyncTraceSession)
-        session.log_samples([at.Sample(messages=[{"role": "user", "content": "first"}])], step=0)
-        assert session.flush(timeout=60)
+    return TracesFirst()
 
 
 @pytest.mark.timeout(300)  # about 20 s on 2 idle cores
@@ -347,7 +355,7 @@ def test_trl_reporting_to_trackio_shares_one_run_every_time(
         trainer = _reporting_to_trackio(tmp_path / str(k), project, "shared")
         tracer = attach(trainer)
         if k % 2:
-            trainer.add_callback(_TracesFirst(tracer))
+            trainer.add_callback(_traces_first(tracer))
         trainer.train()
         assert tracer.session is not None
         written = tracer.session.stats().written
@@ -371,6 +379,8 @@ def test_importing_the_adapter_needs_no_transformers_and_keeps_trl() -> None:
         "assert 'trl' not in dir() and trl_adapter.__name__ == 'asynctrace.adapters.trl_adapter'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
+    from trl import GRPOTrainer
+
     assert trl.GRPOTrainer is GRPOTrainer
 
 
@@ -432,6 +442,8 @@ def test_converter_refuses_columns_that_disagree() -> None:
 def doc_snippet(request: pytest.FixtureRequest) -> Iterator[tuple[dict[str, Any], Callable[..., None]]]:
     """What docs/frameworks/trl.md's lines find in a training script: the model (saved with its
     tokenizer, as a hub model would be named), reward functions, GRPOConfig and dataset."""
+    from trl import GRPOConfig, GRPOTrainer
+
     tmp_path = request.getfixturevalue("tmp_path")
     tokenizer = hf_tokenizer()
     model_dir = tmp_path / "model"

@@ -15,28 +15,31 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
 import pytest
 import torch
-from verl import DataProto
-from verl.trainer.ppo.core_algos import AdvantageEstimator, FixedKLController
-from verl.trainer.ppo.ray_trainer import (
-    RayPPOTrainer,
-    apply_kl_penalty,
-    compute_advantage,
-    compute_response_mask,
-)
-from verl.trainer.ppo.reward import extract_reward
 
 import asynctrace as at
 from asynctrace.adapters import verl_adapter
 from asynctrace.rollouts import toy_tokenizer
 from asynctrace.rollouts._toy import encode_turns
+from tests._util import LazyModule
 from tests.adapters.conftest import moved
 from tests.rollouts._helpers import check_text_ends, pad
+
+if TYPE_CHECKING:
+    from verl import DataProto
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+# verl's import takes seconds: it runs in the first test that uses it, not in
+# every worker's collection.
+verl = LazyModule("verl")
+core_algos = LazyModule("verl.trainer.ppo.core_algos")
+ray_trainer = LazyModule("verl.trainer.ppo.ray_trainer")
+reward = LazyModule("verl.trainer.ppo.reward")
 
 Turn = tuple[str, str]
 
@@ -132,12 +135,12 @@ def _gen_output(tokenizer: Any, *, validate: bool = False) -> tuple[DataProto, l
         "max_global_steps": versions_max,
         "request_id": np.array([e["request_id"] for e in expected], dtype=object),
     }
-    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors), expected
+    return verl.DataProto.from_dict(tensors=tensors, non_tensors=non_tensors), expected
 
 
 def _prompt_batch(uids: Sequence[str]) -> DataProto:
     """The dataloader's batch with the uids `fit` gives each prompt before repeating it."""
-    return DataProto.from_single_dict(
+    return verl.DataProto.from_single_dict(
         {
             "index": torch.arange(len(uids)),
             "data_source": np.array(["openai/gsm8k", "greetings", "primes"], dtype=object),
@@ -149,7 +152,7 @@ def _prompt_batch(uids: Sequence[str]) -> DataProto:
 def _balance(batch: DataProto) -> None:
     """verl's own `RayPPOTrainer._balance_batch`, on a trainer whose actor has 3 DP ranks."""
     trainer = SimpleNamespace(_get_dp_size=lambda worker_group, role: 3, actor_rollout_wg=None)
-    RayPPOTrainer._balance_batch(trainer, batch, metrics={})
+    ray_trainer.RayPPOTrainer._balance_batch(trainer, batch, metrics={})
 
 
 def _train_batch(tokenizer: Any, *, kl: float = 0.0) -> tuple[DataProto, list[dict[str, Any]], list[int]]:
@@ -160,20 +163,24 @@ def _train_batch(tokenizer: Any, *, kl: float = 0.0) -> tuple[DataProto, list[di
     batch = batch.union(gen)
     # TensorDict has no `in`: verl's own check, as fit spells it.
     if "response_mask" not in batch.batch.keys():  # noqa: SIM118
-        batch.batch["response_mask"] = compute_response_mask(batch)
+        batch.batch["response_mask"] = ray_trainer.compute_response_mask(batch)
     before = list(batch.non_tensor_batch["request_id"])
     _balance(batch)
     order = [before.index(r) for r in batch.non_tensor_batch["request_id"]]
-    reward_tensor, _ = extract_reward(batch)
+    reward_tensor, _ = reward.extract_reward(batch)
     batch.batch["token_level_scores"] = reward_tensor
     if kl:
         response = batch.batch["responses"]
         batch.batch["old_log_probs"] = -torch.full(response.shape, 0.5)
         batch.batch["ref_log_prob"] = -torch.full(response.shape, 0.25)
-        batch, _ = apply_kl_penalty(batch, kl_ctrl=FixedKLController(kl), kl_penalty="kl")
+        batch, _ = ray_trainer.apply_kl_penalty(
+            batch, kl_ctrl=core_algos.FixedKLController(kl), kl_penalty="kl"
+        )
     else:
         batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
-    batch = compute_advantage(batch, adv_estimator=AdvantageEstimator.GRPO, num_repeat=N)
+    batch = ray_trainer.compute_advantage(
+        batch, adv_estimator=core_algos.AdvantageEstimator.GRPO, num_repeat=N
+    )
     for e in expected:
         e["uid"] = uids[e["prompt"]]
     return batch, expected, order
@@ -229,7 +236,7 @@ def test_without_response_mask_the_response_is_one_turn(tokenizer: Any) -> None:
     batch, _, order = _train_batch(tokenizer)
     batch.pop(batch_keys=["response_mask"])
     samples = verl_adapter.to_samples(batch, tokenizer=tokenizer)
-    batch.batch["response_mask"] = compute_response_mask(batch)
+    batch.batch["response_mask"] = ray_trainer.compute_response_mask(batch)
     assert [s.messages for s in verl_adapter.to_samples(batch, tokenizer=tokenizer)] == [
         s.messages for s in samples
     ]
@@ -300,7 +307,7 @@ def test_token_fields_round_trip_through_the_parquet_archive(tokenizer: Any, tmp
 
 def _trainer(tokenizer: Any, step: int, session: Any = None) -> RayPPOTrainer:
     """A RayPPOTrainer with only what the hook reads (building one for real needs Ray workers)."""
-    trainer: RayPPOTrainer = object.__new__(RayPPOTrainer)
+    trainer: RayPPOTrainer = object.__new__(ray_trainer.RayPPOTrainer)
     trainer.tokenizer = tokenizer
     trainer.global_steps = step
     names = SimpleNamespace(project_name="verl_gsm8k", experiment_name="qwen2.5/grpo")
@@ -322,7 +329,7 @@ def test_hook_logs_training_and_validation_splits(tokenizer: Any) -> None:
         test_batch = _prompt_batch(["v-a", "v-b", "v-c"]).repeat(repeat_times=N, interleave=True)
         gen, expected = _gen_output(tokenizer, validate=True)
         test_batch = test_batch.union(gen)
-        reward_tensor, _ = extract_reward(test_batch)
+        reward_tensor, _ = reward.extract_reward(test_batch)
         logged = verl_adapter.log_batch(trainer, test_batch, split="eval", token_level_scores=reward_tensor)
         assert logged == len(test_batch)
     assert {r.split for r in sink.records} == {"train", "eval"}
@@ -397,7 +404,7 @@ def doc_snippet(request: pytest.FixtureRequest) -> Iterator[tuple[dict[str, Any]
         batch, _, _ = _train_batch(tokenizer)
         test_batch = _prompt_batch(["v-a", "v-b", "v-c"]).repeat(repeat_times=N, interleave=True)
         test_batch = test_batch.union(_gen_output(tokenizer, validate=True)[0])
-        reward_tensor, _ = extract_reward(test_batch)
+        reward_tensor, _ = reward.extract_reward(test_batch)
         names = {"self": trainer, "batch": batch, "test_batch": test_batch, "reward_tensor": reward_tensor}
 
         def check(namespace: dict[str, Any]) -> None:

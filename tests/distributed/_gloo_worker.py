@@ -198,6 +198,16 @@ def run_pair(rank: int, world_size: int, port: int, project: str, out_dir: str) 
     os._exit(0)  # the process group has a dead peer: skip its teardown
 
 
+def run_then_pair(
+    rank: int, world_size: int, ports: tuple[int, int], projects: tuple[str, str], out_dir: str
+) -> None:
+    """`run` on every rank, then `run_pair` on ranks 0 and 1 in a process group of their own:
+    one spawn for both, so the ranks' start-up (torch's import) is paid once."""
+    run(rank, world_size, ports[0], projects[0], out_dir)
+    if rank < 2:
+        run_pair(rank, 2, ports[1], projects[1], out_dir)
+
+
 def _write(out_dir: str, rank: int, result: dict[str, Any]) -> None:
     with open(os.path.join(out_dir, f"pair{rank}.json"), "w") as f:
         json.dump(result, f)

@@ -7,7 +7,7 @@ import socket
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,18 +38,38 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class Spawned:
+    """What the module's ranks saw: `run` on all WORLD of them, `run_pair` on two."""
+
+    project: str
+    ranks: list[dict[str, Any]]
+    pair: dict[int, dict[str, Any]]
+
+
 @pytest.fixture(scope="module")
-def ranks() -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    """Spawn the ranks once for the module (process start-up dominates) and collect what each saw."""
+def spawned() -> Spawned:
+    """Spawn the ranks once for the module (process start-up dominates): the WORLD ranks' run,
+    then two of them in a process group of their own for the fault scenarios of `run_pair`."""
     from torch.multiprocessing.spawn import spawn
 
-    project = f"dist-{uuid.uuid4().hex[:10]}"
+    projects = (f"dist-{uuid.uuid4().hex[:10]}", f"pair-{uuid.uuid4().hex[:10]}")
+    ports = (_free_port(), _free_port())
+    while ports[1] == ports[0]:
+        ports = (ports[0], _free_port())
     with tempfile.TemporaryDirectory() as out:
         spawn(  # type: ignore[no-untyped-call]
-            _gloo_worker.run, args=(WORLD, _free_port(), project, out), nprocs=WORLD, join=True
+            _gloo_worker.run_then_pair, args=(WORLD, ports, projects, out), nprocs=WORLD, join=True
         )
-        results = [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(WORLD)]
-    yield project, results
+        ranks = [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(WORLD)]
+        pair = {r: json.loads((Path(out) / f"pair{r}.json").read_text()) for r in range(2)}
+    return Spawned(projects[0], ranks, pair)
+
+
+@pytest.fixture(scope="module")
+def ranks(spawned: Spawned) -> tuple[str, list[dict[str, Any]]]:
+    """The project of the WORLD ranks' run, and what each rank saw."""
+    return spawned.project, spawned.ranks
 
 
 def _single_process_pick(tag: str, sampler: str, world: int = WORLD) -> dict[int, list[str]]:
@@ -184,16 +204,9 @@ def test_invalid_arguments_are_rejected(project: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def pair() -> Iterator[dict[int, dict[str, Any]]]:
-    """Two gloo ranks running the fault scenarios of `_gloo_worker.run_pair`, once for the module."""
-    from torch.multiprocessing.spawn import spawn
-
-    project = f"pair-{uuid.uuid4().hex[:10]}"
-    with tempfile.TemporaryDirectory() as out:
-        spawn(  # type: ignore[no-untyped-call]
-            _gloo_worker.run_pair, args=(2, _free_port(), project, out), nprocs=2, join=True
-        )
-        yield {r: json.loads((Path(out) / f"pair{r}.json").read_text()) for r in range(2)}
+def pair(spawned: Spawned) -> dict[int, dict[str, Any]]:
+    """What two gloo ranks saw in the fault scenarios of `_gloo_worker.run_pair`."""
+    return spawned.pair
 
 
 @pytest.mark.parametrize("sampler", PAIR_SAMPLERS)

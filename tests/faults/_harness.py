@@ -51,6 +51,15 @@ def wait_ready(proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
     raise AssertionError(f"trainer did not become ready (rc={proc.poll()}, last line {line!r})")
 
 
+def wait_acked(path: Path, timeout: float = 30.0) -> None:
+    """Block until the trainer acknowledged a first sample (polled every 10 ms): the test then
+    acts on a session holding traces, without a fixed sleep that a loaded machine could outrun."""
+    deadline = time.monotonic() + timeout
+    while not acked_uids(path):
+        assert time.monotonic() < deadline, f"no sample acknowledged in {timeout} s"
+        time.sleep(0.01)
+
+
 def kill_tree_leader(proc: subprocess.Popen[bytes]) -> list[psutil.Process]:
     """SIGKILL the trainer only (like the OOM killer would); returns its children, still running."""
     children = psutil.Process(proc.pid).children(recursive=True)

@@ -57,7 +57,7 @@ def test_sigterm_flushes_then_runs_the_previous_handler(tmp_path: Path) -> None:
         "--durability", "writer", "--spool", str(tmp_path / "spool"),
     )  # fmt: skip
     h.wait_ready(proc)
-    time.sleep(1.0)
+    h.wait_acked(acked)
     before = len(h.acked_uids(acked))
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
@@ -84,7 +84,7 @@ def test_sigterm_with_the_default_handler_finishes_the_session_then_dies(tmp_pat
         *(["--sync"] if form == "sync" else ["--backend", form]),
     )  # fmt: skip
     h.wait_ready(proc)
-    time.sleep(1.0)
+    h.wait_acked(acked)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGTERM, err.decode()[-2000:]

@@ -192,8 +192,10 @@ async def test_duckdb_reads_every_record_with_typed_columns(tmp_path: Path) -> N
 @ONE_BACKEND
 async def test_files_roll_over_by_records_and_by_bytes(tmp_path: Path) -> None:
     """A file ends at the first batch boundary past max_records or max_bytes; names never collide."""
+    # The sink decides where a file ends, not its converter: the in-process one saves four
+    # writer-process starts (test_files_are_the_same_with_the_writer_in_a_thread ties the two).
     by_count = tmp_path / "count"
-    sink = at.ParquetSink(by_count, max_records=10)
+    sink = at.ParquetSink(by_count, max_records=10, process=False)
     async with at.TraceSession("p", run="r", sinks=[sink], batch_size=5) as s:
         for step in range(5):
             await s.log_samples([sample(i, step=step) for i in range(5)], step=step)
@@ -205,7 +207,7 @@ async def test_files_roll_over_by_records_and_by_bytes(tmp_path: Path) -> None:
 
     by_bytes = tmp_path / "bytes"
     big = "x" * 1000
-    sink = at.ParquetSink(by_bytes, max_bytes=3000)
+    sink = at.ParquetSink(by_bytes, max_bytes=3000, process=False)
     async with at.TraceSession("p", run="r", sinks=[sink], batch_size=1) as s:
         for i in range(7):
             await s.log_samples([sample(i, note=big)], step=0)
@@ -214,7 +216,8 @@ async def test_files_roll_over_by_records_and_by_bytes(tmp_path: Path) -> None:
 
     # Two more sessions of the same run in the same directory: new names, nothing overwritten.
     for _ in range(2):
-        async with at.TraceSession("p", run="r", sinks=[at.ParquetSink(by_count, max_records=10)]) as s:
+        sink = at.ParquetSink(by_count, max_records=10, process=False)
+        async with at.TraceSession("p", run="r", sinks=[sink]) as s:
             await s.log_samples([sample(i) for i in range(3)], step=0)
     assert len(_files(by_count)) == 5
     assert pq.read_table(by_count).num_rows == 31
@@ -239,13 +242,14 @@ def _record(rid: str, *, replayed: bool = False) -> TraceRecord:
 @ONE_BACKEND
 async def test_replayed_records_already_archived_are_skipped(tmp_path: Path) -> None:
     """A record replayed from a spool is written only if no file (or the journal) holds its id yet."""
-    first = at.ParquetSink(tmp_path, max_records=4)
+    # The sink skips what its files hold: no writer process is needed to show it.
+    first = at.ParquetSink(tmp_path, max_records=4, process=False)
     first.bind("p", "r")
     await first.open()
     await first.write([_record(f"s1-{i}") for i in range(6)])
     await first.close()
 
-    again = at.ParquetSink(tmp_path, max_records=4)
+    again = at.ParquetSink(tmp_path, max_records=4, process=False)
     again.bind("p", "r")
     await again.open()
     await again.write([_record(f"s1-{i}", replayed=True) for i in range(3, 9)])
@@ -374,10 +378,11 @@ def test_bad_arguments_are_named() -> None:
 async def test_one_query_follows_a_watched_prompt_across_policy_versions(tmp_path: Path) -> None:
     """With a cap of 1 and a watch list, the watched prompt is archived at every step, and the
     DuckDB query docs/choosing.md gives returns it once per step with its policy version."""
+    # What the session keeps is checked here, not the converter: the in-process one does.
     async with at.TraceSession(
         "p",
         run="r",
-        sinks=[at.ParquetSink(tmp_path)],
+        sinks=[at.ParquetSink(tmp_path, process=False)],
         max_traces_per_step=1,
         watch=at.Watch(ids=["gsm8k-0042"], max_per_step=4),
         health_metrics=False,
