@@ -4,7 +4,8 @@ file, off the write path.
 A write ends at the journal (its commit point, what "written" means) and hands the maker what to
 do without waiting: the journal's bytes as they grow (`append`) and, once the file is full or the
 sink closes, its end (`finish`). The maker drives the converter (`_parquet_client`), renames the
-finished file to `<stem>-<n>.parquet`, syncs the directory and removes the journal. So a writer
+finished file to `<stem>-<n>.parquet`, syncs the directory, removes the journal and writes the
+file's sidecars for the viewer (`_parquet_sidecar`). So a writer
 process that is stopped, slow or killed never fails, delays or duplicates a write: the journal
 holds the batch once whatever the maker does later. A file whose conversion fails (its writer
 process killed, a directory refusing the temporary) is made again from its journal with a fresh
@@ -25,6 +26,7 @@ from typing import Any, NamedTuple
 from .._security import logger
 from ._parquet_client import Converter, new_converter
 from ._parquet_journal import CLOEXEC, DamagedJournal, Journal, fsync_dir
+from ._parquet_sidecar import write_sidecar
 
 __all__ = ["FileMaker"]
 
@@ -255,6 +257,9 @@ class FileMaker:
                         f"lines, its journal {f.count}"
                     )
                 self._name(f, made.rows, made.damaged)
+                if made.rows:
+                    # What `asynctrace view` would compute at its first open, once, here; never fails.
+                    write_sidecar(self.directory / f"{self.stem}-{f.journal.index:05d}.parquet")
                 return True
             except Exception as exc:
                 error = exc

@@ -15,9 +15,10 @@ import duckdb
 import numpy
 
 from .._records.tokens import TOKEN_FIELDS, token_bytes
-from ._browse import Browse, load_json
-from ._model import Completion
+from ._browse import Browse, frequent_sql, load_json, overview_sql
+from ._model import Completion, StepRow
 from ._search import find_text
+from ._sidecar import index_sidecars
 from ._summary import MAX_PROMPTS, Summary, path_for, read, write
 from ._text import BLOCK
 
@@ -115,6 +116,26 @@ class Archive(Browse):
         if not names or any(n is None for n in names):
             return None
         return read(path_for(self.cache, sorted(n.name for n in names if n is not None)))
+
+    def sidecar_summary(self) -> Summary | None:
+        """The overview's answers straight from the sinks' sidecars (`_sidecar`) when every file
+        of the archive has a valid one: the whole archive's figures before its index is read
+        (None otherwise). The watch list's counts wait for the index."""
+        if self.kind != "parquet":
+            return None
+        files = self._listing()
+        with self.cursor() as cursor:
+            sidecars = index_sidecars(cursor, files)
+            if not files or len(sidecars) != len(files):
+                return None
+            relation = "read_parquet($paths)"
+            params = {"paths": [sidecars[f] for f in files]}
+            try:
+                rows = cursor.execute(overview_sql(relation), params).fetchall()
+                frequent = cursor.execute(frequent_sql(relation), params).fetchall()
+            except duckdb.Error:
+                return None  # a sidecar damaged past its footer: the index says, once read
+        return Summary([StepRow(*r) for r in rows], frequent, None, {})
 
     def tokens(self, record_id: str) -> dict[str, Any] | None:
         """The record's token-level fields, each a 1-D numpy array of the dtype it is kept in (a

@@ -305,8 +305,15 @@ def find_page(
     query: dict[str, str],
     splits: Sequence[str],
     limit: int,
+    text_index: tuple[int, int] = (0, 0),
 ) -> str:
     form = _search_form(query, splits)
+    indexed, total = text_index
+    if indexed < total:
+        form += (
+            f'<p class="muted" data-k="text-index">The text index is being built ({indexed} of {total} '
+            "files so far): a search by text reads every message of the others, more slowly.</p>"
+        )
     if found is None:
         return layout("Find", form, archive=archive)
     rows = "".join(

@@ -54,6 +54,14 @@ class TextIndex(Store):
                     return
                 self._text_again = False
 
+    def text_progress(self) -> tuple[int, int]:
+        """(files with a text index, files a search reads) of a Parquet archive; (0, 0) otherwise."""
+        if self.kind != "parquet":
+            return 0, 0
+        with self._lock:
+            usable = [src for src, f in enumerate(self.files) if f not in self.skipped]
+            return len(self.text_indexed.intersection(usable)), len(usable)
+
     def index_text(self) -> None:
         """Index the words of every Parquet file that has none yet: read from the cache when kept
         there, else from the file (and kept). It runs through a cursor of its own, so pages are
