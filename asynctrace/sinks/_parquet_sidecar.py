@@ -5,8 +5,8 @@ Two small Parquet files in the hidden folder `SIDECAR_FOLDER` beside the archive
 after the file: ``<name>.index.parquet``, the typed values of each record (`INDEX_SCHEMA`: what
 the viewer's index holds, by row number), and ``<name>.words.parquet``, the words of each block
 of rows (`WORDS_SCHEMA`: the viewer's text index). Each carries, in its footer's key-value
-metadata under `SIDECAR_KEY`, the version and its file's size and row count, so that a reader
-can tell a sidecar of another file (or of another version) apart.
+metadata under `SIDECAR_KEY`, the version, its file's size and row count and the rows a block of
+words spans, so that a reader can tell a sidecar of another file (or of another version) apart.
 
 A sidecar is data only, and optional: the viewer checks it (`asynctrace.view._sidecar`) and falls
 back to reading the file where it is missing, damaged or of another file. Writing one never fails
@@ -210,7 +210,12 @@ def write_sidecar(file: Path) -> bool:
         if not names >= _NEEDED:
             return False
         table = pa.parquet.read_table(file, columns=sorted(_NEEDED | (names & set(_TOKEN_COLUMNS))))
-        note = {"version": SIDECAR_VERSION, "size": os.stat(file).st_size, "rows": table.num_rows}
+        note = {
+            "version": SIDECAR_VERSION,
+            "size": os.stat(file).st_size,
+            "rows": table.num_rows,
+            "block": BLOCK,
+        }
         try:
             index = _index_table(pa, table)
         except _Inexact:

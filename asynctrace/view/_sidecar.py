@@ -19,6 +19,7 @@ import duckdb
 import orjson
 
 from ..sinks._parquet_sidecar import SIDECAR_KEY, SIDECAR_VERSION, index_path, words_path
+from . import _text
 
 __all__ = ["INDEX_COLUMNS", "index_sidecars", "words_sidecar"]
 
@@ -56,7 +57,11 @@ def _folder(path: Path) -> bool:
 
 
 def _valid(
-    con: duckdb.DuckDBPyConnection, sidecar: Path, file: str, columns: tuple[tuple[str, str], ...]
+    con: duckdb.DuckDBPyConnection,
+    sidecar: Path,
+    file: str,
+    columns: tuple[tuple[str, str], ...],
+    block: int | None = None,
 ) -> bool:
     """Whether `sidecar` passes every check (see the module) for archive file `file`."""
     if not _regular(sidecar) or not _folder(sidecar.parent):
@@ -76,6 +81,8 @@ def _valid(
         note = orjson.loads(notes[0][0])
         if not isinstance(note, dict) or note.get("version") != SIDECAR_VERSION:
             return False
+        if block is not None and note.get("block") != block:
+            return False  # words of blocks of another size than a search reads
         data_rows = con.execute("SELECT num_rows FROM parquet_file_metadata(?)", [file]).fetchone()
         return (
             note.get("size") == os.stat(file).st_size
@@ -105,4 +112,4 @@ def index_sidecars(con: duckdb.DuckDBPyConnection, files: Sequence[str]) -> dict
 def words_sidecar(con: duckdb.DuckDBPyConnection, file: str) -> str | None:
     """The valid words sidecar of this archive file, if it has one."""
     sidecar = words_path(Path(file))
-    return str(sidecar) if _valid(con, sidecar, file, _WORDS_COLUMNS) else None
+    return str(sidecar) if _valid(con, sidecar, file, _WORDS_COLUMNS, _text.BLOCK) else None
