@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -111,6 +112,7 @@ class Loading:
         # text reads every message. Each step is skipped once the server stops.
         later_steps = (
             archive.complete_tokens,
+            functools.partial(archive.index_text, kept_only=True),  # seconds: before what is longer
             archive.index_ids,
             archive.keep,
             archive.keep_summary,

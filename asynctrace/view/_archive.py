@@ -66,6 +66,13 @@ class Archive(Browse):
     """An archive and every question the viewer asks of it: the browsing pages' (`Browse`), its
     opening (the overview kept between starts), the token page's and a search's."""
 
+    def __init__(
+        self, source: str | os.PathLike[str], *, cache: str | os.PathLike[str] | None = None
+    ) -> None:
+        super().__init__(source, cache=cache)
+        # The summary read before the index (`read_summary`, `sidecar_summary`), with its files.
+        self._known: tuple[list[str], Summary] | None = None
+
     def _rescan_seconds(self) -> float:
         return _RESCAN_SECONDS
 
@@ -78,6 +85,7 @@ class Archive(Browse):
         self.build(defer_tokens=not keep)
         if self.lengths_need_tokens():
             self.complete_tokens()
+        self._seed()
         self.overview()
         self.frequent_prompts()
         if keep:
@@ -85,6 +93,17 @@ class Archive(Browse):
             self.keep()
             self.keep_summary()
             self.index_text()
+
+    def _seed(self) -> None:
+        """Take the overview's answers from the summary read before the index (kept, or the
+        sidecars'), where the index holds exactly the files it was made of: at 10M records they
+        are seconds to answer again."""
+        known, self._known = self._known, None
+        with self._lock:
+            if known is None or known[0] != self.files or self.left_out or "overview" in self._cache:
+                return
+            self._cache["overview"] = list(known[1].overview)
+            self._cache["frequent"] = list(known[1].frequent)
 
     def keep_summary(self) -> None:
         """Keep the overview's answers in the cache for the next start of these same files (`_summary`)."""
@@ -112,10 +131,14 @@ class Archive(Browse):
         """The overview's answers kept for exactly the files the archive holds now, if any."""
         if self.cache is None or self.kind != "parquet":
             return None
-        names = [self._cached(f) for f in self._listing()]
+        files = self._listing()
+        names = [self._cached(f) for f in files]
         if not names or any(n is None for n in names):
             return None
-        return read(path_for(self.cache, sorted(n.name for n in names if n is not None)))
+        summary = read(path_for(self.cache, sorted(n.name for n in names if n is not None)))
+        if summary is not None:
+            self._known = (files, summary)
+        return summary
 
     def sidecar_summary(self) -> Summary | None:
         """The overview's answers straight from the sinks' sidecars (`_sidecar`) when every file
@@ -135,7 +158,9 @@ class Archive(Browse):
                 frequent = cursor.execute(frequent_sql(relation), params).fetchall()
             except duckdb.Error:
                 return None  # a sidecar damaged past its footer: the index says, once read
-        return Summary([StepRow(*r) for r in rows], frequent, None, {})
+        summary = Summary([StepRow(*r) for r in rows], frequent, None, {})
+        self._known = (files, summary)
+        return summary
 
     def tokens(self, record_id: str) -> dict[str, Any] | None:
         """The record's token-level fields, each a 1-D numpy array of the dtype it is kept in (a

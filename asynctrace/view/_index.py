@@ -345,6 +345,12 @@ class Index(TextIndex):
         """Write one file's index rows."""
         write_rows(con, f"SELECT * EXCLUDE (src) FROM idx WHERE src = {int(src)}", path)
 
+    def _words_kept(self, con: duckdb.DuckDBPyConnection, file: str) -> bool:
+        kept = self._cached(file)
+        if kept is not None and (kept.parent / _TEXT_FOLDER / kept.name).is_file():
+            return True
+        return words_sidecar(con, file) is not None
+
     def _index_words(self, con: duckdb.DuckDBPyConnection, src: int, file: str) -> None:
         """Put one file's words in table `words`, from the cache or from the file."""
         sidecar = words_sidecar(con, file)

@@ -206,3 +206,38 @@ def test_the_find_page_says_while_the_text_index_is_being_built() -> None:
     assert 'data-k="text-index"' in partial and "3 of 10 files" in partial
     whole = _pages.find_page(None, archive="a", query={}, splits=["train"], limit=100, text_index=(10, 10))
     assert 'data-k="text-index"' not in whole
+
+
+def test_a_first_open_takes_the_overview_from_the_sidecars_not_the_index_again(
+    archive: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The overview answered from the sidecars is the index's once it is built over the same
+    files: not asked of the index again."""
+    opened = Archive(archive[0])
+    summary = opened.sidecar_summary()
+    assert summary is not None
+
+    def no_query(relation: str) -> str:
+        raise AssertionError("the overview was asked of the index again")
+
+    monkeypatch.setattr("asynctrace.view._browse.overview_sql", no_query)
+    opened.load(keep=False)
+    assert opened.overview() == summary.overview
+    assert opened.frequent_prompts(50) == summary.frequent
+
+
+def test_words_that_need_no_message_read_are_indexed_first(
+    archive: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """`index_text(kept_only=True)` takes the sidecars' words, and leaves a file without them
+    for the full pass that reads its messages."""
+    with_sidecars = Archive(archive[0])
+    with_sidecars.build()
+    with_sidecars.index_text(kept_only=True)
+    assert with_sidecars.text_progress() == (2, 2)
+    bare = Archive(without_sidecars(archive[0], tmp_path / "bare"))
+    bare.build()
+    bare.index_text(kept_only=True)
+    assert bare.text_progress() == (0, 2)
+    bare.index_text()
+    assert bare.text_progress() == (2, 2)
