@@ -103,8 +103,8 @@ def _length(meta: dict[str, Any]) -> int | None:
     return None
 
 
-def _index_table(pa: Any, table: Any) -> Any:
-    """The index sidecar's rows of a file's `table`."""
+def _index_table(pa: Any, table: Any, first: int) -> Any:
+    """The index sidecar's rows of `table`, rows of a file from row number `first` on."""
     import pyarrow.compute as pc
 
     n = table.num_rows
@@ -135,7 +135,7 @@ def _index_table(pa: Any, table: Any) -> Any:
     length = pc.coalesce(pa.array(lengths, pa.int64()), counted)
     return pa.table(
         {
-            "rn": pa.array(range(n), pa.int64()),
+            "rn": pa.array(range(first, first + n), pa.int64()),
             "id": table.column("id"),
             "step": pc.cast(table.column("step"), pa.int64()),
             "split": table.column("split"),
@@ -167,8 +167,9 @@ def _list_sums(pa: Any, column: Any) -> Any:
     return pc.if_else(keep, sums, pa.scalar(None, pa.int64()))
 
 
-def _words_table(pa: Any, messages: Any) -> Any:
-    """The distinct (blk, w) pairs of a file's messages: the viewer's `_text.words_sql`."""
+def _words_table(pa: Any, messages: Any, first: int) -> Any:
+    """The distinct (blk, w) pairs of messages of a file from row number `first` on: the
+    viewer's `_text.words_sql`."""
     import pyarrow.compute as pc
 
     messages = messages.combine_chunks() if hasattr(messages, "combine_chunks") else messages
@@ -177,7 +178,7 @@ def _words_table(pa: Any, messages: Any) -> Any:
     pieces = pc.split_pattern(messages, " ")
     rows = pc.list_parent_indices(pieces)
     flat = pc.list_flatten(pieces)
-    blocks = pc.cast(pc.divide(rows, BLOCK), pa.int32())
+    blocks = pc.cast(pc.divide(pc.add(rows, first), BLOCK), pa.int32())
     distinct = pa.table({"blk": blocks, "piece": flat}).group_by(["blk", "piece"]).aggregate([])
     split = pc.split_pattern_regex(distinct.column("piece"), f"[^{WORD_CHARS}]+")
     parents = pc.list_parent_indices(split)
@@ -209,22 +210,29 @@ def write_sidecar(file: Path) -> bool:
         names = set(pa.parquet.read_schema(file).names)
         if not names >= _NEEDED:
             return False
-        table = pa.parquet.read_table(file, columns=sorted(_NEEDED | (names & set(_TOKEN_COLUMNS))))
-        note = {
-            "version": SIDECAR_VERSION,
-            "size": os.stat(file).st_size,
-            "rows": table.num_rows,
-            "block": BLOCK,
-        }
-        try:
-            index = _index_table(pa, table)
-        except _Inexact:
+        columns = sorted(_NEEDED | (names & set(_TOKEN_COLUMNS)))
+        # A row group at a time (a few MiB: see `_parquet_file`), so that what the trainer's
+        # process holds does not grow with the file.
+        parquet = pa.parquet.ParquetFile(file)
+        indexes, words, rows = [], [], 0
+        for group in range(parquet.num_row_groups):
+            table = parquet.read_row_group(group, columns=columns)
+            try:
+                indexes.append(_index_table(pa, table, rows))
+            except _Inexact:
+                return False
+            words.append(_words_table(pa, table.column("messages"), rows))
+            rows += table.num_rows
+            del table
+        if not indexes:
             return False
-        words = _words_table(pa, table.column("messages"))
-        del table
+        note = {"version": SIDECAR_VERSION, "size": os.stat(file).st_size, "rows": rows, "block": BLOCK}
+        index = pa.concat_tables(indexes)
+        # A block may span two row groups: its words are made distinct once more.
+        every = pa.concat_tables(words).group_by(["blk", "w"]).aggregate([])
         folder = file.parent / SIDECAR_FOLDER
         folder.mkdir(exist_ok=True)
-        _write(pa, words, words_path(file), note)
+        _write(pa, every, words_path(file), note)
         _write(pa, index, index_path(file), note)
         return True
     except Exception as exc:  # a sidecar only saves the viewer time: never the sink's failure
