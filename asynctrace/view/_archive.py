@@ -109,11 +109,17 @@ class Archive(Browse):
         """Keep the overview's answers in the cache for the next start of these same files (`_summary`)."""
         if self.cache is None or self.kind != "parquet" or self.left_out:
             return  # with records left out, each start reads their files again, and says so
+        with self._lock:
+            names = [self._cached(f) for f in self.files]
+        if not names or any(n is None for n in names):
+            return
+        path = path_for(self.cache, sorted(n.name for n in names if n is not None))
+        if path.is_file():
+            return  # kept by a former start of these same files: its answers are these (seconds at 10M)
         rows, frequent = self.overview(), self.frequent_prompts(50)
         with self._lock:
-            if "overview" not in self._cache:
+            if "overview" not in self._cache or [self._cached(f) for f in self.files] != names:
                 return  # files came meanwhile: the next start lists others and reads the index anyway
-            names = [self._cached(f) for f in self.files]
             count = self._con.execute("SELECT count(DISTINCT prompt) FROM idx").fetchone()
             prompts = None
             if count is not None and count[0] <= MAX_PROMPTS:
@@ -123,9 +129,7 @@ class Archive(Browse):
                 ).fetchall()
                 prompts = {p: (steps, n) for p, steps, n in counted}
             skipped = {os.path.basename(f): why for f, why in self.skipped.items()}
-        if names and all(n is not None for n in names):
-            key = sorted(n.name for n in names if n is not None)
-            write(path_for(self.cache, key), Summary(rows, frequent, prompts, skipped))
+        write(path, Summary(rows, frequent, prompts, skipped))
 
     def read_summary(self) -> Summary | None:
         """The overview's answers kept for exactly the files the archive holds now, if any."""
