@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from .._security import logger
-from ._parquet_client import Converter, new_converter
+from ._parquet_client import Converter, new_converter, worker_env
 from ._parquet_journal import CLOEXEC, DamagedJournal, Journal, fsync_dir
-from ._parquet_sidecar import write_sidecar
+from ._parquet_sidecar import write_sidecar, write_sidecar_apart
 
 __all__ = ["FileMaker"]
 
@@ -258,8 +258,13 @@ class FileMaker:
                     )
                 self._name(f, made.rows, made.damaged)
                 if made.rows:
-                    # What `asynctrace view` would compute at its first open, once, here; never fails.
-                    write_sidecar(self.directory / f"{self.stem}-{f.journal.index:05d}.parquet")
+                    # What `asynctrace view` would compute at its first open, once, here; never
+                    # fails. With a writer process, in a process of its own too.
+                    named = self.directory / f"{self.stem}-{f.journal.index:05d}.parquet"
+                    if self.process:
+                        write_sidecar_apart(named, self._halt, worker_env())
+                    else:
+                        write_sidecar(named)
                 return True
             except Exception as exc:
                 error = exc

@@ -18,6 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import subprocess
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +43,7 @@ __all__ = [
     "index_path",
     "words_path",
     "write_sidecar",
+    "write_sidecar_apart",
 ]
 
 SIDECAR_FOLDER = ".asynctrace-index"
@@ -240,4 +245,38 @@ def write_sidecar(file: Path) -> bool:
         return False
 
 
+def write_sidecar_apart(file: Path, halt: threading.Event, env: dict[str, str]) -> bool:
+    """`write_sidecar` in a process of its own (``python -m asynctrace.sinks._parquet_sidecar
+    FILE``), so that the trainer's process neither imports pyarrow's compute kernels nor holds
+    what they use; killed once `halt` is set. Whether it wrote them."""
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "asynctrace.sinks._parquet_sidecar", str(file)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            env=env,
+        )
+    except OSError as exc:
+        logger.debug("ParquetSink: no sidecar for %s (%s)", file, exc)
+        return False
+    while True:
+        try:
+            return child.wait(timeout=0.1) == 0
+        except subprocess.TimeoutExpired:
+            if halt.is_set():
+                child.kill()
+                child.wait()
+                return False
+
+
+def main() -> int:
+    # Ctrl-C reaches the whole process group: the sink decides when this one ends.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    return 0 if write_sidecar(Path(sys.argv[1])) else 1
+
+
 assert set(_TOKEN_COLUMNS) <= set(TOKEN_FIELDS)
+
+if __name__ == "__main__":
+    sys.exit(main())

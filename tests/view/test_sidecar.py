@@ -241,3 +241,30 @@ def test_words_that_need_no_message_read_are_indexed_first(
     assert bare.text_progress() == (0, 2)
     bare.index_text()
     assert bare.text_progress() == (2, 2)
+
+
+def test_a_sink_with_its_writer_process_writes_sidecars_the_viewer_takes(tmp_path: Path) -> None:
+    """With a writer process (the default), each file's sidecars are made in a process of their
+    own, and pass the viewer's checks."""
+    import anyio
+
+    import asynctrace as at
+
+    directory = tmp_path / "archive"
+
+    async def main() -> None:
+        sink = at.ParquetSink(directory)
+        async with at.TraceSession("sidecar", run="r", sinks=[sink], health_metrics=False) as session:
+            for step in range(2):
+                await session.log_samples(_archive.samples(step, "train"), step=step)
+
+    anyio.run(main)
+    files = sorted(directory.glob("*.parquet"))
+    assert files
+    opened = Archive(directory)
+    con = opened._con
+    from asynctrace.view._sidecar import index_sidecars, words_sidecar
+
+    assert sorted(index_sidecars(con, [str(f) for f in files])) == [str(f) for f in files]
+    assert all(words_sidecar(con, str(f)) is not None for f in files)
+    assert not [p for p in (directory / SIDECAR_FOLDER).iterdir() if p.name.startswith(".")]
