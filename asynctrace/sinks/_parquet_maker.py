@@ -95,6 +95,9 @@ class FileMaker:
         self._file: _File | None = None
         self._converter: Converter | None = None
         self._halt = threading.Event()
+        # Set once the sink closes: sidecars are then skipped (and one being made is stopped), so
+        # that a close never waits for what only saves the viewer time.
+        self._closing = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -135,6 +138,7 @@ class FileMaker:
 
     def stop(self) -> None:
         """Make what was handed over, then end the thread and the converter (this waits)."""
+        self._closing.set()
         with self._cond:
             self._ops.append(None)
             self._cond.notify()
@@ -146,6 +150,7 @@ class FileMaker:
     def give_up(self) -> str:
         """Stop at once (from any thread): the writer process is killed, and what is not made by
         then stays in its journals."""
+        self._closing.set()
         self._halt.set()
         with self._cond:
             self._cond.notify()
@@ -257,12 +262,13 @@ class FileMaker:
                         f"lines, its journal {f.count}"
                     )
                 self._name(f, made.rows, made.damaged)
-                if made.rows:
+                if made.rows and not self._closing.is_set():
                     # What `asynctrace view` would compute at its first open, once, here; never
-                    # fails. With a writer process, in a process of its own too.
+                    # fails. With a writer process, in a process of its own too. Not once the
+                    # sink closes: the viewer computes what a file lacks.
                     named = self.directory / f"{self.stem}-{f.journal.index:05d}.parquet"
                     if self.process:
-                        write_sidecar_apart(named, self._halt, worker_env())
+                        write_sidecar_apart(named, self._closing, worker_env())
                     else:
                         write_sidecar(named)
                 return True

@@ -248,7 +248,7 @@ def write_sidecar(file: Path) -> bool:
 def write_sidecar_apart(file: Path, halt: threading.Event, env: dict[str, str]) -> bool:
     """`write_sidecar` in a process of its own (``python -m asynctrace.sinks._parquet_sidecar
     FILE``), so that the trainer's process neither imports pyarrow's compute kernels nor holds
-    what they use; killed once `halt` is set. Whether it wrote them."""
+    what they use; killed once `halt` is set (the sink closes). Whether it wrote them."""
     try:
         child = subprocess.Popen(
             [sys.executable, "-m", "asynctrace.sinks._parquet_sidecar", str(file)],
@@ -266,6 +266,10 @@ def write_sidecar_apart(file: Path, halt: threading.Event, env: dict[str, str]) 
             if halt.is_set():
                 child.kill()
                 child.wait()
+                # A killed child leaves its temporaries (named by its pid: see `_write`).
+                for made in (index_path(file), words_path(file)):
+                    with contextlib.suppress(OSError):
+                        os.unlink(made.with_name(f".{made.name}.{child.pid}.tmp"))
                 return False
 
 

@@ -3,6 +3,7 @@ ignored (the file read instead) when missing, damaged, hostile or of another fil
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -11,6 +12,7 @@ from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 duckdb = pytest.importorskip("duckdb")
@@ -32,9 +34,17 @@ from . import _archive  # noqa: E402
 from ._archive import without_sidecars  # noqa: E402
 
 
+def with_sidecars(directory: Path) -> list[Path]:
+    """Make the sidecars of every file of `directory`, as a sink that names its files while it
+    runs does (the files a closing sink names get none); the files that got them."""
+    return [f for f in sorted(directory.glob("*.parquet")) if write_sidecar(f)]
+
+
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return _archive.write(tmp_path_factory.mktemp("sidecar"))
+    written = _archive.write(tmp_path_factory.mktemp("sidecar"))
+    assert with_sidecars(written[0])
+    return written
 
 
 def _index(archive: Archive) -> list[tuple[Any, ...]]:
@@ -65,22 +75,18 @@ def _forbid_reading(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("which", ["archive", "agentic_archive", "hostile_archive"])
-def test_the_sink_writes_sidecars_the_viewer_reads_instead_of_its_files(
+def test_sidecars_give_the_viewer_what_it_reads_from_the_files(
     which: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every file a ParquetSink names has both sidecars, and the index and words read from them
-    are those read from the files (token fields, tool calls, a payload in every field)."""
+    """A ParquetSink file's sidecars hold the index and words read from the file itself (token
+    fields, tool calls, a payload in every field)."""
     found = request.getfixturevalue(which)
-    directory = found[0] if isinstance(found, tuple) else found
-    files = sorted(directory.glob("*.parquet"))
+    source = found[0] if isinstance(found, tuple) else found
+    directory = tmp_path / "copy"
+    shutil.copytree(source, directory, symlinks=True)
+    files = with_sidecars(directory)
     if which == "hostile_archive":
-        # Its files were rewritten after the sink (payload ids): their sidecars are stale, as
-        # the viewer sees (see below); made again here for the files it rewrote.
-        directory = tmp_path / "hostile"
-        shutil.copytree(found, directory, symlinks=True)
-        files = [f for f in sorted(directory.glob("*.parquet")) if write_sidecar(f)]
         assert len(files) == len(list(directory.glob("*.parquet"))) - 1  # all but one that is no Parquet
-        assert _index(_read(found)) == _index(_read(without_sidecars(found, tmp_path / "stale")))
     assert files and all(index_path(f).is_file() and words_path(f).is_file() for f in files)
     from_files = _read(without_sidecars(directory, tmp_path / "bare"))
     expected_index, expected_words = _index(from_files), _words(from_files)
@@ -243,24 +249,46 @@ def test_words_that_need_no_message_read_are_indexed_first(
     assert bare.text_progress() == (2, 2)
 
 
-def test_a_sink_with_its_writer_process_writes_sidecars_the_viewer_takes(tmp_path: Path) -> None:
-    """With a writer process (the default), each file's sidecars are made in a process of their
-    own, and pass the viewer's checks."""
+def _sidecar_children() -> list[psutil.Process]:
+    """This process's running sidecar makers."""
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "asynctrace.sinks._parquet_sidecar" in " ".join(p.cmdline()):
+                found.append(p)
+    return found
+
+
+async def _until(check: Callable[[], bool], seconds: float = 60.0) -> None:
     import anyio
 
+    with anyio.fail_after(seconds):
+        while not check():
+            await anyio.sleep(0.02)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_sink_with_its_writer_process_writes_sidecars_the_viewer_takes(tmp_path: Path) -> None:
+    """With a writer process (the default), each file named while the sink runs gets its
+    sidecars, made in a process of their own, which pass the viewer's checks; the file named
+    at the close gets none (the viewer reads it)."""
     import asynctrace as at
 
     directory = tmp_path / "archive"
-
-    async def main() -> None:
-        sink = at.ParquetSink(directory)
-        async with at.TraceSession("sidecar", run="r", sinks=[sink], health_metrics=False) as session:
-            for step in range(2):
-                await session.log_samples(_archive.samples(step, "train"), step=step)
-
-    anyio.run(main)
+    sink = at.ParquetSink(directory, max_records=16)
+    async with at.TraceSession("sidecar", run="r", sinks=[sink], health_metrics=False) as session:
+        for step in range(5):  # 12 a step: a file rolls past 16 records, twice while it runs
+            await session.log_samples(_archive.samples(step, "train"), step=step)
+            assert await session.flush(timeout=60)  # a write a step
+        named = lambda: sorted(directory.glob("*.parquet"))  # noqa: E731
+        await _until(lambda: len(named()) >= 2 and all(index_path(f).is_file() for f in named()))
+        rolled = named()
+        await _until(lambda: all(words_path(f).is_file() for f in rolled) and not _sidecar_children())
     files = sorted(directory.glob("*.parquet"))
-    assert files
+    last = sorted(set(files) - set(rolled))
+    assert len(last) == 1 and not index_path(last[0]).exists(), "the close waited for a sidecar"
+    files = rolled
     opened = Archive(directory)
     con = opened._con
     from asynctrace.view._sidecar import index_sidecars, words_sidecar
@@ -268,3 +296,37 @@ def test_a_sink_with_its_writer_process_writes_sidecars_the_viewer_takes(tmp_pat
     assert sorted(index_sidecars(con, [str(f) for f in files])) == [str(f) for f in files]
     assert all(words_sidecar(con, str(f)) is not None for f in files)
     assert not [p for p in (directory / SIDECAR_FOLDER).iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_close_does_not_wait_for_a_stopped_sidecar_maker(tmp_path: Path) -> None:
+    """A sidecar maker stopped (SIGSTOP) when the session closes: the close returns at once,
+    counts every record written and none failed, kills the maker and leaves no temporary."""
+    import time
+
+    import asynctrace as at
+
+    directory = tmp_path / "archive"
+    sink = at.ParquetSink(directory, max_records=16)
+    async with at.TraceSession("sidecar", run="r", sinks=[sink], health_metrics=False) as session:
+        for step in range(2):  # 12 a step: the file rolls past 16 records, once
+            await session.log_samples(_archive.samples(step, "train"), step=step)
+            assert await session.flush(timeout=60)  # a write a step
+        # The first file rolls at its 16th record; its maker runs for a python start and
+        # pyarrow's import at least, far longer than this poll's step.
+        await _until(lambda: bool(_sidecar_children()) or any(directory.glob(f"{SIDECAR_FOLDER}/*")))
+        children = _sidecar_children()
+        assert children, "the maker ended before it could be stopped"
+        for child in children:
+            child.suspend()
+        started = time.monotonic()
+    took = time.monotonic() - started
+    stats = session.stats()
+    assert stats.check() and stats.failed == 0 and stats.written == stats.submitted, stats.summary()
+    assert took < 5.0, f"the close took {took:.1f}s"
+    for child in children:
+        assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+    assert not [p for p in (directory / SIDECAR_FOLDER).glob(".*")], "a temporary was left"
+    ids = pq.read_table(directory).column("id").to_pylist()
+    assert len(ids) == len(set(ids)) == stats.written
