@@ -4,15 +4,18 @@ Builds a Parquet archive of each ``--rows`` count (default 1,000,000) through a 
 ``TraceSession`` with a ``ParquetSink``: GRPO-style groups of 8 completions, 512 groups a step,
 prompt ids drawn from a pool of 5,000 (so each prompt recurs across steps), policy-version lag,
 truncations, and token-level fields (512 tokens of ids, loss mask, log-probs and advantages) on
-one record in 64. ``--archive DIR ...`` (one per count) keeps each there and reuses it on the next
-run. The archives are measured one after another and printed side by side, each figure's growth
-from the first to the last, the goals (set for 10,000,000 rows) judged on the largest.
+one record in 64; the sink writes each file's sidecars (the viewer's index rows and words).
+``--archive DIR ...`` (one per count) keeps each there and reuses it on the next run; an archive
+without sidecars (written before them) measures the viewer reading the files instead. The
+archives are measured one after another and printed side by side, each figure's growth from the
+first to the last, the goals (set for 10,000,000 rows) judged on the largest.
 
 Then runs ``asynctrace view`` itself (the command, in a subprocess) twice: with an empty index
 cache (the first open of an archive) and with the cache the first run left (every later
 start). Each time: seconds until it listens, until the overview answers (a later start answers it
-from the summary the first kept), and until every page answers (the index read); for the first,
-also until its text index is built and kept. On the second
+from the summary the first kept; a first open, from the sidecars' rows), and until every page
+answers (the index read); for the first, also until its text index is built (the find page says
+so until then). On the second
 server it times every view over HTTP, ``--repeat`` times each, after one untimed request;
 the figure is the median, and the slowest is printed too. Side by side, in the same run, it
 answers the overview's, a step's and a prompt's questions and each search by text with one
@@ -45,6 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
+
+from asynctrace.sinks._parquet_sidecar import SIDECAR_FOLDER
 
 # Goals at 10,000,000 rows (judged on the largest archive measured).
 GOAL_MS = 300.0
@@ -299,18 +304,19 @@ def measure(archive: Path, repeat: int, scratch: Path, direct: bool) -> Measured
     rows = one(f"SELECT count(*) FROM '{files}'")
     parts = list(archive.glob("*.parquet"))
     size = sum(p.stat().st_size for p in parts) / 2**20
+    sidecars = sum(p.stat().st_size for p in (archive / SIDECAR_FOLDER).glob("*.parquet")) / 2**20
     load = os.getloadavg()[0]
     print(
-        f"archive: {rows:,} rows in {len(parts)} files, {size:.0f} MiB; load average {load:.1f}", flush=True
+        f"archive: {rows:,} rows in {len(parts)} files, {size:.0f} MiB, sidecars {sidecars:.0f} MiB; "
+        f"load average {load:.1f}",
+        flush=True,
     )
     cache = scratch / f"cache-{rows}"
     cold = Server(archive, cache)
-    # The index is kept once the pages are ready, then the text index is built and kept;
-    # the second start needs all of it.
+    # The index is kept once the pages are ready (where the sink's sidecars do not hold it),
+    # then the text index is built: the find page says so until it is whole.
     try:
-        while len(list(cache.glob("*.parquet"))) < len(parts):
-            time.sleep(0.05)
-        while len(list(cache.glob("text-*/*.parquet"))) < len(parts):
+        while b'data-k="text-index"' in fetch(cold.url + "/find")[1]:
             time.sleep(0.05)
         text_ready = time.perf_counter() - cold.started
         cold_rss = cold.peak_rss()

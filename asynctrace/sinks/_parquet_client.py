@@ -23,7 +23,7 @@ import orjson
 from ._parquet_file import FileConverter
 from ._parquet_rows import pyarrow
 
-__all__ = ["Converter", "InThread", "Made", "WriterGone", "WriterProcess", "new_converter"]
+__all__ = ["Converter", "InThread", "Made", "WriterGone", "WriterProcess", "new_converter", "worker_env"]
 
 # Seconds a closing sink waits for its writer process to exit before it kills it.
 _EXIT_WAIT = 10.0
@@ -76,7 +76,7 @@ class InThread:
         pass  # it holds no lock and keeps no other process waiting
 
 
-def _worker_env() -> dict[str, str]:
+def worker_env() -> dict[str, str]:
     """The trainer's environment, with numpy's BLAS on one thread: the writer process does no
     linear algebra, and OpenBLAS's idle threads spin on the cores the trainer uses."""
     env = dict(os.environ)
@@ -103,7 +103,7 @@ class WriterProcess:
                 ],
                 stdin=subprocess.DEVNULL,
                 pass_fds=[theirs.fileno()],
-                env=_worker_env(),
+                env=worker_env(),
             )
         except BaseException:
             ours.close()

@@ -4,7 +4,8 @@ file, off the write path.
 A write ends at the journal (its commit point, what "written" means) and hands the maker what to
 do without waiting: the journal's bytes as they grow (`append`) and, once the file is full or the
 sink closes, its end (`finish`). The maker drives the converter (`_parquet_client`), renames the
-finished file to `<stem>-<n>.parquet`, syncs the directory and removes the journal. So a writer
+finished file to `<stem>-<n>.parquet`, syncs the directory, removes the journal and writes the
+file's sidecars for the viewer (`_parquet_sidecar`). So a writer
 process that is stopped, slow or killed never fails, delays or duplicates a write: the journal
 holds the batch once whatever the maker does later. A file whose conversion fails (its writer
 process killed, a directory refusing the temporary) is made again from its journal with a fresh
@@ -23,8 +24,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from .._security import logger
-from ._parquet_client import Converter, new_converter
+from ._parquet_client import Converter, new_converter, worker_env
 from ._parquet_journal import CLOEXEC, DamagedJournal, Journal, fsync_dir
+from ._parquet_sidecar import write_sidecar, write_sidecar_apart
 
 __all__ = ["FileMaker"]
 
@@ -93,6 +95,9 @@ class FileMaker:
         self._file: _File | None = None
         self._converter: Converter | None = None
         self._halt = threading.Event()
+        # Set once the sink closes: sidecars are then skipped (and one being made is stopped), so
+        # that a close never waits for what only saves the viewer time.
+        self._closing = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -133,6 +138,7 @@ class FileMaker:
 
     def stop(self) -> None:
         """Make what was handed over, then end the thread and the converter (this waits)."""
+        self._closing.set()
         with self._cond:
             self._ops.append(None)
             self._cond.notify()
@@ -144,6 +150,7 @@ class FileMaker:
     def give_up(self) -> str:
         """Stop at once (from any thread): the writer process is killed, and what is not made by
         then stays in its journals."""
+        self._closing.set()
         self._halt.set()
         with self._cond:
             self._cond.notify()
@@ -255,6 +262,15 @@ class FileMaker:
                         f"lines, its journal {f.count}"
                     )
                 self._name(f, made.rows, made.damaged)
+                if made.rows and not self._closing.is_set():
+                    # What `asynctrace view` would compute at its first open, once, here; never
+                    # fails. With a writer process, in a process of its own too. Not once the
+                    # sink closes: the viewer computes what a file lacks.
+                    named = self.directory / f"{self.stem}-{f.journal.index:05d}.parquet"
+                    if self.process:
+                        write_sidecar_apart(named, self._closing, worker_env())
+                    else:
+                        write_sidecar(named)
                 return True
             except Exception as exc:
                 error = exc

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -99,7 +100,8 @@ class Loading:
 
     def _load(self, archive: Archive) -> None:
         try:
-            self.summary = archive.read_summary()
+            # A later start's kept answers, else on a first open those of the sink's sidecars.
+            self.summary = archive.read_summary() or archive.sidecar_summary()
             archive.load(keep=False)
         except BaseException as exc:  # shown on every page: the server stays up to say what failed
             self.error = exc
@@ -110,6 +112,7 @@ class Loading:
         # text reads every message. Each step is skipped once the server stops.
         later_steps = (
             archive.complete_tokens,
+            functools.partial(archive.index_text, kept_only=True),  # seconds: before what is longer
             archive.index_ids,
             archive.keep,
             archive.keep_summary,
@@ -267,7 +270,14 @@ def build_app(
             if searched
             else None
         )
-        return pages.find_page(found, archive=label, query=query, splits=archive.splits(), limit=_FIND_LIMIT)
+        return pages.find_page(
+            found,
+            archive=label,
+            query=query,
+            splits=archive.splits(),
+            limit=_FIND_LIMIT,
+            text_index=archive.text_progress(),
+        )
 
     def by_id(name: str) -> Response | str:
         """Whatever `name` is the id of: a record, else a prompt, else a group (a list when it

@@ -15,9 +15,10 @@ import duckdb
 import numpy
 
 from .._records.tokens import TOKEN_FIELDS, token_bytes
-from ._browse import Browse, load_json
-from ._model import Completion
+from ._browse import Browse, frequent_sql, load_json, overview_sql
+from ._model import Completion, StepRow
 from ._search import find_text
+from ._sidecar import index_sidecars
 from ._summary import MAX_PROMPTS, Summary, path_for, read, write
 from ._text import BLOCK
 
@@ -65,6 +66,13 @@ class Archive(Browse):
     """An archive and every question the viewer asks of it: the browsing pages' (`Browse`), its
     opening (the overview kept between starts), the token page's and a search's."""
 
+    def __init__(
+        self, source: str | os.PathLike[str], *, cache: str | os.PathLike[str] | None = None
+    ) -> None:
+        super().__init__(source, cache=cache)
+        # The summary read before the index (`read_summary`, `sidecar_summary`), with its files.
+        self._known: tuple[list[str], Summary] | None = None
+
     def _rescan_seconds(self) -> float:
         return _RESCAN_SECONDS
 
@@ -77,6 +85,7 @@ class Archive(Browse):
         self.build(defer_tokens=not keep)
         if self.lengths_need_tokens():
             self.complete_tokens()
+        self._seed()
         self.overview()
         self.frequent_prompts()
         if keep:
@@ -85,15 +94,32 @@ class Archive(Browse):
             self.keep_summary()
             self.index_text()
 
+    def _seed(self) -> None:
+        """Take the overview's answers from the summary read before the index (kept, or the
+        sidecars'), where the index holds exactly the files it was made of: at 10M records they
+        are seconds to answer again."""
+        known, self._known = self._known, None
+        with self._lock:
+            if known is None or known[0] != self.files or self.left_out or "overview" in self._cache:
+                return
+            self._cache["overview"] = list(known[1].overview)
+            self._cache["frequent"] = list(known[1].frequent)
+
     def keep_summary(self) -> None:
         """Keep the overview's answers in the cache for the next start of these same files (`_summary`)."""
         if self.cache is None or self.kind != "parquet" or self.left_out:
             return  # with records left out, each start reads their files again, and says so
+        with self._lock:
+            names = [self._cached(f) for f in self.files]
+        if not names or any(n is None for n in names):
+            return
+        path = path_for(self.cache, sorted(n.name for n in names if n is not None))
+        if path.is_file():
+            return  # kept by a former start of these same files: its answers are these (seconds at 10M)
         rows, frequent = self.overview(), self.frequent_prompts(50)
         with self._lock:
-            if "overview" not in self._cache:
+            if "overview" not in self._cache or [self._cached(f) for f in self.files] != names:
                 return  # files came meanwhile: the next start lists others and reads the index anyway
-            names = [self._cached(f) for f in self.files]
             count = self._con.execute("SELECT count(DISTINCT prompt) FROM idx").fetchone()
             prompts = None
             if count is not None and count[0] <= MAX_PROMPTS:
@@ -103,18 +129,42 @@ class Archive(Browse):
                 ).fetchall()
                 prompts = {p: (steps, n) for p, steps, n in counted}
             skipped = {os.path.basename(f): why for f, why in self.skipped.items()}
-        if names and all(n is not None for n in names):
-            key = sorted(n.name for n in names if n is not None)
-            write(path_for(self.cache, key), Summary(rows, frequent, prompts, skipped))
+        write(path, Summary(rows, frequent, prompts, skipped))
 
     def read_summary(self) -> Summary | None:
         """The overview's answers kept for exactly the files the archive holds now, if any."""
         if self.cache is None or self.kind != "parquet":
             return None
-        names = [self._cached(f) for f in self._listing()]
+        files = self._listing()
+        names = [self._cached(f) for f in files]
         if not names or any(n is None for n in names):
             return None
-        return read(path_for(self.cache, sorted(n.name for n in names if n is not None)))
+        summary = read(path_for(self.cache, sorted(n.name for n in names if n is not None)))
+        if summary is not None:
+            self._known = (files, summary)
+        return summary
+
+    def sidecar_summary(self) -> Summary | None:
+        """The overview's answers straight from the sinks' sidecars (`_sidecar`) when every file
+        of the archive has a valid one: the whole archive's figures before its index is read
+        (None otherwise). The watch list's counts wait for the index."""
+        if self.kind != "parquet":
+            return None
+        files = self._listing()
+        with self.cursor() as cursor:
+            sidecars = index_sidecars(cursor, files)
+            if not files or len(sidecars) != len(files):
+                return None
+            relation = "read_parquet($paths)"
+            params = {"paths": [sidecars[f] for f in files]}
+            try:
+                rows = cursor.execute(overview_sql(relation), params).fetchall()
+                frequent = cursor.execute(frequent_sql(relation), params).fetchall()
+            except duckdb.Error:
+                return None  # a sidecar damaged past its footer: the index says, once read
+        summary = Summary([StepRow(*r) for r in rows], frequent, None, {})
+        self._known = (files, summary)
+        return summary
 
     def tokens(self, record_id: str) -> dict[str, Any] | None:
         """The record's token-level fields, each a 1-D numpy array of the dtype it is kept in (a

@@ -20,7 +20,7 @@ from ._index import Index
 from ._model import HISTORY_DIFFS, HISTORY_VERSIONS, TRUNCATED, Completion, GroupRow, StepRow, split_order
 from ._turns import prompt_length, split_messages, uses_tools
 
-__all__ = ["Browse", "load_json", "read_rows"]
+__all__ = ["Browse", "frequent_sql", "load_json", "overview_sql", "read_rows"]
 
 _TRUNCATED_SQL = "(" + ", ".join(f"'{s}'" for s in TRUNCATED) + ")"
 # Seconds a page waits for the token-level values a first open reads after the overview.
@@ -50,6 +50,38 @@ def _highlights(rows: list[Any]) -> set[str]:
         picked.add(max(items, key=reward)[0])
         picked.add(min(items, key=reward)[0])
     return picked
+
+
+def overview_sql(relation: str) -> str:
+    """The overview's query (see `Browse.overview`) over `relation`, rows with the index's columns."""
+    return f"""
+    WITH s AS (
+        SELECT split, step, count(*) AS samples, avg(reward) AS reward_mean,
+            stddev_pop(reward) AS reward_std,
+            avg(CASE WHEN stop_reason IS NOT NULL
+                THEN (stop_reason IN {_TRUNCATED_SQL})::INT END) AS truncated,
+            avg(rlen) AS length_mean, avg(step - policy_version) AS lag_mean,
+            max(step - policy_version) AS lag_max
+        FROM {relation} GROUP BY split, step),
+    g AS (
+        SELECT split, step, stddev_pop(reward) AS spread
+        FROM {relation} WHERE grp IS NOT NULL AND reward IS NOT NULL GROUP BY split, step, grp),
+    gs AS (
+        SELECT split, step, count(*) AS groups, count(*) FILTER (WHERE spread = 0) AS zero,
+            avg(spread) AS mean_spread
+        FROM g GROUP BY split, step)
+    SELECT s.split, s.step, samples, reward_mean, reward_std, coalesce(groups, 0),
+        coalesce(zero, 0), mean_spread, truncated, length_mean, lag_mean, lag_max
+    FROM s LEFT JOIN gs USING (split, step) ORDER BY s.split, s.step
+    """
+
+
+def frequent_sql(relation: str) -> str:
+    """The query of the 50 prompt ids seen at the most steps (see `Browse.frequent_prompts`)."""
+    return (
+        f"SELECT prompt, count(DISTINCT step) AS steps, count(*) FROM {relation} "
+        "WHERE prompt IS NOT NULL GROUP BY prompt ORDER BY steps DESC, prompt LIMIT 50"
+    )
 
 
 def load_json(raw: Any, default: Any) -> Any:
@@ -159,28 +191,7 @@ class Browse(Index):
         with self._query() as con:
             if "overview" in self._cache:
                 return list(self._cache["overview"])
-            rows = con.execute(
-                f"""
-                WITH s AS (
-                    SELECT split, step, count(*) AS samples, avg(reward) AS reward_mean,
-                        stddev_pop(reward) AS reward_std,
-                        avg(CASE WHEN stop_reason IS NOT NULL
-                            THEN (stop_reason IN {_TRUNCATED_SQL})::INT END) AS truncated,
-                        avg(rlen) AS length_mean, avg(step - policy_version) AS lag_mean,
-                        max(step - policy_version) AS lag_max
-                    FROM idx GROUP BY split, step),
-                g AS (
-                    SELECT split, step, stddev_pop(reward) AS spread
-                    FROM idx WHERE grp IS NOT NULL AND reward IS NOT NULL GROUP BY split, step, grp),
-                gs AS (
-                    SELECT split, step, count(*) AS groups, count(*) FILTER (WHERE spread = 0) AS zero,
-                        avg(spread) AS mean_spread
-                    FROM g GROUP BY split, step)
-                SELECT s.split, s.step, samples, reward_mean, reward_std, coalesce(groups, 0),
-                    coalesce(zero, 0), mean_spread, truncated, length_mean, lag_mean, lag_max
-                FROM s LEFT JOIN gs USING (split, step) ORDER BY s.split, s.step
-                """
-            ).fetchall()
+            rows = con.execute(overview_sql("idx")).fetchall()
             out = [StepRow(*r) for r in rows]
             self._cache["overview"] = out
             return list(out)
@@ -356,12 +367,7 @@ class Browse(Index):
         """The prompt ids seen at the most steps: (prompt, steps, samples)."""
         with self._query() as con:
             if "frequent" not in self._cache:
-                self._cache["frequent"] = con.execute(
-                    """
-                    SELECT prompt, count(DISTINCT step) AS steps, count(*) FROM idx
-                    WHERE prompt IS NOT NULL GROUP BY prompt ORDER BY steps DESC, prompt LIMIT 50
-                    """
-                ).fetchall()
+                self._cache["frequent"] = con.execute(frequent_sql("idx")).fetchall()
             return list(self._cache["frequent"][:limit])
 
     def prompt_counts(self, prompts: Sequence[str]) -> dict[str, tuple[int, int]]:

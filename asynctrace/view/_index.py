@@ -26,6 +26,7 @@ from duckdb.func import SPECIAL
 from .._records.groups import DEFAULT_GROUP_KEYS
 from .._select.watch import DEFAULT_WATCH_KEYS
 from ._files import counted, load_jsonl, parquet_columns
+from ._sidecar import index_sidecars, words_sidecar
 from ._store import write_rows
 from ._text import words_sql
 from ._words import TextIndex
@@ -200,11 +201,30 @@ class Index(TextIndex):
                 "JOIN hit_files USING (filename)",
                 {"paths": [str(p) for p in hits.values()]},
             )
-        rest = [f for f in files if f not in hits]
+        # The sink's sidecars of the others (`_sidecar`): their rows as the index holds them.
+        sidecars = index_sidecars(self._con, [f for f in files if f not in hits])
+        if sidecars:
+            self._con.execute("CREATE OR REPLACE TEMP TABLE side_files (filename VARCHAR, src INTEGER)")
+            self._con.executemany(
+                "INSERT INTO side_files VALUES (?, ?)",
+                [(path, first + every.index(f)) for f, path in sidecars.items()],
+            )
+            try:
+                self._con.execute(
+                    "INSERT INTO idx SELECT id, step, split, grp, prompt, reward, advantage, policy_version, "
+                    "stop_reason, rlen, tok, rn, src FROM read_parquet($paths, filename = true) "
+                    "JOIN side_files USING (filename)",
+                    {"paths": list(sidecars.values())},
+                )
+            except duckdb.Error:  # a sidecar damaged past its footer: every file read instead
+                self._con.execute("DELETE FROM idx WHERE src IN (SELECT src FROM side_files)")
+                sidecars = {}
+        rest = [f for f in files if f not in hits and f not in sidecars]
         if not rest:
+            self._leave_out_incomplete(first)
             return
         self._con.execute(
-            "DELETE FROM new_files WHERE filename IN (SELECT unnest($hits))", {"hits": list(hits)}
+            "DELETE FROM new_files WHERE filename NOT IN (SELECT unnest($rest))", {"rest": rest}
         )
         self._con.execute(
             "INSERT INTO idx " + self._index_select(relation, tokens, count, "file_row_number"),
@@ -325,8 +345,21 @@ class Index(TextIndex):
         """Write one file's index rows."""
         write_rows(con, f"SELECT * EXCLUDE (src) FROM idx WHERE src = {int(src)}", path)
 
+    def _words_kept(self, con: duckdb.DuckDBPyConnection, file: str) -> bool:
+        kept = self._cached(file)
+        if kept is not None and (kept.parent / _TEXT_FOLDER / kept.name).is_file():
+            return True
+        return words_sidecar(con, file) is not None
+
     def _index_words(self, con: duckdb.DuckDBPyConnection, src: int, file: str) -> None:
         """Put one file's words in table `words`, from the cache or from the file."""
+        sidecar = words_sidecar(con, file)
+        if sidecar is not None:
+            try:
+                con.execute(f"INSERT INTO words SELECT {int(src)}, blk, w FROM read_parquet(?)", [sidecar])
+                return
+            except duckdb.Error:
+                con.execute(f"DELETE FROM words WHERE src = {int(src)}")  # damaged past its footer
         kept = self._cached(file)
         path = None if kept is None else kept.parent / _TEXT_FOLDER / kept.name
         if path is not None and path.is_file():

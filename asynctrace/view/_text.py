@@ -19,10 +19,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..sinks._parquet_sidecar import BLOCK as SIDECAR_BLOCK
+
 __all__ = ["BLOCK", "Term", "candidates_sql", "terms", "words_sql"]
 
-# Rows of a file per block: a block is the unit a search reads (the files' row groups hold about as many).
-BLOCK = 4096
+# Rows of a file per block: a block is the unit a search reads (the files' row groups hold about as
+# many); the sink's sidecars are of blocks of as many rows.
+BLOCK = SIDECAR_BLOCK
 _WORD_CHARS = "0-9A-Za-z\u017f\u212a"
 _WORD = re.compile(f"[{_WORD_CHARS}]+")
 

@@ -28,6 +28,7 @@ import pytest
 import asynctrace as at
 from asynctrace._records.types import TraceRecord
 from asynctrace._runtime.lifecycle import finish_bound
+from asynctrace.sinks._parquet_sidecar import SIDECAR_FOLDER
 from tests._util import sample
 from tests.sinks._contract import CONTRACT, RETRY, Backend, run_contract
 
@@ -132,6 +133,11 @@ async def test_contract(point: str, tmp_path: Path) -> None:
     await run_contract(point, ParquetBackend(tmp_path))
 
 
+def _leftover(path: Path) -> bool:
+    """A hidden entry the sink leaves (a journal, a temporary), not its sidecars' folder."""
+    return path.name.startswith(".") and path.name != SIDECAR_FOLDER
+
+
 def _files(directory: Path) -> list[Path]:
     return sorted(directory.glob("*.parquet"))
 
@@ -221,7 +227,7 @@ async def test_files_roll_over_by_records_and_by_bytes(tmp_path: Path) -> None:
             await s.log_samples([sample(i) for i in range(3)], step=0)
     assert len(_files(by_count)) == 5
     assert pq.read_table(by_count).num_rows == 31
-    assert not [p for p in by_count.iterdir() if p.name.startswith(".")], "no journal or temporary left"
+    assert not [p for p in by_count.iterdir() if _leftover(p)], "no journal or temporary left"
 
 
 def _run_child(*args: str) -> subprocess.CompletedProcess[str]:
@@ -314,7 +320,7 @@ async def test_sigkill_leaves_only_whole_files_and_a_replay_adds_no_duplicate(tm
     assert len(ids) == len(set(ids)), "a record appears twice in the archive"
     assert len(ids) >= logged, f"{len(ids)} archived, {logged} logged"
     assert {i.rpartition("-")[0] for i in ids} == {ids[0].rpartition("-")[0]}, "only the child's records"
-    assert not [p for p in archive.iterdir() if p.name.startswith(".")], "journal and temporaries are gone"
+    assert not [p for p in archive.iterdir() if _leftover(p)], "journal and temporaries are gone"
 
 
 @ONE_BACKEND
@@ -329,7 +335,7 @@ async def test_a_killed_sinks_journal_becomes_a_file(tmp_path: Path) -> None:
         pass
     assert sink.recovered == 30
     assert sorted(pq.read_table(tmp_path).column("id").to_pylist()) == sorted(f"k-{i}" for i in range(30))
-    assert not list(tmp_path.glob(".*"))
+    assert not [p for p in tmp_path.glob(".*") if _leftover(p)]
 
 
 @ONE_BACKEND
@@ -449,7 +455,7 @@ def test_sigkill_at_random_points_leaves_whole_files_without_duplicates(tmp_path
         held = {i for i in ids if i.rpartition("-")[0] == name}
         missing = {f"{name}-{i}" for i in range(count)} - held
         assert not missing, f"seed {seed}: {len(missing)} written records of {name} lost"
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], f"leftovers (seed {seed})"
+    assert not [p for p in tmp_path.iterdir() if _leftover(p)], f"leftovers (seed {seed})"
 
 
 async def test_files_are_the_same_with_the_writer_in_a_thread(tmp_path: Path) -> None:
@@ -603,7 +609,7 @@ async def test_a_close_past_its_deadline_leaves_the_journal_to_recover(
         assert report.finalized == 50, report
         ids = pq.read_table(archive).column("id").to_pylist()
         assert sorted(ids) == sorted(r.id for r in memory.records)
-        assert not [p for p in archive.iterdir() if p.name.startswith(".")]
+        assert not [p for p in archive.iterdir() if _leftover(p)]
         assert not list(spool.glob("setup-*.json"))
     finally:
         for process in _writer_processes():
@@ -658,5 +664,5 @@ async def test_a_write_after_the_writer_process_was_killed_lands_in_the_last_fil
     want = [f"w-{i}" for i in range(5)] + [f"x-{i}" for i in range(5)]
     assert sorted(pq.read_table(tmp_path).column("id").to_pylist()) == want
     assert sink.paths == _files(tmp_path)
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert not [p for p in tmp_path.iterdir() if _leftover(p)]
     assert not _writer_processes()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
 import socket
 import threading
 import time
@@ -13,6 +14,7 @@ from typing import Any
 import anyio
 
 import asynctrace as at
+from asynctrace.sinks._parquet_sidecar import SIDECAR_FOLDER
 
 STEPS = 5
 GROUP = 4
@@ -95,6 +97,16 @@ def write(root: Path) -> tuple[Path, Path]:
     anyio.run(main, range(3))
     anyio.run(main, range(3, STEPS))
     return parquet, jsonl
+
+
+def without_sidecars(source: Path, target: Path) -> Path:
+    """`target`: a copy of the Parquet archive `source` without the sink's sidecars, as an archive
+    written before them is (the viewer then reads the files themselves)."""
+    target.mkdir(parents=True)
+    for path in source.glob("*.parquet"):
+        shutil.copy2(path, target / path.name)
+    assert not (target / SIDECAR_FOLDER).exists()
+    return target
 
 
 @contextlib.contextmanager

@@ -114,7 +114,7 @@ def test_ctrl_c_while_serving_exits_130_and_only_its_address_is_answered(
 ) -> None:
     """Once indexed: the command answers its loopback names on its port and refuses any other
     name or port (421); SIGINT then exits 130."""
-    parquet = agentic_archive[0]
+    parquet = _archive.without_sidecars(agentic_archive[0], tmp_path / "archive")
     proc = _view(parquet, tmp_path / "cache", "--port", "0")
     try:
         url = _url(proc)

@@ -28,7 +28,7 @@ def _index(archive: Archive) -> list[tuple[Any, ...]]:
 def test_token_values_read_later_give_the_same_index(tmp_path: Path) -> None:
     """Indexed without the token columns and then completed, an archive has the index it has
     when read at once: which records have token fields, and lengths from the loss mask."""
-    parquet, _ = _archive.write(tmp_path)
+    parquet = _archive.without_sidecars(_archive.write(tmp_path)[0], tmp_path / "bare")
     at_once = Archive(parquet)
     at_once.build()
     later = Archive(parquet)
@@ -80,7 +80,7 @@ def test_pages_with_token_values_wait_for_them(tmp_path: Path) -> None:
     """With every length in the metadata the overview answers before the token columns are read;
     a page that shows token values waits for them, then shows them."""
     _write_with_lengths(tmp_path / "archive")
-    archive = Archive(tmp_path / "archive")
+    archive = Archive(_archive.without_sidecars(tmp_path / "archive", tmp_path / "bare"))
     archive.load(keep=False)
     assert not archive.tokens_ready.is_set()
     assert [r.samples for r in archive.overview()] == [8, 8, 8]

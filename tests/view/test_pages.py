@@ -379,7 +379,8 @@ def test_importing_asynctrace_leaves_the_viewer_unloaded() -> None:
 def test_cli_serves_and_refuses_what_it_cannot_read(archive: tuple[Path, Path], tmp_path: Path) -> None:
     """`asynctrace view DIR --port 0` prints its URL and serves, keeping the index in its cache; a
     path that is no archive exits 1."""
-    cmd = [sys.executable, "-m", "asynctrace", "view", str(archive[0]), "--port", "0", "--watch", "p-beta"]
+    bare = _archive.without_sidecars(archive[0], tmp_path / "bare")  # its index is the viewer's to keep
+    cmd = [sys.executable, "-m", "asynctrace", "view", str(bare), "--port", "0", "--watch", "p-beta"]
     env = dict(os.environ, ASYNCTRACE_VIEW_CACHE=str(tmp_path / "cache"))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
@@ -416,7 +417,8 @@ def test_a_kept_index_is_read_instead_of_the_files(
     from asynctrace.view import _archive as archive_module
 
     cache = tmp_path / "cache"
-    with _archive.served(archive[0], cache=cache) as first:
+    bare = _archive.without_sidecars(archive[0], tmp_path / "bare")
+    with _archive.served(bare, cache=cache) as first:
         pages = {path: get(first, path) for path in ("/", "/step?step=3", "/prompt?id=p-gamma")}
     assert len(list(cache.glob("*.parquet"))) == 2
 
@@ -424,7 +426,7 @@ def test_a_kept_index_is_read_instead_of_the_files(
         raise AssertionError("indexed the files again")
 
     monkeypatch.setattr(archive_module.Archive, "_index_select", no_indexing)
-    with _archive.served(archive[0], cache=cache) as second:
+    with _archive.served(bare, cache=cache) as second:
         for path, page in pages.items():
             assert [b.values for b in get(second, path).blocks] == [b.values for b in page.blocks], path
 

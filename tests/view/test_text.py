@@ -22,6 +22,8 @@ from asynctrace.view import _text  # noqa: E402
 from asynctrace.view._archive import Archive  # noqa: E402
 from asynctrace.view._text import Term, terms  # noqa: E402
 
+from ._archive import without_sidecars  # noqa: E402
+
 # Texts with what a tokenizer can get wrong: case, punctuation, digits, JSON escapes, the two
 # non-ASCII letters that match ASCII ones in any case (long s, Kelvin sign), other scripts.
 _PIECES = (
@@ -173,6 +175,7 @@ def test_a_kept_text_index_is_read_instead_of_the_files(
     directory: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The words of each file are kept in the cache; the next start reads them, not the messages."""
+    directory = without_sidecars(directory, tmp_path / "bare")
     first = Archive(directory, cache=tmp_path / "cache")
     first.load()
     assert len(list((tmp_path / "cache" / "text-1").glob("*.parquet"))) == 2
