@@ -186,6 +186,8 @@ def build_app(
         return "train" if "train" in splits or not splits else splits[0]
 
     def overview(request: Request) -> str:
+        page = _int(request, "page", 1, minimum=1)
+        at = _int(request, "step") if request.query_params.get("step") else None
         summary = kept()
         if summary is not None:
             rows, frequent, skipped = summary.overview, summary.frequent[:10], summary.skipped
@@ -204,6 +206,8 @@ def build_app(
             total=sum(r.samples for r in rows),
             skipped=skipped,
             left_out=left_out,
+            page=page,
+            at=at,
         )
 
     def step(request: Request) -> str:

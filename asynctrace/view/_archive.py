@@ -220,35 +220,47 @@ class Archive(Browse):
         if not text:
             return self._completions(where, params, f"step, id LIMIT {int(limit)}")
         pattern = "(?i)" + re.escape(text)
-        with self._query() as con:
-            if self.kind == "jsonl":
+        if self.kind == "jsonl":
+            with self._query() as con:
                 # A case-insensitive regular expression of the literal text: twice as fast as lower().
-                hits = con.execute(
-                    f"SELECT id, step, messages FROM records WHERE {where} "
+                found = con.execute(
+                    f"SELECT id, messages FROM records WHERE {where} "
                     f"AND regexp_matches(messages, $pattern) ORDER BY step, id LIMIT {int(limit)}",
                     {"pattern": pattern, **params},
                 ).fetchall()
-            else:
-                hits = find_text(
-                    con,
-                    files=self.files,
-                    skipped=self.skipped,
-                    text_indexed=self.text_indexed,
-                    firsts=self._block_steps(con),
-                    text=text,
-                    pattern=pattern,
-                    where=where,
-                    params=params,
-                    limit=limit,
-                )
+            if not found:
+                return []
+            return self._completions(
+                "id IN (SELECT unnest($hits))",
+                {"hits": [r[0] for r in found]},
+                "step, id",
+                texts_read={r[0]: r[1] for r in found},
+                ids=[r[0] for r in found],
+            )
+        with self._query() as con:
+            hits = find_text(
+                con,
+                files=self.files,
+                skipped=self.skipped,
+                text_indexed=self.text_indexed,
+                firsts=self._block_steps(con),
+                text=text,
+                pattern=pattern,
+                where=where,
+                params=params,
+                limit=limit,
+            )
         if not hits:
             return []
+        # The search read each hit's place: the index rows are found by it, without looking the
+        # ids up first (`located`); the ids pick the hits among the other rows at those places.
+        srcs = ", ".join(str(int(src)) for src in sorted({h.src for h in hits}))
+        rows = ", ".join(str(int(rn)) for rn in sorted({h.rn for h in hits}))
         return self._completions(
-            "id IN (SELECT unnest($hits))",
-            {"hits": [h[0] for h in hits]},
+            f"src IN ({srcs}) AND rn IN ({rows}) AND id IN (SELECT unnest($hits))",
+            {"hits": [h.id for h in hits]},
             "step, id",
-            texts_read={h[0]: h[2] for h in hits},
-            ids=[h[0] for h in hits],
+            texts_read={h.id: h.messages for h in hits},
         )
 
     def _block_steps(self, con: duckdb.DuckDBPyConnection) -> dict[tuple[int, int], int]:

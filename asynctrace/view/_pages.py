@@ -3,6 +3,7 @@ record, find, and the pages that say the archive is not ready; every value is es
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from html import escape
 
@@ -12,6 +13,7 @@ from ._model import Completion, GroupRow, StepFilter, StepRow, split_order
 from ._svg import line_chart
 
 __all__ = [
+    "PAGE_STEPS",
     "error_page",
     "find_page",
     "loading_page",
@@ -20,6 +22,11 @@ __all__ = [
     "record_page",
     "step_page",
 ]
+
+
+# Steps in one page of the overview's tables, the latest first: a table of every step was 1.2 MB
+# of HTML at 2,441 steps. The charts above it keep every step.
+PAGE_STEPS = 100
 
 
 def loading_page(seconds: float, *, archive: str) -> str:
@@ -50,11 +57,22 @@ def overview_page(
     total: int,
     skipped: dict[str, str] | None = None,
     left_out: dict[str, str] | None = None,
+    page: int = 1,
+    at: int | None = None,
 ) -> str:
-    steps = len({r.step for r in rows})  # a step logged in several splits is one step
+    """The run's overview; its tables show `page` (1: the latest `PAGE_STEPS` steps of every
+    split), or with `at` the page holding that step (the next one logged if it is not)."""
+    numbers = sorted({r.step for r in rows})  # a step logged in several splits is one step
+    last = max(1, -(-len(numbers) // PAGE_STEPS))
+    if at is not None:
+        page = (len(numbers) - 1 - min(bisect_left(numbers, at), len(numbers) - 1)) // PAGE_STEPS + 1
+    if page > last:
+        raise LookupError(f"no page {page}: the overview has {last} page{'s' if last > 1 else ''}")
+    shown = set(numbers[max(0, len(numbers) - page * PAGE_STEPS) : len(numbers) - (page - 1) * PAGE_STEPS])
+    pager = _pager(page, last, shown) if last > 1 else ""
     parts = [
         f'<p class="muted"><span data-k="records">{total:,}</span> records, '
-        f'<span data-k="steps">{steps:,}</span> steps. Click a step to open its groups.</p>',
+        f'<span data-k="steps">{len(numbers):,}</span> steps. Click a step to open its groups.</p>',
         _left_out("Files left out:", skipped or {}),
         _left_out("Records left out:", left_out or {}),
         _prompt_list("Watched prompts", watched, "watched"),
@@ -91,12 +109,15 @@ def overview_page(
         ]
         parts += [line_chart(series, title=title, link=link) for title, series in charts]
         parts.append("</div>")
+        parts.append(pager)
         parts.append(
             '<table class="steps"><thead><tr><th>step</th><th>samples</th><th>reward mean</th>'
             "<th>reward std</th><th>groups</th><th>zero-signal groups</th><th>mean group spread</th>"
             "<th>truncated</th><th>response length</th><th>lag mean</th><th>lag max</th></tr></thead><tbody>"
         )
         for r in mine:
+            if r.step not in shown:
+                continue
             parts.append(
                 f'<tr data-split="{escape(r.split)}" data-step="{r.step}">'
                 f'<td data-k="step"><a href="{escape(link(r.step))}">{r.step}</a></td>'
@@ -115,6 +136,28 @@ def overview_page(
         parts.append("</tbody></table>")
     parts.append(_prompt_list("Prompts seen at the most steps", frequent, "frequent"))
     return layout("Run overview", "".join(parts), archive=archive)
+
+
+def _pager(page: int, last: int, shown: set[int]) -> str:
+    """Moves between the overview's pages (older steps on the left, as in the table) and a box
+    that opens the page of any step."""
+    moves = [
+        (last, "first", "« first steps"),
+        (page + 1, "older", "← older steps"),
+        (page - 1, "newer", "newer steps →"),
+        (1, "latest", "latest steps »"),
+    ]
+    links = " ".join(
+        f'<a class="{cls}" href="{escape(url("/", page=n if n > 1 else None))}">{label}</a>'
+        for n, cls, label in moves
+        if 1 <= n <= last and n != page
+    )
+    return (
+        f'<p class="moves pager">steps {min(shown)} to {max(shown)}, page '
+        f'<span data-k="page">{page}</span> of <span data-k="pages">{last}</span>: {links}</p>'
+        '<form class="jump" action="/" method="get"><input name="step" type="number" '
+        'placeholder="step" aria-label="open the page of step"><button>go</button></form>'
+    )
 
 
 def _prompt_list(title: str, prompts: Sequence[tuple[str, int, int]], cls: str) -> str:

@@ -5,18 +5,29 @@ says can hold the text, in the order of their first step, until the page is full
 from __future__ import annotations
 
 from collections.abc import Container, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import duckdb
 
 from ._text import BLOCK, candidates_sql, terms
 
-__all__ = ["find_text"]
+__all__ = ["Hit", "find_text"]
 
 # Rows a search by text reads in its first query, and at most in one (a whole file without a
 # text index counts as a full query).
 _SEARCH_FIRST_ROWS = 2 * BLOCK
 _SEARCH_BATCH_ROWS = 32 * BLOCK
+
+
+class Hit(NamedTuple):
+    """A record a search by text found: its id, step and messages, and its place (the file's
+    number in the archive, its row there), which saves the caller a look-up of the id."""
+
+    id: str
+    step: int
+    messages: str
+    src: int
+    rn: int
 
 
 def find_text(
@@ -31,8 +42,8 @@ def find_text(
     where: str,
     params: dict[str, Any],
     limit: int,
-) -> list[tuple[str, int, str]]:
-    """(id, step, messages) of the first `limit` records, by step and id, matching `where` whose messages
+) -> list[Hit]:
+    """The first `limit` records, by step and id, matching `where` whose messages
     match `pattern` (the text, any case). Files with a text index are read only in the blocks
     that hold every term of the text, the others whole; blocks are read in the order of their
     first step, a batch at a time, until no block left can come before the hits found."""
@@ -50,7 +61,7 @@ def find_text(
     parts = [(firsts.get(key, 0), key[0], key[1], key[1]) for key in holding]
     parts += [(file_first.get(src, 0), src, 0, -1) for src in usable if src not in indexed]
     parts.sort()
-    hits: list[tuple[str, int, str]] = []
+    hits: list[Hit] = []
     i, size = 0, _SEARCH_FIRST_ROWS
     while i < len(parts):
         if len(hits) >= limit and parts[i][0] > hits[limit - 1][1]:
@@ -77,8 +88,8 @@ def _search(
     where: str,
     params: dict[str, Any],
     limit: int,
-) -> list[tuple[str, int, str]]:
-    """(id, step, messages) of the first `limit` matches in these blocks: one scan per run of
+) -> list[Hit]:
+    """The first `limit` matches in these blocks: one scan per run of
     neighbouring blocks, which DuckDB reads by row number."""
     runs: list[tuple[int, int, int]] = []  # (src, first row, last row), last -1: the whole file
     for _, src, first, last in sorted(batch, key=lambda p: (p[1], p[2])):
@@ -92,11 +103,9 @@ def _search(
         params_files[f"f{k}"] = files[src]
         rows = f"file_row_number BETWEEN {low} AND {high} AND " if high >= 0 else ""
         selects.append(
-            f"SELECT id, step, messages FROM read_parquet($f{k}, file_row_number = true) "
+            f"SELECT id, step, messages, {int(src)} AS src, file_row_number AS rn "
+            f"FROM read_parquet($f{k}, file_row_number = true) "
             f"WHERE {rows}{where} AND regexp_matches(messages, $pattern)"
         )
     query = " UNION ALL ".join(selects) + f" ORDER BY step, id LIMIT {int(limit)}"
-    return [
-        (r[0], r[1], r[2])
-        for r in con.execute(query, {"pattern": pattern, **params, **params_files}).fetchall()
-    ]
+    return [Hit(*r) for r in con.execute(query, {"pattern": pattern, **params, **params_files}).fetchall()]
