@@ -35,6 +35,7 @@ from ._parquet_journal import DamagedJournal, Journal, JournalName, create, fsyn
 from ._parquet_maker import FileMaker
 from ._parquet_recovery import recover_journals
 from ._parquet_rows import journal_parts, schema
+from ._parquet_sidecar import remove_leftovers
 
 __all__ = ["DamagedJournal", "ParquetSink", "schema"]
 
@@ -162,6 +163,8 @@ class ParquetSink(Sink):
         """Turn the journals of sinks that are gone (killed) into files; a live sink's is locked
         (with the stem `own`: a `PermanentSinkError`, two sinks cannot share it)."""
         found = recover_journals(self.directory, self.compression_level, own)
+        # A sidecar maker killed with the trainer leaves its temporaries: no one else removes them.
+        remove_leftovers(self.directory)
         self.recovered += found.rows
         self.damaged_journals += found.damaged
 
