@@ -254,7 +254,7 @@ class Browse(Index):
             record = con.execute(
                 f"SELECT count(*) FROM idx WHERE {self.located(con, [name])} AND id = $n", {"n": name}
             ).fetchone()
-            prompts = con.execute("SELECT DISTINCT split FROM idx WHERE prompt = $n", {"n": name}).fetchall()
+            prompts = con.execute("SELECT DISTINCT split FROM pidx WHERE prompt = $n", {"n": name}).fetchall()
             groups = con.execute(
                 "SELECT DISTINCT split, step FROM idx WHERE grp = $n ORDER BY split, step", {"n": name}
             ).fetchall()
@@ -287,18 +287,20 @@ class Browse(Index):
         shown: Callable[[list[Any]], set[str]] | None = None,
         texts_read: dict[str, str] | None = None,
         ids: Sequence[str] | None = None,
+        table: str = "idx",
     ) -> list[Completion]:
         """The index rows matching `where`, with the texts (and with `metadata`, the metadata) of
         those `shown` picks, every one by default; the others have `loaded` False. `texts_read`
         gives the messages, by id, where the caller has read them. `ids`: the rows are some of
-        these records' (found by their places first, see `located`)."""
+        these records' (found by their places first, see `located`). `table`: the index's view
+        to query, `idx` or (for a question by prompt) `pidx` (see `Index._views`)."""
         self._await_tokens()
         with self._query() as con:
             if ids is not None:
                 where = f"{self.located(con, ids)} AND ({where})"
             index = con.execute(
                 "SELECT id, step, split, grp, prompt, reward, advantage, policy_version, stop_reason, "
-                f"rlen, tok, src, rn FROM idx WHERE {where} ORDER BY {order}",
+                f"rlen, tok, src, rn FROM {table} WHERE {where} ORDER BY {order}",
                 params,
             ).fetchall()
             if not index:
@@ -360,6 +362,7 @@ class Browse(Index):
             {"prompt": prompt},
             "policy_version DESC NULLS LAST, step DESC, reward DESC NULLS LAST, id",
             shown=lambda rows: _highlights([r for r in rows if r[2] == split]),
+            table="pidx",
         )
         return [c for c in every if c.split == split], sorted({c.split for c in every})
 
@@ -374,7 +377,7 @@ class Browse(Index):
         """(steps, samples) of each of these prompt ids that the archive holds."""
         with self._query() as con:
             rows = con.execute(
-                "SELECT prompt, count(DISTINCT step), count(*) FROM idx "
+                "SELECT prompt, count(DISTINCT step), count(*) FROM pidx "
                 "WHERE prompt IN (SELECT unnest($p)) GROUP BY prompt",
                 {"p": list(prompts)},
             ).fetchall()
