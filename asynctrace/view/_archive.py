@@ -164,6 +164,7 @@ class Archive(Browse):
             except duckdb.Error:
                 return None  # a sidecar damaged past its footer: the index says, once read
         self._known = (files, summary)
+        self.checked_sidecars = sidecars
         return summary
 
     def tokens(self, record_id: str) -> dict[str, Any] | None:

@@ -160,12 +160,14 @@ def _facts(con: duckdb.DuckDBPyConnection, pairs: Sequence[tuple[str, str]]) -> 
 def _checked(
     con: duckdb.DuckDBPyConnection,
     pairs: Sequence[tuple[Path, str]],
-    columns: tuple[tuple[str, str], ...],
+    columns: Sequence[tuple[tuple[str, str], ...]],
     block: int | None = None,
 ) -> list[bool]:
-    """Whether each (sidecar, file) pair passes every check (see the module)."""
+    """Whether each (sidecar, file) pair passes every check (see the module), with its `columns`
+    (the same place in the list). Every footer is read in three queries, whatever the pairs."""
     ok = [_regular(sidecar) and _folder(sidecar.parent) for sidecar, _ in pairs]
     todo = [(str(sidecar), file) for (sidecar, file), good in zip(pairs, ok, strict=True) if good]
+    specs = [spec for spec, good in zip(columns, ok, strict=True) if good]
     if not todo:
         return ok
     try:
@@ -177,22 +179,24 @@ def _checked(
                 facts.extend(_facts(con, [pair]))
             except duckdb.Error:
                 facts.append(_Facts([], [], None, None))
-    verdicts = iter(_passes(f, file, columns, block) for f, (_, file) in zip(facts, todo, strict=True))
+    verdicts = iter(
+        _passes(f, file, spec, block) for f, (_, file), spec in zip(facts, todo, specs, strict=True)
+    )
     return [good and next(verdicts) for good in ok]
 
 
 def index_sidecars(con: duckdb.DuckDBPyConnection, files: Sequence[str]) -> dict[str, Sidecars]:
     """The valid sidecars of each of these archive files that has every kind of them valid:
     file -> their paths (a file with one missing or failing is read instead)."""
+    pairs = [(sidecar_path(Path(f), kind), f) for f in files for kind, _ in _KINDS]
+    specs = [columns for _ in files for _, columns in _KINDS]
     good = {f: True for f in files}
-    for kind, columns in _KINDS:
-        pairs = [(sidecar_path(Path(f), kind), f) for f in files if good[f]]
-        for (_, f), ok in zip(pairs, _checked(con, pairs, columns), strict=True):
-            good[f] = ok
+    for (_, f), ok in zip(pairs, _checked(con, pairs, specs), strict=True):
+        good[f] = good[f] and ok
     return {f: Sidecars(*(str(sidecar_path(Path(f), kind)) for kind, _ in _KINDS)) for f in files if good[f]}
 
 
 def words_sidecar(con: duckdb.DuckDBPyConnection, file: str) -> str | None:
     """The valid words sidecar of this archive file, if it has one."""
     sidecar = words_path(Path(file))
-    return str(sidecar) if _checked(con, [(sidecar, file)], _WORDS_COLUMNS, _text.BLOCK)[0] else None
+    return str(sidecar) if _checked(con, [(sidecar, file)], [_WORDS_COLUMNS], _text.BLOCK)[0] else None

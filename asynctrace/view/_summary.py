@@ -97,59 +97,57 @@ def merge_summaries(con: duckdb.DuckDBPyConnection, sidecars: Sequence[Sidecars]
     (`asynctrace.sinks._parquet_summary`): a step that only one file holds is that file's row
     as it is; a step that several hold (a file ends in the middle of one) is computed again
     from those files' index rows of that step only. A prompt's steps are the sum of each
-    file's, less each step counted in more than one file."""
-    steps = _listed([s.steps for s in sidecars])
+    file's, less each step counted in more than one file. `con` is a cursor of the caller's
+    own (it gets a temporary table)."""
     index_of = {s.steps: s.by_row for s in sidecars}
-    shared = con.execute(
-        f"SELECT split, step, list(filename) FROM read_parquet({steps}, filename = true) "
-        "GROUP BY split, step HAVING count(*) > 1"
+    every = con.execute(
+        f"SELECT filename, * EXCLUDE (filename) FROM read_parquet({_listed(list(index_of))}, filename = true)"
     ).fetchall()
-    rows = con.execute(
-        f"SELECT * EXCLUDE (filename) FROM read_parquet({steps}, filename = true) "
-        "WHERE (split, step) NOT IN (SELECT (split, step) FROM read_parquet("
-        f"{steps}) GROUP BY split, step HAVING count(*) > 1)"
-    ).fetchall()
-    if shared:
-        holding = _listed(sorted({index_of[f] for _, _, names in shared for f in names}))
-        keys = ", ".join(f"({_quoted(split)}, {int(step)})" for split, step, _ in shared)
-        at = ", ".join(str(int(step)) for step in sorted({step for _, step, _ in shared}))
-        relation = (
-            f"(SELECT * FROM read_parquet({holding}) WHERE step IN ({at}) AND (split, step) IN ({keys}))"
+    holders: dict[tuple[str, int], set[str]] = {}
+    at_step: dict[int, set[str]] = {}  # a prompt's steps count a step once, whatever its split
+    for r in every:
+        holders.setdefault((r[1], r[2]), set()).add(index_of[r[0]])
+        at_step.setdefault(r[2], set()).add(index_of[r[0]])
+    rows = [r[1:] for r in every if len(holders[(r[1], r[2])]) == 1]
+    twice = {step: files for step, files in at_step.items() if len(files) > 1}
+    if twice:
+        # The index rows of every step in more than one file, read once: a list of steps lets
+        # the row groups' statistics skip to them.
+        holding = _listed(sorted(set().union(*twice.values())))
+        steps = ", ".join(str(int(step)) for step in sorted(twice))
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE shared_rows AS SELECT filename, split, step, grp, prompt, "
+            f"reward, stop_reason, rlen, policy_version FROM read_parquet({holding}, filename = true) "
+            f"WHERE step IN ({steps})"
         )
-        rows += con.execute(overview_sql(relation)).fetchall()
+        keys = ", ".join(f"({_quoted(k[0])}, {int(k[1])})" for k, f in holders.items() if len(f) > 1)
+        if keys:
+            relation = f"(SELECT * FROM shared_rows WHERE (split, step) IN ({keys}))"
+            rows += con.execute(overview_sql(relation)).fetchall()
     overview = sorted((StepRow(*r) for r in rows), key=lambda r: (r.split, r.step))
-    prompts = _prompt_counts(con, sidecars)
+    prompts = _prompt_counts(con, [s.counts for s in sidecars], bool(twice))
     frequent = sorted(((p, s, n) for p, (s, n) in prompts.items()), key=lambda r: (-r[1], r[0]))[:50]
     return Summary(overview, frequent, prompts if len(prompts) <= MAX_PROMPTS else None, {})
 
 
 def _prompt_counts(
-    con: duckdb.DuckDBPyConnection, sidecars: Sequence[Sidecars]
+    con: duckdb.DuckDBPyConnection, counts: Sequence[str], twice: bool
 ) -> dict[str, tuple[int, int]]:
-    """Each prompt id's (distinct steps, records) over the files with these sidecars."""
-    steps = _listed([s.steps for s in sidecars])
-    counts = _listed([s.counts for s in sidecars])
+    """Each prompt id's (distinct steps, records) over the files with these ``counts`` sidecars;
+    with `twice`, table ``shared_rows`` holds the index rows of the steps in more than one file."""
     summed = con.execute(
-        f"SELECT prompt, sum(steps), sum(samples) FROM read_parquet({counts}) GROUP BY prompt"
+        f"SELECT prompt, sum(steps), sum(samples) FROM read_parquet({_listed(counts)}) GROUP BY prompt"
     ).fetchall()
     found = {str(p): (int(s), int(n)) for p, s, n in summed}
-    # A step in two files is counted once in each: what the files' index rows of it say is taken off.
-    index_of = {s.steps: s.by_row for s in sidecars}
-    twice = con.execute(
-        f"SELECT step, list(DISTINCT filename) FROM read_parquet({steps}, filename = true) "
-        "GROUP BY step HAVING count(DISTINCT filename) > 1"
-    ).fetchall()
     if twice:
-        holding = _listed(sorted({index_of[f] for _, names in twice for f in names}))
-        at = ", ".join(str(int(step)) for step, _ in twice)
+        # Counted once in each file that holds it: what those files' index rows say is taken off.
         extra = con.execute(
-            f"SELECT prompt, sum(n - 1) FROM (SELECT prompt, step, count(DISTINCT filename) AS n "
-            f"FROM read_parquet({holding}, filename = true) WHERE step IN ({at}) AND prompt IS NOT NULL "
-            "GROUP BY prompt, step) WHERE n > 1 GROUP BY prompt"
+            "SELECT prompt, sum(n - 1) FROM (SELECT prompt, step, count(DISTINCT filename) AS n "
+            "FROM shared_rows WHERE prompt IS NOT NULL GROUP BY prompt, step) WHERE n > 1 GROUP BY prompt"
         ).fetchall()
         for prompt, n in extra:
-            s, total = found[str(prompt)]
-            found[str(prompt)] = (s - int(n), total)
+            steps, total = found[str(prompt)]
+            found[str(prompt)] = (steps - int(n), total)
     return found
 
 
