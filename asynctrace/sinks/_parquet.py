@@ -148,9 +148,10 @@ class ParquetSink(Sink):
         }
 
     def finalize_journals(self) -> int:
-        """Turn the journals that killed sinks left in the directory into Parquet files, as
-        opening a sink there does; returns how many rows they held (damaged lines skipped are
-        in `damaged_journals`). A live sink's is left alone."""
+        """Turn the journals that killed sinks left in the directory into Parquet files, and
+        remove the temporaries that killed sidecar makers left, as opening a sink there does;
+        returns how many rows they held (damaged lines skipped are in `damaged_journals`). A
+        live sink's journal, and a live maker's temporary, are left alone."""
         if not self.directory.is_dir():
             return 0
         before = self.recovered

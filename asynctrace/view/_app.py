@@ -227,7 +227,7 @@ def build_app(
         if chosen.tools:
             tooled = archive.with_tools(split, number)
             groups = [g for g in groups if g.group in tooled]
-        prompts = archive.prompts_of([g.first_id for g in groups[:limit]])
+        prompts = archive.prompts_of([g.first_id for g in groups[:limit]], split=split, step=number)
         return pages.step_page(
             split,
             number,

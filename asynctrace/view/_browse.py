@@ -265,14 +265,22 @@ class Browse(Index):
             sorted(((s, int(n)) for s, n in groups), key=lambda g: (order[g[0]], g[1])),
         )
 
-    def prompts_of(self, ids: Sequence[str]) -> dict[str, str]:
-        """The prompt text of each of these records (found in the index first, then read)."""
+    def prompts_of(
+        self, ids: Sequence[str], *, split: str | None = None, step: int | None = None
+    ) -> dict[str, str]:
+        """The prompt text of each of these records (found in the index first, then read). With
+        `split` and `step`, those of that step only: a sidecar's ids are then read in that step's
+        row groups only, where otherwise every id of the archive is (a second at 10M records)."""
         if not ids:
             return {}
+        at, params = "true", dict[str, Any]({"ids": list(ids)})
+        if split is not None and step is not None:
+            at, params = "split = $split AND step = $step", {**params, "split": split, "step": step}
         with self._query() as con:
             found = con.execute(
-                f"SELECT id, src, rn FROM idx WHERE {self.located(con, ids)} AND id IN (SELECT unnest($ids))",
-                {"ids": list(ids)},
+                f"SELECT id, src, rn FROM idx WHERE {self.located(con, ids)} AND {at} "
+                "AND id IN (SELECT unnest($ids))",
+                params,
             ).fetchall()
             rows = self._rows(con, found, "messages")
         return {r[0]: split_messages(_messages(r[1]))[0] for r in rows}
