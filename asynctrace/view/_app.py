@@ -113,7 +113,6 @@ class Loading:
         later_steps = (
             archive.complete_tokens,
             functools.partial(archive.index_text, kept_only=True),  # seconds: before what is longer
-            archive.verify_sidecars,
             archive.warm_blocks,
             archive.index_ids,
             archive.keep,

@@ -86,8 +86,12 @@ class Archive(Browse):
         if self.lengths_need_tokens():
             self.complete_tokens()
         self._seed()
-        self.overview()
-        self.frequent_prompts()
+        try:
+            self.overview()
+            self.frequent_prompts()
+        except duckdb.Error:  # a sidecar damaged past its footer: its file is read now (`repair`)
+            self.overview()
+            self.frequent_prompts()
         if keep:
             self.index_ids()
             self.keep()
@@ -271,11 +275,16 @@ class Archive(Browse):
             return
         with self._lock:
             upto = len(self.files)
-        with self.cursor() as cursor:
-            rows = cursor.execute(
-                f"SELECT src, rn // {BLOCK}, min(step) FROM idx WHERE rn IS NOT NULL AND src < {int(upto)} "
-                "GROUP BY ALL"
-            ).fetchall()
+        try:
+            with self.cursor() as cursor:
+                rows = cursor.execute(
+                    f"SELECT src, rn // {BLOCK}, min(step) FROM idx "
+                    f"WHERE rn IS NOT NULL AND src < {int(upto)} GROUP BY ALL"
+                ).fetchall()
+        except duckdb.Error:
+            with self._lock:
+                self.repair()  # a sidecar damaged past its footer: the first search asks again
+            return
         with self._lock:
             if len(self.files) == upto and "blocks" not in self._cache:
                 self._cache["blocks"] = {(src, block): step for src, block, step in rows}

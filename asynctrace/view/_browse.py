@@ -164,10 +164,17 @@ class Browse(Index):
 
     @contextmanager
     def _query(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """The connection, for one page's queries at a time, after picking up new files."""
+        """The connection, for one page's queries at a time, after picking up new files. A query
+        that fails while some sidecars were not read whole yet (a first open's: see `build`)
+        has them read whole first: a file whose sidecar is damaged past its footer is then read
+        itself, and the page, asked again, is answered from it."""
         with self._lock:
             self._scan(every=self._rescan_seconds())
-            yield self._con
+            try:
+                yield self._con
+            except duckdb.Error:
+                self.repair()
+                raise
 
     def _rows(
         self,

@@ -115,7 +115,7 @@ class Index(TextIndex):
         self.sidecars: dict[int, Sidecars] = {}
         # Sidecars checked (`index_sidecars`) before the index is built, by file (`Archive`).
         self.checked_sidecars: dict[str, Sidecars] = {}
-        # Files whose sidecars are queried before they were read whole (`verify_sidecars`).
+        # Files whose sidecars are queried before they were read whole (`repair`).
         self._unverified: list[int] = []
         self._con.execute(
             "CREATE TABLE idx_rows (id VARCHAR, step BIGINT, split VARCHAR, grp VARCHAR, prompt VARCHAR, "
@@ -221,7 +221,9 @@ class Index(TextIndex):
             )
             self._views()
             if self._defer:
-                self._unverified += list(held)  # read whole by `verify_sidecars`, after the overview
+                # Read whole only when a query fails (`repair`): reading them is seconds of both
+                # cores at 10M records, which the pages would wait for.
+                self._unverified += list(held)
             else:
                 self._verify(self._con, list(held))
         rest = [f for f in files if f not in sidecars]
@@ -277,7 +279,7 @@ class Index(TextIndex):
     def _verify(self, con: duckdb.DuckDBPyConnection, srcs: list[int]) -> None:
         """Read every value of these files' index sidecars (their footers were checked, not their
         pages): a file whose sidecar cannot be read whole is read itself instead (the caller holds
-        the lock, or `con` is a cursor of its own and the lock is taken to swap)."""
+        the lock)."""
         damaged = []
         for src in srcs:
             found = self.sidecars.get(src)
@@ -293,13 +295,8 @@ class Index(TextIndex):
                         return  # interrupted at exit: says nothing of the sidecar
                     damaged.append(src)
                     break
-        if not damaged:
-            return
-        if con is self._con:
+        if damaged:
             self._read_instead(damaged)
-        else:
-            with self._lock:
-                self._read_instead(damaged)
 
     def _read_instead(self, srcs: list[int]) -> None:
         """Stop querying these files' sidecars; read the files themselves (the caller holds the lock)."""
@@ -314,14 +311,13 @@ class Index(TextIndex):
         self._read_files(files, have)
         self._indexed()
 
-    def verify_sidecars(self) -> None:
-        """Read whole the sidecars a first open left unread (see `build`), through a cursor of its
-        own, so that pages are answered meanwhile."""
-        with self._lock:
-            pending, self._unverified = self._unverified, []
-        if pending:
-            with self.cursor() as cursor:
-                self._verify(cursor, pending)
+    def repair(self) -> None:
+        """Read whole the sidecars not read whole yet (see `build`); a file whose sidecar cannot
+        be is read itself instead (the caller holds the lock)."""
+        if self.closing.is_set():
+            return
+        pending, self._unverified = self._unverified, []
+        self._verify(self._con, pending)
 
     def _leave_out_incomplete(self, first: int) -> set[str]:
         """Take out of the index the records just read without an id, a step or a split (a file

@@ -201,3 +201,29 @@ def test_the_sidecars_of_the_view_tests_archive_summarise_it(tmp_path: Path) -> 
     bare.build()
     _same([astuple(r) for r in summary.overview], [astuple(r) for r in bare.overview()])
     assert summary.frequent == bare.frequent_prompts(50)
+
+
+def test_a_first_open_reads_a_damaged_sidecar_s_file_once_a_query_meets_it(tmp_path: Path) -> None:
+    """A server's first open does not read its sidecars whole: the first page whose query meets
+    one damaged past its footer fails, its file is read instead, and that page asked again is
+    the files' own."""
+    import orjson
+
+    directory = tmp_path / "run"
+    files = _write_straddling(directory)
+    bare = Archive(without_sidecars(directory, tmp_path / "bare"))
+    bare.load()
+    # Its rows by prompt: what the summaries do not read, and a prompt's history does.
+    _damaged_pages(sidecar_path(files[1], "byprompt"))
+    prompt = orjson.loads(pq.read_table(files[1], columns=["metadata"]).column(0)[0].as_py())["prompt_id"]
+    opened = Archive(directory)
+    assert opened.sidecar_summary() is not None
+    opened.load(keep=False)
+    opened.complete_tokens()
+    assert 1 in opened.sidecars
+    _same([astuple(r) for r in opened.overview()], [astuple(r) for r in bare.overview()])
+    with pytest.raises(duckdb.Error):
+        opened.prompt_history(prompt, "train")
+    assert 1 not in opened.sidecars and len(opened.sidecars) == len(files) - 1
+    assert opened.prompt_history(prompt, "train") == bare.prompt_history(prompt, "train")
+    assert opened.step_groups("train", 3) == bare.step_groups("train", 3)
