@@ -259,13 +259,17 @@ class Archive(Browse):
             return []
         # The search read each hit's place: the index rows are found by it, without looking the
         # ids up first (`located`); the ids pick the hits among the other rows at those places.
-        srcs = ", ".join(str(int(src)) for src in sorted({h.src for h in hits}))
-        rows = ", ".join(str(int(rn)) for rn in sorted({h.rn for h in hits}))
+        places: dict[int, set[int]] = {}
+        for h in hits:
+            places.setdefault(h.src, set()).add(h.rn)
+        with self._lock:
+            relation = self.at_places(places)
         return self._completions(
-            f"src IN ({srcs}) AND rn IN ({rows}) AND id IN (SELECT unnest($hits))",
+            "id IN (SELECT unnest($hits))",
             {"hits": [h.id for h in hits]},
             "step, id",
             texts_read={h.id: h.messages for h in hits},
+            table=relation,
         )
 
     def warm_blocks(self) -> None:

@@ -125,6 +125,24 @@ class Index(TextIndex):
         self._con.execute("CREATE TABLE sidecar_src (filename VARCHAR, src INTEGER)")
         self._views()
 
+    def at_places(self, places: dict[int, set[int]]) -> str:
+        """A relation of the index rows at these places (src -> row numbers), each file asked for
+        its own rows: a sidecar's statistics then skip to them, where view `idx` would look in
+        every file for every row number (the caller holds the lock)."""
+        parts = []
+        for src, rows in sorted(places.items()):
+            listed = ", ".join(str(int(r)) for r in sorted(rows))
+            found = self.sidecars.get(src)
+            if found is None:
+                parts.append(f"SELECT * FROM idx_rows WHERE src = {int(src)} AND rn IN ({listed})")
+            else:
+                path = "'" + found.by_row.replace("'", "''") + "'"
+                parts.append(
+                    f"SELECT {_SIDECAR_ROW}, {int(src)} AS src FROM read_parquet({path}) "
+                    f"WHERE rn IN ({listed})"
+                )
+        return "(" + (" UNION ALL ".join(parts) or "SELECT * FROM idx_rows WHERE false") + ")"
+
     def _views(self) -> None:
         """(Re)make view `idx`, every record's index row, and `pidx`, the same rows where a
         query by prompt is cheaper (the sidecars ordered by prompt): table `idx_rows` and the

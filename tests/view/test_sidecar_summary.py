@@ -135,6 +135,10 @@ def test_pages_from_sidecars_where_they_lie_equal_those_from_the_files(tmp_path:
     some = bare.group("train", 4, "4-2")[0].id
     assert held.record(some) == bare.record(some)
     assert held.names("p2") == bare.names("p2") and held.names(some) == bare.names(some)
+    # A search reads each hit's index row at its place, in the file's own sidecar.
+    held.index_text()
+    found = held.find(text="q1", limit=5)
+    assert found and found == bare.find(text="q1", limit=5)
 
 
 def _foreign(path: Path) -> None:
