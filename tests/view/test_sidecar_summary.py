@@ -127,9 +127,12 @@ def test_pages_from_sidecars_where_they_lie_equal_those_from_the_files(tmp_path:
     bare = Archive(without_sidecars(directory, tmp_path / "bare"))
     bare.load()
     con = held._con
-    assert con.execute(overview_sql("idx")).fetchall() == bare._con.execute(overview_sql("idx")).fetchall()
+    # Sums over rows read in another order may differ in their last bits: compared as floats.
+    _same(con.execute(overview_sql("idx")).fetchall(), bare._con.execute(overview_sql("idx")).fetchall())
     assert con.execute(frequent_sql("pidx")).fetchall() == bare._con.execute(frequent_sql("idx")).fetchall()
-    assert held.step_groups("train", 3) == bare.step_groups("train", 3)
+    _same(
+        [astuple(g) for g in held.step_groups("train", 3)], [astuple(g) for g in bare.step_groups("train", 3)]
+    )
     assert held.prompt_history("p1", "train") == bare.prompt_history("p1", "train")
     assert held.group("train", 2, "2-1") == bare.group("train", 2, "2-1")
     some = bare.group("train", 4, "4-2")[0].id
@@ -230,4 +233,7 @@ def test_a_first_open_reads_a_damaged_sidecar_s_file_once_a_query_meets_it(tmp_p
         opened.prompt_history(prompt, "train")
     assert 1 not in opened.sidecars and len(opened.sidecars) == len(files) - 1
     assert opened.prompt_history(prompt, "train") == bare.prompt_history(prompt, "train")
-    assert opened.step_groups("train", 3) == bare.step_groups("train", 3)
+    _same(
+        [astuple(g) for g in opened.step_groups("train", 3)],
+        [astuple(g) for g in bare.step_groups("train", 3)],
+    )
