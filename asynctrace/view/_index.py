@@ -26,18 +26,13 @@ from duckdb.func import SPECIAL
 from .._records.groups import DEFAULT_GROUP_KEYS
 from .._select.watch import DEFAULT_WATCH_KEYS
 from ._files import counted, load_jsonl, parquet_columns_of
-from ._sidecar import Sidecars, index_sidecars, words_sidecar
+from ._held import HeldIndex
+from ._sidecar import index_sidecars, words_sidecar
 from ._store import write_rows
 from ._text import words_sql
-from ._words import TextIndex
 
 __all__ = ["LENGTH_KEYS", "TOKEN_COLUMNS", "Index"]
 
-# The index's columns, in order (table `idx_rows`, and so every view over it).
-_INDEX_ROW = (
-    "id, step, split, grp, prompt, reward, advantage, policy_version, stop_reason, rlen, tok, rn, src"
-)
-_SIDECAR_ROW = "id, step, split, grp, prompt, reward, advantage, policy_version, stop_reason, rlen, tok, rn"
 # Bumped (with `_text`'s words or its BLOCK) so that older kept text indexes are not read: they
 # are kept in a folder of this name beside the index's files.
 _TEXT_FOLDER = "text-1"
@@ -84,7 +79,7 @@ def _mask_count(b64: str | None) -> int | None:
     return len(raw) - raw.count(0)
 
 
-class Index(TextIndex):
+class Index(HeldIndex):
     """A Parquet archive directory (of `ParquetSink` files), a JSONL file, or a directory of
     JSONL files, indexed: table `idx` (and for JSONL, table `records`, the records whole), and
     the text index of `TextIndex`."""
@@ -110,53 +105,6 @@ class Index(TextIndex):
         # Cache files to write: (path, src) of files indexed but not yet kept.
         self._unkept: list[tuple[Path, int]] = []
         self._keep_lock = threading.Lock()
-        # Files whose index is their sink's sidecars (`_sidecar`), queried where they lie: src ->
-        # those sidecars. The rows of the others are copied into table `idx_rows`.
-        self.sidecars: dict[int, Sidecars] = {}
-        # Sidecars checked (`index_sidecars`) before the index is built, by file (`Archive`).
-        self.checked_sidecars: dict[str, Sidecars] = {}
-        # Files whose sidecars are queried before they were read whole (`repair`).
-        self._unverified: list[int] = []
-        self._con.execute(
-            "CREATE TABLE idx_rows (id VARCHAR, step BIGINT, split VARCHAR, grp VARCHAR, prompt VARCHAR, "
-            "reward DOUBLE, advantage DOUBLE, policy_version BIGINT, stop_reason VARCHAR, rlen BIGINT, "
-            "tok BOOLEAN, rn BIGINT, src INTEGER)"
-        )
-        self._con.execute("CREATE TABLE sidecar_src (filename VARCHAR, src INTEGER)")
-        self._views()
-
-    def at_places(self, places: dict[int, set[int]]) -> str:
-        """A relation of the index rows at these places (src -> row numbers), each file asked for
-        its own rows: a sidecar's statistics then skip to them, where view `idx` would look in
-        every file for every row number (the caller holds the lock)."""
-        parts = []
-        for src, rows in sorted(places.items()):
-            listed = ", ".join(str(int(r)) for r in sorted(rows))
-            found = self.sidecars.get(src)
-            if found is None:
-                parts.append(f"SELECT * FROM idx_rows WHERE src = {int(src)} AND rn IN ({listed})")
-            else:
-                path = "'" + found.by_row.replace("'", "''") + "'"
-                parts.append(
-                    f"SELECT {_SIDECAR_ROW}, {int(src)} AS src FROM read_parquet({path}) "
-                    f"WHERE rn IN ({listed})"
-                )
-        return "(" + (" UNION ALL ".join(parts) or "SELECT * FROM idx_rows WHERE false") + ")"
-
-    def _views(self) -> None:
-        """(Re)make view `idx`, every record's index row, and `pidx`, the same rows where a
-        query by prompt is cheaper (the sidecars ordered by prompt): table `idx_rows` and the
-        sidecars where they lie (the caller holds the lock, or no one else has the connection)."""
-        for view, order in (("idx", "by_row"), ("pidx", "by_prompt")):
-            paths = [getattr(s, order) for s in self.sidecars.values()]
-            select = "SELECT * FROM idx_rows"
-            if paths:
-                listed = "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
-                select += (
-                    f" UNION ALL SELECT {_INDEX_ROW} FROM read_parquet({listed}, filename = true) "
-                    "JOIN sidecar_src USING (filename)"
-                )
-            self._con.execute(f"CREATE OR REPLACE VIEW {view} AS {select}")
 
     def build(self, *, defer_tokens: bool = False) -> None:
         """Index every file there is now; the indexes to keep wait for `keep()`. With
@@ -294,28 +242,6 @@ class Index(TextIndex):
         if not self._loading:
             self.keep()
 
-    def _verify(self, con: duckdb.DuckDBPyConnection, srcs: list[int]) -> None:
-        """Read every value of these files' index sidecars (their footers were checked, not their
-        pages): a file whose sidecar cannot be read whole is read itself instead (the caller holds
-        the lock)."""
-        damaged = []
-        for src in srcs:
-            found = self.sidecars.get(src)
-            if found is None:
-                continue
-            for path in (found.by_row, found.by_prompt):
-                if self.closing.is_set():
-                    return
-                try:
-                    con.execute(f"SELECT max(hash({_SIDECAR_ROW})) FROM read_parquet(?)", [path]).fetchall()
-                except duckdb.Error:
-                    if self.closing.is_set():
-                        return  # interrupted at exit: says nothing of the sidecar
-                    damaged.append(src)
-                    break
-        if damaged:
-            self._read_instead(damaged)
-
     def _read_instead(self, srcs: list[int]) -> None:
         """Stop querying these files' sidecars; read the files themselves (the caller holds the lock)."""
         for src in srcs:
@@ -328,14 +254,6 @@ class Index(TextIndex):
         have: set[str] = set().union(*(self._columns[f] for f, _ in files))
         self._read_files(files, have)
         self._indexed()
-
-    def repair(self) -> None:
-        """Read whole the sidecars not read whole yet (see `build`); a file whose sidecar cannot
-        be is read itself instead (the caller holds the lock)."""
-        if self.closing.is_set():
-            return
-        pending, self._unverified = self._unverified, []
-        self._verify(self._con, pending)
 
     def _leave_out_incomplete(self, first: int) -> set[str]:
         """Take out of the index the records just read without an id, a step or a split (a file
