@@ -6,7 +6,8 @@ advantage, policy version, stop reason, response length) so that the overview an
 never parse the metadata JSON again. Parquet files are complete once they have their name (a
 sink writes them under a hidden one and renames them), so a file indexed once never changes:
 new files of a running trainer are indexed as they appear, and each file's index can be kept
-on disk for the next start.
+on disk for the next start. A file with valid sidecars (`_sidecar`) is not read at all: its
+sidecars are queried where they lie (`_held`).
 """
 
 from __future__ import annotations
