@@ -4,16 +4,18 @@ Builds a Parquet archive of each ``--rows`` count (default 1,000,000) through a 
 ``TraceSession`` with a ``ParquetSink``: GRPO-style groups of 8 completions, 512 groups a step,
 prompt ids drawn from a pool of 5,000 (so each prompt recurs across steps), policy-version lag,
 truncations, and token-level fields (512 tokens of ids, loss mask, log-probs and advantages) on
-one record in 64; the sink writes each file's sidecars (the viewer's index rows and words).
+one record in 64; the sink writes each file's sidecars (the viewer's index rows, their
+summaries and words).
 ``--archive DIR ...`` (one per count) keeps each there and reuses it on the next run; an archive
-without sidecars (written before them) measures the viewer reading the files instead. The
+without sidecars (written before them, or of an older version) measures the viewer reading the
+files instead. The
 archives are measured one after another and printed side by side, each figure's growth from the
 first to the last, the goals (set for 10,000,000 rows) judged on the largest.
 
 Then runs ``asynctrace view`` itself (the command, in a subprocess) twice: with an empty index
 cache (the first open of an archive) and with the cache the first run left (every later
 start). Each time: seconds until it listens, until the overview answers (a later start answers it
-from the summary the first kept; a first open, from the sidecars' rows), and until every page
+from the summary the first kept; a first open, from the sidecars' summaries), and until every page
 answers (the index read); for the first, also until its text index is built (the find page says
 so until then). On the second
 server it times every view over HTTP, ``--repeat`` times each, after one untimed request;

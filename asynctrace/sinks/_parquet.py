@@ -35,6 +35,7 @@ from ._parquet_journal import DamagedJournal, Journal, JournalName, create, fsyn
 from ._parquet_maker import FileMaker
 from ._parquet_recovery import recover_journals
 from ._parquet_rows import journal_parts, schema
+from ._parquet_sidecar import remove_leftovers
 
 __all__ = ["DamagedJournal", "ParquetSink", "schema"]
 
@@ -147,9 +148,10 @@ class ParquetSink(Sink):
         }
 
     def finalize_journals(self) -> int:
-        """Turn the journals that killed sinks left in the directory into Parquet files, as
-        opening a sink there does; returns how many rows they held (damaged lines skipped are
-        in `damaged_journals`). A live sink's is left alone."""
+        """Turn the journals that killed sinks left in the directory into Parquet files, and
+        remove the temporaries that killed sidecar makers left, as opening a sink there does;
+        returns how many rows they held (damaged lines skipped are in `damaged_journals`). A
+        live sink's journal, and a live maker's temporary, are left alone."""
         if not self.directory.is_dir():
             return 0
         before = self.recovered
@@ -162,6 +164,8 @@ class ParquetSink(Sink):
         """Turn the journals of sinks that are gone (killed) into files; a live sink's is locked
         (with the stem `own`: a `PermanentSinkError`, two sinks cannot share it)."""
         found = recover_journals(self.directory, self.compression_level, own)
+        # A sidecar maker killed with the trainer leaves its temporaries: no one else removes them.
+        remove_leftovers(self.directory)
         self.recovered += found.rows
         self.damaged_journals += found.damaged
 

@@ -1,12 +1,16 @@
 """ParquetSink's sidecars: for each named file, what `asynctrace view` would otherwise compute from
 it at its first open, written once by the sink so that the viewer reads it instead.
 
-Two small Parquet files in the hidden folder `SIDECAR_FOLDER` beside the archive's files, named
-after the file: ``<name>.index.parquet``, the typed values of each record (`INDEX_SCHEMA`: what
-the viewer's index holds, by row number), and ``<name>.words.parquet``, the words of each block
-of rows (`WORDS_SCHEMA`: the viewer's text index). Each carries, in its footer's key-value
-metadata under `SIDECAR_KEY`, the version, its file's size and row count and the rows a block of
-words spans, so that a reader can tell a sidecar of another file (or of another version) apart.
+Small Parquet files in the hidden folder `SIDECAR_FOLDER` beside the archive's files, named
+after the file (``<name>.<kind>.parquet``, `KINDS`): ``index``, the typed values of each record
+(what the viewer's index holds, by row number, in row groups of `INDEX_ROWS` rows so that a
+query for a step reads only its own); ``byprompt``, the same rows ordered by prompt id (a prompt's
+history reads a row group a file, where the row order would read every row); ``steps``, the
+overview's row of each (split, step) of the file (`_parquet_summary`); ``counts``, each prompt
+id's steps and records in the file; and ``words``, the words of each block of rows (the viewer's
+text index). Each carries, in its footer's key-value metadata under `SIDECAR_KEY`, the version,
+its file's size and row count and the rows a block of words spans, so that a reader can tell a
+sidecar of another file (or of another version) apart. The viewer queries them where they lie.
 
 A sidecar is data only, and optional: the viewer checks it (`asynctrace.view._sidecar`) and falls
 back to reading the file where it is missing, damaged or of another file. Writing one never fails
@@ -18,7 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -32,15 +38,20 @@ from .._records.tokens import TOKEN_FIELDS
 from .._security import logger
 from .._select.watch import DEFAULT_WATCH_KEYS
 from ._parquet_rows import pyarrow
+from ._parquet_summary import counts_table, steps_table
 
 __all__ = [
     "BLOCK",
+    "INDEX_ROWS",
+    "KINDS",
     "LENGTH_KEYS",
     "SIDECAR_FOLDER",
     "SIDECAR_KEY",
     "SIDECAR_VERSION",
     "WORD_CHARS",
     "index_path",
+    "remove_leftovers",
+    "sidecar_path",
     "words_path",
     "write_sidecar",
     "write_sidecar_apart",
@@ -49,9 +60,15 @@ __all__ = [
 SIDECAR_FOLDER = ".asynctrace-index"
 SIDECAR_KEY = b"asynctrace.sidecar"
 # Bumped whenever a sidecar's columns or their meaning change: readers skip other versions.
-SIDECAR_VERSION = 1
+SIDECAR_VERSION = 2
 # Rows of a file per block of the text index (the viewer's `_text.BLOCK` is this).
 BLOCK = 4096
+# Rows per row group of both index sidecars: the unit a query by step (by prompt, in the
+# ``byprompt`` one) reads. Smaller groups read less for a step that spans two files (the first
+# open reads those again): with 16,384 rows they read 2.7M rows for 0.4M at 10M records.
+INDEX_ROWS = BLOCK
+# The sidecars of a file, by kind (the name's part before ``.parquet``).
+KINDS: tuple[str, ...] = ("index", "byprompt", "steps", "counts", "words")
 # The characters of a word (the viewer's `_text` says why these).
 WORD_CHARS = "0-9A-Za-z\u017f\u212a"
 # Metadata keys of a completion's length in tokens, tried in order.
@@ -68,14 +85,19 @@ class _Inexact(Exception):
     """A value the viewer would read otherwise than a sidecar can hold: no sidecar is written."""
 
 
+def sidecar_path(file: Path, kind: str) -> Path:
+    """Where the sidecar of this kind (`KINDS`) of the archive file `file` is."""
+    return file.parent / SIDECAR_FOLDER / f"{file.name}.{kind}.parquet"
+
+
 def index_path(file: Path) -> Path:
     """Where the index sidecar of the archive file `file` is."""
-    return file.parent / SIDECAR_FOLDER / (file.name + ".index.parquet")
+    return sidecar_path(file, "index")
 
 
 def words_path(file: Path) -> Path:
     """Where the words sidecar of the archive file `file` is."""
-    return file.parent / SIDECAR_FOLDER / (file.name + ".words.parquet")
+    return sidecar_path(file, "words")
 
 
 def _text(value: Any) -> str | None:
@@ -195,12 +217,13 @@ def _words_table(pa: Any, messages: Any, first: int) -> Any:
     return pa.table({"blk": blk, "w": lowered}).group_by(["blk", "w"]).aggregate([])
 
 
-def _write(pa: Any, table: Any, path: Path, note: dict[str, Any]) -> None:
-    """Write `table` to `path` whole or not at all, with `note` in its footer."""
+def _write(pa: Any, table: Any, path: Path, note: dict[str, Any], rows: int | None = None) -> None:
+    """Write `table` to `path` whole or not at all, with `note` in its footer (in row groups of
+    `rows` rows, where given)."""
     schema = table.schema.with_metadata({SIDECAR_KEY: orjson.dumps(note)})
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        pa.parquet.write_table(table.cast(schema), temporary, compression="zstd")
+        pa.parquet.write_table(table.cast(schema), temporary, compression="zstd", row_group_size=rows)
         os.replace(temporary, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -211,6 +234,8 @@ def write_sidecar(file: Path) -> bool:
     """Write the sidecars of the named archive file `file`; False (and none written) where it
     cannot be read or a value cannot be held exactly. Errors are logged, never raised."""
     try:
+        import pyarrow.compute as pc
+
         pa = pyarrow()
         names = set(pa.parquet.read_schema(file).names)
         if not names >= _NEEDED:
@@ -231,18 +256,70 @@ def write_sidecar(file: Path) -> bool:
             del table
         if not indexes:
             return False
-        note = {"version": SIDECAR_VERSION, "size": os.stat(file).st_size, "rows": rows, "block": BLOCK}
         index = pa.concat_tables(indexes)
+        # The viewer leaves out a record without an id, a step or a split (a sink never writes
+        # one): rows it would not hold cannot be summed for it.
+        if any(index.column(c).null_count for c in ("id", "step", "split")):
+            return False
+        note = {"version": SIDECAR_VERSION, "size": os.stat(file).st_size, "rows": rows, "block": BLOCK}
         # A block may span two row groups: its words are made distinct once more.
         every = pa.concat_tables(words).group_by(["blk", "w"]).aggregate([])
+        by_prompt = index.take(pc.sort_indices(index, [("prompt", "ascending"), ("rn", "ascending")]))
         folder = file.parent / SIDECAR_FOLDER
         folder.mkdir(exist_ok=True)
         _write(pa, every, words_path(file), note)
-        _write(pa, index, index_path(file), note)
+        _write(pa, counts_table(pa, index), sidecar_path(file, "counts"), note)
+        _write(pa, steps_table(pa, index), sidecar_path(file, "steps"), note)
+        _write(pa, by_prompt, sidecar_path(file, "byprompt"), note, INDEX_ROWS)
+        _write(pa, index, index_path(file), note, INDEX_ROWS)
         return True
     except Exception as exc:  # a sidecar only saves the viewer time: never the sink's failure
         logger.debug("ParquetSink: no sidecar for %s (%s: %s)", file, type(exc).__name__, exc)
         return False
+
+
+# A temporary `_write` leaves when its process is killed: ``.<file>.<kind>.parquet.<pid>.tmp``.
+_LEFTOVER = re.compile(r"\.(.+)\.(" + "|".join(KINDS) + r")\.parquet\.([0-9]+)\.tmp")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's (or no pid at all): left alone
+    return True
+
+
+def remove_leftovers(directory: Path) -> int:
+    """Remove the temporaries that sidecar makers killed (SIGKILL: no `finally` ran) left in
+    `directory`'s `SIDECAR_FOLDER`: only names of `_write`'s pattern, only regular files (not a
+    link, nor a folder), only where no process of that id runs (a live maker's is its work in
+    progress). How many were removed; what cannot be removed is left, silently."""
+    if os.name != "posix":
+        return 0  # os.kill(pid, 0) sends Ctrl-C on Windows
+    folder = directory / SIDECAR_FOLDER
+    try:
+        if not stat.S_ISDIR(os.lstat(folder).st_mode):
+            return 0  # a link to a folder elsewhere is not the sink's
+        names = os.listdir(folder)
+    except OSError:
+        return 0
+    removed = 0
+    for name in names:
+        found = _LEFTOVER.fullmatch(name)
+        if found is None or _alive(int(found.group(3))):
+            continue
+        path = folder / name
+        try:
+            if not stat.S_ISREG(os.lstat(path).st_mode):
+                continue
+            os.unlink(path)
+            removed += 1
+        except OSError:
+            continue
+    return removed
 
 
 def write_sidecar_apart(file: Path, halt: threading.Event, env: dict[str, str]) -> bool:
@@ -267,7 +344,7 @@ def write_sidecar_apart(file: Path, halt: threading.Event, env: dict[str, str]) 
                 child.kill()
                 child.wait()
                 # A killed child leaves its temporaries (named by its pid: see `_write`).
-                for made in (index_path(file), words_path(file)):
+                for made in (sidecar_path(file, kind) for kind in KINDS):
                     with contextlib.suppress(OSError):
                         os.unlink(made.with_name(f".{made.name}.{child.pid}.tmp"))
                 return False

@@ -113,6 +113,7 @@ class Loading:
         later_steps = (
             archive.complete_tokens,
             functools.partial(archive.index_text, kept_only=True),  # seconds: before what is longer
+            archive.warm_blocks,
             archive.index_ids,
             archive.keep,
             archive.keep_summary,
@@ -225,7 +226,7 @@ def build_app(
         if chosen.tools:
             tooled = archive.with_tools(split, number)
             groups = [g for g in groups if g.group in tooled]
-        prompts = archive.prompts_of([g.first_id for g in groups[:limit]])
+        prompts = archive.prompts_of([g.first_id for g in groups[:limit]], split=split, step=number)
         return pages.step_page(
             split,
             number,

@@ -15,11 +15,11 @@ import duckdb
 import numpy
 
 from .._records.tokens import TOKEN_FIELDS, token_bytes
-from ._browse import Browse, frequent_sql, load_json, overview_sql
-from ._model import Completion, StepRow
+from ._browse import Browse, load_json
+from ._model import Completion
 from ._search import find_text
 from ._sidecar import index_sidecars
-from ._summary import MAX_PROMPTS, Summary, path_for, read, write
+from ._summary import MAX_PROMPTS, Summary, merge_summaries, path_for, read, write
 from ._text import BLOCK
 
 __all__ = ["Archive"]
@@ -86,8 +86,12 @@ class Archive(Browse):
         if self.lengths_need_tokens():
             self.complete_tokens()
         self._seed()
-        self.overview()
-        self.frequent_prompts()
+        try:
+            self.overview()
+            self.frequent_prompts()
+        except duckdb.Error:  # a sidecar damaged past its footer: its file is read now (`repair`)
+            self.overview()
+            self.frequent_prompts()
         if keep:
             self.index_ids()
             self.keep()
@@ -109,6 +113,9 @@ class Archive(Browse):
         """Keep the overview's answers in the cache for the next start of these same files (`_summary`)."""
         if self.cache is None or self.kind != "parquet" or self.left_out:
             return  # with records left out, each start reads their files again, and says so
+        with self._lock:
+            if len(self.sidecars) == len(self.files):
+                return  # each start merges the sidecars' summaries: as fast as reading a kept one
         with self._lock:
             names = [self._cached(f) for f in self.files]
         if not names or any(n is None for n in names):
@@ -145,9 +152,10 @@ class Archive(Browse):
         return summary
 
     def sidecar_summary(self) -> Summary | None:
-        """The overview's answers straight from the sinks' sidecars (`_sidecar`) when every file
-        of the archive has a valid one: the whole archive's figures before its index is read
-        (None otherwise). The watch list's counts wait for the index."""
+        """The overview's answers from the sinks' sidecars (`_sidecar`) when every file of the
+        archive has valid ones: each file's rows of its steps and counts of its prompts, merged
+        (`merge_summaries`) before the index is read, with no pass over the records. None
+        otherwise."""
         if self.kind != "parquet":
             return None
         files = self._listing()
@@ -155,15 +163,12 @@ class Archive(Browse):
             sidecars = index_sidecars(cursor, files)
             if not files or len(sidecars) != len(files):
                 return None
-            relation = "read_parquet($paths)"
-            params = {"paths": [sidecars[f] for f in files]}
             try:
-                rows = cursor.execute(overview_sql(relation), params).fetchall()
-                frequent = cursor.execute(frequent_sql(relation), params).fetchall()
+                summary = merge_summaries(cursor, [sidecars[f] for f in files])
             except duckdb.Error:
                 return None  # a sidecar damaged past its footer: the index says, once read
-        summary = Summary([StepRow(*r) for r in rows], frequent, None, {})
         self._known = (files, summary)
+        self.checked_sidecars = sidecars
         return summary
 
     def tokens(self, record_id: str) -> dict[str, Any] | None:
@@ -254,14 +259,39 @@ class Archive(Browse):
             return []
         # The search read each hit's place: the index rows are found by it, without looking the
         # ids up first (`located`); the ids pick the hits among the other rows at those places.
-        srcs = ", ".join(str(int(src)) for src in sorted({h.src for h in hits}))
-        rows = ", ".join(str(int(rn)) for rn in sorted({h.rn for h in hits}))
+        places: dict[int, set[int]] = {}
+        for h in hits:
+            places.setdefault(h.src, set()).add(h.rn)
+        with self._lock:
+            relation = self.at_places(places)
         return self._completions(
-            f"src IN ({srcs}) AND rn IN ({rows}) AND id IN (SELECT unnest($hits))",
+            "id IN (SELECT unnest($hits))",
             {"hits": [h.id for h in hits]},
             "step, id",
             texts_read={h.id: h.messages for h in hits},
+            table=relation,
         )
+
+    def warm_blocks(self) -> None:
+        """Answer `_block_steps` through a cursor of its own (a pass over every record's step: a
+        few hundred ms at 10M records), so that the first search does not wait for it."""
+        if self.kind != "parquet":
+            return
+        with self._lock:
+            upto = len(self.files)
+        try:
+            with self.cursor() as cursor:
+                rows = cursor.execute(
+                    f"SELECT src, rn // {BLOCK}, min(step) FROM idx "
+                    f"WHERE rn IS NOT NULL AND src < {int(upto)} GROUP BY ALL"
+                ).fetchall()
+        except duckdb.Error:
+            with self._lock:
+                self.repair()  # a sidecar damaged past its footer: the first search asks again
+            return
+        with self._lock:
+            if len(self.files) == upto and "blocks" not in self._cache:
+                self._cache["blocks"] = {(src, block): step for src, block, step in rows}
 
     def _block_steps(self, con: duckdb.DuckDBPyConnection) -> dict[tuple[int, int], int]:
         """The first step of each block of each Parquet file: (src, block) -> step (kept until new files)."""

@@ -164,10 +164,17 @@ class Browse(Index):
 
     @contextmanager
     def _query(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """The connection, for one page's queries at a time, after picking up new files."""
+        """The connection, for one page's queries at a time, after picking up new files. A query
+        that fails while some sidecars were not read whole yet (a first open's: see `build`)
+        has them read whole first: a file whose sidecar is damaged past its footer is then read
+        itself, and the page, asked again, is answered from it."""
         with self._lock:
             self._scan(every=self._rescan_seconds())
-            yield self._con
+            try:
+                yield self._con
+            except duckdb.Error:
+                self.repair()
+                raise
 
     def _rows(
         self,
@@ -254,7 +261,7 @@ class Browse(Index):
             record = con.execute(
                 f"SELECT count(*) FROM idx WHERE {self.located(con, [name])} AND id = $n", {"n": name}
             ).fetchone()
-            prompts = con.execute("SELECT DISTINCT split FROM idx WHERE prompt = $n", {"n": name}).fetchall()
+            prompts = con.execute("SELECT DISTINCT split FROM pidx WHERE prompt = $n", {"n": name}).fetchall()
             groups = con.execute(
                 "SELECT DISTINCT split, step FROM idx WHERE grp = $n ORDER BY split, step", {"n": name}
             ).fetchall()
@@ -265,14 +272,22 @@ class Browse(Index):
             sorted(((s, int(n)) for s, n in groups), key=lambda g: (order[g[0]], g[1])),
         )
 
-    def prompts_of(self, ids: Sequence[str]) -> dict[str, str]:
-        """The prompt text of each of these records (found in the index first, then read)."""
+    def prompts_of(
+        self, ids: Sequence[str], *, split: str | None = None, step: int | None = None
+    ) -> dict[str, str]:
+        """The prompt text of each of these records (found in the index first, then read). With
+        `split` and `step`, those of that step only: a sidecar's ids are then read in that step's
+        row groups only, where otherwise every id of the archive is (a second at 10M records)."""
         if not ids:
             return {}
+        at, params = "true", dict[str, Any]({"ids": list(ids)})
+        if split is not None and step is not None:
+            at, params = "split = $split AND step = $step", {**params, "split": split, "step": step}
         with self._query() as con:
             found = con.execute(
-                f"SELECT id, src, rn FROM idx WHERE {self.located(con, ids)} AND id IN (SELECT unnest($ids))",
-                {"ids": list(ids)},
+                f"SELECT id, src, rn FROM idx WHERE {self.located(con, ids)} AND {at} "
+                "AND id IN (SELECT unnest($ids))",
+                params,
             ).fetchall()
             rows = self._rows(con, found, "messages")
         return {r[0]: split_messages(_messages(r[1]))[0] for r in rows}
@@ -287,18 +302,20 @@ class Browse(Index):
         shown: Callable[[list[Any]], set[str]] | None = None,
         texts_read: dict[str, str] | None = None,
         ids: Sequence[str] | None = None,
+        table: str = "idx",
     ) -> list[Completion]:
         """The index rows matching `where`, with the texts (and with `metadata`, the metadata) of
         those `shown` picks, every one by default; the others have `loaded` False. `texts_read`
         gives the messages, by id, where the caller has read them. `ids`: the rows are some of
-        these records' (found by their places first, see `located`)."""
+        these records' (found by their places first, see `located`). `table`: the index's view
+        to query, `idx` or (for a question by prompt) `pidx` (see `Index._views`)."""
         self._await_tokens()
         with self._query() as con:
             if ids is not None:
                 where = f"{self.located(con, ids)} AND ({where})"
             index = con.execute(
                 "SELECT id, step, split, grp, prompt, reward, advantage, policy_version, stop_reason, "
-                f"rlen, tok, src, rn FROM idx WHERE {where} ORDER BY {order}",
+                f"rlen, tok, src, rn FROM {table} WHERE {where} ORDER BY {order}",
                 params,
             ).fetchall()
             if not index:
@@ -360,6 +377,7 @@ class Browse(Index):
             {"prompt": prompt},
             "policy_version DESC NULLS LAST, step DESC, reward DESC NULLS LAST, id",
             shown=lambda rows: _highlights([r for r in rows if r[2] == split]),
+            table="pidx",
         )
         return [c for c in every if c.split == split], sorted({c.split for c in every})
 
@@ -374,7 +392,7 @@ class Browse(Index):
         """(steps, samples) of each of these prompt ids that the archive holds."""
         with self._query() as con:
             rows = con.execute(
-                "SELECT prompt, count(DISTINCT step), count(*) FROM idx "
+                "SELECT prompt, count(DISTINCT step), count(*) FROM pidx "
                 "WHERE prompt IN (SELECT unnest($p)) GROUP BY prompt",
                 {"p": list(prompts)},
             ).fetchall()

@@ -9,6 +9,7 @@ import contextlib
 import glob
 import os
 from pathlib import Path
+from typing import Any
 
 import duckdb
 
@@ -64,12 +65,31 @@ def counted(problems: dict[str, int], noun: str) -> str:
     )
 
 
+def parquet_columns_of(con: duckdb.DuckDBPyConnection, files: list[str]) -> dict[str, frozenset[str] | str]:
+    """`parquet_columns` of each file: every footer in one query (100 files: a tenth of the
+    time of one query each), each file on its own where one cannot be read."""
+    try:
+        rows = con.execute(
+            "SELECT file_name, name, type, converted_type FROM parquet_schema($f)", {"f": files}
+        ).fetchall()
+    except duckdb.Error:
+        return {f: parquet_columns(con, f) for f in files}
+    schemas: dict[str, list[tuple[Any, ...]]] = {f: [] for f in files}
+    for name, *column in rows:
+        schemas.setdefault(str(name), []).append(tuple(column))
+    return {f: _of_schema(schemas[f]) for f in files}
+
+
 def parquet_columns(con: duckdb.DuckDBPyConnection, file: str) -> frozenset[str] | str:
     """The columns of a Parquet file of the archive's schema; else why it is skipped."""
     try:
         schema = con.execute("SELECT name, type, converted_type FROM parquet_schema(?)", [file]).fetchall()
     except duckdb.Error as exc:
         return f"not a Parquet file DuckDB can read: {str(exc).splitlines()[0]}"
+    return _of_schema(schema)
+
+
+def _of_schema(schema: list[tuple[Any, ...]]) -> frozenset[str] | str:
     columns = frozenset(r[0] for r in schema)
     missing = sorted(REQUIRED - columns)
     if missing:

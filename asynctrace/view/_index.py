@@ -6,7 +6,8 @@ advantage, policy version, stop reason, response length) so that the overview an
 never parse the metadata JSON again. Parquet files are complete once they have their name (a
 sink writes them under a hidden one and renames them), so a file indexed once never changes:
 new files of a running trainer are indexed as they appear, and each file's index can be kept
-on disk for the next start.
+on disk for the next start. A file with valid sidecars (`_sidecar`) is not read at all: its
+sidecars are queried where they lie (`_held`).
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ from duckdb.func import SPECIAL
 
 from .._records.groups import DEFAULT_GROUP_KEYS
 from .._select.watch import DEFAULT_WATCH_KEYS
-from ._files import counted, load_jsonl, parquet_columns
+from ._files import counted, load_jsonl, parquet_columns_of
+from ._held import HeldIndex
 from ._sidecar import index_sidecars, words_sidecar
 from ._store import write_rows
 from ._text import words_sql
-from ._words import TextIndex
 
 __all__ = ["LENGTH_KEYS", "TOKEN_COLUMNS", "Index"]
 
@@ -79,7 +80,7 @@ def _mask_count(b64: str | None) -> int | None:
     return len(raw) - raw.count(0)
 
 
-class Index(TextIndex):
+class Index(HeldIndex):
     """A Parquet archive directory (of `ParquetSink` files), a JSONL file, or a directory of
     JSONL files, indexed: table `idx` (and for JSONL, table `records`, the records whole), and
     the text index of `TextIndex`."""
@@ -105,11 +106,6 @@ class Index(TextIndex):
         # Cache files to write: (path, src) of files indexed but not yet kept.
         self._unkept: list[tuple[Path, int]] = []
         self._keep_lock = threading.Lock()
-        self._con.execute(
-            "CREATE TABLE idx (id VARCHAR, step BIGINT, split VARCHAR, grp VARCHAR, prompt VARCHAR, "
-            "reward DOUBLE, advantage DOUBLE, policy_version BIGINT, stop_reason VARCHAR, rlen BIGINT, "
-            "tok BOOLEAN, rn BIGINT, src INTEGER)"
-        )
 
     def build(self, *, defer_tokens: bool = False) -> None:
         """Index every file there is now; the indexes to keep wait for `keep()`. With
@@ -163,8 +159,7 @@ class Index(TextIndex):
         """The files of the archive's schema, and their columns; any other is skipped with its reason."""
         usable: list[str] = []
         have: set[str] = set()
-        for f in files:
-            columns = parquet_columns(self._con, f)
+        for f, columns in parquet_columns_of(self._con, files).items():
             if isinstance(columns, str):
                 self.skipped[f] = columns
                 continue
@@ -177,10 +172,54 @@ class Index(TextIndex):
         files, have = self._readable(every)
         if not files:
             return
+        # The sink's sidecars (`_sidecar`): queried where they lie, not copied. Those the first
+        # open's summary checked already are not checked again.
+        checked, self.checked_sidecars = self.checked_sidecars, {}
+        sidecars = {f: checked[f] for f in files if f in checked}
+        sidecars.update(index_sidecars(self._con, [f for f in files if f not in checked]))
+        if sidecars:
+            held = {first + every.index(f): found for f, found in sidecars.items()}
+            self.sidecars.update(held)
+            pairs = [(path, src) for src, found in held.items() for path in (found.by_row, found.by_prompt)]
+            # One statement (a row each costs a millisecond: 0.2 s for 100 files).
+            self._con.execute(
+                "INSERT INTO sidecar_src SELECT unnest($paths), unnest($srcs)",
+                {"paths": [p for p, _ in pairs], "srcs": [s for _, s in pairs]},
+            )
+            self._views()
+            if self._defer:
+                # Read whole only when a query fails (`repair`): reading them is seconds of both
+                # cores at 10M records, which the pages would wait for.
+                self._unverified += list(held)
+            else:
+                self._verify(self._con, list(held))
+        rest = [f for f in files if f not in sidecars]
+        if rest:
+            self._read_files([(f, first + every.index(f)) for f in rest], have)
+
+    def _read_files(self, files: list[tuple[str, int]], have: set[str]) -> None:
+        """Copy the index rows of these (file, src) into table `idx_rows`: from the cache where
+        kept, else from the files themselves (the caller holds the lock)."""
+        kept = {f: self._cached(f) for f, _ in files}
+        src_of = dict(files)
+        hits = {f: path for f, path in kept.items() if path is not None and path.is_file()}
+        if hits:
+            self._con.execute("CREATE OR REPLACE TEMP TABLE hit_files (filename VARCHAR, src INTEGER)")
+            self._con.executemany(
+                "INSERT INTO hit_files VALUES (?, ?)", [(str(path), src_of[f]) for f, path in hits.items()]
+            )
+            self._con.execute(
+                "INSERT INTO idx_rows SELECT * EXCLUDE (filename) FROM read_parquet($paths, filename = true) "
+                "JOIN hit_files USING (filename)",
+                {"paths": [str(p) for p in hits.values()]},
+            )
+        first = min(src_of.values())
+        rest = [f for f, _ in files if f not in hits]
+        if not rest:
+            self._leave_out_incomplete(first)
+            return
         self._con.execute("CREATE OR REPLACE TEMP TABLE new_files (filename VARCHAR, src INTEGER)")
-        self._con.executemany(
-            "INSERT INTO new_files VALUES (?, ?)", [(f, first + every.index(f)) for f in files]
-        )
+        self._con.executemany("INSERT INTO new_files VALUES (?, ?)", [(f, src_of[f]) for f in rest])
         tokens, count = _token_values(have)
         if self._defer:
             tokens, count = "NULL::BOOLEAN", "NULL::BIGINT"
@@ -188,69 +227,46 @@ class Index(TextIndex):
             "(SELECT * FROM read_parquet($files, filename = true, file_row_number = true, "
             "union_by_name = true) JOIN new_files USING (filename))"
         )
-        kept = {f: self._cached(f) for f in files}
-        hits = {f: path for f, path in kept.items() if path is not None and path.is_file()}
-        if hits:
-            self._con.execute("CREATE OR REPLACE TEMP TABLE hit_files (filename VARCHAR, src INTEGER)")
-            self._con.executemany(
-                "INSERT INTO hit_files VALUES (?, ?)",
-                [(str(path), first + every.index(f)) for f, path in hits.items()],
-            )
-            self._con.execute(
-                "INSERT INTO idx SELECT * EXCLUDE (filename) FROM read_parquet($paths, filename = true) "
-                "JOIN hit_files USING (filename)",
-                {"paths": [str(p) for p in hits.values()]},
-            )
-        # The sink's sidecars of the others (`_sidecar`): their rows as the index holds them.
-        sidecars = index_sidecars(self._con, [f for f in files if f not in hits])
-        if sidecars:
-            self._con.execute("CREATE OR REPLACE TEMP TABLE side_files (filename VARCHAR, src INTEGER)")
-            self._con.executemany(
-                "INSERT INTO side_files VALUES (?, ?)",
-                [(path, first + every.index(f)) for f, path in sidecars.items()],
-            )
-            try:
-                self._con.execute(
-                    "INSERT INTO idx SELECT id, step, split, grp, prompt, reward, advantage, policy_version, "
-                    "stop_reason, rlen, tok, rn, src FROM read_parquet($paths, filename = true) "
-                    "JOIN side_files USING (filename)",
-                    {"paths": list(sidecars.values())},
-                )
-            except duckdb.Error:  # a sidecar damaged past its footer: every file read instead
-                self._con.execute("DELETE FROM idx WHERE src IN (SELECT src FROM side_files)")
-                sidecars = {}
-        rest = [f for f in files if f not in hits and f not in sidecars]
-        if not rest:
-            self._leave_out_incomplete(first)
-            return
         self._con.execute(
-            "DELETE FROM new_files WHERE filename NOT IN (SELECT unnest($rest))", {"rest": rest}
-        )
-        self._con.execute(
-            "INSERT INTO idx " + self._index_select(relation, tokens, count, "file_row_number"),
+            "INSERT INTO idx_rows " + self._index_select(relation, tokens, count, "file_row_number"),
             {"files": rest},
         )
         partial = self._leave_out_incomplete(first)
         if self._defer:
             self.tokens_ready.clear()
-            self._untokened += [(first + every.index(f), self._columns[f]) for f in rest]
+            self._untokened += [(src_of[f], self._columns[f]) for f in rest]
         for f in rest:
             path = kept[f]
             # A file with records left out is read again at each start, so each start says so.
             if path is not None and f not in partial:
-                self._unkept.append((path, first + every.index(f)))
+                self._unkept.append((path, src_of[f]))
         if not self._loading:
             self.keep()
+
+    def _read_instead(self, srcs: list[int]) -> None:
+        """Stop querying these files' sidecars; read the files themselves (the caller holds the lock)."""
+        for src in srcs:
+            found = self.sidecars.pop(src)
+            self._con.execute(
+                "DELETE FROM sidecar_src WHERE filename IN (?, ?)", [found.by_row, found.by_prompt]
+            )
+        self._views()
+        files = [(self.files[src], src) for src in sorted(srcs)]
+        have: set[str] = set().union(*(self._columns[f] for f, _ in files))
+        self._read_files(files, have)
+        self._indexed()
 
     def _leave_out_incomplete(self, first: int) -> set[str]:
         """Take out of the index the records just read without an id, a step or a split (a file
         another tool wrote: ParquetSink never writes them), each file's count kept in `left_out`;
         the files they came from."""
         incomplete = f"src >= {int(first)} AND (id IS NULL OR step IS NULL OR split IS NULL)"
-        rows = self._con.execute(f"SELECT src, count(*) FROM idx WHERE {incomplete} GROUP BY src").fetchall()
+        rows = self._con.execute(
+            f"SELECT src, count(*) FROM idx_rows WHERE {incomplete} GROUP BY src"
+        ).fetchall()
         if not rows:
             return set()
-        self._con.execute(f"DELETE FROM idx WHERE {incomplete}")
+        self._con.execute(f"DELETE FROM idx_rows WHERE {incomplete}")
         for src, n in rows:
             self.left_out[self.files[src]] = counted({"without an id, a step or a split": n}, "record")
         return {self.files[src] for src, _ in rows}
@@ -263,7 +279,7 @@ class Index(TextIndex):
             if not srcs:
                 return False
             row = self._con.execute(
-                "SELECT count(*) FROM idx WHERE rlen IS NULL AND src IN (SELECT unnest($s))", {"s": srcs}
+                "SELECT count(*) FROM idx_rows WHERE rlen IS NULL AND src IN (SELECT unnest($s))", {"s": srcs}
             ).fetchone()
         return bool(row and row[0])
 
@@ -280,10 +296,11 @@ class Index(TextIndex):
                 # A file that went away since is left without them: its pages say it is gone.
                 with contextlib.suppress(duckdb.Error):
                     cursor.execute(
-                        f"UPDATE idx SET tok = coalesce(t.tok, false), rlen = coalesce(idx.rlen, t.n) "
+                        "UPDATE idx_rows SET tok = coalesce(t.tok, false), "
+                        "rlen = coalesce(idx_rows.rlen, t.n) "
                         f"FROM (SELECT file_row_number AS rn, {tokens} AS tok, {count} AS n "
                         f"FROM read_parquet($file, file_row_number = true)) t "
-                        f"WHERE idx.src = {int(src)} AND idx.rn = t.rn",
+                        f"WHERE idx_rows.src = {int(src)} AND idx_rows.rn = t.rn",
                         {"file": self.files[src]},
                     )
         with self._lock:
@@ -291,18 +308,20 @@ class Index(TextIndex):
                 self.tokens_ready.set()
 
     def index_ids(self) -> None:
-        """Make table `ids`: each Parquet record's id hashed, with its place (src, rn), in hash
-        order. DuckDB keeps a string's statistics by its first 8 bytes, which the ids of a run
-        share, so `WHERE id = ...` decompresses the whole id column (1.3 s at 10M records); in hash
-        order an integer's statistics skip to the rows (`located`). Built through a cursor of its
-        own after the overview, so pages are answered meanwhile (by the id column until then)."""
+        """Make table `ids`: each Parquet record of table `idx_rows` (not of a sidecar) with its
+        id hashed, with its place (src, rn), in hash order. DuckDB keeps a string's statistics by
+        its first 8 bytes, which the ids of a run share, so `WHERE id = ...` decompresses the
+        whole id column (1.3 s at 10M records); in hash order an integer's statistics skip to the
+        rows (`located`). Built through a cursor of its own after the overview, so pages are
+        answered meanwhile (by the id column until then). A sidecar's id column is read where
+        it lies (50 ms at 10M records): copying it would cost more than it saves."""
         if self.kind != "parquet":
             return
         with self._lock:
             upto = len(self.files)
         with self.cursor() as cursor:
             cursor.execute(
-                f"CREATE OR REPLACE TABLE ids AS SELECT hash(id) AS h, src, rn FROM idx "
+                f"CREATE OR REPLACE TABLE ids AS SELECT hash(id) AS h, src, rn FROM idx_rows "
                 f"WHERE src < {int(upto)} ORDER BY h"
             )
         with self._lock:
@@ -310,7 +329,9 @@ class Index(TextIndex):
             self._ids_ready = True
 
     def _add_ids(self, con: duckdb.DuckDBPyConnection, first: int) -> None:
-        con.execute(f"INSERT INTO ids SELECT hash(id), src, rn FROM idx WHERE src >= {int(first)} ORDER BY 1")
+        con.execute(
+            f"INSERT INTO ids SELECT hash(id), src, rn FROM idx_rows WHERE src >= {int(first)} ORDER BY 1"
+        )
 
     def located(self, con: duckdb.DuckDBPyConnection, ids: Sequence[str]) -> str:
         """SQL that the index rows of these record ids meet, with at most a few others: a filter
@@ -321,11 +342,14 @@ class Index(TextIndex):
         places = con.execute(
             "SELECT DISTINCT src, rn FROM ids WHERE h IN (SELECT hash(unnest($ids)))", {"ids": list(ids)}
         ).fetchall()
+        held = ", ".join(str(int(s)) for s in sorted(self.sidecars))
+        # The rows of a sidecar are not in table `ids`: matched by their id where they lie.
+        in_sidecars = f"src IN ({held})" if held else "false"
         if not places:
-            return "false"
+            return in_sidecars if held else "false"
         srcs = ", ".join(str(int(s)) for s in sorted({p[0] for p in places}))
         rows = ", ".join(str(int(r)) for r in sorted({p[1] for p in places}))
-        return f"(src IN ({srcs}) AND rn IN ({rows}))"
+        return f"((src IN ({srcs}) AND rn IN ({rows})) OR {in_sidecars})"
 
     def keep(self) -> None:
         """Write the index of each file indexed since the last call into the cache, for the next start.
@@ -343,7 +367,7 @@ class Index(TextIndex):
 
     def _keep(self, con: duckdb.DuckDBPyConnection, path: Path, src: int) -> None:
         """Write one file's index rows."""
-        write_rows(con, f"SELECT * EXCLUDE (src) FROM idx WHERE src = {int(src)}", path)
+        write_rows(con, f"SELECT * EXCLUDE (src) FROM idx_rows WHERE src = {int(src)}", path)
 
     def _words_kept(self, con: duckdb.DuckDBPyConnection, file: str) -> bool:
         kept = self._cached(file)
@@ -386,7 +410,7 @@ class Index(TextIndex):
             self._con.create_function("mask_count", _mask_count, ["VARCHAR"], "BIGINT", null_handling=SPECIAL)
             self._udf = True
         self._con.execute(
-            "INSERT INTO idx "
+            "INSERT INTO idx_rows "
             + self._index_select(
                 f"(SELECT * FROM records WHERE src >= {int(first)})",
                 "tokens IS NOT NULL",

@@ -1,5 +1,6 @@
 """The sidecars a ParquetSink writes beside its files (`asynctrace.sinks._parquet_sidecar`): each
-file's index rows and words, read instead of the file where they pass every check here.
+file's index rows (in row order and by prompt), its overview's rows and prompt counts, and its
+words, queried where they lie instead of reading the file, where they pass every check here.
 
 A sidecar is data from the archive, trusted no more than its files: it is read only from the
 archive's own hidden folder, under the name its file gives (never a path it names), as a regular
@@ -19,10 +20,15 @@ from typing import NamedTuple
 import duckdb
 import orjson
 
-from ..sinks._parquet_sidecar import SIDECAR_KEY, SIDECAR_VERSION, index_path, words_path
+from ..sinks._parquet_sidecar import SIDECAR_KEY, SIDECAR_VERSION, sidecar_path, words_path
+from ..sinks._parquet_summary import TRUNCATED as _SUMMED_TRUNCATED
 from . import _text
+from ._model import TRUNCATED
 
-__all__ = ["INDEX_COLUMNS", "index_sidecars", "words_sidecar"]
+__all__ = ["INDEX_COLUMNS", "Sidecars", "index_sidecars", "words_sidecar"]
+
+# The summaries count as truncated what the overview does.
+assert _SUMMED_TRUNCATED == TRUNCATED
 
 # The index sidecar's columns, in order, with their DuckDB types (as `parquet_schema` reads them).
 INDEX_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -40,6 +46,45 @@ INDEX_COLUMNS: tuple[tuple[str, str], ...] = (
     ("tok", "BOOLEAN"),
 )
 _WORDS_COLUMNS: tuple[tuple[str, str], ...] = (("blk", "INT32"), ("w", "BYTE_ARRAY"))
+# The ``steps`` sidecar's: the overview's row (`_model.StepRow`) of each step of the file.
+_STEPS_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("split", "BYTE_ARRAY"),
+    ("step", "INT64"),
+    ("samples", "INT64"),
+    ("reward_mean", "DOUBLE"),
+    ("reward_std", "DOUBLE"),
+    ("groups", "INT64"),
+    ("zero_signal", "INT64"),
+    ("mean_spread", "DOUBLE"),
+    ("truncated", "DOUBLE"),
+    ("length_mean", "DOUBLE"),
+    ("lag_mean", "DOUBLE"),
+    ("lag_max", "INT64"),
+)
+_COUNTS_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("prompt", "BYTE_ARRAY"),
+    ("steps", "INT64"),
+    ("samples", "INT64"),
+)
+
+
+class Sidecars(NamedTuple):
+    """The valid sidecars of one archive file, each a path: its index rows in row order and by
+    prompt, its overview's rows of its steps, and its prompts' counts."""
+
+    by_row: str
+    by_prompt: str
+    steps: str
+    counts: str
+
+
+# The sidecars a file's index is read from, each kind with its columns (every one must pass).
+_KINDS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    ("index", INDEX_COLUMNS),
+    ("byprompt", INDEX_COLUMNS),
+    ("steps", _STEPS_COLUMNS),
+    ("counts", _COUNTS_COLUMNS),
+)
 
 
 def _regular(path: Path) -> bool:
@@ -79,7 +124,7 @@ def _passes(facts: _Facts, file: str, columns: tuple[tuple[str, str], ...], bloc
         return False
     if block is not None and note.get("block") != block:
         return False  # words of blocks of another size than a search reads
-    rows_match = columns is not INDEX_COLUMNS or facts.rows == facts.data_rows
+    rows_match = columns is not INDEX_COLUMNS or facts.rows == facts.data_rows  # a row a record
     return (
         note.get("size") == size
         and facts.data_rows is not None
@@ -115,12 +160,14 @@ def _facts(con: duckdb.DuckDBPyConnection, pairs: Sequence[tuple[str, str]]) -> 
 def _checked(
     con: duckdb.DuckDBPyConnection,
     pairs: Sequence[tuple[Path, str]],
-    columns: tuple[tuple[str, str], ...],
+    columns: Sequence[tuple[tuple[str, str], ...]],
     block: int | None = None,
 ) -> list[bool]:
-    """Whether each (sidecar, file) pair passes every check (see the module)."""
+    """Whether each (sidecar, file) pair passes every check (see the module), with its `columns`
+    (the same place in the list). Every footer is read in three queries, whatever the pairs."""
     ok = [_regular(sidecar) and _folder(sidecar.parent) for sidecar, _ in pairs]
     todo = [(str(sidecar), file) for (sidecar, file), good in zip(pairs, ok, strict=True) if good]
+    specs = [spec for spec, good in zip(columns, ok, strict=True) if good]
     if not todo:
         return ok
     try:
@@ -132,21 +179,24 @@ def _checked(
                 facts.extend(_facts(con, [pair]))
             except duckdb.Error:
                 facts.append(_Facts([], [], None, None))
-    verdicts = iter(_passes(f, file, columns, block) for f, (_, file) in zip(facts, todo, strict=True))
+    verdicts = iter(
+        _passes(f, file, spec, block) for f, (_, file), spec in zip(facts, todo, specs, strict=True)
+    )
     return [good and next(verdicts) for good in ok]
 
 
-def index_sidecars(con: duckdb.DuckDBPyConnection, files: Sequence[str]) -> dict[str, str]:
-    """The valid index sidecar of each of these archive files that has one: file -> its path."""
-    pairs = [(index_path(Path(f)), f) for f in files]
-    return {
-        f: str(path)
-        for (path, f), good in zip(pairs, _checked(con, pairs, INDEX_COLUMNS), strict=True)
-        if good
-    }
+def index_sidecars(con: duckdb.DuckDBPyConnection, files: Sequence[str]) -> dict[str, Sidecars]:
+    """The valid sidecars of each of these archive files that has every kind of them valid:
+    file -> their paths (a file with one missing or failing is read instead)."""
+    pairs = [(sidecar_path(Path(f), kind), f) for f in files for kind, _ in _KINDS]
+    specs = [columns for _ in files for _, columns in _KINDS]
+    good = {f: True for f in files}
+    for (_, f), ok in zip(pairs, _checked(con, pairs, specs), strict=True):
+        good[f] = good[f] and ok
+    return {f: Sidecars(*(str(sidecar_path(Path(f), kind)) for kind, _ in _KINDS)) for f in files if good[f]}
 
 
 def words_sidecar(con: duckdb.DuckDBPyConnection, file: str) -> str | None:
     """The valid words sidecar of this archive file, if it has one."""
     sidecar = words_path(Path(file))
-    return str(sidecar) if _checked(con, [(sidecar, file)], _WORDS_COLUMNS, _text.BLOCK)[0] else None
+    return str(sidecar) if _checked(con, [(sidecar, file)], [_WORDS_COLUMNS], _text.BLOCK)[0] else None

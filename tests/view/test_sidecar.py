@@ -23,6 +23,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 from asynctrace.sinks._parquet_sidecar import (  # noqa: E402
     SIDECAR_FOLDER,
     SIDECAR_KEY,
+    SIDECAR_VERSION,
     index_path,
     words_path,
     write_sidecar,
@@ -129,7 +130,8 @@ def _a_link(path: Path, other: Path) -> None:
 
 def _another_version(path: Path, other: Path) -> None:
     table = pq.read_table(path)
-    note = table.schema.metadata[SIDECAR_KEY].replace(b'"version":1', b'"version":99')
+    note = table.schema.metadata[SIDECAR_KEY].replace(b'"version":%d' % SIDECAR_VERSION, b'"version":99')
+    assert note != table.schema.metadata[SIDECAR_KEY]
     pq.write_table(table.replace_schema_metadata({SIDECAR_KEY: note}), path)
 
 

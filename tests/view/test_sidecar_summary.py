@@ -1,0 +1,239 @@
+"""The sidecars' per-file summaries (each step's overview row, each prompt's counts) and the
+index queried where the sidecars lie: what the viewer would compute from the files, or ignored."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from dataclasses import astuple
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+duckdb = pytest.importorskip("duckdb")
+pq = pytest.importorskip("pyarrow.parquet")
+
+import asynctrace as at  # noqa: E402
+from asynctrace.sinks._parquet_sidecar import SIDECAR_KEY, sidecar_path, write_sidecar  # noqa: E402
+from asynctrace.view._archive import Archive  # noqa: E402
+from asynctrace.view._browse import frequent_sql, overview_sql  # noqa: E402
+
+from . import _archive  # noqa: E402
+from ._archive import without_sidecars  # noqa: E402
+
+# Records a file: small enough that most steps lie in two files.
+_PER_FILE = 7
+
+
+def _write_straddling(directory: Path) -> list[Path]:
+    """A run of 6 steps of 3 groups of 4 (rewards that tie in some groups, a prompt at several
+    steps), in files of `_PER_FILE` records, so that groups and steps span files; its sidecars."""
+
+    async def main() -> None:
+        sink = at.ParquetSink(directory, process=False, max_records=_PER_FILE)
+        async with at.TraceSession(
+            "summary", run="r", sinks=[sink], health_metrics=False, batch_size=2
+        ) as session:
+            for step in range(6):
+                batch = []
+                for g in range(3):
+                    for i in range(4):
+                        batch.append(
+                            at.Sample(
+                                messages=[
+                                    {"role": "user", "content": f"q{g}"},
+                                    {"role": "assistant", "content": "a"},
+                                ],
+                                metadata={
+                                    "prompt_id": f"p{(g + step) % 4}",
+                                    "group_uid": f"{step}-{g}",
+                                    "reward": 0.1 if g == 1 else (i * 0.3 + step) % 1.0,
+                                    "policy_version": step - i % 3,
+                                    "stop_reason": "length" if i == 3 else "stop",
+                                    "response_len": 10 * i + step,
+                                },
+                            )
+                        )
+                # Half a group a call: a file ends after a call, so groups and steps span files.
+                for half in range(0, len(batch), 2):
+                    await session.log_samples(batch[half : half + 2], step=step)
+                    assert await session.flush(timeout=30)
+                if step % 2:
+                    await session.log_samples(batch[:3], step=step, split="eval")
+                    assert await session.flush(timeout=30)
+
+    anyio.run(main)
+    files = sorted(directory.glob("*.parquet"))
+    assert len(files) > 6 and all(write_sidecar(f) for f in files)
+    return files
+
+
+def _same(got: list[tuple[Any, ...]], want: list[tuple[Any, ...]]) -> None:
+    assert len(got) == len(want)
+    for a_row, b_row in zip(got, want, strict=True):
+        for a, b in zip(a_row, b_row, strict=True):
+            assert a == b or (isinstance(a, float) and isinstance(b, float) and math.isclose(a, b)), (
+                a_row,
+                b_row,
+            )
+
+
+def test_each_files_summary_is_what_the_viewer_computes_from_its_rows(tmp_path: Path) -> None:
+    """A file's ``steps`` rows are the overview of its own records, its ``counts`` their prompts'."""
+    files = _write_straddling(tmp_path / "run")
+    con = duckdb.connect()
+    for f in files:
+        index = f"read_parquet('{sidecar_path(f, 'index')}')"
+        steps = con.execute(f"SELECT * FROM read_parquet('{sidecar_path(f, 'steps')}')").fetchall()
+        _same(steps, con.execute(overview_sql(index)).fetchall())
+        counts = con.execute(f"SELECT * FROM read_parquet('{sidecar_path(f, 'counts')}')").fetchall()
+        assert (
+            counts
+            == con.execute(
+                f"SELECT prompt, count(DISTINCT step), count(*) FROM {index} WHERE prompt IS NOT NULL "
+                "GROUP BY prompt ORDER BY prompt"
+            ).fetchall()
+        )
+
+
+def test_merged_summaries_equal_the_overview_of_steps_that_span_files(tmp_path: Path) -> None:
+    """Steps and groups split between files: the merged overview, frequent prompts and prompt
+    counts are those of the files read whole."""
+    directory = tmp_path / "run"
+    _write_straddling(directory)
+    summary = Archive(directory).sidecar_summary()
+    assert summary is not None and summary.prompts is not None
+    bare = Archive(without_sidecars(directory, tmp_path / "bare"))
+    bare.build()
+    assert not bare.sidecars
+    _same([astuple(r) for r in summary.overview], [astuple(r) for r in bare.overview()])
+    assert any(r.zero_signal for r in summary.overview), "no tied group: the test would not see one"
+    assert summary.frequent == bare.frequent_prompts(50)
+    assert summary.prompts == bare.prompt_counts(sorted(summary.prompts))
+    assert set(summary.prompts) == {f"p{k}" for k in range(4)}
+
+
+def test_pages_from_sidecars_where_they_lie_equal_those_from_the_files(tmp_path: Path) -> None:
+    """Nothing of a sidecar is copied into the index, and its questions answer as the files do."""
+    directory = tmp_path / "run"
+    _write_straddling(directory)
+    held = Archive(directory)
+    held.load()
+    assert len(held.sidecars) == len(held.files)
+    copied = held._con.execute("SELECT count(*) FROM idx_rows").fetchone()
+    assert copied == (0,)
+    bare = Archive(without_sidecars(directory, tmp_path / "bare"))
+    bare.load()
+    con = held._con
+    # Sums over rows read in another order may differ in their last bits: compared as floats.
+    _same(con.execute(overview_sql("idx")).fetchall(), bare._con.execute(overview_sql("idx")).fetchall())
+    assert con.execute(frequent_sql("pidx")).fetchall() == bare._con.execute(frequent_sql("idx")).fetchall()
+    _same(
+        [astuple(g) for g in held.step_groups("train", 3)], [astuple(g) for g in bare.step_groups("train", 3)]
+    )
+    assert held.prompt_history("p1", "train") == bare.prompt_history("p1", "train")
+    assert held.group("train", 2, "2-1") == bare.group("train", 2, "2-1")
+    some = bare.group("train", 4, "4-2")[0].id
+    assert held.record(some) == bare.record(some)
+    assert held.names("p2") == bare.names("p2") and held.names(some) == bare.names(some)
+    # A search reads each hit's index row at its place, in the file's own sidecar.
+    held.index_text()
+    found = held.find(text="q1", limit=5)
+    assert found and found == bare.find(text="q1", limit=5)
+
+
+def _foreign(path: Path) -> None:
+    """The sidecar of the same kind of another file (its size and rows are not this file's)."""
+    others = sorted(p for p in path.parent.glob("*" + path.name.split(".parquet.", 1)[1]) if p != path)
+    shutil.copyfile(others[0], path)
+
+
+def _retyped(path: Path) -> None:
+    """Its third column of another type, its footer's note kept."""
+    table = pq.read_table(path)
+    metadata = table.schema.metadata
+    table = table.set_column(2, table.schema.field(2).name, table.column(2).cast("float64"))
+    pq.write_table(table.replace_schema_metadata(metadata), path)
+
+
+def _old_version(path: Path) -> None:
+    table = pq.read_table(path)
+    note = table.schema.metadata[SIDECAR_KEY].replace(b'"version":2', b'"version":1')
+    assert note != table.schema.metadata[SIDECAR_KEY]
+    pq.write_table(table.replace_schema_metadata({SIDECAR_KEY: note}), path)
+
+
+def _damaged_pages(path: Path) -> None:
+    raw = bytearray(path.read_bytes())
+    footer = int.from_bytes(raw[-8:-4], "little") + 8
+    for k in range(4, len(raw) - footer):
+        raw[k] = 0xA5
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("spoil", [_foreign, _retyped, _old_version, _damaged_pages])
+@pytest.mark.parametrize("kind", ["steps", "counts", "byprompt"])
+def test_a_damaged_or_foreign_summary_is_ignored(spoil: Any, kind: str, tmp_path: Path) -> None:
+    """A summary (or by-prompt index) of another file, type, version, or damaged past its
+    footer: that file is read itself, and the overview and pages are the files' own."""
+    directory = tmp_path / "run"
+    files = _write_straddling(directory)
+    bare = Archive(without_sidecars(directory, tmp_path / "bare"))
+    bare.load()
+    spoil(sidecar_path(files[1], kind))
+    opened = Archive(directory)
+    summary = opened.sidecar_summary()
+    opened.load()
+    if spoil is not _damaged_pages or kind == "byprompt":
+        # Its footer fails, or its rows are read whole after the overview: the file is read.
+        assert 1 not in opened.sidecars and len(opened.sidecars) == len(files) - 1
+    if summary is not None:  # a by-prompt index damaged past its footer: the summaries are right
+        assert (spoil, kind) == (_damaged_pages, "byprompt")
+        _same([astuple(r) for r in summary.overview], [astuple(r) for r in bare.overview()])
+    _same([astuple(r) for r in opened.overview()], [astuple(r) for r in bare.overview()])
+    assert opened.frequent_prompts(50) == bare.frequent_prompts(50)
+    assert opened.prompt_history("p3", "train") == bare.prompt_history("p3", "train")
+
+
+def test_the_sidecars_of_the_view_tests_archive_summarise_it(tmp_path: Path) -> None:
+    """The view tests' archive (two sessions, train and eval, token fields): its summary is its
+    overview."""
+    directory = _archive.write(tmp_path)[0]
+    assert all(write_sidecar(f) for f in directory.glob("*.parquet"))
+    summary = Archive(directory).sidecar_summary()
+    assert summary is not None
+    bare = Archive(without_sidecars(directory, tmp_path / "bare"))
+    bare.build()
+    _same([astuple(r) for r in summary.overview], [astuple(r) for r in bare.overview()])
+    assert summary.frequent == bare.frequent_prompts(50)
+
+
+def test_a_first_open_reads_a_damaged_sidecar_s_file_once_a_query_meets_it(tmp_path: Path) -> None:
+    """A server's first open does not read its sidecars whole: the first page whose query meets
+    one damaged past its footer fails, its file is read instead, and that page asked again is
+    the files' own."""
+    import orjson
+
+    directory = tmp_path / "run"
+    files = _write_straddling(directory)
+    bare = Archive(without_sidecars(directory, tmp_path / "bare"))
+    bare.load()
+    # Its rows by prompt: what the summaries do not read, and a prompt's history does.
+    _damaged_pages(sidecar_path(files[1], "byprompt"))
+    prompt = orjson.loads(pq.read_table(files[1], columns=["metadata"]).column(0)[0].as_py())["prompt_id"]
+    opened = Archive(directory)
+    assert opened.sidecar_summary() is not None
+    opened.load(keep=False)
+    opened.complete_tokens()
+    assert 1 in opened.sidecars
+    _same([astuple(r) for r in opened.overview()], [astuple(r) for r in bare.overview()])
+    with pytest.raises(duckdb.Error):
+        opened.prompt_history(prompt, "train")
+    assert 1 not in opened.sidecars and len(opened.sidecars) == len(files) - 1
+    assert opened.prompt_history(prompt, "train") == bare.prompt_history(prompt, "train")
+    _same(
+        [astuple(g) for g in opened.step_groups("train", 3)],
+        [astuple(g) for g in bare.step_groups("train", 3)],
+    )
