@@ -24,6 +24,7 @@ from . import _pages as pages
 from ._archive import Archive
 from ._groups import group_page, prompt_page
 from ._guard import LOOPBACK, Guard, host_names
+from ._held import SidecarsRepaired
 from ._html import url
 from ._model import StepFilter, prompt_steps
 from ._summary import Summary
@@ -168,7 +169,10 @@ def build_app(
                 message = f"the archive could not be read: {loading.error}"
                 return HTMLResponse(pages.error_page(message, archive=label, title="Error"), status_code=500)
             try:
-                answer = view(request)
+                try:
+                    answer = view(request)
+                except SidecarsRepaired:  # a damaged sidecar met, its file read since: ask again
+                    answer = view(request)
             except BadRequest as exc:
                 return HTMLResponse(
                     pages.error_page(str(exc), archive=label, title="Bad request"), status_code=400

@@ -16,6 +16,7 @@ from typing import Any
 import duckdb
 import orjson
 
+from ._held import SidecarsRepaired
 from ._index import Index
 from ._model import HISTORY_DIFFS, HISTORY_VERSIONS, TRUNCATED, Completion, GroupRow, StepRow, split_order
 from ._turns import prompt_length, split_messages, uses_tools
@@ -166,14 +167,15 @@ class Browse(Index):
     def _query(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """The connection, for one page's queries at a time, after picking up new files. A query
         that fails while some sidecars were not read whole yet (a first open's: see `build`)
-        has them read whole first: a file whose sidecar is damaged past its footer is then read
-        itself, and the page, asked again, is answered from it."""
+        has them read whole: a file whose sidecar is damaged past its footer is then read itself,
+        and `SidecarsRepaired` says that the same question asked again is answered from it."""
         with self._lock:
             self._scan(every=self._rescan_seconds())
             try:
                 yield self._con
-            except duckdb.Error:
-                self.repair()
+            except duckdb.Error as exc:
+                if self.repair():
+                    raise SidecarsRepaired(str(exc)) from exc
                 raise
 
     def _rows(

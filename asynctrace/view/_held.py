@@ -14,12 +14,17 @@ import duckdb
 from ._sidecar import Sidecars
 from ._words import TextIndex
 
-__all__ = ["INDEX_ROW", "SIDECAR_ROW", "HeldIndex"]
+__all__ = ["INDEX_ROW", "SIDECAR_ROW", "HeldIndex", "SidecarsRepaired"]
 
 # The index's columns, in order (table `idx_rows`, and so every view over it).
 INDEX_ROW = "id, step, split, grp, prompt, reward, advantage, policy_version, stop_reason, rlen, tok, rn, src"
 # A sidecar's (without the file's number), every one read when a sidecar is read whole.
 SIDECAR_ROW = "id, step, split, grp, prompt, reward, advantage, policy_version, stop_reason, rlen, tok, rn"
+
+
+class SidecarsRepaired(duckdb.Error):
+    """A query failed over sidecars not read whole yet; they have been read whole since, the
+    file of any damaged one is read itself, and the same question asked again is answered."""
 
 
 class HeldIndex(TextIndex):
@@ -105,10 +110,11 @@ class HeldIndex(TextIndex):
         """Stop querying these files' sidecars; read the files themselves (`Index` says how)."""
         raise NotImplementedError
 
-    def repair(self) -> None:
+    def repair(self) -> bool:
         """Read whole the sidecars not read whole yet (see `build`); a file whose sidecar cannot
-        be is read itself instead (the caller holds the lock)."""
+        be is read itself instead (the caller holds the lock). Whether there were any."""
         if self.closing.is_set():
-            return
+            return False
         pending, self._unverified = self._unverified, []
         self._verify(self._con, pending)
+        return bool(pending)

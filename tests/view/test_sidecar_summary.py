@@ -237,3 +237,28 @@ def test_a_first_open_reads_a_damaged_sidecar_s_file_once_a_query_meets_it(tmp_p
         [astuple(g) for g in opened.step_groups("train", 3)],
         [astuple(g) for g in bare.step_groups("train", 3)],
     )
+
+
+def test_a_page_whose_query_meets_a_damaged_sidecar_is_answered_the_first_time(tmp_path: Path) -> None:
+    """The server asks a page's question again once a damaged sidecar met by it has its file
+    read: the first answer is the page, not an error, and the same as the one after it."""
+    import orjson
+
+    from asynctrace.view import _app
+
+    from ._html import get
+
+    directory = tmp_path / "run"
+    files = _write_straddling(directory)
+    _damaged_pages(sidecar_path(files[1], "byprompt"))
+    prompt = orjson.loads(pq.read_table(files[1], columns=["metadata"]).column(0)[0].as_py())["prompt_id"]
+    opened = Archive(directory)
+    assert opened.sidecar_summary() is not None
+    opened.load(keep=False)
+    opened.complete_tokens()
+    assert 1 in opened.sidecars
+    with _archive.serving(_app.build_app(opened)) as base:
+        first = get(base, f"/prompt?id={prompt}&split=train")
+        assert first.status == 200, first.html
+        assert 1 not in opened.sidecars
+        assert get(base, f"/prompt?id={prompt}&split=train").html == first.html
