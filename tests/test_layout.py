@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import asynctrace
@@ -11,6 +12,13 @@ ROOT = Path(asynctrace.__file__).parent
 
 
 def _modules() -> dict[str, tuple[Path, ast.Module]]:
+    """Every asynctrace module by name: its file and its parsed source (which no test changes)."""
+    return dict(_parsed())
+
+
+# Parsing the package is most of each test's time: once for the module's tests.
+@functools.cache
+def _parsed() -> dict[str, tuple[Path, ast.Module]]:
     out = {}
     for path in sorted(ROOT.rglob("*.py")):
         parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)

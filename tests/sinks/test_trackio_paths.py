@@ -107,11 +107,18 @@ class TrackioBackend(Backend):
         return self._locked()
 
 
-async def _writers_ended() -> None:
-    """Wait for this process's Trackio writer processes to end (killing them after 30 s), while
-    the event loop that started them can still reap them. After the hang, finish() gave up on
-    the sink's writer; once the lock is gone it finishes what it was sent and ends on its own."""
-    writers = [p for p in psutil.Process().children() if "_trackio_worker" in " ".join(p.cmdline())]
+def _writers() -> list[psutil.Process]:
+    """This process's Trackio writer processes."""
+    return [p for p in psutil.Process().children() if "_trackio_worker" in " ".join(p.cmdline())]
+
+
+async def _writers_ended(before: set[int]) -> None:
+    """Wait for the Trackio writer processes this process started since `before` to end (killing
+    them after 30 s), while the event loop that started them can still reap them. After the hang,
+    finish() gave up on the sink's writer; once the lock is gone it finishes what it was sent and
+    ends on its own. A writer an earlier test left (one xdist worker runs many modules) is not
+    this test's to wait for."""
+    writers = [p for p in _writers() if p.pid not in before]
     with anyio.move_on_after(30):
         while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in writers):
             await anyio.sleep(0.05)
@@ -177,10 +184,11 @@ async def test_contract(
     if path == "public":
         change_bulk_log_in_children(monkeypatch)
     backend = TrackioBackend()
+    before = {p.pid for p in _writers()}
     with caplog.at_level(logging.WARNING, logger="asynctrace"):
         await run_contract(point, backend)
     if point == "hang":
-        await _writers_ended()
+        await _writers_ended(before)
     told = [r.getMessage() for r in caplog.records if FALLBACK in r.getMessage()]
     assert backend.sink is not None
     if point != "hang":  # a hung database holds up the writer's open: it never says how it writes
