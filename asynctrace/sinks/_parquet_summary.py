@@ -14,7 +14,8 @@ from typing import Any
 
 __all__ = ["TRUNCATED", "counts_table", "steps_table"]
 
-# Stop reasons that mean the completion hit its token budget (the viewer's `_model.TRUNCATED`).
+# Stop reasons that mean the completion hit its token budget (vLLM and SGLang say "length"); the
+# viewer's pages count the same ones (`view._model` imports this).
 TRUNCATED: tuple[str, ...] = ("length", "max_tokens", "truncated")
 
 

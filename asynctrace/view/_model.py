@@ -7,6 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+# Stop reasons that mean the completion hit its token budget: one list for the sink's summaries
+# and the viewer's pages, so a merged overview counts what a computed one does.
+from ..sinks._parquet_summary import TRUNCATED
+
 __all__ = [
     "ADVANTAGE_ZERO",
     "HISTORY_DIFFS",
@@ -33,9 +37,6 @@ _LARGE = 1e150
 # whether the run holds a prompt at 40 steps or at 400.
 HISTORY_VERSIONS = 20
 HISTORY_DIFFS = 20
-
-# Stop reasons that mean the completion hit its token budget (vLLM and SGLang say "length").
-TRUNCATED: tuple[str, ...] = ("length", "max_tokens", "truncated")
 
 
 @dataclass(frozen=True, slots=True)

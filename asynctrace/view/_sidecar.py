@@ -21,14 +21,9 @@ import duckdb
 import orjson
 
 from ..sinks._parquet_sidecar import SIDECAR_KEY, SIDECAR_VERSION, sidecar_path, words_path
-from ..sinks._parquet_summary import TRUNCATED as _SUMMED_TRUNCATED
 from . import _text
-from ._model import TRUNCATED
 
 __all__ = ["INDEX_COLUMNS", "Sidecars", "index_sidecars", "words_sidecar"]
-
-# The summaries count as truncated what the overview does.
-assert _SUMMED_TRUNCATED == TRUNCATED
 
 # The index sidecar's columns, in order, with their DuckDB types (as `parquet_schema` reads them).
 INDEX_COLUMNS: tuple[tuple[str, str], ...] = (
