@@ -210,24 +210,31 @@ def test_the_sidecars_of_the_view_tests_archive_summarise_it(tmp_path: Path) -> 
     assert summary.frequent == bare.frequent_prompts(50)
 
 
-def test_a_first_open_reads_a_damaged_sidecar_s_file_once_a_query_meets_it(tmp_path: Path) -> None:
-    """A server's first open does not read its sidecars whole: the first page whose query meets
-    one damaged past its footer fails, its file is read instead, and that page asked again is
-    the files' own."""
+def _first_open_with_damaged_byprompt(files: list[Path]) -> tuple[Archive, str]:
+    """A server's first open of `files`' folder whose second file's by-prompt sidecar is damaged
+    past its footer (what the summaries do not read, and a prompt's history does), and a prompt
+    id of that file."""
     import orjson
 
-    directory = tmp_path / "run"
-    files = _write_straddling(directory)
-    bare = Archive(without_sidecars(directory, tmp_path / "bare"))
-    bare.load()
-    # Its rows by prompt: what the summaries do not read, and a prompt's history does.
     _damaged_pages(sidecar_path(files[1], "byprompt"))
     prompt = orjson.loads(pq.read_table(files[1], columns=["metadata"]).column(0)[0].as_py())["prompt_id"]
-    opened = Archive(directory)
+    opened = Archive(files[1].parent)
     assert opened.sidecar_summary() is not None
     opened.load(keep=False)
     opened.complete_tokens()
     assert 1 in opened.sidecars
+    return opened, str(prompt)
+
+
+def test_a_first_open_reads_a_damaged_sidecar_s_file_once_a_query_meets_it(tmp_path: Path) -> None:
+    """A server's first open does not read its sidecars whole: the first page whose query meets
+    one damaged past its footer fails, its file is read instead, and that page asked again is
+    the files' own."""
+    directory = tmp_path / "run"
+    files = _write_straddling(directory)
+    bare = Archive(without_sidecars(directory, tmp_path / "bare"))
+    bare.load()
+    opened, prompt = _first_open_with_damaged_byprompt(files)
     _same([astuple(r) for r in opened.overview()], [astuple(r) for r in bare.overview()])
     with pytest.raises(duckdb.Error):
         opened.prompt_history(prompt, "train")
@@ -242,21 +249,11 @@ def test_a_first_open_reads_a_damaged_sidecar_s_file_once_a_query_meets_it(tmp_p
 def test_a_page_whose_query_meets_a_damaged_sidecar_is_answered_the_first_time(tmp_path: Path) -> None:
     """The server asks a page's question again once a damaged sidecar met by it has its file
     read: the first answer is the page, not an error, and the same as the one after it."""
-    import orjson
-
     from asynctrace.view import _app
 
     from ._html import get
 
-    directory = tmp_path / "run"
-    files = _write_straddling(directory)
-    _damaged_pages(sidecar_path(files[1], "byprompt"))
-    prompt = orjson.loads(pq.read_table(files[1], columns=["metadata"]).column(0)[0].as_py())["prompt_id"]
-    opened = Archive(directory)
-    assert opened.sidecar_summary() is not None
-    opened.load(keep=False)
-    opened.complete_tokens()
-    assert 1 in opened.sidecars
+    opened, prompt = _first_open_with_damaged_byprompt(_write_straddling(tmp_path / "run"))
     with _archive.serving(_app.build_app(opened)) as base:
         first = get(base, f"/prompt?id={prompt}&split=train")
         assert first.status == 200, first.html
