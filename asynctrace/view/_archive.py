@@ -17,6 +17,7 @@ import numpy
 from .._records.tokens import TOKEN_FIELDS, token_bytes
 from ._browse import Browse, load_json
 from ._model import Completion
+from ._partials import FileSummary
 from ._search import find_text
 from ._sidecar import index_sidecars
 from ._summary import MAX_PROMPTS, Summary, merge_summaries, path_for, read, write
@@ -153,18 +154,19 @@ class Archive(Browse):
 
     def sidecar_summary(self) -> Summary | None:
         """The overview's answers from the sinks' sidecars (`_sidecar`) when every file of the
-        archive has valid ones: each file's rows of its steps and counts of its prompts, merged
-        (`merge_summaries`) before the index is read, with no pass over the records. None
-        otherwise."""
+        archive has valid ones: the summary in each index sidecar's footer (its steps' figures,
+        its prompts' counts), merged (`merge_summaries`) before the index is read, with no pass
+        over the records. None otherwise."""
         if self.kind != "parquet":
             return None
         files = self._listing()
+        summaries: dict[str, FileSummary] = {}
         with self.cursor() as cursor:
-            sidecars = index_sidecars(cursor, files)
+            sidecars = index_sidecars(cursor, files, summaries)
             if not files or len(sidecars) != len(files):
                 return None
             try:
-                summary = merge_summaries(cursor, [sidecars[f] for f in files])
+                summary = merge_summaries(cursor, [(sidecars[f], summaries[f]) for f in files])
             except duckdb.Error:
                 return None  # a sidecar damaged past its footer: the index says, once read
         self._known = (files, summary)

@@ -263,7 +263,9 @@ class Browse(Index):
             record = con.execute(
                 f"SELECT count(*) FROM idx WHERE {self.located(con, [name])} AND id = $n", {"n": name}
             ).fetchone()
-            prompts = con.execute("SELECT DISTINCT split FROM pidx WHERE prompt = $n", {"n": name}).fetchall()
+            prompts = con.execute(
+                f"SELECT DISTINCT split FROM {self.prompt_view()} WHERE prompt = $n", {"n": name}
+            ).fetchall()
             groups = con.execute(
                 "SELECT DISTINCT split, step FROM idx WHERE grp = $n ORDER BY split, step", {"n": name}
             ).fetchall()
@@ -313,6 +315,8 @@ class Browse(Index):
         to query, `idx` or (for a question by prompt) `pidx` (see `Index._views`)."""
         self._await_tokens()
         with self._query() as con:
+            if table == "pidx":
+                table = self.prompt_view()
             if ids is not None:
                 where = f"{self.located(con, ids)} AND ({where})"
             index = con.execute(
@@ -394,7 +398,7 @@ class Browse(Index):
         """(steps, samples) of each of these prompt ids that the archive holds."""
         with self._query() as con:
             rows = con.execute(
-                "SELECT prompt, count(DISTINCT step), count(*) FROM pidx "
+                f"SELECT prompt, count(DISTINCT step), count(*) FROM {self.prompt_view()} "
                 "WHERE prompt IN (SELECT unnest($p)) GROUP BY prompt",
                 {"p": list(prompts)},
             ).fetchall()
