@@ -235,10 +235,13 @@ def _write(
     footer = {SIDECAR_KEY: orjson.dumps(note)}
     if summary is not None:
         footer[SUMMARY_KEY] = orjson.dumps(summary)
-    schema = table.schema.with_metadata(footer)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        pa.parquet.write_table(table.cast(schema), temporary, compression="zstd", row_group_size=rows)
+        # No Arrow schema in the footer: it would hold the summary a second time, base64-encoded
+        # (a third more footer for a first open to read); DuckDB reads the Parquet types alone.
+        with pa.parquet.ParquetWriter(temporary, table.schema, compression="zstd", store_schema=False) as out:
+            out.add_key_value_metadata(footer)
+            out.write_table(table, row_group_size=rows)
         os.replace(temporary, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
