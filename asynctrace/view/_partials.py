@@ -9,11 +9,10 @@ from typing import Any, NamedTuple
 
 import orjson
 
-__all__ = ["FileSummary", "Partial", "PromptCounts", "StepPart", "parse_summary"]
+__all__ = ["EdgePrompts", "FileSummary", "Groups", "Partial", "PromptCounts", "StepPart", "parse_summary"]
 
 
-@dataclass(frozen=True, slots=True)
-class Partial:
+class Partial(NamedTuple):
     """A group's rewards in one file: how many, their mean and sum of squared deviations, and
     the least and greatest (what merges exactly with the same group's in another file)."""
 
@@ -54,16 +53,47 @@ class PromptCounts(NamedTuple):
     samples: list[int]
 
 
+class Groups(NamedTuple):
+    """The groups of a file's edge steps, a column each (as the footer holds them): a step's are
+    made `Partial` only when another file shares that step (`at`)."""
+
+    split: list[str]
+    step: list[int]
+    grp: list[str]
+    n: list[int]
+    mean: list[float]
+    m2: list[float]
+    least: list[float]
+    most: list[float]
+
+    def at(self, split: str, step: int) -> dict[str, Partial]:
+        """Each group of this (split, step), by id."""
+        rows = [i for i, key in enumerate(zip(self.split, self.step, strict=True)) if key == (split, step)]
+        return {
+            self.grp[i]: Partial(self.n[i], self.mean[i], self.m2[i], self.least[i], self.most[i])
+            for i in rows
+        }
+
+
+class EdgePrompts(NamedTuple):
+    """The prompt ids at a file's edge steps: (step, prompt) pairs, a column each."""
+
+    step: list[int]
+    prompt: list[str]
+
+    def at(self, step: int) -> set[str]:
+        return {p for s, p in zip(self.step, self.prompt, strict=True) if s == step}
+
+
 @dataclass(frozen=True, slots=True)
 class FileSummary:
     """One file's summary: its steps, edge steps (those of its first and last records), the
-    groups of its edge steps (by (split, step), group id -> partial), the prompt ids at each
-    edge step, and each prompt id's (distinct steps, records)."""
+    groups of its edge steps, the prompt ids at each edge step, and each prompt id's counts."""
 
     steps: list[StepPart]
     edges: frozenset[int]
-    groups: dict[tuple[str, int], dict[str, Partial]]
-    edge_prompts: dict[int, set[str]]
+    groups: Groups
+    edge_prompts: EdgePrompts
     prompts: PromptCounts
 
 
@@ -91,7 +121,10 @@ def _column(body: dict[str, Any], name: str, kind: _Kind, nullable: bool = False
         raise _Refused
     if not set(map(type, values)) <= (kind.types | _NULLABLE if nullable else kind.types):
         raise _Refused
-    if kind.at_least_zero and any(v is not None and v < 0 for v in values):
+    if (
+        kind.at_least_zero
+        and min((v for v in values if v is not None) if nullable else values, default=0) < 0
+    ):
         raise _Refused
     return values
 
@@ -150,17 +183,11 @@ def parse_summary(raw: bytes | str) -> FileSummary | None:
             return None
         edges = frozenset(_column(body, "edges", _INT))
         steps = [StepPart(*row) for row in zip(*_table(body.get("steps"), _STEPS), strict=True)]
-        groups: dict[tuple[str, int], dict[str, Partial]] = {}
-        for split, step, grp, n, mean, m2, least, most in zip(
-            *_table(body.get("groups"), _GROUPS), strict=True
-        ):
-            groups.setdefault((split, step), {})[grp] = Partial(n, mean, m2, least, most)
-        edge_prompts: dict[int, set[str]] = {}
-        for step, prompt in zip(*_table(body.get("edge_prompts"), _EDGE_PROMPTS), strict=True):
-            edge_prompts.setdefault(step, set()).add(prompt)
-        if not {s for _, s in groups} | set(edge_prompts) <= edges:
+        groups = Groups(*_table(body.get("groups"), _GROUPS))
+        edge_prompts = EdgePrompts(*_table(body.get("edge_prompts"), _EDGE_PROMPTS))
+        if not set(groups.step) | set(edge_prompts.step) <= edges:
             return None  # what the sink writes of its edge steps only
-        names, counts, samples = _table(body.get("prompts"), _PROMPTS)
-        return FileSummary(steps, edges, groups, edge_prompts, PromptCounts(names, counts, samples))
+        prompts = PromptCounts(*_table(body.get("prompts"), _PROMPTS))
+        return FileSummary(steps, edges, groups, edge_prompts, prompts)
     except (orjson.JSONDecodeError, _Refused):
         return None

@@ -16,6 +16,8 @@ import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import add
 from pathlib import Path
 from typing import Any
 
@@ -181,7 +183,7 @@ def merge_summaries(con: duckdb.DuckDBPyConnection, files: Sequence[tuple[Sideca
             rows.append(_row(split, step, [parts_of[(split, step)]], None))
         else:
             parts = [p for i in held for p in files[i][1].steps if (p.split, p.step) == (split, step)]
-            groups = _merged_groups([files[i][1].groups.get((split, step), {}) for i in held])
+            groups = _merged_groups([files[i][1].groups.at(split, step) for i in held])
             rows.append(_row(split, step, parts, groups))
     if again:
         # The index rows of those steps, read once: a list of steps lets the row groups'
@@ -209,21 +211,19 @@ def _prompt_counts(
     """Each prompt id's (distinct steps, records) over the files with these summaries; `shared`:
     the steps several hold (and which), `again`: those of them whose index rows are in table
     ``shared_rows``."""
-    totals: dict[str, list[int]] = {}
+    # Summed a file at a time by C loops (map, zip, dict.update): 0.5M prompt counts at 10M
+    # records, where a Python loop a count took a second under load.
+    steps: dict[str, int] = {}
+    samples: dict[str, int] = {}
     for summary in summaries:
-        counts = summary.prompts
-        for prompt, steps, samples in zip(counts.prompts, counts.steps, counts.samples, strict=True):
-            found = totals.get(prompt)
-            if found is None:
-                totals[prompt] = [steps, samples]
-            else:
-                found[0] += steps
-                found[1] += samples
+        names, counted, records = summary.prompts
+        steps.update(zip(names, map(add, map(steps.get, names, repeat(0)), counted), strict=True))
+        samples.update(zip(names, map(add, map(samples.get, names, repeat(0)), records), strict=True))
     # A step counted in each file that holds it: what is counted more than once is taken off.
     extra: Counter[str] = Counter()
     for step, held in shared.items():
         if step not in again:
-            seen = Counter(p for i in held for p in summaries[i].edge_prompts.get(step, ()))
+            seen = Counter(p for i in held for p in summaries[i].edge_prompts.at(step))
             extra.update({p: n - 1 for p, n in seen.items() if n > 1})
     if again:
         extra.update(
@@ -236,5 +236,5 @@ def _prompt_counts(
             )
         )
     for prompt, n in extra.items():
-        totals[str(prompt)][0] -= int(n)
-    return {p: (s, n) for p, (s, n) in totals.items()}
+        steps[str(prompt)] -= int(n)
+    return dict(zip(steps, zip(steps.values(), samples.values(), strict=True), strict=True))
