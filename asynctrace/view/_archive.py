@@ -109,6 +109,8 @@ class Archive(Browse):
                 return
             self._cache["overview"] = list(known[1].overview)
             self._cache["frequent"] = list(known[1].frequent)
+            if known[1].holders is not None:
+                self.locate_prompts(known[1].holders)
 
     def keep_summary(self) -> None:
         """Keep the overview's answers in the cache for the next start of these same files (`_summary`)."""

@@ -8,6 +8,7 @@ sidecar's pages turn out unreadable.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import duckdb
 
@@ -46,6 +47,10 @@ class HeldIndex(TextIndex):
         # Files whose by-prompt sidecar was checked (`prompt_view`): until then, and where it
         # fails, view `pidx` reads their index rows in row order.
         self._by_prompt_checked: set[int] = set()
+        # Each prompt id's files (a bit a src) among the first `_located` files, where the
+        # sidecars' summaries said (`locate_prompts`): a question by prompt reads only those.
+        self._holders: dict[str, int] | None = None
+        self._located = 0
         self._con.execute(
             "CREATE TABLE idx_rows (id VARCHAR, step BIGINT, split VARCHAR, grp VARCHAR, prompt VARCHAR, "
             "reward DOUBLE, advantage DOUBLE, policy_version BIGINT, stop_reason VARCHAR, rlen BIGINT, "
@@ -108,6 +113,34 @@ class HeldIndex(TextIndex):
             self._views()
             self._unverified += list(swapped)
         return "pidx"
+
+    def locate_prompts(self, holders: dict[str, int]) -> None:
+        """Take where each prompt id is (bit i: file i of the index now; the caller holds the lock)."""
+        self._holders, self._located = holders, len(self.files)
+
+    def prompt_relation(self, prompts: Sequence[str]) -> str:
+        """The index rows a question about these prompt ids needs: view `pidx` (see
+        `prompt_view`), or where their files are known, only those files' by-prompt sidecars
+        (with every file read, and every file that came since; the caller holds the lock)."""
+        view = self.prompt_view()
+        if self._holders is None:
+            return view
+        bits = 0
+        for prompt in prompts:
+            bits |= self._holders.get(prompt, 0)
+        paths = [
+            found.by_prompt
+            for src, found in sorted(self.sidecars.items())
+            if src >= self._located or bits >> src & 1
+        ]
+        select = "SELECT * FROM idx_rows"
+        if paths:
+            listed = "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
+            select += (
+                f" UNION ALL SELECT {INDEX_ROW} FROM read_parquet({listed}, filename = true) "
+                "JOIN sidecar_src USING (filename)"
+            )
+        return f"({select})"
 
     def _views(self) -> None:
         """(Re)make view `idx`, every record's index row, and `pidx`, the same rows where a

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from operator import add
+from operator import add, or_
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +40,16 @@ MAX_PROMPTS = 100_000
 @dataclass(frozen=True, slots=True)
 class Summary:
     """The overview of one set of files: its steps, most frequent prompts, each prompt's (steps,
-    samples) (None when there are more than `MAX_PROMPTS`), and the files left out."""
+    samples) (None when there are more than `MAX_PROMPTS`), the files left out, and where each
+    prompt id is (where known)."""
 
     overview: list[StepRow]
     frequent: list[tuple[str, int, int]]
     prompts: dict[str, tuple[int, int]] | None
     skipped: dict[str, str]
+    # Each prompt id's files, a bit each in the order they were merged in (`merge_summaries`
+    # only; not kept): a question by prompt reads only those files' sidecars.
+    holders: dict[str, int] | None = None
 
     def prompt_counts(self, prompts: Sequence[str]) -> dict[str, tuple[int, int]]:
         held = self.prompts or {}
@@ -199,7 +203,18 @@ def merge_summaries(con: duckdb.DuckDBPyConnection, files: Sequence[tuple[Sideca
     overview = sorted(rows, key=lambda r: (r.split, r.step))
     prompts = _prompt_counts(con, [f[1] for f in files], shared, again)
     frequent = sorted(((p, s, n) for p, (s, n) in prompts.items()), key=lambda r: (-r[1], r[0]))[:50]
-    return Summary(overview, frequent, prompts if len(prompts) <= MAX_PROMPTS else None, {})
+    small = len(prompts) <= MAX_PROMPTS
+    located = _holders([f[1] for f in files]) if small else None
+    return Summary(overview, frequent, prompts if small else None, {}, located)
+
+
+def _holders(summaries: Sequence[FileSummary]) -> dict[str, int]:
+    """Each prompt id's files: bit i set where the i-th summary counts it (C loops, as the counts)."""
+    found: dict[str, int] = {}
+    for i, summary in enumerate(summaries):
+        names = summary.prompts.prompts
+        found.update(zip(names, map(or_, map(found.get, names, repeat(0)), repeat(1 << i)), strict=False))
+    return found
 
 
 def _prompt_counts(

@@ -179,6 +179,27 @@ def test_pages_from_sidecars_where_they_lie_equal_those_from_the_files(tmp_path:
     assert found and found == bare.find(text="q1", limit=5)
 
 
+def test_a_question_by_prompt_reads_only_the_files_that_hold_the_prompt(tmp_path: Path) -> None:
+    """After a first open, a prompt's history, counts and names read the by-prompt sidecars of
+    the files whose summaries count that prompt, and answer as the files read whole do."""
+    directory = tmp_path / "run"
+    files = _write_straddling(directory, stragglers=True)
+    opened = Archive(directory)
+    assert opened.sidecar_summary() is not None
+    opened.load(keep=False)
+    bare = Archive(without_sidecars(directory, tmp_path / "bare"))
+    bare.load()
+    for prompt in [f"p{k}" for k in range(4)] + ["no such prompt"]:
+        with opened._lock:
+            relation = opened.prompt_relation([prompt])
+        holding = {f.name for f in files if prompt in _summary_of(f).prompts.prompts}
+        named = {f.name for f in files if str(sidecar_path(f, "byprompt")) in relation}
+        assert named == holding and len(holding) < len(files), (prompt, sorted(named))
+        assert opened.prompt_history(prompt, "train") == bare.prompt_history(prompt, "train")
+        assert opened.prompt_counts([prompt]) == bare.prompt_counts([prompt])
+        assert opened.names(prompt) == bare.names(prompt)
+
+
 def _foreign(path: Path) -> None:
     """The sidecar of the same kind of another file (its size and rows are not this file's)."""
     others = sorted(p for p in path.parent.glob("*" + path.name.split(".parquet.", 1)[1]) if p != path)
