@@ -12,7 +12,6 @@ import re
 from typing import Any
 
 import duckdb
-import numpy
 
 from .._records.tokens import TOKEN_FIELDS, token_bytes
 from ._browse import Browse, load_json
@@ -32,6 +31,8 @@ _RESCAN_SECONDS = 2.0
 def _token_arrays(held: Any) -> dict[str, Any]:
     """A JSONL record's encoded token fields as numpy arrays; a field that is not one, or whose
     value is damaged, is left out."""
+    import numpy  # here, not at the start: the first open's summary does not wait for it
+
     out: dict[str, Any] = {}
     if not isinstance(held, dict):
         return out
@@ -49,6 +50,8 @@ def _token_arrays(held: Any) -> dict[str, Any]:
 def _parquet_token_arrays(fetched: dict[str, Any]) -> dict[str, Any]:
     """A Parquet row's token columns (as DuckDB fetched them) as numpy arrays; a column the file
     lacks, or one whose values are damaged, is left out."""
+    import numpy
+
     out: dict[str, Any] = {}
     for name, dtype in TOKEN_FIELDS.items():
         column = fetched.get(name)
