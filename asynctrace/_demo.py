@@ -36,6 +36,7 @@ import anyio
 import orjson
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
+from ._demo_config import DemoConfig
 from ._records.types import Sample
 from ._security import generated_run_name
 from ._select.groups import GroupSampler
@@ -192,23 +193,6 @@ def build_tokenizer(vocab_size: int = 600) -> Tokenizer:
 
 
 # -- the simulated policy -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class DemoConfig:
-    """Options of one demo run (the CLI's flags)."""
-
-    project: str = "asynctrace-demo"
-    run: str | None = None
-    archive: str = "asynctrace-demo-archive"
-    steps: int = 20
-    workers: int = 8
-    group_size: int = 8
-    prompts_per_step: int = 8
-    max_traces: int = 16
-    max_staleness: int = 2
-    seed: int = 0
-    progress: bool = True
 
 
 @dataclass(slots=True)

@@ -7,13 +7,12 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-# Loading the demo's modules is most of the command's start: Ctrl-C meanwhile says so, exits 130.
+# Ctrl-C while the command's modules load says so and exits 130.
 try:
     import click
 
     from . import __version__
-    from ._demo import DemoConfig
-    from ._demo import main as run_demo
+    from ._demo_config import DemoConfig
 except KeyboardInterrupt:
     sys.stderr.write("asynctrace: stopped\n")
     raise SystemExit(130) from None
@@ -77,6 +76,13 @@ def demo(**options: Any) -> None:
     Without pyarrow the archive is skipped, and the demo says so.
     Exits non-zero when any sample is lost or the accounting invariant does not hold.
     """
+    # Loaded here, not with the command line: the demo's modules are most of a command's start
+    # (a second of `asynctrace view`'s first open). Ctrl-C meanwhile says so, exits 130.
+    try:
+        from ._demo import main as run_demo
+    except KeyboardInterrupt:
+        sys.stderr.write("asynctrace: stopped\n")
+        raise SystemExit(130) from None
     # Each option is named after a DemoConfig field: a missing or unknown one fails here.
     raise SystemExit(run_demo(DemoConfig(**options)))
 

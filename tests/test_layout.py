@@ -164,6 +164,7 @@ LAYERS: list[set[str]] = [
     {"_session"},
     {"_fronts"},
     {"ray", "distributed", "adapters", "view"},
+    {"_demo_config"},
     {"_demo", "_recover"},
     {""},  # the public face, asynctrace/__init__.py
     {"cli"},

@@ -5,12 +5,13 @@ Small Parquet files in the hidden folder `SIDECAR_FOLDER` beside the archive's f
 after the file (``<name>.<kind>.parquet``, `KINDS`): ``index``, the typed values of each record
 (what the viewer's index holds, by row number, in row groups of `INDEX_ROWS` rows so that a
 query for a step reads only its own); ``byprompt``, the same rows ordered by prompt id (a prompt's
-history reads a row group a file, where the row order would read every row); ``steps``, the
-overview's row of each (split, step) of the file (`_parquet_summary`); ``counts``, each prompt
-id's steps and records in the file; and ``words``, the words of each block of rows (the viewer's
-text index). Each carries, in its footer's key-value metadata under `SIDECAR_KEY`, the version,
-its file's size and row count and the rows a block of words spans, so that a reader can tell a
-sidecar of another file (or of another version) apart. The viewer queries them where they lie.
+history reads a row group a file, where the row order would read every row); and ``words``, the
+words of each block of rows (the viewer's text index). Each carries, in its footer's key-value
+metadata under `SIDECAR_KEY`, the version, its file's size and row count and the rows a block of
+words spans, so that a reader can tell a sidecar of another file (or of another version) apart.
+The index sidecar's footer also carries the file's summary under `SUMMARY_KEY` (each step's
+overview figures and each prompt id's counts, `_parquet_summary`): a first open reads one footer
+a file for the overview. The viewer queries the sidecars where they lie.
 
 A sidecar is data only, and optional: the viewer checks it (`asynctrace.view._sidecar`) and falls
 back to reading the file where it is missing, damaged or of another file. Writing one never fails
@@ -38,7 +39,7 @@ from .._records.tokens import TOKEN_FIELDS
 from .._security import logger
 from .._select.watch import DEFAULT_WATCH_KEYS
 from ._parquet_rows import pyarrow
-from ._parquet_summary import counts_table, steps_table
+from ._parquet_summary import SUMMARY_KEY, summary_note
 
 __all__ = [
     "BLOCK",
@@ -60,7 +61,9 @@ __all__ = [
 SIDECAR_FOLDER = ".asynctrace-index"
 SIDECAR_KEY = b"asynctrace.sidecar"
 # Bumped whenever a sidecar's columns or their meaning change: readers skip other versions.
-SIDECAR_VERSION = 2
+# Version 3: the summary moved into the index sidecar's footer (version 2 had ``steps`` and
+# ``counts`` sidecars).
+SIDECAR_VERSION = 3
 # Rows of a file per block of the text index (the viewer's `_text.BLOCK` is this).
 BLOCK = 4096
 # Rows per row group of both index sidecars: the unit a query by step (by prompt, in the
@@ -68,7 +71,9 @@ BLOCK = 4096
 # open reads those again): with 16,384 rows they read 2.7M rows for 0.4M at 10M records.
 INDEX_ROWS = BLOCK
 # The sidecars of a file, by kind (the name's part before ``.parquet``).
-KINDS: tuple[str, ...] = ("index", "byprompt", "steps", "counts", "words")
+KINDS: tuple[str, ...] = ("index", "byprompt", "words")
+# The kinds whose temporaries a killed maker may have left: these, and those of version 2.
+_MADE_KINDS: tuple[str, ...] = (*KINDS, "steps", "counts")
 # The characters of a word (the viewer's `_text` says why these).
 WORD_CHARS = "0-9A-Za-z\u017f\u212a"
 # Metadata keys of a completion's length in tokens, tried in order.
@@ -217,13 +222,26 @@ def _words_table(pa: Any, messages: Any, first: int) -> Any:
     return pa.table({"blk": blk, "w": lowered}).group_by(["blk", "w"]).aggregate([])
 
 
-def _write(pa: Any, table: Any, path: Path, note: dict[str, Any], rows: int | None = None) -> None:
-    """Write `table` to `path` whole or not at all, with `note` in its footer (in row groups of
-    `rows` rows, where given)."""
-    schema = table.schema.with_metadata({SIDECAR_KEY: orjson.dumps(note)})
+def _write(
+    pa: Any,
+    table: Any,
+    path: Path,
+    note: dict[str, Any],
+    rows: int | None = None,
+    summary: dict[str, Any] | None = None,
+) -> None:
+    """Write `table` to `path` whole or not at all, with `note` (and `summary`, where given) in
+    its footer (in row groups of `rows` rows, where given)."""
+    footer = {SIDECAR_KEY: orjson.dumps(note)}
+    if summary is not None:
+        footer[SUMMARY_KEY] = orjson.dumps(summary)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        pa.parquet.write_table(table.cast(schema), temporary, compression="zstd", row_group_size=rows)
+        # No Arrow schema in the footer: it would hold the summary a second time, base64-encoded
+        # (a third more footer for a first open to read); DuckDB reads the Parquet types alone.
+        with pa.parquet.ParquetWriter(temporary, table.schema, compression="zstd", store_schema=False) as out:
+            out.add_key_value_metadata(footer)
+            out.write_table(table, row_group_size=rows)
         os.replace(temporary, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -268,10 +286,10 @@ def write_sidecar(file: Path) -> bool:
         folder = file.parent / SIDECAR_FOLDER
         folder.mkdir(exist_ok=True)
         _write(pa, every, words_path(file), note)
-        _write(pa, counts_table(pa, index), sidecar_path(file, "counts"), note)
-        _write(pa, steps_table(pa, index), sidecar_path(file, "steps"), note)
+        summary = summary_note(pa, index)
         _write(pa, by_prompt, sidecar_path(file, "byprompt"), note, INDEX_ROWS)
-        _write(pa, index, index_path(file), note, INDEX_ROWS)
+        # Last: a reader takes a file's sidecars only where its index sidecar is there and valid.
+        _write(pa, index, index_path(file), note, INDEX_ROWS, summary)
         return True
     except Exception as exc:  # a sidecar only saves the viewer time: never the sink's failure
         logger.debug("ParquetSink: no sidecar for %s (%s: %s)", file, type(exc).__name__, exc)
@@ -279,7 +297,7 @@ def write_sidecar(file: Path) -> bool:
 
 
 # A temporary `_write` leaves when its process is killed: ``.<file>.<kind>.parquet.<pid>.tmp``.
-_LEFTOVER = re.compile(r"\.(.+)\.(" + "|".join(KINDS) + r")\.parquet\.([0-9]+)\.tmp")
+_LEFTOVER = re.compile(r"\.(.+)\.(" + "|".join(_MADE_KINDS) + r")\.parquet\.([0-9]+)\.tmp")
 
 
 def _alive(pid: int) -> bool:

@@ -68,6 +68,6 @@ def serve(
     """Serve the viewer on `host`:`port` until interrupted; `ready(url)` is called once it listens
     (it indexes the archive meanwhile, and says so on every page until it is done)."""
     require()
-    from ._app import run
+    from ._server import run
 
     run(source, host=host, port=port, watch=watch, cache=cache, ready=ready)

@@ -1,18 +1,11 @@
-"""The viewer's web app (Starlette) and its server (uvicorn): one route per view, state in the URL."""
+"""The viewer's web app (Starlette): one route per view, state in the URL (its server: `_server`)."""
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import os
-import signal
-import socket
-import sys
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from importlib import resources
-from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -23,20 +16,18 @@ from starlette.types import ASGIApp
 from . import _pages as pages
 from ._archive import Archive
 from ._groups import group_page, prompt_page
-from ._guard import LOOPBACK, Guard, host_names
+from ._guard import LOOPBACK, Guard
 from ._held import SidecarsRepaired
 from ._html import url
+from ._loading import Loading
 from ._model import StepFilter, prompt_steps
 from ._summary import Summary
 from ._tokens import token_routes
 
-__all__ = ["build_app", "run"]
+__all__ = ["Loading", "build_app"]
 
 _STEP_LIMIT = 200
 _FIND_LIMIT = 100
-# Seconds the server gives the indexing to stop at exit; past them it leaves without Python's
-# own ending (which would abort the process with a thread inside DuckDB).
-_STOP_SECONDS = 10.0
 
 
 class BadRequest(ValueError):
@@ -82,57 +73,6 @@ def _filters(request: Request) -> StepFilter:
         raise BadRequest(f"adv: expected pos or neg, got {sign!r}")
     on = {k: request.query_params.get(k, "") not in ("", "0") for k in ("zero", "truncated", "tools")}
     return StepFilter(zero=on["zero"], truncated=on["truncated"], advantage=sign, tools=on["tools"])
-
-
-class Loading:
-    """An archive being indexed on a thread of its own, so the server answers from its start:
-    the overview from the answers a former start kept for the same files (`summary`), if any."""
-
-    def __init__(self, archive: Archive) -> None:
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-        self.started = time.monotonic()
-        self.summary: Summary | None = None
-        self.archive = archive
-        self._thread = threading.Thread(
-            target=self._load, args=(archive,), name="asynctrace-view-index", daemon=True
-        )
-        self._thread.start()
-
-    def _load(self, archive: Archive) -> None:
-        try:
-            # A later start's kept answers, else on a first open those of the sink's sidecars.
-            self.summary = archive.read_summary() or archive.sidecar_summary()
-            archive.load(keep=False)
-        except BaseException as exc:  # shown on every page: the server stays up to say what failed
-            self.error = exc
-        finally:
-            self.done.set()
-        # After the overview is ready: the pages that show token-level values wait for them;
-        # the cache saves the next start, not this one; until the text index is in, a search by
-        # text reads every message. Each step is skipped once the server stops.
-        later_steps = (
-            archive.complete_tokens,
-            functools.partial(archive.index_text, kept_only=True),  # seconds: before what is longer
-            archive.warm_blocks,
-            archive.index_ids,
-            archive.keep,
-            archive.keep_summary,
-            archive.index_text,
-        )
-        for later in later_steps:
-            if self.error is not None or archive.closing.is_set():
-                return
-            try:
-                later()
-            except Exception:  # interrupted at exit, or a cache that could not be kept: the pages go on
-                if not archive.closing.is_set():
-                    raise
-
-    def stop(self, timeout: float = _STOP_SECONDS) -> bool:
-        """Interrupt the indexing and wait for it to end (see `Index.shut`): True once nothing
-        runs inside DuckDB."""
-        return self.archive.shut([self._thread], timeout)
 
 
 def build_app(
@@ -322,92 +262,3 @@ def build_app(
         Route("/favicon.ico", favicon),
     ]
     return Guard(Starlette(routes=routes), names=hosts, port=port)
-
-
-def run(
-    source: str | os.PathLike[str],
-    *,
-    host: str = "127.0.0.1",
-    port: int = 8321,
-    watch: Sequence[str] = (),
-    cache: str | os.PathLike[str] | None = None,
-    ready: Callable[[str], Any] | None = None,
-) -> None:
-    """Listen on `host`:`port` (0: any free port) and serve until interrupted, indexing the
-    archive meanwhile. At its end, however it ends (Ctrl-C included), the indexing is stopped
-    before the interpreter's: see `Loading.stop`."""
-    archive = Archive(source, cache=cache)
-    sock = _listen(host, port)  # a busy port is said before any indexing starts
-    loading: Loading | None = None
-    server: Any = None
-    announcer: threading.Thread | None = None
-    try:
-        loading = Loading(archive)
-        import uvicorn  # while the indexing runs
-
-        bound = sock.getsockname()[1]
-        app = build_app(archive, watch=watch, loading=loading, hosts=host_names(host), port=bound)
-        # A request still running at exit is given this long before the server stops waiting.
-        config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
-        server = uvicorn.Server(config)
-        if ready is not None:
-            where = f"http://{'[' + host + ']' if ':' in host else host}:{bound}/"
-            announcer = _announce(server, where, ready)
-        server.run(sockets=[sock])
-    finally:
-        sock.close()
-        if server is not None:
-            server.should_exit = True  # ends the announcing thread too, which holds the app
-        if announcer is not None:
-            announcer.join(1)
-        with _sigint_ignored():
-            stopped = loading is None or loading.stop()
-        if not stopped:
-            _leave(sys.exc_info()[1])
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    return sock
-
-
-def _announce(server: Any, where: str, ready: Callable[[str], Any]) -> threading.Thread:
-    def announce() -> None:
-        # uvicorn says it listens by setting `started`; the deadline keeps this thread bounded.
-        deadline = time.monotonic() + 30
-        while not server.started and not server.should_exit and time.monotonic() < deadline:
-            time.sleep(0.01)
-        if server.started:
-            ready(where)
-
-    thread = threading.Thread(target=announce, name="asynctrace-view-ready", daemon=True)
-    thread.start()
-    return thread
-
-
-@contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """Ctrl-C pressed again while the indexing stops (a bounded wait) does not cut the stop short."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _leave(error: BaseException | None) -> None:
-    """Exit now, skipping the interpreter's ending: a thread still inside DuckDB would abort it."""
-    code = 130 if isinstance(error, KeyboardInterrupt) else (1 if error is not None else 0)
-    sys.stderr.write(f"asynctrace view: the indexing did not stop within {_STOP_SECONDS:.0f} s; leaving\n")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

@@ -12,11 +12,11 @@ import re
 from typing import Any
 
 import duckdb
-import numpy
 
 from .._records.tokens import TOKEN_FIELDS, token_bytes
 from ._browse import Browse, load_json
 from ._model import Completion
+from ._partials import FileSummary
 from ._search import find_text
 from ._sidecar import index_sidecars
 from ._summary import MAX_PROMPTS, Summary, merge_summaries, path_for, read, write
@@ -31,6 +31,8 @@ _RESCAN_SECONDS = 2.0
 def _token_arrays(held: Any) -> dict[str, Any]:
     """A JSONL record's encoded token fields as numpy arrays; a field that is not one, or whose
     value is damaged, is left out."""
+    import numpy  # here, not at the start: the first open's summary does not wait for it
+
     out: dict[str, Any] = {}
     if not isinstance(held, dict):
         return out
@@ -48,6 +50,8 @@ def _token_arrays(held: Any) -> dict[str, Any]:
 def _parquet_token_arrays(fetched: dict[str, Any]) -> dict[str, Any]:
     """A Parquet row's token columns (as DuckDB fetched them) as numpy arrays; a column the file
     lacks, or one whose values are damaged, is left out."""
+    import numpy
+
     out: dict[str, Any] = {}
     for name, dtype in TOKEN_FIELDS.items():
         column = fetched.get(name)
@@ -108,6 +112,8 @@ class Archive(Browse):
                 return
             self._cache["overview"] = list(known[1].overview)
             self._cache["frequent"] = list(known[1].frequent)
+            if known[1].holders is not None:
+                self.locate_prompts(known[1].holders)
 
     def keep_summary(self) -> None:
         """Keep the overview's answers in the cache for the next start of these same files (`_summary`)."""
@@ -153,18 +159,19 @@ class Archive(Browse):
 
     def sidecar_summary(self) -> Summary | None:
         """The overview's answers from the sinks' sidecars (`_sidecar`) when every file of the
-        archive has valid ones: each file's rows of its steps and counts of its prompts, merged
-        (`merge_summaries`) before the index is read, with no pass over the records. None
-        otherwise."""
+        archive has valid ones: the summary in each index sidecar's footer (its steps' figures,
+        its prompts' counts), merged (`merge_summaries`) before the index is read, with no pass
+        over the records. None otherwise."""
         if self.kind != "parquet":
             return None
         files = self._listing()
+        summaries: dict[str, FileSummary] = {}
         with self.cursor() as cursor:
-            sidecars = index_sidecars(cursor, files)
+            sidecars = index_sidecars(cursor, files, summaries)
             if not files or len(sidecars) != len(files):
                 return None
             try:
-                summary = merge_summaries(cursor, [sidecars[f] for f in files])
+                summary = merge_summaries(cursor, [(sidecars[f], summaries[f]) for f in files])
             except duckdb.Error:
                 return None  # a sidecar damaged past its footer: the index says, once read
         self._known = (files, summary)

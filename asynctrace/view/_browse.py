@@ -263,7 +263,9 @@ class Browse(Index):
             record = con.execute(
                 f"SELECT count(*) FROM idx WHERE {self.located(con, [name])} AND id = $n", {"n": name}
             ).fetchone()
-            prompts = con.execute("SELECT DISTINCT split FROM pidx WHERE prompt = $n", {"n": name}).fetchall()
+            prompts = con.execute(
+                f"SELECT DISTINCT split FROM {self.prompt_relation([name])} WHERE prompt = $n", {"n": name}
+            ).fetchall()
             groups = con.execute(
                 "SELECT DISTINCT split, step FROM idx WHERE grp = $n ORDER BY split, step", {"n": name}
             ).fetchall()
@@ -305,14 +307,18 @@ class Browse(Index):
         texts_read: dict[str, str] | None = None,
         ids: Sequence[str] | None = None,
         table: str = "idx",
+        prompts: Sequence[str] | None = None,
     ) -> list[Completion]:
         """The index rows matching `where`, with the texts (and with `metadata`, the metadata) of
         those `shown` picks, every one by default; the others have `loaded` False. `texts_read`
         gives the messages, by id, where the caller has read them. `ids`: the rows are some of
-        these records' (found by their places first, see `located`). `table`: the index's view
-        to query, `idx` or (for a question by prompt) `pidx` (see `Index._views`)."""
+        these records' (found by their places first, see `located`). `table`: the relation of
+        index rows to query, `idx` by default; `prompts`: the rows are some of these prompt
+        ids' (read by prompt, only in their files where known: `prompt_relation`)."""
         self._await_tokens()
         with self._query() as con:
+            if prompts is not None:
+                table = self.prompt_relation(prompts)
             if ids is not None:
                 where = f"{self.located(con, ids)} AND ({where})"
             index = con.execute(
@@ -379,7 +385,7 @@ class Browse(Index):
             {"prompt": prompt},
             "policy_version DESC NULLS LAST, step DESC, reward DESC NULLS LAST, id",
             shown=lambda rows: _highlights([r for r in rows if r[2] == split]),
-            table="pidx",
+            prompts=[prompt],
         )
         return [c for c in every if c.split == split], sorted({c.split for c in every})
 
@@ -394,7 +400,7 @@ class Browse(Index):
         """(steps, samples) of each of these prompt ids that the archive holds."""
         with self._query() as con:
             rows = con.execute(
-                "SELECT prompt, count(DISTINCT step), count(*) FROM pidx "
+                f"SELECT prompt, count(DISTINCT step), count(*) FROM {self.prompt_relation(prompts)} "
                 "WHERE prompt IN (SELECT unnest($p)) GROUP BY prompt",
                 {"p": list(prompts)},
             ).fetchall()

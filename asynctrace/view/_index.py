@@ -179,19 +179,13 @@ class Index(HeldIndex):
         sidecars.update(index_sidecars(self._con, [f for f in files if f not in checked]))
         if sidecars:
             held = {first + every.index(f): found for f, found in sidecars.items()}
-            self.sidecars.update(held)
-            pairs = [(path, src) for src, found in held.items() for path in (found.by_row, found.by_prompt)]
-            # One statement (a row each costs a millisecond: 0.2 s for 100 files).
-            self._con.execute(
-                "INSERT INTO sidecar_src SELECT unnest($paths), unnest($srcs)",
-                {"paths": [p for p, _ in pairs], "srcs": [s for _, s in pairs]},
-            )
-            self._views()
+            self.add_sidecars(held)
             if self._defer:
                 # Read whole only when a query fails (`repair`): reading them is seconds of both
                 # cores at 10M records, which the pages would wait for.
                 self._unverified += list(held)
             else:
+                self.prompt_view()  # checked now: what is verified is what the pages read
                 self._verify(self._con, list(held))
         rest = [f for f in files if f not in sidecars]
         if rest:

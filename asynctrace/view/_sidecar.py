@@ -1,12 +1,14 @@
 """The sidecars a ParquetSink writes beside its files (`asynctrace.sinks._parquet_sidecar`): each
-file's index rows (in row order and by prompt), its overview's rows and prompt counts, and its
-words, queried where they lie instead of reading the file, where they pass every check here.
+file's index rows (in row order, with its summary in the footer, and by prompt) and its words,
+queried where they lie instead of reading the file, where they pass every check here.
 
 A sidecar is data from the archive, trusted no more than its files: it is read only from the
 archive's own hidden folder, under the name its file gives (never a path it names), as a regular
 file (not a link), of exactly the expected columns and types, made by this version, for a file of
 exactly its recorded size and row count. Anything else (missing, damaged, hostile, stale) is
-ignored: the file is then read as if there were no sidecar.
+ignored: the file is then read as if there were no sidecar. Each is checked when first needed: the
+index sidecar (and its summary) at the first open, the by-prompt one at the first question by
+prompt, the words one when the text index is built.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from typing import NamedTuple
 import duckdb
 import orjson
 
-from ..sinks._parquet_sidecar import SIDECAR_KEY, SIDECAR_VERSION, sidecar_path, words_path
+from ..sinks._parquet_sidecar import SIDECAR_KEY, SIDECAR_VERSION, index_path, sidecar_path, words_path
+from ..sinks._parquet_summary import SUMMARY_KEY
 from . import _text
+from ._partials import FileSummary, parse_summary
 
-__all__ = ["INDEX_COLUMNS", "Sidecars", "index_sidecars", "words_sidecar"]
+__all__ = ["INDEX_COLUMNS", "Sidecars", "by_prompt_sidecars", "index_sidecars", "words_sidecar"]
 
 # The index sidecar's columns, in order, with their DuckDB types (as `parquet_schema` reads them).
 INDEX_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -41,45 +45,15 @@ INDEX_COLUMNS: tuple[tuple[str, str], ...] = (
     ("tok", "BOOLEAN"),
 )
 _WORDS_COLUMNS: tuple[tuple[str, str], ...] = (("blk", "INT32"), ("w", "BYTE_ARRAY"))
-# The ``steps`` sidecar's: the overview's row (`_model.StepRow`) of each step of the file.
-_STEPS_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("split", "BYTE_ARRAY"),
-    ("step", "INT64"),
-    ("samples", "INT64"),
-    ("reward_mean", "DOUBLE"),
-    ("reward_std", "DOUBLE"),
-    ("groups", "INT64"),
-    ("zero_signal", "INT64"),
-    ("mean_spread", "DOUBLE"),
-    ("truncated", "DOUBLE"),
-    ("length_mean", "DOUBLE"),
-    ("lag_mean", "DOUBLE"),
-    ("lag_max", "INT64"),
-)
-_COUNTS_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("prompt", "BYTE_ARRAY"),
-    ("steps", "INT64"),
-    ("samples", "INT64"),
-)
 
 
 class Sidecars(NamedTuple):
-    """The valid sidecars of one archive file, each a path: its index rows in row order and by
-    prompt, its overview's rows of its steps, and its prompts' counts."""
+    """The sidecars of one archive file a query reads, each a path: its index rows in row order
+    and by prompt (the same path as in row order until the by-prompt one is checked, or where it
+    fails: see `by_prompt_sidecars`)."""
 
     by_row: str
     by_prompt: str
-    steps: str
-    counts: str
-
-
-# The sidecars a file's index is read from, each kind with its columns (every one must pass).
-_KINDS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
-    ("index", INDEX_COLUMNS),
-    ("byprompt", INDEX_COLUMNS),
-    ("steps", _STEPS_COLUMNS),
-    ("counts", _COUNTS_COLUMNS),
-)
 
 
 def _regular(path: Path) -> bool:
@@ -98,12 +72,14 @@ def _folder(path: Path) -> bool:
 
 
 class _Facts(NamedTuple):
-    """What a sidecar's footer and its file's say: its columns, its notes, both row counts."""
+    """What a sidecar's footer and its file's say: its columns, its notes, both row counts, and
+    the summaries it carries (an index sidecar's)."""
 
     schema: list[tuple[str, str]]
     notes: list[str]
     rows: int | None
     data_rows: int | None
+    summaries: list[bytes]
 
 
 def _passes(facts: _Facts, file: str, columns: tuple[tuple[str, str], ...], block: int | None) -> bool:
@@ -138,33 +114,33 @@ def _facts(con: duckdb.DuckDBPyConnection, pairs: Sequence[tuple[str, str]]) -> 
     ).fetchall():
         schema[str(name)].append((str(column), str(kind)))
     notes: dict[str, list[str]] = {s: [] for s in sidecars}
-    for name, value in con.execute(
-        "SELECT file_name, value FROM parquet_kv_metadata($f) WHERE key = $k",
-        {"f": sidecars, "k": SIDECAR_KEY},
+    summaries: dict[str, list[bytes]] = {s: [] for s in sidecars}
+    for name, key, value in con.execute(
+        "SELECT file_name, key, value FROM parquet_kv_metadata($f) WHERE key IN ($k, $s)",
+        {"f": sidecars, "k": SIDECAR_KEY, "s": SUMMARY_KEY},
     ).fetchall():
-        notes[str(name)].append(value)
+        (notes if bytes(key) == SIDECAR_KEY else summaries)[str(name)].append(value)
     rows = dict(
         con.execute(
             "SELECT file_name, num_rows FROM parquet_file_metadata($f)",
             {"f": list(dict.fromkeys(sidecars + files))},
         ).fetchall()
     )
-    return [_Facts(schema[s], notes[s], rows.get(s), rows.get(f)) for s, f in pairs]
+    return [_Facts(schema[s], notes[s], rows.get(s), rows.get(f), summaries[s]) for s, f in pairs]
 
 
 def _checked(
     con: duckdb.DuckDBPyConnection,
     pairs: Sequence[tuple[Path, str]],
-    columns: Sequence[tuple[tuple[str, str], ...]],
+    columns: tuple[tuple[str, str], ...],
     block: int | None = None,
-) -> list[bool]:
-    """Whether each (sidecar, file) pair passes every check (see the module), with its `columns`
-    (the same place in the list). Every footer is read in three queries, whatever the pairs."""
+) -> list[_Facts | None]:
+    """The facts of each (sidecar, file) pair that passes every check (see the module) with these
+    `columns`, None for the others. Every footer is read in three queries, whatever the pairs."""
     ok = [_regular(sidecar) and _folder(sidecar.parent) for sidecar, _ in pairs]
     todo = [(str(sidecar), file) for (sidecar, file), good in zip(pairs, ok, strict=True) if good]
-    specs = [spec for spec, good in zip(columns, ok, strict=True) if good]
     if not todo:
-        return ok
+        return [None for _ in pairs]
     try:
         facts = _facts(con, todo)
     except duckdb.Error:  # one of them unreadable: each on its own
@@ -173,25 +149,45 @@ def _checked(
             try:
                 facts.extend(_facts(con, [pair]))
             except duckdb.Error:
-                facts.append(_Facts([], [], None, None))
+                facts.append(_Facts([], [], None, None, []))
     verdicts = iter(
-        _passes(f, file, spec, block) for f, (_, file), spec in zip(facts, todo, specs, strict=True)
+        f if _passes(f, file, columns, block) else None for f, (_, file) in zip(facts, todo, strict=True)
     )
-    return [good and next(verdicts) for good in ok]
+    return [next(verdicts) if good else None for good in ok]
 
 
-def index_sidecars(con: duckdb.DuckDBPyConnection, files: Sequence[str]) -> dict[str, Sidecars]:
-    """The valid sidecars of each of these archive files that has every kind of them valid:
-    file -> their paths (a file with one missing or failing is read instead)."""
-    pairs = [(sidecar_path(Path(f), kind), f) for f in files for kind, _ in _KINDS]
-    specs = [columns for _ in files for _, columns in _KINDS]
-    good = {f: True for f in files}
-    for (_, f), ok in zip(pairs, _checked(con, pairs, specs), strict=True):
-        good[f] = good[f] and ok
-    return {f: Sidecars(*(str(sidecar_path(Path(f), kind)) for kind, _ in _KINDS)) for f in files if good[f]}
+def index_sidecars(
+    con: duckdb.DuckDBPyConnection, files: Sequence[str], summaries: dict[str, FileSummary] | None = None
+) -> dict[str, Sidecars]:
+    """The sidecars of each of these archive files whose index sidecar is valid: file -> their
+    paths (a file whose index sidecar is missing or fails is read instead; its by-prompt one is
+    checked later, `by_prompt_sidecars`). With `summaries`, each such file's summary is put there,
+    and a file whose summary fails is left out too."""
+    pairs = [(index_path(Path(f)), f) for f in files]
+    found: dict[str, Sidecars] = {}
+    for (sidecar, f), facts in zip(pairs, _checked(con, pairs, INDEX_COLUMNS), strict=True):
+        if facts is None:
+            continue
+        if summaries is not None:
+            summary = parse_summary(facts.summaries[0]) if len(facts.summaries) == 1 else None
+            if summary is None:
+                continue
+            summaries[f] = summary
+        found[f] = Sidecars(str(sidecar), str(sidecar))
+    return found
+
+
+def by_prompt_sidecars(con: duckdb.DuckDBPyConnection, files: Sequence[str]) -> dict[str, str]:
+    """The valid by-prompt sidecar of each of these archive files that has one: file -> its path."""
+    pairs = [(sidecar_path(Path(f), "byprompt"), f) for f in files]
+    return {
+        f: str(sidecar)
+        for (sidecar, f), facts in zip(pairs, _checked(con, pairs, INDEX_COLUMNS), strict=True)
+        if facts is not None
+    }
 
 
 def words_sidecar(con: duckdb.DuckDBPyConnection, file: str) -> str | None:
     """The valid words sidecar of this archive file, if it has one."""
     sidecar = words_path(Path(file))
-    return str(sidecar) if _checked(con, [(sidecar, file)], [_WORDS_COLUMNS], _text.BLOCK)[0] else None
+    return str(sidecar) if _checked(con, [(sidecar, file)], _WORDS_COLUMNS, _text.BLOCK)[0] else None

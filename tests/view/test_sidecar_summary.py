@@ -1,5 +1,6 @@
-"""The sidecars' per-file summaries (each step's overview row, each prompt's counts) and the
-index queried where the sidecars lie: what the viewer would compute from the files, or ignored."""
+"""The per-file summaries the index sidecars carry in their footers (each step's overview figures,
+each prompt's counts) and the index queried where the sidecars lie: what the viewer would compute
+from the files, or ignored."""
 
 from __future__ import annotations
 
@@ -10,15 +11,25 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import orjson
 import pytest
 
 duckdb = pytest.importorskip("duckdb")
 pq = pytest.importorskip("pyarrow.parquet")
 
 import asynctrace as at  # noqa: E402
-from asynctrace.sinks._parquet_sidecar import SIDECAR_KEY, sidecar_path, write_sidecar  # noqa: E402
+from asynctrace.sinks._parquet_sidecar import (  # noqa: E402
+    SIDECAR_KEY,
+    SIDECAR_VERSION,
+    sidecar_path,
+    write_sidecar,
+)
+from asynctrace.sinks._parquet_summary import SUMMARY_KEY  # noqa: E402
 from asynctrace.view._archive import Archive  # noqa: E402
 from asynctrace.view._browse import frequent_sql, overview_sql  # noqa: E402
+from asynctrace.view._partials import FileSummary, parse_summary  # noqa: E402
+from asynctrace.view._sidecar import Sidecars  # noqa: E402
+from asynctrace.view._summary import merge_summaries  # noqa: E402
 
 from . import _archive  # noqa: E402
 from ._archive import without_sidecars  # noqa: E402
@@ -27,9 +38,11 @@ from ._archive import without_sidecars  # noqa: E402
 _PER_FILE = 7
 
 
-def _write_straddling(directory: Path) -> list[Path]:
+def _write_straddling(directory: Path, stragglers: bool = False) -> list[Path]:
     """A run of 6 steps of 3 groups of 4 (rewards that tie in some groups, a prompt at several
-    steps), in files of `_PER_FILE` records, so that groups and steps span files; its sidecars."""
+    steps), in files of `_PER_FILE` records, so that groups and steps span files; its sidecars.
+    With `stragglers`, a record of the step before the last comes in the middle of each step
+    (an asynchronous trainer's late rollout): steps that files hold away from their edges."""
 
     async def main() -> None:
         sink = at.ParquetSink(directory, process=False, max_records=_PER_FILE)
@@ -63,6 +76,16 @@ def _write_straddling(directory: Path) -> list[Path]:
                 if step % 2:
                     await session.log_samples(batch[:3], step=step, split="eval")
                     assert await session.flush(timeout=30)
+                if stragglers and step >= 2:
+                    late = at.Sample(
+                        messages=[
+                            {"role": "user", "content": "q0"},
+                            {"role": "assistant", "content": "late"},
+                        ],
+                        metadata={"prompt_id": f"p{step % 4}", "group_uid": f"{step - 2}-0", "reward": 0.7},
+                    )
+                    await session.log_samples([late], step=step - 2)
+                    assert await session.flush(timeout=30)
 
     anyio.run(main)
     files = sorted(directory.glob("*.parquet"))
@@ -80,29 +103,41 @@ def _same(got: list[tuple[Any, ...]], want: list[tuple[Any, ...]]) -> None:
             )
 
 
+def _summary_of(file: Path) -> FileSummary:
+    """The summary its index sidecar's footer carries."""
+    found = parse_summary(pq.read_schema(sidecar_path(file, "index")).metadata[SUMMARY_KEY])
+    assert found is not None
+    return found
+
+
 def test_each_files_summary_is_what_the_viewer_computes_from_its_rows(tmp_path: Path) -> None:
-    """A file's ``steps`` rows are the overview of its own records, its ``counts`` their prompts'."""
+    """A file's summary gives the overview of its own records, and their prompts' counts."""
     files = _write_straddling(tmp_path / "run")
     con = duckdb.connect()
     for f in files:
-        index = f"read_parquet('{sidecar_path(f, 'index')}')"
-        steps = con.execute(f"SELECT * FROM read_parquet('{sidecar_path(f, 'steps')}')").fetchall()
-        _same(steps, con.execute(overview_sql(index)).fetchall())
-        counts = con.execute(f"SELECT * FROM read_parquet('{sidecar_path(f, 'counts')}')").fetchall()
-        assert (
-            counts
-            == con.execute(
-                f"SELECT prompt, count(DISTINCT step), count(*) FROM {index} WHERE prompt IS NOT NULL "
-                "GROUP BY prompt ORDER BY prompt"
-            ).fetchall()
-        )
+        index = str(sidecar_path(f, "index"))
+        alone = merge_summaries(con, [(Sidecars(index, index), _summary_of(f))])
+        relation = f"read_parquet('{index}')"
+        _same([astuple(r) for r in alone.overview], con.execute(overview_sql(relation)).fetchall())
+        counts = con.execute(
+            f"SELECT prompt, count(DISTINCT step), count(*) FROM {relation} WHERE prompt IS NOT NULL "
+            "GROUP BY prompt ORDER BY prompt"
+        ).fetchall()
+        assert alone.prompts is not None and sorted((p, *c) for p, c in alone.prompts.items()) == counts
 
 
-def test_merged_summaries_equal_the_overview_of_steps_that_span_files(tmp_path: Path) -> None:
-    """Steps and groups split between files: the merged overview, frequent prompts and prompt
-    counts are those of the files read whole."""
+@pytest.mark.parametrize("stragglers", [False, True])
+def test_merged_summaries_equal_the_overview_of_steps_that_span_files(
+    stragglers: bool, tmp_path: Path
+) -> None:
+    """Steps and groups split between files (and, with stragglers, steps a file holds away from
+    its edges): the merged overview, frequent prompts and prompt counts are those of the files
+    read whole."""
     directory = tmp_path / "run"
-    _write_straddling(directory)
+    files = _write_straddling(directory, stragglers)
+    summaries = [_summary_of(f) for f in files]
+    at_edges = [{p.step for p in s.steps} <= s.edges for s in summaries]
+    assert all(at_edges) != stragglers, "the test would not see the steps it is about"
     summary = Archive(directory).sidecar_summary()
     assert summary is not None and summary.prompts is not None
     bare = Archive(without_sidecars(directory, tmp_path / "bare"))
@@ -144,6 +179,27 @@ def test_pages_from_sidecars_where_they_lie_equal_those_from_the_files(tmp_path:
     assert found and found == bare.find(text="q1", limit=5)
 
 
+def test_a_question_by_prompt_reads_only_the_files_that_hold_the_prompt(tmp_path: Path) -> None:
+    """After a first open, a prompt's history, counts and names read the by-prompt sidecars of
+    the files whose summaries count that prompt, and answer as the files read whole do."""
+    directory = tmp_path / "run"
+    files = _write_straddling(directory, stragglers=True)
+    opened = Archive(directory)
+    assert opened.sidecar_summary() is not None
+    opened.load(keep=False)
+    bare = Archive(without_sidecars(directory, tmp_path / "bare"))
+    bare.load()
+    for prompt in [f"p{k}" for k in range(4)] + ["no such prompt"]:
+        with opened._lock:
+            relation = opened.prompt_relation([prompt])
+        holding = {f.name for f in files if prompt in _summary_of(f).prompts.prompts}
+        named = {f.name for f in files if str(sidecar_path(f, "byprompt")) in relation}
+        assert named == holding and len(holding) < len(files), (prompt, sorted(named))
+        assert opened.prompt_history(prompt, "train") == bare.prompt_history(prompt, "train")
+        assert opened.prompt_counts([prompt]) == bare.prompt_counts([prompt])
+        assert opened.names(prompt) == bare.names(prompt)
+
+
 def _foreign(path: Path) -> None:
     """The sidecar of the same kind of another file (its size and rows are not this file's)."""
     others = sorted(p for p in path.parent.glob("*" + path.name.split(".parquet.", 1)[1]) if p != path)
@@ -160,9 +216,49 @@ def _retyped(path: Path) -> None:
 
 def _old_version(path: Path) -> None:
     table = pq.read_table(path)
-    note = table.schema.metadata[SIDECAR_KEY].replace(b'"version":2', b'"version":1')
-    assert note != table.schema.metadata[SIDECAR_KEY]
-    pq.write_table(table.replace_schema_metadata({SIDECAR_KEY: note}), path)
+    metadata = table.schema.metadata
+    note = metadata[SIDECAR_KEY].replace(b'"version":%d' % SIDECAR_VERSION, b'"version":2')
+    assert note != metadata[SIDECAR_KEY]
+    pq.write_table(table.replace_schema_metadata({**metadata, SIDECAR_KEY: note}), path)
+
+
+def _with_summary(path: Path, summary: bytes | None) -> None:
+    """Its footer's summary replaced (None: taken out), all else kept."""
+    table = pq.read_table(path)
+    metadata = {k: v for k, v in table.schema.metadata.items() if k != SUMMARY_KEY}
+    if summary is not None:
+        metadata[SUMMARY_KEY] = summary
+    pq.write_table(table.replace_schema_metadata(metadata), path)
+
+
+def _summary_unreadable(path: Path) -> None:
+    _with_summary(path, b'{"steps": {"split": ["train"')
+
+
+def _summary_missing(path: Path) -> None:
+    _with_summary(path, None)
+
+
+def _summary_retyped(path: Path) -> None:
+    """A count as text, the rest as written."""
+    body = orjson.loads(pq.read_schema(path).metadata[SUMMARY_KEY])
+    body["steps"]["samples"][0] = "12"
+    _with_summary(path, orjson.dumps(body))
+
+
+def _summary_negative(path: Path) -> None:
+    """A group of minus three rewards, the rest as written."""
+    body = orjson.loads(pq.read_schema(path).metadata[SUMMARY_KEY])
+    assert body["groups"]["n"], "no group at the file's edges: the spoil would not be seen"
+    body["groups"]["n"][0] = -3
+    _with_summary(path, orjson.dumps(body))
+
+
+def _summary_shortened(path: Path) -> None:
+    """One column a value shorter than the others of its table."""
+    body = orjson.loads(pq.read_schema(path).metadata[SUMMARY_KEY])
+    body["prompts"]["samples"].pop()
+    _with_summary(path, orjson.dumps(body))
 
 
 def _damaged_pages(path: Path) -> None:
@@ -173,11 +269,18 @@ def _damaged_pages(path: Path) -> None:
     path.write_bytes(bytes(raw))
 
 
-@pytest.mark.parametrize("spoil", [_foreign, _retyped, _old_version, _damaged_pages])
-@pytest.mark.parametrize("kind", ["steps", "counts", "byprompt"])
-def test_a_damaged_or_foreign_summary_is_ignored(spoil: Any, kind: str, tmp_path: Path) -> None:
-    """A summary (or by-prompt index) of another file, type, version, or damaged past its
-    footer: that file is read itself, and the overview and pages are the files' own."""
+_FOOTERS = [_foreign, _retyped, _old_version]
+_SUMMARIES = [_summary_unreadable, _summary_missing, _summary_retyped, _summary_negative, _summary_shortened]
+
+
+@pytest.mark.parametrize(
+    ("kind", "spoil"),
+    [("index", s) for s in [*_FOOTERS, _damaged_pages, *_SUMMARIES]]
+    + [("byprompt", s) for s in [*_FOOTERS, _damaged_pages]],
+)
+def test_a_damaged_or_foreign_summary_is_ignored(kind: str, spoil: Any, tmp_path: Path) -> None:
+    """An index sidecar (or its summary, or a by-prompt index) of another file, type, version,
+    or damaged: what fails is not used, and the overview and pages are the files' own."""
     directory = tmp_path / "run"
     files = _write_straddling(directory)
     bare = Archive(without_sidecars(directory, tmp_path / "bare"))
@@ -186,12 +289,19 @@ def test_a_damaged_or_foreign_summary_is_ignored(spoil: Any, kind: str, tmp_path
     opened = Archive(directory)
     summary = opened.sidecar_summary()
     opened.load()
-    if spoil is not _damaged_pages or kind == "byprompt":
+    if kind == "index" and spoil is not _damaged_pages:
+        assert summary is None  # every file's summary or none: the index is read for the overview
+    else:  # a footer the first open reads is whole: its summary is right
+        assert summary is not None
+        _same([astuple(r) for r in summary.overview], [astuple(r) for r in bare.overview()])
+    if spoil in _SUMMARIES:  # the index rows are still the file's own: queried where they lie
+        assert 1 in opened.sidecars
+    elif spoil is _damaged_pages or kind == "index":
         # Its footer fails, or its rows are read whole after the overview: the file is read.
         assert 1 not in opened.sidecars and len(opened.sidecars) == len(files) - 1
-    if summary is not None:  # a by-prompt index damaged past its footer: the summaries are right
-        assert (spoil, kind) == (_damaged_pages, "byprompt")
-        _same([astuple(r) for r in summary.overview], [astuple(r) for r in bare.overview()])
+    else:  # a by-prompt index that fails: its file's index rows are read in row order instead
+        assert opened.sidecars[1].by_prompt == opened.sidecars[1].by_row
+        assert all(s.by_prompt != s.by_row for src, s in opened.sidecars.items() if src != 1)
     _same([astuple(r) for r in opened.overview()], [astuple(r) for r in bare.overview()])
     assert opened.frequent_prompts(50) == bare.frequent_prompts(50)
     assert opened.prompt_history("p3", "train") == bare.prompt_history("p3", "train")
