@@ -16,6 +16,10 @@ from tests._util import read_traces, sample
 
 pytestmark = pytest.mark.anyio
 
+# Trackio runs in a thread (`process=False`) where a test checks the run in Trackio, not the
+# writer process (a process start costs ~1.5 CPU-s); the cancellation test keeps the process, so
+# a cancelled body is still seen draining through the writer's pipes.
+
 
 class TrainingCrash(RuntimeError):
     pass
@@ -23,7 +27,7 @@ class TrainingCrash(RuntimeError):
 
 async def test_exception_in_body_propagates_and_run_is_finished(project: str) -> None:
     """An exception in `async with` propagates; earlier traces are in Trackio; the run is finished."""
-    sink = at.TrackioSink()
+    sink = at.TrackioSink(process=False)
     with pytest.raises(TrainingCrash):
         async with at.TraceSession(project, run="crash", sinks=[sink]) as session:
             await session.log_samples([sample(i) for i in range(5)], step=0)
@@ -53,7 +57,7 @@ async def test_cancellation_in_body_still_drains_and_finishes(project: str) -> N
 
 async def test_sync_body_exception_finishes_run(project: str) -> None:
     """The blocking `with` form finishes the run and keeps the traces when its body raises."""
-    sink = at.TrackioSink()
+    sink = at.TrackioSink(process=False)
 
     def body() -> None:
         with at.TraceSession(project, run="sync-crash", sinks=[sink]) as s:
@@ -91,7 +95,7 @@ async def test_unopened_session_raises_clear_error() -> None:
 
 async def test_metrics_reach_trackio(project: str) -> None:
     """log_metrics values are stored in the Trackio run next to the traces."""
-    async with at.TraceSession(project, run="m", sinks=[at.TrackioSink()]) as session:
+    async with at.TraceSession(project, run="m", sinks=[at.TrackioSink(process=False)]) as session:
         await session.log_metrics({"reward/mean": 0.25}, step=4)
         await session.log_samples([sample(0)], step=4)
     from trackio.sqlite_storage import SQLiteStorage
