@@ -414,12 +414,25 @@ async def test_finish_keeps_its_bound_on_asyncio_when_a_write_ignores_cancellati
             await anyio.sleep(0.01)
 
 
+class _HangsUntilReleased(at.Sink):
+    """A sink whose write waits, cancellably, until the test sets `release`."""
+
+    name = "memory"
+
+    def __init__(self) -> None:
+        self.release = anyio.Event()
+
+    async def write(self, records: Any) -> None:
+        await self.release.wait()
+
+
 async def test_a_second_finish_keeps_its_own_deadline() -> None:
     """A finish(timeout) while another finish() is under way waits for it only within its own
     bound, then returns the stats as they are (what the first has not delivered is pending)."""
     import time
 
-    async with at.TraceSession("p", sinks=[at.testing.MemorySink(hang=True)], finish_timeout=6.0) as s:
+    sink = _HangsUntilReleased()
+    async with at.TraceSession("p", sinks=[sink], finish_timeout=6.0) as s:
         await s.log_samples([sample(0)], step=0)
         async with anyio.create_task_group() as tg:
             tg.start_soon(s.finish, 6.0)
@@ -427,6 +440,8 @@ async def test_a_second_finish_keeps_its_own_deadline() -> None:
             started = time.monotonic()
             stats = await s.finish(timeout=0.2)
             took = time.monotonic() - started
+            # Measured: the write may end now, so the first finish need not wait out its 6 s.
+            sink.release.set()
     assert took < 4.5 and stats.pending == 1  # its bound: 0.2 + 2 + 0.2 s; the first takes 6 s
 
 
