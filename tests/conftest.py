@@ -32,27 +32,27 @@ RAY_CLUSTER_MODULES = (
 )
 
 
-# The work units that take longest (seconds summed on 2 loaded cores: ray-cluster 327,
-# test_trl 110, test_wandb_persisted 68, test_parquet 61, the examples 53 in one fixture, ...),
+# The work units that take longest (seconds summed on 2 cores at load 4-13: ray-cluster 484,
+# test_trl 152, test_doc_snippets 87, the examples 85 in one fixture, test_parquet 85, ...),
 # handed out first: xdist orders units by their number of tests, which left a unit of a few slow
 # tests (test_kill: 2 tests, about 40 s) to start last while the other worker had nothing left.
 LONGEST_FIRST = (
     "ray-cluster",
     "tests/adapters/test_trl.py",
-    "tests/test_examples.py",
-    "tests/sinks/test_wandb_persisted.py",
-    "tests/sinks/test_parquet.py",
-    "tests/distributed/test_torch_distributed.py",
-    "tests/sinks/test_wandb.py",
     "tests/test_doc_snippets.py",
+    "tests/test_examples.py",
+    "tests/sinks/test_parquet.py",
+    "tests/faults/test_signals.py",
     "tests/faults/test_kill.py",
-    "tests/test_lifecycle.py",
-    "tests/test_records.py",
-    "tests/sinks/test_trackio_paths.py",
-    "tests/sinks/test_mlflow.py",
+    "tests/sinks/test_wandb.py",
+    "tests/sinks/test_wandb_persisted.py",
+    "tests/distributed/test_torch_distributed.py",
+    "tests/view/test_sidecar_summary.py",
     "tests/sinks/test_parquet_faults.py",
     "tests/test_security.py",
-    "tests/test_recover_cli.py",
+    "tests/adapters/test_areal.py",
+    "tests/test_composition.py",
+    "tests/sinks/test_mlflow.py",
 )
 
 
