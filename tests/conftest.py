@@ -31,35 +31,42 @@ RAY_CLUSTER_MODULES = (
     "tests/distributed/test_ray_local_selection.py",
 )
 
+# The modules that import the training frameworks (AReaL alone takes ~16 CPU-s to import):
+# tests/test_doc_snippets.py runs each framework page's snippets with the objects of that
+# framework's test module, so one xdist worker runs them all and imports each framework once.
+# (test_ray_hooks.py imports its frameworks in Ray actors, on the cluster's worker.)
+FRAMEWORK_MODULES = ("tests/adapters/", "tests/test_doc_snippets.py")
 
-# The work units that take longest (seconds summed on 2 loaded cores: ray-cluster 327,
-# test_trl 110, test_wandb_persisted 68, test_parquet 61, the examples 53 in one fixture, ...),
+
+# The work units that take longest (seconds summed on 2 cores at load 4-13: ray-cluster 484,
+# the frameworks 313 as separate modules, the examples 85 in one fixture, test_parquet 85, ...),
 # handed out first: xdist orders units by their number of tests, which left a unit of a few slow
 # tests (test_kill: 2 tests, about 40 s) to start last while the other worker had nothing left.
 LONGEST_FIRST = (
     "ray-cluster",
-    "tests/adapters/test_trl.py",
+    "frameworks",
     "tests/test_examples.py",
-    "tests/sinks/test_wandb_persisted.py",
     "tests/sinks/test_parquet.py",
-    "tests/distributed/test_torch_distributed.py",
-    "tests/sinks/test_wandb.py",
-    "tests/test_doc_snippets.py",
+    "tests/faults/test_signals.py",
     "tests/faults/test_kill.py",
-    "tests/test_lifecycle.py",
-    "tests/test_records.py",
-    "tests/sinks/test_trackio_paths.py",
-    "tests/sinks/test_mlflow.py",
+    "tests/sinks/test_wandb.py",
+    "tests/sinks/test_wandb_persisted.py",
+    "tests/distributed/test_torch_distributed.py",
+    "tests/view/test_sidecar_summary.py",
     "tests/sinks/test_parquet_faults.py",
     "tests/test_security.py",
-    "tests/test_recover_cli.py",
+    "tests/test_composition.py",
+    "tests/sinks/test_mlflow.py",
 )
 
 
 def _work_unit(nodeid: str) -> str:
-    """What one xdist worker runs whole: the test's module, or every module on the Ray cluster."""
+    """What one xdist worker runs whole: the test's module, every module on the Ray cluster, or
+    every module that imports the training frameworks."""
     module = nodeid.split("::", 1)[0]
-    return "ray-cluster" if module in RAY_CLUSTER_MODULES else module
+    if module in RAY_CLUSTER_MODULES:
+        return "ray-cluster"
+    return "frameworks" if module.startswith(FRAMEWORK_MODULES) else module
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -73,8 +80,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Each xdist worker runs whole modules (a module-scoped fixture, such as the examples' run,
-    is built once, not once per worker) and the Ray cluster's modules together, the longest
-    first. xdist's own
+    is built once, not once per worker), the Ray cluster's modules together and the frameworks'
+    together, the longest first. xdist's own
     `--dist loadgroup` would carry `xdist_group` marks, but it ignores them under pytest 9.2's
     node ids (pytest-xdist issue 1386); the scope comes from the node id instead."""
     from xdist.scheduler import LoadFileScheduling

@@ -13,6 +13,10 @@ from tests._util import sample
 
 pytestmark = pytest.mark.anyio
 
+# The explicit Trackio sinks run in a thread (`process=False`): these tests check the metrics in
+# Trackio's store, not the writer process (a process start costs ~1.5 CPU-s). The capped-drop
+# test keeps the default sink, and so its process.
+
 
 def _health(sink: at.testing.MemorySink) -> list[tuple[int, dict[str, float]]]:
     return [(step, m) for step, m in sink.metrics if "asynctrace/submitted" in m]
@@ -40,7 +44,12 @@ async def test_a_queue_full_drop_shows_in_trackio(project: str) -> None:
     to the session's own count."""
     slow = at.testing.MemorySink("slow", delay=0.05)
     async with at.TraceSession(
-        project, run="q", sinks=[at.TrackioSink(), slow], queue_size=2, on_full="drop_newest", batch_size=1
+        project,
+        run="q",
+        sinks=[at.TrackioSink(process=False), slow],
+        queue_size=2,
+        on_full="drop_newest",
+        batch_size=1,
     ) as s:
         for i in range(20):
             await s.log_samples([sample(i, step=1)], step=1)
@@ -180,7 +189,7 @@ async def test_a_gauge_back_at_zero_is_logged_at_finish() -> None:
 
 async def test_a_gauge_back_at_zero_reaches_trackio(project: str) -> None:
     """Trackio's stored last value of `held` is 0 after finish, not the count held mid-run."""
-    await _held_then_finish(project, at.TrackioSink(), at.testing.MemorySink("archive"))
+    await _held_then_finish(project, at.TrackioSink(process=False), at.testing.MemorySink("archive"))
     rows = [r for r in _trackio_logs(project, "g") if "asynctrace/sinks/trackio/held" in r]
     assert any(r["asynctrace/sinks/trackio/held"] > 0 for r in rows), "never logged held"
     assert rows[-1]["asynctrace/sinks/trackio/held"] == 0

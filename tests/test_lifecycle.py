@@ -16,6 +16,10 @@ from tests._util import read_traces, sample
 
 pytestmark = pytest.mark.anyio
 
+# Trackio runs in a thread (`process=False`) where a test checks the run in Trackio, not the
+# writer process (a process start costs ~1.5 CPU-s); the cancellation test keeps the process, so
+# a cancelled body is still seen draining through the writer's pipes.
+
 
 class TrainingCrash(RuntimeError):
     pass
@@ -23,7 +27,7 @@ class TrainingCrash(RuntimeError):
 
 async def test_exception_in_body_propagates_and_run_is_finished(project: str) -> None:
     """An exception in `async with` propagates; earlier traces are in Trackio; the run is finished."""
-    sink = at.TrackioSink()
+    sink = at.TrackioSink(process=False)
     with pytest.raises(TrainingCrash):
         async with at.TraceSession(project, run="crash", sinks=[sink]) as session:
             await session.log_samples([sample(i) for i in range(5)], step=0)
@@ -53,7 +57,7 @@ async def test_cancellation_in_body_still_drains_and_finishes(project: str) -> N
 
 async def test_sync_body_exception_finishes_run(project: str) -> None:
     """The blocking `with` form finishes the run and keeps the traces when its body raises."""
-    sink = at.TrackioSink()
+    sink = at.TrackioSink(process=False)
 
     def body() -> None:
         with at.TraceSession(project, run="sync-crash", sinks=[sink]) as s:
@@ -91,7 +95,7 @@ async def test_unopened_session_raises_clear_error() -> None:
 
 async def test_metrics_reach_trackio(project: str) -> None:
     """log_metrics values are stored in the Trackio run next to the traces."""
-    async with at.TraceSession(project, run="m", sinks=[at.TrackioSink()]) as session:
+    async with at.TraceSession(project, run="m", sinks=[at.TrackioSink(process=False)]) as session:
         await session.log_metrics({"reward/mean": 0.25}, step=4)
         await session.log_samples([sample(0)], step=4)
     from trackio.sqlite_storage import SQLiteStorage
@@ -410,12 +414,25 @@ async def test_finish_keeps_its_bound_on_asyncio_when_a_write_ignores_cancellati
             await anyio.sleep(0.01)
 
 
+class _HangsUntilReleased(at.Sink):
+    """A sink whose write waits, cancellably, until the test sets `release`."""
+
+    name = "memory"
+
+    def __init__(self) -> None:
+        self.release = anyio.Event()
+
+    async def write(self, records: Any) -> None:
+        await self.release.wait()
+
+
 async def test_a_second_finish_keeps_its_own_deadline() -> None:
     """A finish(timeout) while another finish() is under way waits for it only within its own
     bound, then returns the stats as they are (what the first has not delivered is pending)."""
     import time
 
-    async with at.TraceSession("p", sinks=[at.testing.MemorySink(hang=True)], finish_timeout=6.0) as s:
+    sink = _HangsUntilReleased()
+    async with at.TraceSession("p", sinks=[sink], finish_timeout=6.0) as s:
         await s.log_samples([sample(0)], step=0)
         async with anyio.create_task_group() as tg:
             tg.start_soon(s.finish, 6.0)
@@ -423,6 +440,8 @@ async def test_a_second_finish_keeps_its_own_deadline() -> None:
             started = time.monotonic()
             stats = await s.finish(timeout=0.2)
             took = time.monotonic() - started
+            # Measured: the write may end now, so the first finish need not wait out its 6 s.
+            sink.release.set()
     assert took < 4.5 and stats.pending == 1  # its bound: 0.2 + 2 + 0.2 s; the first takes 6 s
 
 

@@ -48,7 +48,11 @@ async def test_cap_decides_before_decoding(project: str) -> None:
     tok, ids, (loss, attn), _ = _batch(64)
     counting = CountingTokenizer(tok)
     rewards = torch.tensor([float((i * 37) % 64) for i in range(64)])
-    async with at.TraceSession(project, run="r", max_traces_per_step=4, sampler="top_bottom") as s:
+    # Trackio in a thread: the test checks its store, not the writer process (~1.5 CPU-s a start).
+    trackio = at.TrackioSink(process=False)
+    async with at.TraceSession(
+        project, run="r", sinks=[trackio], max_traces_per_step=4, sampler="top_bottom"
+    ) as s:
         n = await s.log_rollouts(
             ids, tokenizer=counting, step=0, rewards=rewards, loss_mask=loss, attention_mask=attn
         )

@@ -14,15 +14,17 @@ from tests._util import read_traces, sample
 pytestmark = pytest.mark.anyio
 
 FAST = at.RetryPolicy(max_attempts=5, initial_backoff=0.01, max_backoff=0.05, attempt_timeout=2.0)
-# For counting retries exactly: Trackio's first write (its writer process starting) can take
-# longer than FAST's 2 s on a loaded machine, and a timed-out attempt is a retry too.
+# For counting retries exactly: Trackio's first write (importing Trackio, opening its store) can
+# take longer than FAST's 2 s on a loaded machine, and a timed-out attempt is a retry too.
+# Trackio runs in a thread (`process=False`): these tests check what reaches its store, not the
+# writer process (a process start costs ~1.5 CPU-s).
 PATIENT = at.RetryPolicy(max_attempts=5, initial_backoff=0.01, max_backoff=0.05, attempt_timeout=60.0)
 
 
 async def test_transient_failures_are_retried_until_written(project: str) -> None:
     """A sink failing its first 3 attempts gets everything written, and the retries are counted."""
     flaky = at.testing.MemorySink("flaky", fail_times=3)
-    trackio = at.TrackioSink()
+    trackio = at.TrackioSink(process=False)
     async with at.TraceSession(project, run="r", sinks=[flaky, trackio], retry=PATIENT, batch_size=1000) as s:
         await s.log_samples([sample(i) for i in range(50)], step=0)
     st = s.stats()
@@ -49,7 +51,7 @@ async def test_permanent_error_not_retried_other_sinks_unaffected(project: str) 
     """PermanentSinkError is not retried and counts as failed; the other sinks still get everything."""
     broken = at.testing.MemorySink("broken", fail_permanently=True)
     good = at.testing.MemorySink("good")
-    trackio = at.TrackioSink()
+    trackio = at.TrackioSink(process=False)
     async with at.TraceSession(
         project, run="r", sinks=[broken, good, trackio], retry=PATIENT, batch_size=8
     ) as s:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import shutil
 import sqlite3
 import subprocess
@@ -14,12 +15,17 @@ from typing import Any
 import pytest
 
 import asynctrace as at
-from tests._util import sample
+from tests._util import LazyModule, sample
 from tests.sinks._contract import CONTRACT, RETRY, Backend, run_contract
 
-mlflow = pytest.importorskip("mlflow", reason="the dev extra installs MLflow")
+# Imported by the first test that uses it: `import mlflow` takes ~2 s, which every xdist worker
+# paid at collection, though one runs this module.
+mlflow = LazyModule("mlflow")
 
-pytestmark = pytest.mark.anyio
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(importlib.util.find_spec("mlflow") is None, reason="the dev extra installs MLflow"),
+]
 
 
 @pytest.fixture(autouse=True)
