@@ -33,6 +33,9 @@ Keeps = Callable[..., list[bool] | None]
 # The sample types whose shape the capped path reads without the full path's help.
 _PLAIN = frozenset((Sample, dict))
 _FLOAT_ONLY = {float}
+_DICT_ONLY = {dict}
+_NONE_ONLY = {type(None)}
+_GROUP_KINDS = frozenset((str, int))  # a group name as it is (bool, an int subclass, is not)
 
 
 @dataclass(slots=True)
@@ -311,6 +314,22 @@ class Encoder:
         # Metadata key names none of which a mapping sample reserves: such a sample's own dict
         # reads the same as the metadata encoding makes of it.
         names = key if type(key) is tuple and RESERVED_KEYS.isdisjoint(key) else None
+        if names is not None:
+            # The usual call, every sample a `Sample` with dict metadata, read name by name
+            # over the whole call: the first name any sample has must name every sample's
+            # group as it is (a str or an int); any other call is read sample by sample.
+            metas: list[Any] = [obj.metadata if type(obj) is Sample else None for obj in items]
+            if set(map(type, metas)) == _DICT_ONLY:
+                for name in names:
+                    values = [md.get(name) for md in metas]
+                    kinds = set(map(type, values))
+                    if kinds == _NONE_ONLY:
+                        continue  # no sample names its group by this key: the next one decides
+                    if kinds <= _GROUP_KINDS:
+                        return values, {}
+                    break
+                else:
+                    return [None] * len(items), {}
         out: list[Hashable | None] = []
         bad: dict[int, GroupKeyError] = {}
         metadata: Mapping[str, Any] | None
