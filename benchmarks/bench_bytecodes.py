@@ -127,9 +127,8 @@ async def main_async(args: argparse.Namespace) -> int:
         f"Python bytecodes executed inside log_samples(batch of {BATCH}), {args.steps} steps of "
         f"{args.per_step} after {args.warm}, cap 16, in-memory sink"
     )
-    common.print_table(
-        ["variant", "admitting calls / bytecodes each", "refused calls / each", "per sample", "vs floor"], rows
-    )
+    headers = ["variant", "admitting calls / bytecodes each", "refused / each", "per sample", "vs floor"]
+    common.print_table(headers, rows)
     for sampler, n_adm, adm, n_ref, ref in details:
         for label, n, counts in (("admitting", n_adm, adm), ("refused", n_ref, ref)):
             if n:
