@@ -211,19 +211,19 @@ class Encoder:
         invalid: set[int] = set()
         if ranked_by is not None:
             scores: list[Any] = [
-                # The common case inline: a Sample whose metadata holds a finite float reward.
-                raw
-                if type(obj) is Sample
-                and obj.score is None
-                and type(md := obj.metadata) is dict
-                and type(raw := md.get("reward")) is float
-                and math.isfinite(raw)
+                # The common case inline, a Sample without its own score whose metadata is a
+                # dict: its reward is read as it is and checked with the call's others below.
+                md.get("reward")
+                if type(obj) is Sample and obj.score is None and type(md := obj.metadata) is dict
                 else preview_score(obj)
                 for obj in items
             ]
-            # Every score a float, the usual case, told from their types in one C-level pass
-            # (`in` would compare each float with UNKNOWN and None, a slow fallback each).
-            if set(map(type, scores)) != _FLOAT_ONLY:
+            # Every score a finite float, the usual case, told in two C-level passes: their
+            # types, then their sum (a NaN or an infinity makes it not finite). Otherwise each
+            # is read again as encoding will find it (None: missing or not finite).
+            # (`in` would compare each float with UNKNOWN and None, a slow fallback each.)
+            if set(map(type, scores)) != _FLOAT_ONLY or not math.isfinite(sum(scores)):
+                scores = list(map(preview_score, items))
                 if UNKNOWN in scores:
                     return EVERY
                 if None in scores:
