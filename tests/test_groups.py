@@ -85,3 +85,48 @@ def test_the_group_sampler_and_the_watch_read_tensor_and_enum_prompt_ids() -> No
     # Watched: group 1 passes the cap whole, as well as the pick.
     watched = at.Watch(ids=[_Prompt.B])
     assert _written([torch.tensor(i) for i in (0, 0, 1, 1)], watched) == [0.0, 4.0, 4.0, 10.0]
+
+
+def test_a_call_read_name_by_name_gives_each_sample_s_own_group() -> None:
+    """The encoder reads a call's groups as `group_of` reads each sample's, whatever the call mixes."""
+    from asynctrace._engine.encoder import Encoder
+    from asynctrace._records.groups import GroupKeyError
+
+    encoder = Encoder(
+        trace_key="traces/{split}",
+        redact=None,
+        skip_invalid=True,
+        max_bytes=1 << 20,
+        score_needed_by=None,
+        precheck=True,
+        keeps=lambda *args, **kwargs: None,
+        id_prefix="t",
+        group_key=DEFAULT_GROUP_KEYS,
+    )
+
+    def sample(**metadata: Any) -> at.Sample:
+        return at.Sample(messages=[{"role": "user", "content": "q"}], metadata=metadata)
+
+    calls = {
+        "every one by prompt_index": [sample(prompt_index=i // 2) for i in range(6)],
+        "every one by group_uid": [sample(group_uid=f"g{i}", prompt_index=i) for i in range(4)],
+        "some by group_uid, some by prompt_index": [sample(group_uid="g"), sample(prompt_index=1)],
+        "some named, some not": [sample(prompt_index=1), sample(reward=1.0)],
+        "none named": [sample(reward=1.0), sample()],
+        "a bool": [sample(prompt_index=1), sample(prompt_index=True)],
+        "a float": [sample(prompt_index=1), sample(prompt_index=2.0)],
+        "a list": [sample(prompt_index=1), sample(prompt_index=[1, 2])],
+        "a dict sample": [sample(prompt_index=1), {"prompt": "p", "response": "r", "prompt_index": 2}],
+    }
+    for name, items in calls.items():
+        expected: list[Any] = []
+        invalid: list[int] = []
+        for i, item in enumerate(items):
+            metadata = item.metadata if isinstance(item, at.Sample) else item
+            try:
+                expected.append(group_of(metadata, DEFAULT_GROUP_KEYS))
+            except GroupKeyError:
+                expected.append(None)
+                invalid.append(i)
+        groups, bad = encoder.groups_of(items)
+        assert (groups, sorted(bad)) == (expected, invalid), name

@@ -33,6 +33,9 @@ Keeps = Callable[..., list[bool] | None]
 # The sample types whose shape the capped path reads without the full path's help.
 _PLAIN = frozenset((Sample, dict))
 _FLOAT_ONLY = {float}
+_DICT_ONLY = {dict}
+_NONE_ONLY = {type(None)}
+_GROUP_KINDS = frozenset((str, int))  # a group name as it is (bool, an int subclass, is not)
 
 
 @dataclass(slots=True)
@@ -208,19 +211,19 @@ class Encoder:
         invalid: set[int] = set()
         if ranked_by is not None:
             scores: list[Any] = [
-                # The common case inline: a Sample whose metadata holds a finite float reward.
-                raw
-                if type(obj) is Sample
-                and obj.score is None
-                and type(md := obj.metadata) is dict
-                and type(raw := md.get("reward")) is float
-                and math.isfinite(raw)
+                # The common case inline, a Sample without its own score whose metadata is a
+                # dict: its reward is read as it is and checked with the call's others below.
+                md.get("reward")
+                if type(obj) is Sample and obj.score is None and type(md := obj.metadata) is dict
                 else preview_score(obj)
                 for obj in items
             ]
-            # Every score a float, the usual case, told from their types in one C-level pass
-            # (`in` would compare each float with UNKNOWN and None, a slow fallback each).
-            if set(map(type, scores)) != _FLOAT_ONLY:
+            # Every score a finite float, the usual case, told in two C-level passes: their
+            # types, then their sum (a NaN or an infinity makes it not finite). Otherwise each
+            # is read again as encoding will find it (None: missing or not finite).
+            # (`in` would compare each float with UNKNOWN and None, a slow fallback each.)
+            if set(map(type, scores)) != _FLOAT_ONLY or not math.isfinite(sum(scores)):
+                scores = list(map(preview_score, items))
                 if UNKNOWN in scores:
                     return EVERY
                 if None in scores:
@@ -311,6 +314,22 @@ class Encoder:
         # Metadata key names none of which a mapping sample reserves: such a sample's own dict
         # reads the same as the metadata encoding makes of it.
         names = key if type(key) is tuple and RESERVED_KEYS.isdisjoint(key) else None
+        if names is not None:
+            # The usual call, every sample a `Sample` with dict metadata, read name by name
+            # over the whole call: the first name any sample has must name every sample's
+            # group as it is (a str or an int); any other call is read sample by sample.
+            metas: list[Any] = [obj.metadata if type(obj) is Sample else None for obj in items]
+            if set(map(type, metas)) == _DICT_ONLY:
+                for name in names:
+                    values = [md.get(name) for md in metas]
+                    kinds = set(map(type, values))
+                    if kinds == _NONE_ONLY:
+                        continue  # no sample names its group by this key: the next one decides
+                    if kinds <= _GROUP_KINDS:
+                        return values, {}
+                    break
+                else:
+                    return [None] * len(items), {}
         out: list[Hashable | None] = []
         bad: dict[int, GroupKeyError] = {}
         metadata: Mapping[str, Any] | None

@@ -7,7 +7,7 @@ from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
 from .._records.types import TraceRecord
-from .._select.base import EVICTED, Entry
+from .._select.base import EVICTED, Entry, entries_for
 from .._select.gate import Gate, GateResult
 from .queue import Admission, OnFull, Queue, Waiting
 
@@ -113,14 +113,13 @@ class GatedAdmission:
             return len(records)
         offered = records[start:] if start else records
         seq = self.entry_seq
-        entries = [Entry(r.score, seq + i, r) for i, r in enumerate(offered, 1)]
+        entries = entries_for(
+            offered,
+            seq + 1,
+            gaps[start:] if gaps is not None and start else gaps,
+            groups[start:] if groups is not None and start else groups,
+        )
         self.entry_seq = seq + len(entries)
-        if gaps is not None or groups is not None:
-            for i, e in enumerate(entries, start):
-                if gaps is not None:
-                    e.gap = gaps[i]
-                if groups is not None:
-                    e.group = groups[i]
         result = self.gate.offer(split, step, entries, self.clock())
         if self.staging is not None:
             # Staged before anything is dropped below, so every drop finds it staged.

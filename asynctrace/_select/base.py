@@ -8,7 +8,16 @@ from collections.abc import Hashable, Sequence
 
 from .._records.types import TraceRecord
 
-__all__ = ["EVICTED", "HELD", "RELEASED", "Entry", "Sampler", "StepSelection", "in_merged_order"]
+__all__ = [
+    "EVICTED",
+    "HELD",
+    "RELEASED",
+    "Entry",
+    "Sampler",
+    "StepSelection",
+    "entries_for",
+    "in_merged_order",
+]
 
 # Entry states.
 HELD = 0  # kept by a sampler for an open step
@@ -43,6 +52,30 @@ class Entry:
         self.key = key
         self.group = group
         self.gap = 0
+
+
+def entries_for(
+    records: Sequence[TraceRecord],
+    first_seq: int,
+    gaps: Sequence[int] | None = None,
+    groups: Sequence[Hashable | None] | None = None,
+) -> list[Entry]:
+    """Held entries for a submission's records, numbered from `first_seq` on, each with its
+    `gap` and `group` where given: `Entry(record.score, seq, record)` for each, in one pass and
+    without a Python-level `__init__` call per entry (this runs on the caller's path)."""
+    new = object.__new__
+    out = []
+    for i, r in enumerate(records):
+        e = new(Entry)
+        e.score = r.score
+        e.seq = first_seq + i
+        e.record = r
+        e.state = HELD
+        e.key = None
+        e.group = None if groups is None else groups[i]
+        e.gap = 0 if gaps is None else gaps[i]
+        out.append(e)
+    return out
 
 
 class StepSelection(abc.ABC):

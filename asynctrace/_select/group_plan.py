@@ -6,7 +6,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
-from collections.abc import Hashable, Sequence
+import operator
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Literal, NamedTuple, Protocol
 
 import orjson
@@ -71,6 +72,9 @@ class GroupRule(Protocol):
     def group_size(self) -> int | None: ...
     @property
     def needs_score(self) -> bool: ...
+
+
+_GROUP_OF = operator.itemgetter(0)  # of a (group, score) pair
 
 
 class HeldGroup:
@@ -272,15 +276,19 @@ class StepGroups:
         each group of the call: changes nothing. Looks at the call's groups and, with
         `group_size`, the complete ones, never at every held sample."""
         held, refused = self.held, self.refused
+        pairs: Iterable[tuple[Hashable, float | None]] = zip(names, scores, strict=True)
+        if refused and not refused.isdisjoint(names):
+            # Groups refused before are left out (usually a call has none: one C-level check).
+            pairs = [(g, score) for g, score in pairs if g not in refused]
+        # Run by run of one group (a group's samples usually come together): a list per run,
+        # not a look-up per sample.
         added: dict[Hashable, list[float | None]] = {}
-        for g, score in zip(names, scores, strict=True):
-            if g in refused:
-                continue
+        for g, run in itertools.groupby(pairs, _GROUP_OF):
             got = added.get(g)
             if got is None:
-                added[g] = [score]
+                added[g] = [score for _, score in run]
             else:
-                got.append(score)
+                got.extend([score for _, score in run])
         new: dict[Hashable, HeldGroup] = {}
         sizes: dict[Hashable, int] = {}
         for g, got in added.items():

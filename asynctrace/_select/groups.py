@@ -63,6 +63,8 @@ class _GroupSelection(StepSelection):
         keep = {
             g: g not in out or g in held or (count == "samples" and size > k) for g, size in sizes.items()
         }
+        if True not in keep.values():
+            return [False] * len(names)  # the usual call once the step's front is full
         # A group of the call that is not in `sizes` was refused before.
         return [keep.get(g, False) for g in names]
 

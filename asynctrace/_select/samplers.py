@@ -117,8 +117,8 @@ class _TopBottomSelection(StepSelection):
                 if max(scores) <= hi and min(scores) >= lo:  # type: ignore[type-var,operator]
                     return [False] * n
             except TypeError:  # a None among them (its sample left out as invalid)
-                pass
-            return [sc is not None and (sc > hi or sc < lo) for sc in scores]
+                return [sc is not None and (sc > hi or sc < lo) for sc in scores]
+            return [sc > hi or sc < lo for sc in scores]  # type: ignore[operator]
         # Filling: offer the call to copies of the two heaps, as `offer` would (ties cannot
         # happen: the sequence numbers differ), by (score, -seq) alone, so that only what
         # the call leaves held is encoded.
