@@ -32,6 +32,7 @@ def run(
     """Listen on `host`:`port` (0: any free port) and serve until interrupted, indexing the
     archive meanwhile. At its end, however it ends (Ctrl-C included), the indexing is stopped
     before the interpreter's: see `Loading.stop`."""
+    _sigint_stops()
     archive = Archive(source, cache=cache)
     sock = _listen(host, port)  # a busy port is said before any indexing starts
     loading: Loading | None = None
@@ -89,6 +90,15 @@ def _announce(server: Any, where: str, ready: Callable[[str], Any]) -> threading
     thread = threading.Thread(target=announce, name="asynctrace-view-ready", daemon=True)
     thread.start()
     return thread
+
+
+def _sigint_stops() -> None:
+    """SIGINT stops the command with status 130 even when it was started with SIGINT ignored (a
+    shell's background job): uvicorn catches SIGINT whatever the disposition and stops, then
+    raises it again under the disposition it found, which would end the command with 0, silently."""
+    main = threading.current_thread() is threading.main_thread()
+    if main and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -62,10 +63,18 @@ def large(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-def _view(archive: Path, cache: Path, *args: str) -> subprocess.Popen[str]:
+def _view(archive: Path, cache: Path, *args: str, sigint: Any = signal.SIG_DFL) -> subprocess.Popen[str]:
     env = dict(os.environ, ASYNCTRACE_VIEW_CACHE=str(cache))
     command = [sys.executable, "-m", "asynctrace", "view", str(archive), *args]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        # The disposition a terminal gives, whatever the runner of this suite left to it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, sigint),
+    )
 
 
 def _url(proc: subprocess.Popen[str]) -> str:
@@ -132,6 +141,20 @@ def test_ctrl_c_while_serving_exits_130_and_only_its_address_is_answered(
             f"attacker.example:{port}": 421,
         }.items():
             assert _request(url, "/", host)[0] == status, host
+        status, err = _interrupt(proc)
+    finally:
+        proc.kill()
+    assert (status, err) == (130, "asynctrace view: stopped\n")
+
+
+def test_ctrl_c_exits_130_when_started_with_sigint_ignored(
+    agentic_archive: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Started as a shell's background job (SIGINT ignored), a SIGINT sent to it still stops it with
+    "stopped" and status 130, not a silent 0."""
+    proc = _view(agentic_archive[0], tmp_path / "cache", "--port", "0", sigint=signal.SIG_IGN)
+    try:
+        _archive.ready(_url(proc))
         status, err = _interrupt(proc)
     finally:
         proc.kill()
