@@ -268,4 +268,5 @@ class HeldIndex(TextIndex):
                 return False
             self.prompt_index, self._prompt_srcs = None, set()
             self._con.execute("DELETE FROM prompt_src")
+            _prompt_index.discard(self.path)
         return True

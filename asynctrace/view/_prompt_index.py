@@ -30,7 +30,7 @@ import orjson
 from ..sinks._parquet_sidecar import SIDECAR_FOLDER
 from ._sidecar import INDEX_COLUMNS
 
-__all__ = ["PROMPT_INDEX", "PROMPT_INDEX_COLUMNS", "Covered", "PromptIndex", "build", "read"]
+__all__ = ["PROMPT_INDEX", "PROMPT_INDEX_COLUMNS", "Covered", "PromptIndex", "build", "discard", "read"]
 
 PROMPT_INDEX = "archive.byprompt.parquet"
 # Its footer's key: the version and the files it covers (orjson).
@@ -122,6 +122,16 @@ def read(con: duckdb.DuckDBPyConnection, directory: Path) -> PromptIndex | None:
     if covered is None or sum(c.rows for c in covered) != rows[0][0]:
         return None
     return PromptIndex(str(path), covered)
+
+
+def discard(directory: Path) -> None:
+    """Remove the archive's by-prompt index, found damaged past its footer (which every start
+    would check and take again), so that the next start writes a new one: only the regular file
+    of that name in the archive's own folder."""
+    path = path_of(directory)
+    if _regular(path):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def _quoted(text: str) -> str:

@@ -199,15 +199,20 @@ def test_an_archive_index_damaged_past_its_footer_is_dropped_at_the_first_failed
     tmp_path: Path,
 ) -> None:
     """Its footer passes, its pages do not: the first question by prompt fails and says that
-    asked again it is answered, then from the files' own sidecars."""
+    asked again it is answered, then from the files' own sidecars; it is removed, and the next
+    one written is read."""
     files, bare = _archive_with_index(tmp_path)
     directory = files[0].parent
     _damaged_pages(_prompt_index.path_of(directory))
     opened = _opened(directory)
     with pytest.raises(SidecarsRepaired):
         opened.prompt_history("p1", "train")
-    assert opened.prompt_index is None
+    assert opened.prompt_index is None and not _prompt_index.path_of(directory).exists()
     _same_answers(opened, bare)
+    opened.index_prompts()
+    assert _prompt_index.read(duckdb.connect(), directory) is not None
+    _same_answers(opened, bare)
+    assert opened.prompt_index is not None
 
 
 def test_a_killed_builder_s_temporary_is_removed_and_a_live_one_s_kept(tmp_path: Path) -> None:
