@@ -252,3 +252,29 @@ def test_a_folder_the_viewer_cannot_write_keeps_no_index(tmp_path: Path) -> None
         assert not _prompt_index.path_of(directory).exists() and opened.prompt_index is None
     finally:
         folder.chmod(0o755)
+
+
+def test_the_server_s_indexing_writes_the_archive_index_after_a_first_open(tmp_path: Path) -> None:
+    """The indexing thread a server starts (`Loading`) writes the index last, and a question by
+    prompt then reads it, answering as the files read whole do."""
+    import time
+
+    from asynctrace.view._loading import Loading
+
+    directory = tmp_path / "run"
+    _write_straddling(directory)
+    bare = Archive(without_sidecars(directory, tmp_path / "bare"))
+    bare.load()
+    archive = Archive(directory)
+    loading = Loading(archive)
+    try:
+        deadline = time.monotonic() + 60
+        while _prompt_index.read(duckdb.connect(), directory) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _prompt_index.read(duckdb.connect(), directory) is not None
+        assert loading.done.is_set() and loading.error is None
+        time.sleep(0.5)  # the thread takes it up at the next question by prompt
+        _same_answers(archive, bare)
+        assert archive.prompt_index is not None
+    finally:
+        assert loading.stop()
