@@ -7,13 +7,17 @@ the rows a page shows only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import threading
 from typing import Any
 
 import duckdb
 
 from .._records.tokens import TOKEN_FIELDS, token_bytes
+from ..sinks._parquet_sidecar import remove_leftovers
+from . import _prompt_index
 from ._browse import Browse, load_json
 from ._model import Completion
 from ._partials import FileSummary
@@ -177,6 +181,50 @@ class Archive(Browse):
         self._known = (files, summary)
         self.checked_sidecars = sidecars
         return summary
+
+    def index_prompts(self) -> None:
+        """Write the archive's by-prompt index (`_prompt_index`) where none valid covers every
+        file held through its sidecars, in the background after a first open: at the lowest
+        priority, one thread, and its own connection (which `shut()` interrupts). A folder the
+        viewer cannot write in keeps none: questions by prompt then read each file's sidecar."""
+        if self.kind != "parquet" or not self.path.is_dir() or self.closing.is_set():
+            return
+        with self._lock:
+            self.take_prompt_index()
+            self.prompt_view()  # every held file's by-prompt sidecar checked
+            held = [(src, s.by_prompt) for src, s in sorted(self.sidecars.items()) if s.by_prompt != s.by_row]
+            if len(held) < 2 or {src for src, _ in held} <= self._prompt_srcs:
+                return
+            files = [self.files[src] for src, _ in held]
+            try:
+                rows = dict(
+                    self._con.execute(
+                        "SELECT file_name, num_rows FROM parquet_file_metadata($f)", {"f": files}
+                    ).fetchall()
+                )
+            except duckdb.Error:
+                return
+        remove_leftovers(self.path)  # a builder killed before: its temporary
+        with contextlib.suppress(OSError):  # lowest priority for this thread (Linux: a thread's own)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        con = duckdb.connect(
+            config={"threads": 1, "memory_limit": "512MB", "temp_directory": self._scratch.name}
+        )
+        with self._cursors_lock:
+            self._cursors.add(con)
+        try:
+            built = _prompt_index.build(
+                con, self.path, [(f, path, int(rows[f])) for f, (_, path) in zip(files, held, strict=True)]
+            )
+        except (duckdb.Error, OSError, KeyError):
+            built = False  # interrupted at exit, a folder not ours to write, a file gone
+        finally:
+            with self._cursors_lock:
+                self._cursors.discard(con)
+            con.close()
+        if built:
+            with self._lock:
+                self._prompt_index_checked = False  # taken at the next question by prompt
 
     def tokens(self, record_id: str) -> dict[str, Any] | None:
         """The record's token-level fields, each a 1-D numpy array of the dtype it is kept in (a

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import duckdb
 
+from . import _prompt_index
 from ._sidecar import Sidecars, by_prompt_sidecars
 from ._words import TextIndex
 
@@ -51,12 +52,19 @@ class HeldIndex(TextIndex):
         # sidecars' summaries said (`locate_prompts`): a question by prompt reads only those.
         self._holders: dict[str, int] | None = None
         self._located = 0
+        # The archive-wide by-prompt index (`_prompt_index`) where valid, with its files' numbers
+        # in the index now (table `prompt_src`); checked at the first question by prompt.
+        self.prompt_index: _prompt_index.PromptIndex | None = None
+        self._prompt_srcs: set[int] = set()
+        self._prompt_index_checked = False
+        self._prompt_index_verified = False
         self._con.execute(
             "CREATE TABLE idx_rows (id VARCHAR, step BIGINT, split VARCHAR, grp VARCHAR, prompt VARCHAR, "
             "reward DOUBLE, advantage DOUBLE, policy_version BIGINT, stop_reason VARCHAR, rlen BIGINT, "
             "tok BOOLEAN, rn BIGINT, src INTEGER)"
         )
         self._con.execute("CREATE TABLE sidecar_src (filename VARCHAR, src INTEGER)")
+        self._con.execute("CREATE TABLE prompt_src (f INTEGER, src INTEGER)")
         self._views()
 
     def at_places(self, places: dict[int, set[int]]) -> str:
@@ -92,12 +100,14 @@ class HeldIndex(TextIndex):
             {"paths": paths, "srcs": [src_of[p] for p in paths]},
         )
 
-    def prompt_view(self) -> str:
-        """View `pidx`, once the by-prompt sidecar of every file held is checked: one that passes
-        is queried by prompt from then on, and read whole if a query fails (`repair`) as any other
-        (the caller holds the lock). Checked at the first question by prompt, not at the first
-        open: the overview waits for no footer it does not read."""
-        pending = [src for src in self.sidecars if src not in self._by_prompt_checked]
+    def prompt_view(self, skip: set[int] | None = None) -> str:
+        """View `pidx`, once the by-prompt sidecar of every file held (but those in `skip`) is
+        checked: one that passes is queried by prompt from then on, and read whole if a query
+        fails (`repair`) as any other (the caller holds the lock). Checked at the first question
+        by prompt, not at the first open: the overview waits for no footer it does not read."""
+        pending = [
+            src for src in self.sidecars if src not in self._by_prompt_checked and src not in (skip or ())
+        ]
         if not pending:
             return "pidx"
         self._by_prompt_checked.update(pending)
@@ -118,20 +128,62 @@ class HeldIndex(TextIndex):
         """Take where each prompt id is (bit i: file i of the index now; the caller holds the lock)."""
         self._holders, self._located = holders, len(self.files)
 
+    def take_prompt_index(self) -> None:
+        """Check the archive's by-prompt index (`_prompt_index`) and take it where it covers
+        only files held through their sidecars, each of the size and rows it lists: a file gone,
+        changed or read itself makes it stale, and it is ignored (the caller holds the lock)."""
+        self._prompt_index_checked = True
+        self.prompt_index, self._prompt_srcs = None, set()
+        self._con.execute("DELETE FROM prompt_src")
+        if not self.path.is_dir():
+            return
+        found = _prompt_index.read(self._con, self.path)
+        if found is None or not found.covered:
+            return
+        src_of = {os.path.basename(self.files[src]): src for src in self.sidecars}
+        srcs = [src_of.get(c.name) for c in found.covered]
+        if any(src is None for src in srcs):
+            return
+        files = [self.files[src] for src in srcs if src is not None]
+        try:
+            rows = dict(
+                self._con.execute(
+                    "SELECT file_name, num_rows FROM parquet_file_metadata($f)", {"f": files}
+                ).fetchall()
+            )
+            sizes = [os.stat(f).st_size for f in files]
+        except (duckdb.Error, OSError):
+            return
+        for c, f, size in zip(found.covered, files, sizes, strict=True):
+            if c.size != size or rows.get(f) != c.rows:
+                return
+        self._con.execute(
+            "INSERT INTO prompt_src SELECT unnest($f), unnest($s)",
+            {"f": list(range(len(srcs))), "s": srcs},
+        )
+        self.prompt_index, self._prompt_srcs = found, {s for s in srcs if s is not None}
+        self._prompt_index_verified = False
+
     def prompt_relation(self, prompts: Sequence[str]) -> str:
-        """The index rows a question about these prompt ids needs: view `pidx` (see
+        """The index rows a question about these prompt ids needs: the archive's by-prompt index
+        (`_prompt_index`) for the files it covers, and for the others view `pidx` (see
         `prompt_view`), or where their files are known, only those files' by-prompt sidecars
         (with every file read, and every file that came since; the caller holds the lock)."""
-        view = self.prompt_view()
-        if self._holders is None:
+        if not self._prompt_index_checked:
+            self.take_prompt_index()
+        covered = self._prompt_srcs
+        view = self.prompt_view(skip=covered)
+        if self._holders is None and self.prompt_index is None:
             return view
-        bits = 0
-        for prompt in prompts:
-            bits |= self._holders.get(prompt, 0)
+        bits = -1
+        if self._holders is not None:
+            bits = 0
+            for prompt in prompts:
+                bits |= self._holders.get(prompt, 0)
         paths = [
             found.by_prompt
             for src, found in sorted(self.sidecars.items())
-            if src >= self._located or bits >> src & 1
+            if src not in covered and (src >= self._located or bits >> src & 1)
         ]
         select = "SELECT * FROM idx_rows"
         if paths:
@@ -139,6 +191,14 @@ class HeldIndex(TextIndex):
             select += (
                 f" UNION ALL SELECT {INDEX_ROW} FROM read_parquet({listed}, filename = true) "
                 "JOIN sidecar_src USING (filename)"
+            )
+        if self.prompt_index is not None:
+            # The prompt ids in the scan itself: DuckDB then skips every row group but theirs.
+            wanted = ", ".join("'" + p.replace("'", "''") + "'" for p in prompts) or "NULL"
+            path = "'" + self.prompt_index.path.replace("'", "''") + "'"
+            select += (
+                f" UNION ALL SELECT {INDEX_ROW} FROM read_parquet({path}) JOIN prompt_src USING (f) "
+                f"WHERE prompt IN ({wanted})"
             )
         return f"({select})"
 
@@ -190,4 +250,23 @@ class HeldIndex(TextIndex):
             return False
         pending, self._unverified = self._unverified, []
         self._verify(self._con, pending)
-        return bool(pending)
+        return self._verify_prompt_index() or bool(pending)
+
+    def _verify_prompt_index(self) -> bool:
+        """Read every value of the archive's by-prompt index once (after a failed query): where it
+        cannot be, it is no longer read, and the files' own by-prompt sidecars are. Whether it
+        was read whole now (the caller holds the lock)."""
+        if self.prompt_index is None or self._prompt_index_verified:
+            return False
+        self._prompt_index_verified = True
+        try:
+            self._con.execute(
+                f"SELECT max(hash({SIDECAR_ROW}, f)) FROM read_parquet(?)", [self.prompt_index.path]
+            ).fetchall()
+        except duckdb.Error:
+            if self.closing.is_set():
+                return False
+            self.prompt_index, self._prompt_srcs = None, set()
+            self._con.execute("DELETE FROM prompt_src")
+            _prompt_index.discard(self.path)
+        return True

@@ -244,6 +244,8 @@ class Index(HeldIndex):
             self._con.execute(
                 "DELETE FROM sidecar_src WHERE filename IN (?, ?)", [found.by_row, found.by_prompt]
             )
+        if self._prompt_srcs.intersection(srcs):  # its rows of these files would be read twice
+            self.take_prompt_index()
         self._views()
         files = [(self.files[src], src) for src in sorted(srcs)]
         have: set[str] = set().union(*(self._columns[f] for f, _ in files))

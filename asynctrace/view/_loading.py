@@ -53,6 +53,7 @@ class Loading:
             archive.keep,
             archive.keep_summary,
             archive.index_text,
+            archive.index_prompts,  # last: seconds of one core, at the lowest priority
         )
         for later in later_steps:
             if self.error is not None or archive.closing.is_set():
