@@ -238,20 +238,47 @@ def test_a_killed_builder_s_temporary_is_removed_and_a_live_one_s_kept(tmp_path:
         alive.wait()
 
 
+_CANNOT_WRITE = """
+import resource, signal, sys
+from pathlib import Path
+from asynctrace.view import _prompt_index
+from asynctrace.view._archive import Archive
+directory = Path(sys.argv[1])
+opened = Archive(directory)
+opened.load(keep=False)
+before = opened.prompt_history(sys.argv[2], "train")
+# No byte can be written from here on (as on a full disk; the read-only folder stops a user who
+# is not root, and root only by this).
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+opened.index_prompts()
+assert not _prompt_index.path_of(directory).exists() and opened.prompt_index is None
+assert opened.prompt_history(sys.argv[2], "train") == before
+print("no index")
+"""
+
+
 def test_a_folder_the_viewer_cannot_write_keeps_no_index(tmp_path: Path) -> None:
-    """A shared archive read-only to the viewer: no index, no error, the pages as before."""
-    if os.geteuid() == 0:
-        pytest.skip("root writes in a read-only folder")
+    """A shared archive the viewer cannot write in (read-only to it, or a full disk): no index, no
+    error, no temporary left, the pages as before."""
     directory = tmp_path / "run"
     _write_straddling(directory)
     folder = directory / SIDECAR_FOLDER
     folder.chmod(0o555)
     try:
-        opened = _opened(directory)
-        opened.index_prompts()
-        assert not _prompt_index.path_of(directory).exists() and opened.prompt_index is None
+        root = Path(__file__).resolve().parents[2]
+        env = dict(os.environ, PYTHONPATH=str(root))
+        child = subprocess.run(
+            [sys.executable, "-c", _CANNOT_WRITE, str(directory), _PROMPTS[0]],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
     finally:
         folder.chmod(0o755)
+    assert child.returncode == 0 and child.stdout == "no index\n", child.stderr[-2000:]
+    assert not list(folder.glob(".*.tmp"))
 
 
 def test_the_server_s_indexing_writes_the_archive_index_after_a_first_open(tmp_path: Path) -> None:
