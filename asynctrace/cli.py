@@ -123,7 +123,12 @@ def recover(spool_dir: str, project: str | None, run: str | None, dead_letters: 
     "--watch", "watch", multiple=True, help="A prompt id to list first on the overview (repeatable)."
 )
 @click.option(
-    "--no-cache", is_flag=True, help="Index the archive afresh and keep no index for the next start."
+    "--no-cache",
+    is_flag=True,
+    help=(
+        "Index the archive afresh and keep no index in the viewer's cache for the next start"
+        " (the archive's own by-prompt index, in its folder, is still read and written)."
+    ),
 )
 def view(archive: str, port: int, host: str, watch: tuple[str, ...], no_cache: bool) -> None:
     """Browse a run's archive in a local web page: steps, GRPO groups, prompts across steps, tokens.
