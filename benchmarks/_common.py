@@ -210,6 +210,17 @@ def to_samples(bodies: Sequence[dict[str, Any]]) -> list[Any]:
     return [at.Sample(messages=b["messages"], metadata=b["metadata"]) for b in bodies]
 
 
+def shuffled_step(per_step: int) -> list[Any]:
+    """One step of 2.5 KB samples whose rewards 0 .. (per_step - 1) / per_step are shuffled
+    (the same order every run): what the capped benchmarks log each step."""
+    bodies = sample_bodies(per_step, SIZES["2.5KB"])
+    rewards = [i / per_step for i in range(per_step)]
+    random.Random(0).shuffle(rewards)
+    for body, reward in zip(bodies, rewards, strict=True):
+        body["metadata"]["reward"] = reward
+    return to_samples(bodies)
+
+
 def to_traces(bodies: Sequence[dict[str, Any]]) -> list[Any]:
     """The same bodies as `trackio.Trace` objects (what a trainer hands Trackio directly)."""
     import trackio

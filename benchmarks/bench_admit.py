@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import random
 import sys
 import time
 from typing import Any
@@ -31,16 +30,6 @@ import anyio
 BATCH = 32
 SAMPLERS = ("first", "top_bottom", "reservoir", "group")
 REFERENCES = ("floor", "least top_bottom")  # bench_capped.py's, timed call by call here
-
-
-def build(per_step: int) -> list[Any]:
-    """One step's samples, rewards shuffled."""
-    bodies = common.sample_bodies(per_step, common.SIZES["2.5KB"])
-    rewards = [i / per_step for i in range(per_step)]
-    random.Random(0).shuffle(rewards)
-    for body, reward in zip(bodies, rewards, strict=True):
-        body["metadata"]["reward"] = reward
-    return common.to_samples(bodies)
 
 
 class Phases:
@@ -148,7 +137,7 @@ async def reference(variant: str, samples: list[Any], steps: int) -> dict[str, A
 
 async def main_async(args: argparse.Namespace) -> int:
     common.print_machine("start")
-    samples = build(args.per_step)
+    samples = common.shuffled_step(args.per_step)
     phases = install_phases() if args.phases else None
     rows = []
     details: list[tuple[str, dict[str, float]]] = []

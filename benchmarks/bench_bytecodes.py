@@ -21,7 +21,6 @@ import argparse
 import collections
 import heapq
 import itertools
-import random
 import sys
 from types import FrameType
 from typing import Any
@@ -31,16 +30,6 @@ import anyio
 
 BATCH = 32
 SAMPLERS = ("first", "top_bottom", "reservoir", "group")
-
-
-def build(per_step: int) -> list[Any]:
-    """One step's samples, rewards shuffled."""
-    bodies = common.sample_bodies(per_step, common.SIZES["2.5KB"])
-    rewards = [i / per_step for i in range(per_step)]
-    random.Random(0).shuffle(rewards)
-    for body, reward in zip(bodies, rewards, strict=True):
-        body["metadata"]["reward"] = reward
-    return common.to_samples(bodies)
 
 
 class Counter:
@@ -104,7 +93,7 @@ def count_floor(samples: list[Any]) -> int:
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    samples = build(args.per_step)
+    samples = common.shuffled_step(args.per_step)
     floor = count_floor(samples) / len(samples)
     rows = [["floor", "-", "-", f"{floor:.1f}", "1.00x"]]
     details = []

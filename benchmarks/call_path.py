@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import random
 import sys
 from pathlib import Path
 from types import FrameType
@@ -28,15 +27,6 @@ import anyio
 BATCH = 32
 PER_STEP = 1024
 BEFORE = 512  # samples of the step logged before the traced call
-
-
-def build() -> list[Any]:
-    bodies = common.sample_bodies(PER_STEP, common.SIZES["2.5KB"])
-    rewards = [i / PER_STEP for i in range(PER_STEP)]
-    random.Random(0).shuffle(rewards)
-    for body, reward in zip(bodies, rewards, strict=True):
-        body["metadata"]["reward"] = reward
-    return common.to_samples(bodies)
 
 
 async def trace_one(sampler: str | None, samples: list[Any]) -> list[str]:
@@ -71,7 +61,7 @@ async def trace_one(sampler: str | None, samples: list[Any]) -> list[str]:
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    samples = build()
+    samples = common.shuffled_step(PER_STEP)
     rows = []
     for sampler in args.samplers:
         seen = await trace_one(None if sampler == "no cap" else sampler, samples)
