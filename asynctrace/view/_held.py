@@ -14,6 +14,7 @@ import duckdb
 
 from . import _prompt_index
 from ._sidecar import Sidecars, by_prompt_sidecars
+from ._sql import listed, quoted
 from ._words import TextIndex
 
 __all__ = ["INDEX_ROW", "SIDECAR_ROW", "HeldIndex", "SidecarsRepaired"]
@@ -78,7 +79,7 @@ class HeldIndex(TextIndex):
             if found is None:
                 parts.append(f"SELECT * FROM idx_rows WHERE src = {int(src)} AND rn IN ({listed})")
             else:
-                path = "'" + found.by_row.replace("'", "''") + "'"
+                path = quoted(found.by_row)
                 parts.append(
                     f"SELECT {SIDECAR_ROW}, {int(src)} AS src FROM read_parquet({path}) "
                     f"WHERE rn IN ({listed})"
@@ -187,15 +188,11 @@ class HeldIndex(TextIndex):
         ]
         select = "SELECT * FROM idx_rows"
         if paths:
-            listed = "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
-            select += (
-                f" UNION ALL SELECT {INDEX_ROW} FROM read_parquet({listed}, filename = true) "
-                "JOIN sidecar_src USING (filename)"
-            )
+            select += _sidecar_rows(paths)
         if self.prompt_index is not None:
             # The prompt ids in the scan itself: DuckDB then skips every row group but theirs.
-            wanted = ", ".join("'" + p.replace("'", "''") + "'" for p in prompts) or "NULL"
-            path = "'" + self.prompt_index.path.replace("'", "''") + "'"
+            wanted = ", ".join(map(quoted, prompts)) or "NULL"
+            path = quoted(self.prompt_index.path)
             select += (
                 f" UNION ALL SELECT {INDEX_ROW} FROM read_parquet({path}) JOIN prompt_src USING (f) "
                 f"WHERE prompt IN ({wanted})"
@@ -210,11 +207,7 @@ class HeldIndex(TextIndex):
             paths = [getattr(s, order) for s in self.sidecars.values()]
             select = "SELECT * FROM idx_rows"
             if paths:
-                listed = "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
-                select += (
-                    f" UNION ALL SELECT {INDEX_ROW} FROM read_parquet({listed}, filename = true) "
-                    "JOIN sidecar_src USING (filename)"
-                )
+                select += _sidecar_rows(paths)
             self._con.execute(f"CREATE OR REPLACE VIEW {view} AS {select}")
 
     def _verify(self, con: duckdb.DuckDBPyConnection, srcs: list[int]) -> None:
@@ -270,3 +263,12 @@ class HeldIndex(TextIndex):
             self._con.execute("DELETE FROM prompt_src")
             _prompt_index.discard(self.path)
         return True
+
+
+def _sidecar_rows(paths: Sequence[str]) -> str:
+    """The index rows of these sidecars, as a query's `UNION ALL` part (each row's file numbered
+    through table `sidecar_src`)."""
+    return (
+        f" UNION ALL SELECT {INDEX_ROW} FROM read_parquet({listed(paths)}, filename = true) "
+        "JOIN sidecar_src USING (filename)"
+    )

@@ -29,6 +29,7 @@ import orjson
 
 from ..sinks._parquet_sidecar import SIDECAR_FOLDER
 from ._sidecar import INDEX_COLUMNS
+from ._sql import quoted
 
 __all__ = ["PROMPT_INDEX", "PROMPT_INDEX_COLUMNS", "Covered", "PromptIndex", "build", "discard", "read"]
 
@@ -134,10 +135,6 @@ def discard(directory: Path) -> None:
             os.unlink(path)
 
 
-def _quoted(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
 def build(con: duckdb.DuckDBPyConnection, directory: Path, files: Sequence[tuple[str, str, int]]) -> bool:
     """Write the by-prompt index of these files, each (file, its checked by-prompt sidecar, its
     rows), through `con` (a connection of its own: the caller sets its threads and memory).
@@ -150,7 +147,7 @@ def build(con: duckdb.DuckDBPyConnection, directory: Path, files: Sequence[tuple
     # The sidecar makers' temporary pattern (`.<name>.<kind>.parquet.<pid>.tmp`): a killed
     # builder's is removed as theirs are (`remove_leftovers`).
     temporary = folder / f".archive.byprompt.parquet.{os.getpid()}.tmp"
-    listed = "[" + ", ".join(_quoted(s) for _, s, _ in files) + "]"
+    listed = "[" + ", ".join(quoted(s) for _, s, _ in files) + "]"
     columns = ", ".join(name for name, _ in INDEX_COLUMNS)
     try:
         con.execute("CREATE OR REPLACE TEMP TABLE covered_src (filename VARCHAR, f INTEGER)")
@@ -161,8 +158,8 @@ def build(con: duckdb.DuckDBPyConnection, directory: Path, files: Sequence[tuple
         con.execute(
             f"COPY (SELECT {columns}, f FROM read_parquet({listed}, filename = true) "
             "JOIN covered_src USING (filename) ORDER BY prompt, f, rn) "
-            f"TO {_quoted(str(temporary))} (FORMAT parquet, ROW_GROUP_SIZE {_ROW_GROUP}, "
-            f"KV_METADATA {{{_quoted(_KEY)}: {_quoted(note)}}})"
+            f"TO {quoted(str(temporary))} (FORMAT parquet, ROW_GROUP_SIZE {_ROW_GROUP}, "
+            f"KV_METADATA {{{quoted(_KEY)}: {quoted(note)}}})"
         )
         os.replace(temporary, folder / PROMPT_INDEX)
         return True

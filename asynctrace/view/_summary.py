@@ -28,6 +28,7 @@ from ._browse import overview_sql
 from ._model import StepRow
 from ._partials import FileSummary, Partial, StepPart
 from ._sidecar import Sidecars
+from ._sql import listed
 
 __all__ = ["MAX_PROMPTS", "Summary", "merge_summaries", "path_for", "read", "write"]
 
@@ -95,10 +96,6 @@ def read(path: Path) -> Summary | None:
         )
     except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
         return None
-
-
-def _listed(paths: Sequence[str]) -> str:
-    return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
 
 
 def _row(split: str, step: int, parts: Sequence[StepPart], groups: list[Partial] | None) -> StepRow:
@@ -192,7 +189,7 @@ def merge_summaries(con: duckdb.DuckDBPyConnection, files: Sequence[tuple[Sideca
     if again:
         # The index rows of those steps, read once: a list of steps lets the row groups'
         # statistics skip to them.
-        holding = _listed(sorted({files[i][0].by_row for step in again for i in shared[step]}))
+        holding = listed(sorted({files[i][0].by_row for step in again for i in shared[step]}))
         steps = ", ".join(str(int(step)) for step in sorted(again))
         con.execute(
             "CREATE OR REPLACE TEMP TABLE shared_rows AS SELECT filename, split, step, grp, prompt, "
